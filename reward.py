@@ -1,0 +1,71 @@
+"""The agentic-ML reward of ML-Agent: one execution outcome in, one scalar out.
+
+ML-Agent (seed 000, "Agentic ML-specific reward module") turns every kind of feedback an agent can get from an ML
+environment into one number, so that step-wise PPO (ppo.py) can learn from crashes, timeouts and metric changes
+alike. The cases, as this file implements them (default config):
+
+    | outcome    | what happened                                                   | reward                       |
+    |------------|-----------------------------------------------------------------|------------------------------|
+    | "invalid"  | unparsable response, unknown action, bad or missing arguments   | -1        (R_format)         |
+    | "error"    | crash, edit that cannot be applied, invalid submission          | -1                           |
+    | "corner"   | timeout, out of memory, file-size / CPU limit                   |  0        (R_corner)         |
+    | "neutral"  | a valid non-editing action (List Files, Execute Script, ...)    |  0                           |
+    | "final"    | Final Answer (valid, non-editing)                               |  0                           |
+    | "edit"     | a successful edit; the edited script ran and was scored         | clip(alpha * sign * (m_new - m_prev) / |m_best - m_init|, -clip, clip)  (R_perf) |
+
+`sign` is +1 when higher is better and -1 otherwise, so an improvement is always positive. `m_init` is the score of
+the task's starter script and `m_best` the best known score (the top of the task's leaderboard), so the scale is "the
+fraction of the gap between the baseline and the best human-achievable score that this edit closed".
+
+Where the paper is silent (its equation fixes neither a scale factor nor a clip), this file chooses, and says so:
+- `alpha = 1` and `clip = 1`: an edit that closes the whole baseline-to-best gap earns the same magnitude as an error
+  costs; the three cases then share the range [-1, 1].
+- `m_best == m_init` (the baseline already ties the leaderboard top) leaves the scale undefined; we fall back to the
+  relative change, dividing by `|m_init|`, and by 1 when that is 0 too.
+- A successful edit without a metric (`m_new` or `m_prev` missing) is treated as neutral (0).
+
+The three ablation switches follow the paper's Table 3 (seed 000, "Effectiveness of agentic-ML specific reward
+module"):
+- `binary_performance`: the scaled difference becomes +1 when the edit improved the metric and 0 otherwise;
+- `format_term=False`: no format term, invalid actions get 0 instead of -1;
+- `corner_term=False`: no corner-case term, corner cases are penalised like errors (-1).
+
+To change the reward for an assignment, edit `reward()` below and run `pytest tests/test_reward.py`: the tests pin the
+reference numbers of every case, so a failing line shows exactly what moved.
+"""
+from dataclasses import dataclass
+
+OUTCOMES = ("invalid", "error", "corner", "neutral", "final", "edit")
+
+
+@dataclass(frozen=True)
+class RewardConfig:
+    """Knobs of the reward; defaults are this project's choices where the paper is silent."""
+    alpha: float = 1.0                # scale on the normalised metric change (paper: unspecified)
+    clip: float = 1.0                 # |reward| bound for edits (paper: unspecified)
+    binary_performance: bool = False  # ablation: +1 if the edit improved the metric, else 0
+    format_term: bool = True          # ablation off: invalid actions get 0 instead of -1
+    corner_term: bool = True          # ablation off: corner cases get -1 like errors
+
+
+def reward(outcome, m_prev=None, m_new=None, m_init=None, m_best=None, higher_is_better=True,
+           config=RewardConfig()):
+    """The step reward R(s_t, a_t) of ML-Agent for one executed action; see the table in the module docstring."""
+    if outcome not in OUTCOMES:
+        raise ValueError(f"unknown outcome {outcome!r}; expected one of {', '.join(OUTCOMES)}")
+    if outcome == "invalid":                                   # a_t not in A_valid
+        return -1.0 if config.format_term else 0.0
+    if outcome == "error":                                     # F_error
+        return -1.0
+    if outcome == "corner":                                    # F_corner
+        return 0.0 if config.corner_term else -1.0
+    if outcome in ("neutral", "final") or m_new is None or m_prev is None:  # A_valid \ A_edit
+        return 0.0
+    sign = 1.0 if higher_is_better else -1.0                   # improvement is positive either way
+    gain = sign * (m_new - m_prev)
+    if config.binary_performance:
+        return 1.0 if gain > 0 else 0.0
+    scale = abs(m_best - m_init) if m_best is not None and m_init is not None else 0.0
+    if scale == 0.0:                                           # m_best == m_init: fall back to relative change
+        scale = abs(m_init) if m_init else 1.0
+    return max(-config.clip, min(config.clip, config.alpha * gain / scale))
