@@ -1,0 +1,822 @@
+"""Tests for model.py: the hand-written Qwen2/Qwen3 model, its tokenizer, checkpoint I/O, server and CLI.
+
+What is tested, all on CPU with tiny random checkpoints built here (no network, nothing from a hub):
+
+- Parity with `transformers` on the same random weights (Qwen2 with q/k/v bias, Qwen3 with q/k norms and an
+  explicit head_dim != hidden/heads; GQA; tied and untied embeddings; RMSNorm weights moved away from 1):
+  fp32 logits within 1e-4 (also a left-padded batch), loss and gradients of every weight (what SFT and PPO
+  train through), greedy generation token for token (with a stop token),
+  KV-cache decoding equal to the full forward, left padding equal to running each prompt alone, seeded sampling
+  reproducible, tiny top_p equal to greedy, padded vocabulary rows never sampled.
+- Tokenizer parity with the `tokenizers` library on a byte-level BPE trained here with Qwen2's pre-tokenizer
+  (both merge formats), decode round trips, the ChatML template, and `train_tokenizer` when present.
+- safetensors: write/read round trips against the `safetensors` library, sharded checkpoints, the strict key check.
+- `save` -> `transformers` (model, tokenizer, chat template) and `save` -> `load`; a hub id found in the local HF
+  cache; a download from a fake hub on loopback that resumes after a dropped connection; no network -> one line.
+- The OpenAI-compatible server over real HTTP on loopback (n, max_tokens, stop strings, usage, errors), and
+  the command line.
+- bf16 on CPU close to fp32; CUDA parity where a GPU is present.
+"""
+import contextlib
+import http.server
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import threading
+import unicodedata
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import requests
+import torch
+import torch.nn.functional as F
+import transformers
+from safetensors.torch import load_file as st_load_file, save_file as st_save_file
+from tokenizers import Regex, Tokenizer as HFTokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+
+import model
+
+ROOT = Path(__file__).resolve().parent.parent
+# transformers 5 renamed from_pretrained's torch_dtype to dtype
+DTYPE_KW = "dtype" if int(transformers.__version__.split(".")[0]) >= 5 else "torch_dtype"
+
+# The pre-tokenizer regex of Qwen2/Qwen2.5/Qwen3 tokenizer.json (digits are split one by one).
+QWEN2_PATTERN = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
+                 r"""|\s*[\r\n]+|\s+(?!\S)|\s+""")
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+# A ChatML template as in Qwen instruct tokenizer_config.json, without the default system message.
+CHATML = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + "
+          "'<|im_end|>' + '\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
+
+CORPUS = [
+    "The quick brown fox jumps over the lazy dog. It's what they'd've done, isn't it? We'll see.",
+    "def train(model, data):\n    for x, y in data:\n        loss = model(x) - y\n    return loss\n\n",
+    "import numpy as np\nx = np.zeros((3, 4))\nprint(x.shape)  # (3, 4)\n",
+    "Le café est délicieux, très crémeux. Ça va? Über schön, naïve façade.",
+    "机器学习是人工智能的一个分支。深度学习使用神经网络。",
+    "Emoji time 🤖🚀🔥 and more 😀😀 text.",
+    "Numbers: 3.14159, 2024-06-01, 1,000,000 and 42.",
+    "<|im_start|>user\nHello there!<|im_end|>\n<|im_start|>assistant\nHi! How can I help?<|im_end|>\n",
+    "    indented\n\tTabbed\n\n\nMany newlines   and   spaces.",
+] * 4
+
+TEXTS = [
+    "Hello, world!",
+    "The café's crème brûlée isn't bad; we'll see. THEY'RE sure I'd've said DON'T.",
+    "e\u0301te\u0301 is decomposed, NFC makes it \u00e9t\u00e9",
+    "中文分词测试，混合English和数字12345。",
+    "emoji 🤖🚀 and a flag 🇫🇷 and ZWJ 👩\u200d💻!",
+    "def f(x):\n    return x ** 2  # square\n\n\n",
+    "if (a&&b) { x += 1; }\treturn;\t\t// tabs",
+    "numbers 3.14159 and 1,000,000 and 2024-06-01 and 007",
+    "   leading spaces and trailing   ",
+    "line1\n\nline2\r\nline3\n \n  \n",
+    "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n",
+    "text<|endoftext|>more<|im_end|>tail <|im_start|>",
+    "Ünïcödé ÅÆØ ßẞ Ωmega русский текст עברית العربية",
+    "",
+    "a" * 40,
+    "x  \n",
+    "\u00a0nbsp and \u3000 ideographic space",
+]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Fixtures: a Qwen2-style tokenizer and tiny Hugging Face checkpoints with random weights
+# ---------------------------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module", autouse=True)
+def one_torch_thread():
+    """Tiny models gain nothing from threads, and threads thrash when the machine is busy (CI, other jobs)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def train_hf_tokenizer(vocab_size=400):
+    """A byte-level BPE built like Qwen2's tokenizer.json, trained with the `tokenizers` library."""
+    tok = HFTokenizer(models.BPE())
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(QWEN2_PATTERN), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False, trim_offsets=False),
+    ])
+    tok.decoder = decoders.ByteLevel()
+    tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=2, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(CORPUS, trainer)
+    tok.add_special_tokens(SPECIALS)  # after the BPE vocabulary, as in Qwen (151643...)
+    return tok
+
+
+def set_merges_format(src, dst, fmt):
+    """Rewrite tokenizer.json merges as "a b" strings (fmt="str", real Qwen files) or ["a", "b"] pairs."""
+    d = json.loads(Path(src).read_text(encoding="utf-8"))
+    merges = [m.split(" ") if isinstance(m, str) else m for m in d["model"]["merges"]]
+    d["model"]["merges"] = [" ".join(m) for m in merges] if fmt == "str" else merges
+    Path(dst).write_text(json.dumps(d, ensure_ascii=False), encoding="utf-8")
+
+
+@pytest.fixture(scope="module")
+def tok_dir(tmp_path_factory):
+    """A folder holding tokenizer.json (string merges, like real Qwen) and tokenizer_config.json."""
+    d = tmp_path_factory.mktemp("tok")
+    train_hf_tokenizer().save(str(d / "raw.json"))
+    set_merges_format(d / "raw.json", d / "tokenizer.json", "str")
+    (d / "raw.json").unlink()
+    (d / "tokenizer_config.json").write_text(json.dumps({
+        "add_prefix_space": False, "bos_token": None, "chat_template": CHATML, "clean_up_tokenization_spaces": False,
+        "eos_token": "<|im_end|>", "errors": "replace", "model_max_length": 32768, "pad_token": "<|endoftext|>",
+        "split_special_tokens": False, "tokenizer_class": "Qwen2Tokenizer", "unk_token": None}))
+    return d
+
+
+@pytest.fixture(scope="module")
+def hf_tok(tok_dir):
+    return HFTokenizer.from_file(str(tok_dir / "tokenizer.json"))
+
+
+@pytest.fixture(scope="module")
+def tok(tok_dir):
+    return model.Tokenizer.from_file(str(tok_dir / "tokenizer.json"), str(tok_dir / "tokenizer_config.json"))
+
+
+CASES = {  # name: (model_type, tie_word_embeddings, head_dim)
+    "qwen2-untied": ("qwen2", False, None),
+    "qwen2-tied": ("qwen2", True, None),
+    "qwen3-tied-hd24": ("qwen3", True, 24),  # explicit head_dim != hidden / heads = 16
+    "qwen3-untied": ("qwen3", False, 16),
+}
+
+
+def build_hf_model(model_type, tie, head_dim, vocab_size, eos_token_id=None, seed=0, hidden=64, layers=2):
+    """A random HF Qwen model: GQA 4/2 heads, rope_theta 1e6, nonzero biases, norm weights away from 1."""
+    torch.manual_seed(seed)
+    kw = dict(vocab_size=vocab_size, hidden_size=hidden, intermediate_size=96, num_hidden_layers=layers,
+              num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-6, rope_theta=1e6,
+              max_position_embeddings=512, tie_word_embeddings=tie, initializer_range=0.1,
+              bos_token_id=None, eos_token_id=eos_token_id, attn_implementation="eager")
+    if model_type == "qwen2":
+        hf = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**kw))
+    else:
+        hf = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(head_dim=head_dim, **kw))
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            if name.endswith("norm.weight"):
+                p.copy_(1 + 0.3 * torch.randn_like(p))
+            elif name.endswith(".bias"):
+                p.copy_(0.2 * torch.randn_like(p))
+    return hf.eval()
+
+
+@pytest.fixture(scope="module")
+def cases(tmp_path_factory, tok_dir, hf_tok):
+    """cases(name) -> a checkpoint folder written by transformers, the HF model, and ours loaded from the folder."""
+    cache = {}
+
+    def get(name):
+        if name not in cache:
+            model_type, tie, head_dim = CASES[name]
+            n_tok = hf_tok.get_vocab_size(with_added_tokens=True)
+            vocab = (n_tok // 64 + 2) * 64  # padded embedding rows beyond the tokenizer, as in real Qwen
+            hf = build_hf_model(model_type, tie, head_dim, vocab, eos_token_id=hf_tok.token_to_id("<|im_end|>"))
+            path = tmp_path_factory.mktemp(name)
+            hf.save_pretrained(path)
+            for f in ("tokenizer.json", "tokenizer_config.json"):
+                shutil.copy(tok_dir / f, path / f)
+            ours, tk = model.load(str(path), dtype=torch.float32)
+            ours.eval()
+            cache[name] = SimpleNamespace(name=name, path=path, hf=hf, ours=ours, tok=tk, n_tok=n_tok, vocab=vocab,
+                                          pad=tk.pad_token_id, im_end=hf_tok.token_to_id("<|im_end|>"))
+        return cache[name]
+    return get
+
+
+@pytest.fixture(scope="module", params=list(CASES))
+def ckpt(request, cases):
+    return cases(request.param)
+
+
+def prompts_for(tk):
+    """Three prompts of different lengths, one of them a chat prompt."""
+    chat = tk.apply_chat_template([{"role": "user", "content": "What is 2+2?"}], add_generation_prompt=True)
+    return [tk.encode("Hello, world!"), tk.encode("def f(x):\n    return x ** 2  # square"), tk.encode(chat)]
+
+
+def left_pad(prompts, pad_id):
+    """(B, T) ids and 1/0 mask, left padded."""
+    T = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), T), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(prompts), T), dtype=torch.long)
+    for i, p in enumerate(prompts):
+        ids[i, T - len(p):] = torch.tensor(p)
+        mask[i, T - len(p):] = 1
+    return ids, mask
+
+
+@torch.no_grad()
+def hf_logits(hf, ids, mask):
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)  # HF forward does not derive positions from the mask; generate does
+    return hf(input_ids=ids, attention_mask=mask, position_ids=pos).logits.float()
+
+
+@torch.no_grad()
+def our_logits(m, ids, mask=None):
+    return m(ids, attention_mask=mask).float()
+
+
+@contextlib.contextmanager
+def full_vocab(m):
+    """Let generation use every row so its log-probs can be compared with a plain log_softmax of the logits."""
+    old = m.sample_vocab_size
+    m.sample_vocab_size = m.config.vocab_size
+    try:
+        yield m
+    finally:
+        m.sample_vocab_size = old
+
+
+def upto_stop(seq, stop):
+    seq = list(seq)
+    return seq[:seq.index(stop) + 1] if stop in seq else seq
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Config
+# ---------------------------------------------------------------------------------------------------------------
+
+QWEN25_CONFIG = {  # Qwen2.5-0.5B-Instruct config.json
+    "architectures": ["Qwen2ForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 151643, "eos_token_id": 151645,
+    "hidden_act": "silu", "hidden_size": 896, "initializer_range": 0.02, "intermediate_size": 4864,
+    "max_position_embeddings": 32768, "max_window_layers": 21, "model_type": "qwen2", "num_attention_heads": 14,
+    "num_hidden_layers": 24, "num_key_value_heads": 2, "rms_norm_eps": 1e-06, "rope_theta": 1000000.0,
+    "sliding_window": 32768, "tie_word_embeddings": True, "torch_dtype": "bfloat16", "transformers_version": "4.43.1",
+    "use_cache": True, "use_sliding_window": False, "vocab_size": 151936}
+QWEN3_CONFIG = {  # Qwen3-0.6B config.json
+    "architectures": ["Qwen3ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0, "bos_token_id": 151643,
+    "eos_token_id": 151645, "head_dim": 128, "hidden_act": "silu", "hidden_size": 1024, "initializer_range": 0.02,
+    "intermediate_size": 3072, "max_position_embeddings": 40960, "max_window_layers": 28, "model_type": "qwen3",
+    "num_attention_heads": 16, "num_hidden_layers": 28, "num_key_value_heads": 8, "rms_norm_eps": 1e-06,
+    "rope_scaling": None, "rope_theta": 1000000, "sliding_window": None, "tie_word_embeddings": True,
+    "torch_dtype": "bfloat16", "transformers_version": "4.51.0", "use_cache": True, "use_sliding_window": False,
+    "vocab_size": 151936}
+
+
+def test_config_from_real_qwen_config_json():
+    c2 = model.Config.from_dict(QWEN25_CONFIG)
+    assert (c2.model_type, c2.hidden_size, c2.num_key_value_heads, c2.rope_theta) == ("qwen2", 896, 2, 1e6)
+    assert c2.attention_bias is True and c2.tie_word_embeddings is True and c2.eos_token_id == 151645
+    c3 = model.Config.from_dict(QWEN3_CONFIG)
+    assert (c3.model_type, c3.head_dim, c3.num_attention_heads, c3.rope_theta) == ("qwen3", 128, 16, 1e6)
+    assert not c3.attention_bias
+    # transformers >= 5 writes rope_theta inside "rope_parameters"
+    v5 = dict(QWEN3_CONFIG, rope_parameters={"rope_theta": 5e5, "rope_type": "default"})
+    del v5["rope_theta"]
+    assert model.Config.from_dict(v5).rope_theta == 5e5
+    for c in (c2, c3):
+        assert model.Config.from_dict(c.to_dict()) == c
+        assert c.to_dict()["architectures"] == [{"qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}[c.model_type]]
+
+
+@pytest.mark.parametrize("model_type", ["qwen2", "qwen3"])
+def test_tiny_config_state_dict_loads_into_transformers(model_type, tmp_path):
+    torch.manual_seed(0)
+    ours = model.Qwen(model.tiny_config(model_type)).eval()
+    (tmp_path / "config.json").write_text(json.dumps(ours.config.to_dict()))
+    hf = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.from_pretrained(tmp_path)).eval()
+    sd = ours.state_dict()
+    assert set(sd) - {"lm_head.weight"} == set(hf.state_dict()) - {"lm_head.weight"}
+    hf.load_state_dict(sd, strict=False)
+    if hf.config.tie_word_embeddings:
+        hf.tie_weights()
+    ids = torch.randint(0, ours.config.vocab_size, (2, 9))
+    lo = our_logits(ours, ids)
+    assert lo.shape == (2, 9, ours.config.vocab_size)
+    torch.testing.assert_close(lo, hf_logits(hf, ids, torch.ones_like(ids)), atol=1e-4, rtol=0)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Parity with transformers on the same random weights
+# ---------------------------------------------------------------------------------------------------------------
+
+def test_load_sets_sample_vocab_to_tokenizer(ckpt):
+    assert ckpt.ours.config.vocab_size == ckpt.vocab > ckpt.n_tok == len(ckpt.tok)
+    assert ckpt.ours.sample_vocab_size == ckpt.n_tok
+    if CASES[ckpt.name][0] == "qwen3":
+        assert ckpt.ours.config.head_dim == CASES[ckpt.name][2]
+
+
+def test_logits_match_transformers(ckpt):
+    prompts = prompts_for(ckpt.tok)
+    ids = torch.tensor([prompts[2]])
+    torch.testing.assert_close(our_logits(ckpt.ours, ids), hf_logits(ckpt.hf, ids, torch.ones_like(ids)),
+                               atol=1e-4, rtol=0)
+    ids, mask = left_pad(prompts, ckpt.pad)
+    ours, theirs = our_logits(ckpt.ours, ids, mask), hf_logits(ckpt.hf, ids, mask)
+    valid = mask.bool()
+    torch.testing.assert_close(ours[valid], theirs[valid], atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("name", ["qwen2-untied", "qwen3-tied-hd24"])
+def test_gradients_match_transformers(cases, name):
+    """SFT and PPO train through forward(): the loss and the gradients of every weight equal transformers'."""
+    c = cases(name)
+    ids, mask = left_pad(prompts_for(c.tok), c.pad)
+    targets = ids[:, 1:].masked_fill((mask[:, :-1] == 0) | (mask[:, 1:] == 0), -100)  # predicted from real tokens
+
+    def grads(m, logits_of):
+        m.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(logits_of().float()[:, :-1].flatten(0, 1), targets.flatten(), ignore_index=-100)
+        loss.backward()
+        g = {k: p.grad.clone() for k, p in m.named_parameters()}
+        m.zero_grad(set_to_none=True)
+        return loss.detach(), g
+
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    loss, ours = grads(c.ours, lambda: c.ours(ids, attention_mask=mask))
+    loss_hf, theirs = grads(c.hf, lambda: c.hf(input_ids=ids, attention_mask=mask, position_ids=pos).logits)
+    torch.testing.assert_close(loss, loss_hf, atol=1e-5, rtol=0)
+    assert set(ours) == set(theirs)
+    for k in ours:
+        torch.testing.assert_close(ours[k], theirs[k], atol=1e-4, rtol=1e-3, msg=k)
+
+
+def test_greedy_generation_matches_transformers(ckpt):
+    prompts, n = prompts_for(ckpt.tok), 12
+    ids, mask = left_pad(prompts, ckpt.pad)
+    suppress = list(range(ckpt.n_tok, ckpt.vocab))  # HF may pick padded rows; ours never does
+
+    def hf_generate(stop):
+        out = ckpt.hf.generate(input_ids=ids, attention_mask=mask, max_new_tokens=n, do_sample=False,
+                               eos_token_id=stop, pad_token_id=ckpt.pad, suppress_tokens=suppress)
+        return out[:, ids.shape[1]:].tolist()
+
+    # a stop token the first prompt really emits, so stopping inside a batch is exercised
+    stop = hf_generate([ckpt.vocab - 1])[0][3]  # (a suppressed id as eos: no early stop)
+    expected = [upto_stop(s, stop) for s in hf_generate(stop)]
+    g = ckpt.ours.generate(prompts, max_new_tokens=n, temperature=0.0, stop_token_ids=[stop], pad_token_id=ckpt.pad)
+    assert g.tokens == expected
+    assert g.finish_reasons == ["stop" if s[-1] == stop else "length" for s in expected]
+    assert g.finish_reasons[0] == "stop" and all(len(s) == n for s, r in zip(g.tokens, g.finish_reasons) if r == "length")
+    assert [len(lp) for lp in g.logprobs] == [len(s) for s in g.tokens]
+
+
+def test_kv_cache_logprobs_match_full_forward(ckpt):
+    prompts, n = prompts_for(ckpt.tok), 10
+    with full_vocab(ckpt.ours) as m:
+        g = m.generate(prompts, max_new_tokens=n, temperature=0.0, stop_token_ids=[], pad_token_id=ckpt.pad)
+        alone = m.generate(prompts[2:], max_new_tokens=n, temperature=0.0, stop_token_ids=[], pad_token_id=ckpt.pad)
+    assert g.finish_reasons == ["length"] * 3 and all(len(s) == n for s in g.tokens)
+    for ps, gen in [(prompts, g), (prompts[2:], alone)]:  # a left-padded batch, and one prompt without padding
+        ids, mask = left_pad([p + s for p, s in zip(ps, gen.tokens)], ckpt.pad)
+        T = ids.shape[1]
+        for name, logits in [("ours", our_logits(ckpt.ours, ids, mask)), ("transformers", hf_logits(ckpt.hf, ids, mask))]:
+            lp = F.log_softmax(logits, -1)[:, T - n - 1:T - 1]  # (B, n, V): the positions that predict the new tokens
+            full = lp.gather(-1, torch.tensor(gen.tokens)[..., None])[..., 0]
+            torch.testing.assert_close(torch.tensor(gen.logprobs), full, atol=1e-4, rtol=0, msg=f"vs {name} full forward")
+            assert (lp.argmax(-1) == torch.tensor(gen.tokens)).all()  # greedy = argmax of the full forward
+
+
+def test_left_padding_gives_same_tokens_as_alone(ckpt):
+    prompts = prompts_for(ckpt.tok)
+    batch = ckpt.ours.generate(prompts, max_new_tokens=8, stop_token_ids=[], pad_token_id=ckpt.pad)
+    for i, p in enumerate(prompts):
+        alone = ckpt.ours.generate([p], max_new_tokens=8, stop_token_ids=[], pad_token_id=ckpt.pad)
+        assert alone.tokens[0] == batch.tokens[i]
+        torch.testing.assert_close(torch.tensor(alone.logprobs[0]), torch.tensor(batch.logprobs[i]), atol=1e-4, rtol=0)
+
+
+def test_sampling_is_reproducible_and_logprobs_use_temperature(cases):
+    c = cases("qwen2-untied")
+    prompts, n, temp = prompts_for(c.tok), 10, 0.7
+    with full_vocab(c.ours) as m:
+        runs = [m.generate(prompts, max_new_tokens=n, temperature=temp, stop_token_ids=[], pad_token_id=c.pad,
+                           generator=torch.Generator().manual_seed(123)) for _ in range(2)]
+    assert runs[0].tokens == runs[1].tokens and runs[0].logprobs == runs[1].logprobs
+    greedy = c.ours.generate(prompts, max_new_tokens=n, stop_token_ids=[], pad_token_id=c.pad)
+    assert runs[0].tokens != greedy.tokens  # it really samples
+    ids, mask = left_pad([p + s for p, s in zip(prompts, runs[0].tokens)], c.pad)
+    T = ids.shape[1]
+    lp = F.log_softmax(our_logits(c.ours, ids, mask) / temp, -1)[:, T - n - 1:T - 1]
+    full = lp.gather(-1, torch.tensor(runs[0].tokens)[..., None])[..., 0]
+    torch.testing.assert_close(torch.tensor(runs[0].logprobs), full, atol=1e-4, rtol=0)
+
+
+def test_tiny_top_p_is_greedy(cases):
+    c = cases("qwen3-tied-hd24")
+    prompts = prompts_for(c.tok)
+    greedy = c.ours.generate(prompts, max_new_tokens=8, stop_token_ids=[], pad_token_id=c.pad)
+    nucleus = c.ours.generate(prompts, max_new_tokens=8, temperature=1.0, top_p=1e-6, stop_token_ids=[],
+                              pad_token_id=c.pad, generator=torch.Generator().manual_seed(0))
+    assert nucleus.tokens == greedy.tokens
+
+
+def test_never_samples_padded_vocab_rows():
+    torch.manual_seed(0)
+    cfg = model.tiny_config("qwen3", vocab_size=320, tie_word_embeddings=False)
+    m = model.Qwen(cfg).eval()
+    n_real = 256
+    with torch.no_grad():
+        m.lm_head.weight[n_real:] *= 4  # make the padded rows attractive
+    m.sample_vocab_size = n_real
+    prompts = [[1, 2, 3, 4], [5, 6]]
+    ids, mask = left_pad(prompts, 0)
+    p = F.softmax(our_logits(m, ids, mask)[:, -1] / 2.0, -1)
+    assert p[:, n_real:].sum(-1).min() > 0.1 or our_logits(m, ids, mask)[:, -1].argmax(-1).ge(n_real).any()  # precondition
+    for temp in (0.0, 2.0):
+        g = m.generate(prompts, max_new_tokens=30, temperature=temp, stop_token_ids=[], pad_token_id=0,
+                       generator=torch.Generator().manual_seed(0))
+        assert max(max(s) for s in g.tokens) < n_real
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Tokenizer
+# ---------------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("text", TEXTS)
+def test_encode_matches_tokenizers_library(text, tok, hf_tok):
+    ids = tok.encode(text)
+    assert ids == hf_tok.encode(text).ids
+    assert tok.decode(ids) == unicodedata.normalize("NFC", text) == hf_tok.decode(ids, skip_special_tokens=False)
+
+
+def test_encode_matches_tokenizers_library_on_random_strings(tok, hf_tok):
+    pieces = list("abcXYZ éüß中文🤖0123456789 \n\t\r.,;:'\"!?()[]{}#_-+*/\\") + \
+        ["'s", "'LL", "'ve", "<|im_end|>", "<|endoftext|>", "  ", "\n\n", "e\u0301", "\u00a0", "the", "def ", "    "]
+    rng = random.Random(0)
+    for _ in range(300):
+        text = "".join(rng.choice(pieces) for _ in range(rng.randint(0, 30)))
+        ids = tok.encode(text)
+        assert ids == hf_tok.encode(text).ids, repr(text)
+        assert tok.decode(ids) == unicodedata.normalize("NFC", text), repr(text)
+
+
+def test_special_tokens_and_sizes(tok, hf_tok):
+    assert len(tok) == hf_tok.get_vocab_size(with_added_tokens=True)
+    assert tok.im_end_id == hf_tok.token_to_id("<|im_end|>") == tok.eos_token_id
+    assert tok.pad_token_id == hf_tok.token_to_id("<|endoftext|>")
+    ids = tok.encode("a<|im_start|>b")
+    assert hf_tok.token_to_id("<|im_start|>") in ids
+    assert tok.decode(ids, skip_special_tokens=True) == "ab"
+    assert tok.encode("1234567") == [hf_tok.token_to_id(c) for c in "1234567"]  # digits one by one
+
+
+def test_merges_pair_format_gives_same_ids(tok_dir, tmp_path, tok):
+    set_merges_format(tok_dir / "tokenizer.json", tmp_path / "pairs.json", "pairs")
+    pairs = model.Tokenizer.from_file(str(tmp_path / "pairs.json"))
+    for text in TEXTS:
+        assert pairs.encode(text) == tok.encode(text)
+
+
+def test_decode_invalid_utf8_does_not_raise(tok, hf_tok):
+    ids = tok.encode("🤖")
+    assert len(ids) > 1  # the emoji is several byte tokens in this small vocab
+    assert tok.decode(ids[:1]) == hf_tok.decode(ids[:1])  # a partial character becomes U+FFFD
+
+
+def test_chat_template_is_chatml(tok):
+    msgs = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Hi"}]
+    assert tok.apply_chat_template(msgs, add_generation_prompt=True) == (
+        "<|im_start|>system\nYou are terse.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n")
+    msgs2 = msgs + [{"role": "assistant", "content": "Hello."}]
+    assert tok.apply_chat_template(msgs2, add_generation_prompt=False).endswith(
+        "<|im_start|>assistant\nHello.<|im_end|>\n")
+
+
+def test_train_tokenizer_round_trips_and_loads_in_tokenizers(tmp_path):
+    if not hasattr(model, "train_tokenizer"):
+        pytest.skip("model.train_tokenizer not implemented")
+    trained = model.train_tokenizer(CORPUS, vocab_size=350)
+    assert 256 + len(SPECIALS) < len(trained) <= 350 + len(SPECIALS)
+    trained.save(str(tmp_path / "tokenizer.json"))
+    ref = HFTokenizer.from_file(str(tmp_path / "tokenizer.json"))
+    for text in TEXTS:
+        assert trained.encode(text) == ref.encode(text).ids
+        assert trained.decode(trained.encode(text)) == unicodedata.normalize("NFC", text)
+    assert len(trained.encode(CORPUS[0])) < len(CORPUS[0].encode())  # merges were learnt
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# safetensors and checkpoints
+# ---------------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_safetensors_round_trip(dtype, tmp_path):
+    torch.manual_seed(0)
+    tensors = {"a.weight": torch.randn(5, 7).to(dtype), "b.bias": torch.randn(3).to(dtype),
+               "c": torch.randn(2, 3, 4).to(dtype), "scalar": torch.tensor(1.5, dtype=dtype)}
+    model.write_safetensors(str(tmp_path / "ours.safetensors"), tensors, metadata={"format": "pt"})
+    for got in (model.read_safetensors(str(tmp_path / "ours.safetensors")), st_load_file(tmp_path / "ours.safetensors")):
+        assert set(got) == set(tensors)
+        for k, t in tensors.items():
+            assert got[k].dtype == dtype and got[k].shape == t.shape and torch.equal(got[k], t)
+    st_save_file(tensors, tmp_path / "lib.safetensors", metadata={"format": "pt"})
+    got = model.read_safetensors(str(tmp_path / "lib.safetensors"))
+    assert all(torch.equal(got[k], t) and got[k].dtype == dtype for k, t in tensors.items())
+
+
+def test_sharded_checkpoint_loads(cases, tmp_path):
+    c = cases("qwen2-untied")
+    c.hf.save_pretrained(tmp_path, max_shard_size="40KB")
+    assert (tmp_path / "model.safetensors.index.json").exists() and len(list(tmp_path.glob("*.safetensors"))) > 2
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(c.path / f, tmp_path / f)
+    sharded, _ = model.load(str(tmp_path), dtype=torch.float32)
+    ids = torch.tensor([prompts_for(c.tok)[1]])
+    assert torch.equal(our_logits(sharded, ids), our_logits(c.ours, ids))
+
+
+def test_strict_key_check_names_missing_and_unexpected(cases, tmp_path):
+    c = cases("qwen3-tied-hd24")
+    for f in c.path.iterdir():
+        shutil.copy(f, tmp_path / f.name)
+    sd = st_load_file(tmp_path / "model.safetensors")
+    del sd["model.layers.1.mlp.up_proj.weight"]
+    sd["model.layers.1.mlp.extra_proj.weight"] = torch.zeros(2, 2)
+    st_save_file(sd, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(Exception) as err:
+        model.load(str(tmp_path), dtype=torch.float32)
+    assert "model.layers.1.mlp.up_proj.weight" in str(err.value)
+    assert "model.layers.1.mlp.extra_proj.weight" in str(err.value)
+
+
+def test_save_loads_in_transformers_and_back(ckpt, tmp_path):
+    model.save(ckpt.ours, ckpt.tok, str(tmp_path))
+    for f in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+        assert (tmp_path / f).exists(), f
+    assert ("lm_head.weight" in st_load_file(tmp_path / "model.safetensors")) != CASES[ckpt.name][1]
+    ids, mask = left_pad(prompts_for(ckpt.tok), ckpt.pad)
+    expected = our_logits(ckpt.ours, ids, mask)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, **{DTYPE_KW: torch.float32}).eval()
+    valid = mask.bool()
+    torch.testing.assert_close(hf_logits(hf, ids, mask)[valid], expected[valid], atol=1e-4, rtol=0)
+    back, tk = model.load(str(tmp_path), dtype=torch.float32)
+    torch.testing.assert_close(our_logits(back, ids, mask), expected, atol=0, rtol=0)
+    assert len(tk) == len(ckpt.tok) and back.sample_vocab_size == ckpt.ours.sample_vocab_size
+    hf_tk = transformers.AutoTokenizer.from_pretrained(tmp_path)
+    for text in TEXTS:
+        assert hf_tk(text, add_special_tokens=False)["input_ids"] == ckpt.tok.encode(text)
+    msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+    assert hf_tk.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True) == \
+        ckpt.tok.apply_chat_template(msgs, add_generation_prompt=True)
+    assert hf_tk.eos_token == "<|im_end|>"
+
+
+def test_save_sharded_loads_in_transformers(cases, tmp_path):
+    c = cases("qwen3-untied")
+    model.save(c.ours, c.tok, str(tmp_path), max_shard_bytes=50_000)
+    index = json.loads((tmp_path / "model.safetensors.index.json").read_text())
+    assert len(set(index["weight_map"].values())) > 1
+    ids = torch.tensor([prompts_for(c.tok)[2]])
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, **{DTYPE_KW: torch.float32}).eval()
+    torch.testing.assert_close(hf_logits(hf, ids, torch.ones_like(ids)), our_logits(c.ours, ids), atol=1e-4, rtol=0)
+    back, _ = model.load(str(tmp_path), dtype=torch.float32)
+    assert torch.equal(our_logits(back, ids), our_logits(c.ours, ids))
+
+
+def test_saved_chat_template_matches_ours_in_transformers(cases, tmp_path):
+    c = cases("qwen2-tied")
+    shutil.copy(c.path / "tokenizer.json", tmp_path / "tokenizer.json")  # no tokenizer_config.json: model.py's template
+    bare = model.Tokenizer.from_file(str(tmp_path / "tokenizer.json"))
+    model.save(c.ours, bare, str(tmp_path / "out"))
+    hf_tk = transformers.AutoTokenizer.from_pretrained(tmp_path / "out")
+    msgs = [{"role": "system", "content": "S"}, {"role": "user", "content": "Q?"}, {"role": "assistant", "content": "A."},
+            {"role": "user", "content": "Again\nplease"}]
+    for gen_prompt in (True, False):
+        assert hf_tk.apply_chat_template(msgs, tokenize=False, add_generation_prompt=gen_prompt) == \
+            bare.apply_chat_template(msgs, add_generation_prompt=gen_prompt)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Model lookup: the local Hugging Face cache, and a download (from a fake hub on loopback)
+
+def test_load_hub_id_from_local_cache(cases, tmp_path, monkeypatch):
+    """The HF cache layout: models--Org--Name/{blobs/<hash>, snapshots/<rev>/<file> -> blob, refs/main}."""
+    c = cases("qwen3-untied")
+    repo = tmp_path / "hub" / "models--tiny-org--tiny-qwen"
+    (repo / "blobs").mkdir(parents=True)
+    (repo / "snapshots" / "0123abcd").mkdir(parents=True)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("0123abcd")
+    for i, f in enumerate(sorted(c.path.iterdir())):
+        shutil.copy(f, repo / "blobs" / f"blob{i}")
+        (repo / "snapshots" / "0123abcd" / f.name).symlink_to(Path("..", "..", "blobs", f"blob{i}"))
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # nothing listens there: no download may happen
+    m, tk = model.load("tiny-org/tiny-qwen", dtype=torch.float32)
+    ids = torch.tensor([prompts_for(c.tok)[0]])
+    assert torch.equal(our_logits(m, ids), our_logits(c.ours, ids)) and len(tk) == len(c.tok)
+
+
+def test_missing_hub_id_without_network_is_a_one_line_error(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")
+    with pytest.raises(Exception) as err:
+        model.load("tiny-org/absent")
+    assert "tiny-org/absent" in str(err.value) and "\n" not in str(err.value).strip()
+
+
+class FakeHub(http.server.BaseHTTPRequestHandler):
+    """GET /<org>/<name>/resolve/<rev>/<file> from server.root, with Range support; the first full request for
+    model.safetensors is cut in the middle, as a dropped connection would."""
+
+    def do_GET(self):
+        self.server.requests.append((self.path, self.headers.get("Range")))
+        parts = self.path.split("/")
+        f = self.server.root / "/".join(parts[5:]) if len(parts) > 5 and parts[3] == "resolve" else None
+        if f is None or not f.is_file():
+            self.send_response(404)
+            self.end_headers()
+            return
+        data, start = f.read_bytes(), 0
+        rng = self.headers.get("Range")
+        if rng:
+            start = int(rng.split("=")[1].split("-")[0])
+            if start >= len(data):
+                self.send_response(416)
+                self.end_headers()
+                return
+        self.send_response(206 if rng else 200)
+        self.send_header("Content-Length", str(len(data) - start))
+        self.send_header("X-Repo-Commit", "feedbeef")
+        if rng:
+            self.send_header("Content-Range", f"bytes {start}-{len(data) - 1}/{len(data)}")
+        self.end_headers()
+        if f.name == "model.safetensors" and not rng and not self.server.cut:
+            self.server.cut = True
+            self.wfile.write(data[:len(data) // 2])  # then the connection drops
+            self.close_connection = True
+            return
+        self.wfile.write(data[start:])
+
+    def log_message(self, *args):
+        pass
+
+
+def test_download_from_hub_resumes(cases, tmp_path, monkeypatch):
+    c = cases("qwen2-untied")
+    torch.manual_seed(0)  # weights of a few MiB, so that the cut falls after some whole download chunks
+    big = model.Qwen(model.tiny_config("qwen2", vocab_size=8192, tie_word_embeddings=False)).eval()
+    model.save(big, c.tok, str(tmp_path / "repo"))
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), FakeHub)
+    srv.root, srv.requests, srv.cut = tmp_path / "repo", [], False
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+        monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{srv.server_address[1]}")
+        try:
+            model.load("tiny-org/tiny-qwen", dtype=torch.float32)  # the weights arrive cut: may fail
+        except Exception:
+            pass
+        m, _ = model.load("tiny-org/tiny-qwen", dtype=torch.float32)
+        ranges = [r for p, r in srv.requests if p.endswith("/model.safetensors") and r]
+        assert ranges and int(ranges[-1].split("=")[1].split("-")[0]) > 0, srv.requests  # resumed, not restarted
+        ids = torch.tensor([prompts_for(c.tok)[1]])
+        assert torch.equal(our_logits(m, ids), our_logits(big, ids))
+        n = len(srv.requests)
+        model.load("tiny-org/tiny-qwen", dtype=torch.float32)
+        assert len(srv.requests) == n  # the third load is served from the cache
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Server over real HTTP
+# ---------------------------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def server(cases):
+    c = cases("qwen3-tied-hd24")
+    srv = model.make_server(c.ours, c.tok, host="127.0.0.1", port=0, model_name="tiny-qwen")
+    thread = threading.Thread(target=srv.serve_forever, daemon=True)
+    thread.start()
+    yield SimpleNamespace(url=f"http://127.0.0.1:{srv.server_address[1]}", c=c)
+    srv.shutdown()
+    srv.server_close()
+
+
+def assert_openai_error(r, status):
+    assert r.status_code == status
+    err = r.json()["error"]
+    assert isinstance(err["message"], str) and err["message"] and "type" in err and "code" in err
+
+
+def test_server_lists_model(server):
+    r = requests.get(server.url + "/v1/models", timeout=30)
+    assert r.status_code == 200
+    body = r.json()
+    assert body["object"] == "list" and body["data"][0]["id"] == "tiny-qwen"
+
+
+def test_server_chat_completion(server):
+    c, n, max_tokens = server.c, 2, 12
+    msgs = [{"role": "user", "content": "Tell me a story."}]
+    prompt = c.tok.encode(c.tok.apply_chat_template(msgs, add_generation_prompt=True))
+    r = requests.post(server.url + "/v1/chat/completions", timeout=60, json={
+        "model": "tiny-qwen", "messages": msgs, "temperature": 0, "max_tokens": max_tokens, "n": n})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert len(body["choices"]) == n and [ch["index"] for ch in body["choices"]] == list(range(n))
+    usage = body["usage"]
+    assert usage["prompt_tokens"] == len(prompt)
+    assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
+    stops = [c.tok.im_end_id, c.tok.eos_token_id, c.tok.pad_token_id]
+    expected = c.ours.generate([prompt], max_new_tokens=max_tokens, stop_token_ids=stops).tokens[0]
+    finish = "stop" if expected[-1] in stops else "length"
+    text = c.tok.decode([t for t in expected if t not in stops], skip_special_tokens=True)
+    for ch in body["choices"]:
+        assert ch["message"]["role"] == "assistant" and ch["finish_reason"] == finish
+        assert ch["message"]["content"] == text
+    assert usage["completion_tokens"] == n * len(expected)
+
+    # a stop string cuts the text before it and finishes with "stop"
+    k = next((k for k in range(1, len(text) - 2) if "\ufffd" not in text[k:k + 2] and text[k:k + 2].strip()), None)
+    if k is None:
+        pytest.skip(f"greedy text too short for a stop-string check: {text!r}")
+    stop = text[k:k + 2]
+    r = requests.post(server.url + "/v1/chat/completions", timeout=60, json={
+        "messages": msgs, "temperature": 0, "max_tokens": max_tokens, "stop": [stop]})
+    assert r.status_code == 200, r.text
+    ch = r.json()["choices"][0]
+    assert ch["message"]["content"] == text[:text.index(stop)] and ch["finish_reason"] == "stop"
+    # generation ends at the token that completes the stop string, and usage counts the tokens up to it (vLLM)
+    needed = next(j for j in range(1, len(expected) + 1) if stop in c.tok.decode(expected[:j], skip_special_tokens=True))
+    assert r.json()["usage"]["completion_tokens"] == needed
+
+
+def test_server_samples_n_choices_independently(server):
+    r = requests.post(server.url + "/v1/chat/completions", timeout=60, json={
+        "messages": [{"role": "user", "content": "Hi"}], "temperature": 1.5, "max_tokens": 8, "n": 4})
+    assert r.status_code == 200, r.text
+    assert len({ch["message"]["content"] for ch in r.json()["choices"]}) > 1
+
+
+def test_server_errors(server):
+    r = requests.post(server.url + "/v1/chat/completions", data=b"{not json", timeout=30,
+                      headers={"Content-Type": "application/json"})
+    assert_openai_error(r, 400)
+    assert_openai_error(requests.post(server.url + "/v1/chat/completions", json={"max_tokens": 3}, timeout=30), 400)
+    assert_openai_error(requests.get(server.url + "/v1/nothing-here", timeout=30), 404)
+    assert_openai_error(requests.get(server.url + "/v1/chat/completions", timeout=30), 405)
+    r = requests.post(server.url + "/v1/chat/completions", timeout=30,
+                      json={"model": "no-such-model", "messages": [{"role": "user", "content": "hi"}]})
+    assert_openai_error(r, 404)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Command line
+# ---------------------------------------------------------------------------------------------------------------
+
+def run_cli(*args):
+    env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")
+    return subprocess.run([sys.executable, str(ROOT / "model.py"), *args], capture_output=True, text=True,
+                          timeout=120, cwd=ROOT, env=env)
+
+
+def test_cli_generate(cases):
+    r = run_cli("generate", "--model", str(cases("qwen2-tied").path), "--prompt", "hi", "--max-new-tokens", "3")
+    assert r.returncode == 0, r.stderr
+
+
+def test_cli_missing_model_is_one_line_exit_2(tmp_path):
+    r = run_cli("generate", "--model", str(tmp_path / "no-such-model"), "--prompt", "hi")
+    assert r.returncode == 2
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Other dtypes and devices
+# ---------------------------------------------------------------------------------------------------------------
+
+def test_bf16_cpu_close_to_fp32(cases):
+    c = cases("qwen2-untied")
+    m16, _ = model.load(str(c.path), dtype=torch.bfloat16)
+    assert next(m16.parameters()).dtype == torch.bfloat16
+    ids, mask = left_pad(prompts_for(c.tok), c.pad)
+    lo16, lo32 = our_logits(m16, ids, mask), our_logits(c.ours, ids, mask)
+    valid = mask.bool()
+    assert (lo16[valid] - lo32[valid]).abs().max() < 0.1 * lo32.abs().max() + 0.05
+    g = m16.generate(prompts_for(c.tok), max_new_tokens=4, stop_token_ids=[], pad_token_id=c.pad)
+    assert all(len(s) == 4 for s in g.tokens)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_matches_cpu(cases):
+    c = cases("qwen3-tied-hd24")
+    ids, mask = left_pad(prompts_for(c.tok), c.pad)
+    valid = mask.bool()
+    gpu, _ = model.load(str(c.path), device="cuda", dtype=torch.float32)
+    lo = our_logits(gpu, ids.cuda(), mask.cuda()).cpu()
+    torch.testing.assert_close(lo[valid], our_logits(c.ours, ids, mask)[valid], atol=1e-3, rtol=0)
+    g = gpu.generate(prompts_for(c.tok), max_new_tokens=6, stop_token_ids=[], pad_token_id=c.pad)
+    assert g.tokens == c.ours.generate(prompts_for(c.tok), max_new_tokens=6, stop_token_ids=[], pad_token_id=c.pad).tokens
+    b16, _ = model.load(str(c.path), device="cuda", dtype=torch.bfloat16)
+    lo16 = our_logits(b16, ids.cuda(), mask.cuda()).cpu()
+    assert (lo16[valid] - lo[valid]).abs().max() < 0.1 * lo.abs().max() + 0.05
