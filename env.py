@@ -1,0 +1,1540 @@
+"""The ML task world the agents act on: tasks, grading, the sandbox that runs agent code, and the agent's actions.
+
+Reading order: metrics -> the task folder (Task, load_task, grade) -> built-in tasks (data, starter scripts, reference
+leaderboards, prepare) -> the sandbox (run_script) -> offline recipes for `Edit Script (AI)` -> actions and Env -> CLI.
+
+What comes from where, and how this departs from it:
+- The action set, its JSON arguments and the wording of observations follow MLAgentBench (Huang et al., 2023;
+  `MLAgentBench/high_level_actions.py`, `low_level_actions.py`), the environment ML-Agent trains in (seed 000).
+  Departures: `Understand File` is answered without an LLM (a CSV gets its shape, columns and first rows, a script its
+  first lines); the workspace is a dict of scripts kept in memory (the data files stay in the task's `public/`), so a
+  state can be snapshotted and restored exactly; every `Edit Script (AI)` of a script runs it to measure the new metric,
+  because ML-Agent's reward (DESIGN.md, reward.py) scores each successful edit by its metric change.
+- A task folder is MLE-bench-like (`public/` what the agent sees, `private/answers.csv` the hidden test answers with a
+  `part` column: the Kaggle public/private split of the test rows). Built-in tasks are made from scikit-learn's shipped
+  datasets or generated, with fixed seeds; their `private/leaderboard.csv` is a *reference panel* of scikit-learn
+  pipelines scored on the private part, not human Kaggle entries.
+- `Edit Script (AI)` takes any editor `(instruction, code) -> code`; `recipe_editor` is an offline stand-in that only
+  knows the recipes below for the built-in starter scripts (an LLM editor from agent.py replaces it when configured).
+
+The sandbox (`run_script`) treats agent code as untrusted. It protects against:
+- altering the task: the code runs in a fresh temporary folder holding *copies* of `public/`;
+- reading the answers: as root, the code runs as a dedicated unprivileged uid (one per run, 60000+), and `private/`,
+  the cache and the logs are root-only (0700); that uid can neither read them nor signal the parent;
+- leaking secrets: the environment is rebuilt from a short whitelist (no API keys or tokens);
+- runaway processes: a new session/process group, stdin closed, a wall-clock limit (TERM to the group, a grace
+  period, KILL), the group killed after every run, and as root every process of the run's uid killed as well, which
+  also catches daemons that left the group with setsid; rlimits on CPU time, file size, open files, processes (per
+  uid, as root), core dumps (0) and, for CPU-only runs, address space;
+- floods: output goes to a log file on disk capped by RLIMIT_FSIZE; the caller gets its head and tail;
+- the network: a new, empty network namespace (`unshare(CLONE_NEWNET)`) where the kernel allows it.
+It does NOT protect against: kernel exploits (same kernel, no seccomp filter), reading world-readable files
+elsewhere on the machine, filling the disk with many files below the size limit, using the GPU (not isolated) or
+all CPU cores; without root there is no separate uid, so `private/` is readable and a daemon that calls setsid
+escapes the group kill. Where `unshare` fails the network stays reachable (RunResult.isolation says what applied).
+When the Python interpreter lives under a folder the sandbox uid cannot enter (e.g. /root/.pyenv), the run gets a
+private mount namespace in which that folder is covered by an empty tmpfs with only the interpreter bound back in.
+
+Run:  python env.py list | python env.py prepare | python env.py run --task digits --script my_train.py
+"""
+from __future__ import annotations
+
+import argparse
+import atexit
+import ctypes
+import difflib
+import fcntl
+import hashlib
+import json
+import os
+import posixpath
+import re
+import resource
+import secrets
+import shutil
+import signal
+import stat
+import string
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import pandas as pd
+
+ROOT = Path(__file__).parent
+TASKS_DIR = ROOT / "runs" / "tasks"
+CACHE_DIR = ROOT / "runs" / "cache"
+LOG_DIR = ROOT / "runs" / "logs"
+TASKS_VERSION = 2  # bump when a generator changes: prepare() rebuilds tasks made by an older version
+
+# ================================================================================================== metrics
+
+
+def _labels(values) -> np.ndarray:
+    """Class labels as comparable strings: 3, 3.0 and "3" are the same label."""
+    s = pd.Series(values)
+    num = pd.to_numeric(s, errors="coerce")
+    if num.notna().all() and np.all(num == np.round(num)):
+        return num.astype(np.int64).astype(str).to_numpy()
+    return s.astype(str).str.strip().to_numpy()
+
+
+def _f1_macro(y, p) -> float:
+    scores = []
+    for c in np.union1d(y, p):  # sklearn's f1_score(average="macro") averages over labels seen in y or p
+        tp, fp, fn = np.sum((y == c) & (p == c)), np.sum((y != c) & (p == c)), np.sum((y == c) & (p != c))
+        scores.append(2 * tp / (2 * tp + fp + fn))
+    return float(np.mean(scores))
+
+
+def _roc_auc(y, p) -> float:
+    """Mann-Whitney form: the chance that a random positive is scored above a random negative (ties count 1/2)."""
+    y = np.asarray(y, dtype=float).ravel()
+    ranks = pd.Series(np.asarray(p, dtype=float).ravel()).rank().to_numpy()
+    n1 = y.sum()
+    n0 = len(y) - n1
+    return float((ranks[y == 1].sum() - n1 * (n1 + 1) / 2) / (n1 * n0))
+
+
+def _log_loss(y, p) -> float:
+    """Multi-class log-loss as Kaggle computes it: clip to [1e-15, 1 - 1e-15], then rescale each row to sum 1."""
+    y, p = np.asarray(y, dtype=float), np.asarray(p, dtype=float)
+    if y.ndim == 1:  # one probability column: the positive class of a binary task
+        y, p = np.column_stack([1 - y, y]), np.column_stack([1 - p, p])
+    p = np.clip(p, 1e-15, 1 - 1e-15)
+    p = p / p.sum(axis=1, keepdims=True)
+    return float(-np.mean(np.sum(y * np.log(p), axis=1)))
+
+
+@dataclass(frozen=True)
+class Metric:
+    fn: Callable
+    higher_is_better: bool
+    kind: str  # "label" (class labels), "probability" (values in [0, 1]) or "value" (any finite number)
+
+
+METRICS = {
+    "accuracy": Metric(lambda y, p: float(np.mean(y == p)), True, "label"),
+    "f1_macro": Metric(_f1_macro, True, "label"),
+    "roc_auc": Metric(_roc_auc, True, "probability"),
+    "log_loss": Metric(_log_loss, False, "probability"),
+    "mae": Metric(lambda y, p: float(np.mean(np.abs(y - p))), False, "value"),
+    "rmse": Metric(lambda y, p: float(np.sqrt(np.mean((y - p) ** 2))), False, "value"),
+}
+
+# ========================================================================================= the task folder
+
+
+class TaskError(ValueError):
+    """A task folder is missing something or holds something wrong (the message is one line)."""
+
+
+@dataclass
+class Task:
+    name: str
+    dir: Path
+    metric: str
+    higher_is_better: bool
+    id_column: str
+    target_columns: list[str]
+    best_score: float
+    time_limit: float
+    split: str  # "held-in" (tasks to train on) or "held-out" (evaluation only)
+    description: str
+    info: dict = field(default_factory=dict, repr=False)  # task.json as read
+
+    @property
+    def public_dir(self) -> Path:
+        return self.dir / "public"
+
+    @property
+    def private_dir(self) -> Path:
+        return self.dir / "private"
+
+    def leaderboard(self) -> list[tuple[str, float]]:
+        """The reference leaderboard, best first (empty when the task has none)."""
+        path = self.private_dir / "leaderboard.csv"
+        if not path.exists():
+            return []
+        board = pd.read_csv(path)
+        sign = -1 if self.higher_is_better else 1
+        return sorted(zip(board["entry"], board["score"].astype(float)), key=lambda e: sign * e[1])
+
+
+REQUIRED_KEYS = ("name", "metric", "higher_is_better", "id_column", "target_columns")
+REQUIRED_FILES = ("description.md", "public/train.csv", "public/test.csv", "public/sample_submission.csv",
+                  "public/train.py", "private/answers.csv")
+
+
+def load_task(name_or_path) -> Task:
+    """A built-in task by name (prepared on first use) or a task folder by path, validated."""
+    if isinstance(name_or_path, Task):
+        return name_or_path
+    if str(name_or_path) in BUILTIN_TASKS:
+        folder = prepare([str(name_or_path)])[0]
+    else:
+        folder = Path(name_or_path)
+        if not folder.is_dir():
+            raise TaskError(f"unknown task {str(name_or_path)!r}: not a built-in task ({', '.join(BUILTIN_TASKS)}) "
+                            f"and not a folder")
+    if not (folder / "task.json").is_file():
+        raise TaskError(f"{folder}: task.json is missing")
+    try:
+        info = json.loads((folder / "task.json").read_text())
+    except json.JSONDecodeError as e:
+        raise TaskError(f"{folder / 'task.json'}: not valid JSON ({e})") from None
+    missing = [k for k in REQUIRED_KEYS if k not in info]
+    if missing:
+        raise TaskError(f"{folder / 'task.json'}: missing field(s) {', '.join(missing)}")
+    if info["metric"] not in METRICS:
+        raise TaskError(f"{folder / 'task.json'}: unknown metric {info['metric']!r} (known: {', '.join(METRICS)})")
+    missing = [f for f in REQUIRED_FILES if not (folder / f).is_file()]
+    if missing:
+        raise TaskError(f"{folder}: missing {', '.join(missing)}")
+    with open(folder / "private" / "answers.csv") as f:
+        header = f.readline().strip().split(",")
+    missing = [c for c in (info["id_column"], *info["target_columns"], "part") if c not in header]
+    if missing:
+        raise TaskError(f"{folder / 'private/answers.csv'}: missing column(s) {', '.join(missing)}")
+    task = Task(name=info["name"], dir=folder.resolve(), metric=info["metric"],
+                higher_is_better=bool(info["higher_is_better"]), id_column=info["id_column"],
+                target_columns=list(info["target_columns"]), best_score=info.get("best_score"),
+                time_limit=float(info.get("time_limit", 600)), split=info.get("split", "held-out"),
+                description=(folder / "description.md").read_text(), info=info)
+    if task.best_score is None:  # e.g. an MLE-bench task: its leaderboard brings the best score
+        board = task.leaderboard()
+        if not board:
+            raise TaskError(f"{folder}: task.json has no best_score and private/leaderboard.csv is missing")
+        task.best_score = board[0][1]
+    return task
+
+
+def list_tasks() -> list[Task]:
+    """The built-in tasks (prepared on first use)."""
+    return [load_task(name) for name in BUILTIN_TASKS]
+
+
+@dataclass
+class Grade:
+    valid: bool
+    public: float | None
+    private: float | None
+    error: str | None
+
+
+def _check_submission(task: Task, path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(truth, prediction, is_public) aligned by id; raises ValueError with the reason a submission is rejected."""
+    if not path.is_file():
+        raise ValueError(f"no submission: {path.name} does not exist (the script must write submission.csv)")
+    try:
+        sub = pd.read_csv(path)
+    except Exception as e:  # noqa: BLE001 - any parse failure is the submission's fault
+        raise ValueError(f"{path.name} cannot be read as CSV: {str(e).splitlines()[0]}") from None
+    ans = pd.read_csv(task.private_dir / "answers.csv")
+    want = [task.id_column, *task.target_columns]
+    missing, extra = [c for c in want if c not in sub.columns], [c for c in sub.columns if c not in want]
+    if missing or extra:
+        raise ValueError(f"wrong columns in {path.name}: missing {missing}, unexpected {extra}; expected {want}")
+    if len(sub) != len(ans):
+        raise ValueError(f"{path.name} has {len(sub)} rows, expected {len(ans)} (one per row of test.csv)")
+    sub_ids, ans_ids = _labels(sub[task.id_column]), _labels(ans[task.id_column])
+    if len(set(sub_ids)) != len(sub_ids):
+        raise ValueError(f"duplicate ids in {path.name}")
+    unknown = sorted(set(sub_ids) - set(ans_ids))
+    if unknown:
+        raise ValueError(f"ids do not match test.csv: {len(unknown)} unknown, e.g. {unknown[:3]}")
+    sub = sub.set_index(sub_ids).loc[ans_ids]
+    metric = METRICS[task.metric]
+    if metric.kind == "label":
+        if sub[task.target_columns].isna().any().any():
+            raise ValueError(f"missing (NaN/empty) labels in {path.name}")
+        truth = _labels(ans[task.target_columns[0]])
+        pred = _labels(sub[task.target_columns[0]])
+    else:
+        values = sub[task.target_columns].apply(pd.to_numeric, errors="coerce")
+        bad = [c for c in task.target_columns if values[c].isna().any() or not np.isfinite(values[c]).all()]
+        if bad:
+            raise ValueError(f"NaN, empty, non-numeric or infinite values in column(s) {bad} of {path.name}")
+        pred = values.to_numpy(dtype=float)
+        if metric.kind == "probability" and ((pred < 0) | (pred > 1)).any():
+            raise ValueError(f"probabilities outside [0, 1] in {path.name}")
+        truth = ans[task.target_columns].to_numpy(dtype=float)
+        if len(task.target_columns) == 1:
+            truth, pred = truth.ravel(), pred.ravel()
+    return truth, pred, (ans["part"] == "public").to_numpy()
+
+
+def grade(task, submission_path) -> Grade:
+    """Score a submission on the public and the private part of the test rows, or say why it is rejected."""
+    task = load_task(task)
+    try:
+        truth, pred, public = _check_submission(task, Path(submission_path))
+    except ValueError as e:
+        return Grade(False, None, None, str(e))
+    fn = METRICS[task.metric].fn
+    return Grade(True, fn(truth[public], pred[public]), fn(truth[~public], pred[~public]), None)
+
+# ========================================================================================== built-in tasks
+# Data: scikit-learn's shipped datasets (no download) or generated with fixed seeds.
+
+
+def _sklearn_frame(loader, target: str, **kw) -> pd.DataFrame:
+    data = loader(**kw)
+    df = pd.DataFrame(data.data, columns=[re.sub(r"\W+", "_", c).strip("_") for c in data.feature_names])
+    df[target] = data.target
+    return df
+
+
+def _digits() -> pd.DataFrame:
+    from sklearn.datasets import load_digits
+    data = load_digits()
+    df = pd.DataFrame(data.data.astype(int), columns=[f"pixel_{i}" for i in range(64)])
+    df["label"] = data.target
+    return df
+
+
+def _breast_cancer() -> pd.DataFrame:
+    from sklearn.datasets import load_breast_cancer
+    df = _sklearn_frame(load_breast_cancer, "malignant")
+    df["malignant"] = 1 - df["malignant"]  # sklearn codes malignant as 0
+    return df
+
+
+def _wine() -> pd.DataFrame:
+    from sklearn.datasets import load_wine
+    return _sklearn_frame(load_wine, "label")
+
+
+def _diabetes() -> pd.DataFrame:
+    from sklearn.datasets import load_diabetes
+    return _sklearn_frame(load_diabetes, "progression", scaled=False)
+
+
+def _reviews(n=2400, seed=0) -> pd.DataFrame:
+    """Product reviews from word lists; negations ("not great") flip a phrase, and 5% of labels are noise."""
+    rng = np.random.default_rng(seed)
+    words = {
+        "product": "blender kettle headphones backpack lamp toaster keyboard charger jacket tent".split(),
+        "pos": "great excellent sturdy comfortable reliable fantastic quiet fast lovely perfect".split(),
+        "neg": "broken flimsy noisy slow awful useless cheap disappointing faulty uncomfortable".split(),
+        "mid": "okay average decent fine acceptable ordinary mediocre standard".split(),
+        "filler": "i bought this for my kitchen last week after reading reviews the delivery was on time and it "
+                  "came in a box with a manual".split(),
+    }
+    templates = ["the {p} is {w}", "{w} {p}", "really {w}", "it feels {w}", "honestly {w}"]
+    negated = ["the {p} is not {w}", "not {w} at all", "never {w}", "not a {w} {p}"]
+    # label -> probabilities of a phrase being: positive, negative, middling, negated positive, negated negative
+    mix = {"positive": [0.65, 0.05, 0.08, 0.02, 0.2], "negative": [0.05, 0.6, 0.08, 0.22, 0.05],
+           "neutral": [0.12, 0.12, 0.66, 0.05, 0.05]}
+    labels = rng.choice(["negative", "neutral", "positive"], size=n, p=[0.3, 0.25, 0.45])
+    rows = []
+    for label in labels:
+        p = rng.choice(words["product"])
+        phrases = []
+        for kind in rng.choice(5, size=rng.integers(2, 6), p=mix[label]):
+            pool = words[("pos", "neg", "mid", "pos", "neg")[kind]]
+            phrase = rng.choice(templates if kind < 3 else negated)
+            phrases.append(phrase.format(p=p, w=rng.choice(pool)))
+        phrases.append(" ".join(rng.choice(words["filler"], size=rng.integers(3, 9))))
+        rng.shuffle(phrases)
+        rows.append(", ".join(phrases))
+    noisy = rng.random(n) < 0.05
+    labels[noisy] = rng.choice(["negative", "neutral", "positive"], size=noisy.sum())
+    return pd.DataFrame({"text": rows, "sentiment": labels})
+
+
+def _churn(n=3000, seed=0) -> pd.DataFrame:
+    """make_classification's clusters dressed as a telecom customer table, with categories and missing values."""
+    from sklearn.datasets import make_classification
+    x, y = make_classification(n_samples=n, n_features=8, n_informative=5, n_redundant=1, n_clusters_per_class=2,
+                               weights=[0.73], flip_y=0.03, class_sep=0.9, random_state=seed)
+    rng = np.random.default_rng(seed)
+    df = pd.DataFrame({
+        "tenure_months": np.clip(np.round(24 + 12 * x[:, 0]), 0, 72),
+        "monthly_charges": np.round(70 + 20 * x[:, 1], 2),
+        "support_calls": np.clip(np.round(2 + 1.5 * x[:, 2]), 0, None),
+        "data_usage_gb": np.round(np.exp(2 + 0.5 * x[:, 3]), 2),
+        "late_payments": np.clip(np.round(1 + x[:, 4]), 0, None),
+        "age": np.clip(np.round(45 + 12 * x[:, 5]), 18, 90),
+        "plan": pd.cut(x[:, 6], [-np.inf, -0.5, 0.7, np.inf], labels=["basic", "standard", "premium"]).astype(str),
+        "payment_method": pd.cut(x[:, 7], [-np.inf, -0.4, 0.4, np.inf],
+                                 labels=["card", "bank_transfer", "electronic_check"]).astype(str),
+        "region": rng.choice(["north", "south", "east", "west"], size=n),
+    })
+    for col in ("monthly_charges", "data_usage_gb", "age"):
+        df.loc[rng.random(n) < 0.06, col] = np.nan
+    df["churn"] = y
+    return df
+
+
+def _house_prices(n=2000, seed=0) -> pd.DataFrame:
+    """Prices from a multiplicative model: size x neighbourhood, a U-shaped age effect, condition, noise."""
+    rng = np.random.default_rng(seed)
+    hoods = {"riverside": 1.35, "old_town": 1.15, "hillcrest": 1.0, "lakeshore": 1.6, "industrial": 0.7}
+    hood = rng.choice(list(hoods), size=n, p=[0.2, 0.25, 0.3, 0.1, 0.15])
+    sqft = np.round(rng.lognormal(7.4, 0.35, n))
+    bedrooms = np.clip(np.round(sqft / 600 + rng.normal(0, 0.7, n)), 1, 6)
+    age = rng.integers(0, 100, n)
+    condition = rng.integers(1, 6, n)
+    garage = (rng.random(n) < 0.6).astype(int)
+    lot = np.round(rng.lognormal(8.5, 0.5, n))
+    price = (160 * sqft * np.vectorize(hoods.get)(hood) * (1 + 0.06 * (condition - 3))
+             * (1 - 0.006 * age + 0.00007 * age ** 2) + 12 * np.sqrt(lot) * 100 + 15000 * garage)
+    price = np.round(price * rng.lognormal(0, 0.08, n), -2)
+    return pd.DataFrame({"sqft": sqft, "bedrooms": bedrooms, "age": age, "condition": condition, "garage": garage,
+                         "lot_size": lot, "neighborhood": hood, "price": price})
+
+
+def _daily_sales(seed=0) -> pd.DataFrame:
+    """Three stores, 2021-2023: trend x weekly x yearly seasonality x promotions, temperature, AR(1) noise.
+    Each row also holds yesterday's and last week's sales: the task is one-step-ahead forecasting."""
+    rng = np.random.default_rng(seed)
+    dates = pd.date_range("2021-01-01", "2023-12-31", freq="D")
+    t = np.arange(len(dates))
+    doy = 2 * np.pi * dates.day_of_year.to_numpy() / 365.25
+    weekly = np.array([0.9, 0.92, 0.95, 1.0, 1.12, 1.35, 1.2])[dates.day_of_week]
+    frames = []
+    for store, level in (("A", 200.0), ("B", 120.0), ("C", 80.0)):
+        temperature = np.round(14 - 9 * np.cos(doy) + rng.normal(0, 3, len(t)), 1)
+        promo = (rng.random(len(t)) < 0.15).astype(int)
+        noise = np.zeros(len(t))
+        for i in range(1, len(t)):
+            noise[i] = 0.75 * noise[i - 1] + rng.normal(0, 0.06)
+        sales = (level * (1 + 0.0004 * t) * weekly * (1 + 0.15 * np.sin(doy - 1.0)) * (1 + 0.25 * promo)
+                 * np.exp(noise) + 0.8 * (temperature - 14))
+        frames.append(pd.DataFrame({"date": dates.strftime("%Y-%m-%d"), "store": store, "promo": promo,
+                                    "temperature": temperature, "sales_lag_1": np.r_[np.nan, sales[:-1]].round(1),
+                                    "sales_lag_7": np.r_[[np.nan] * 7, sales[:-7]].round(1),
+                                    "sales": sales.round(1)}).iloc[7:])
+    return pd.concat(frames).sort_values(["date", "store"], kind="stable").reset_index(drop=True)
+
+# Starter scripts: one template; each task fills the data and model blocks. The `# --- name ---` lines delimit the
+# blocks that the offline recipes edit.
+
+
+STARTER = '''"""Starter script for the "{name}" task: {baseline}.
+
+Reads train.csv and test.csv, holds out 20% of train.csv for validation and prints the validation {label},
+then refits on all of train.csv and writes submission.csv in the format of sample_submission.csv.
+"""
+import numpy as np
+import pandas as pd
+from sklearn.model_selection import train_test_split
+{imports}
+
+# --- data ---
+train = pd.read_csv("train.csv")
+test = pd.read_csv("test.csv")
+y = train["{target}"]
+{data}
+
+# --- model ---
+{model}
+
+# --- training ---
+X_tr, X_val, y_tr, y_val = train_test_split(X, y, test_size=0.2, {split})
+model.fit(X_tr, y_tr)
+print(f"Validation {label}: {{{score}:.4f}}")
+model.fit(X, y)
+
+# --- submission ---
+{submit}
+submission.to_csv("submission.csv", index=False)
+'''
+
+# metric -> (import, validation expression, label printed, scikit-learn scorer name used by recipes)
+METRIC_CODE = {
+    "accuracy": ("from sklearn.metrics import accuracy_score", "accuracy_score(y_val, model.predict(X_val))",
+                 "accuracy", "accuracy"),
+    "f1_macro": ("from sklearn.metrics import f1_score", "f1_score(y_val, model.predict(X_val), average='macro')",
+                 "macro-F1", "f1_macro"),
+    "roc_auc": ("from sklearn.metrics import roc_auc_score", "roc_auc_score(y_val, model.predict_proba(X_val)[:, 1])",
+                "ROC AUC", "roc_auc"),
+    "log_loss": ("from sklearn.metrics import log_loss", "log_loss(y_val, model.predict_proba(X_val))",
+                 "log-loss", "neg_log_loss"),
+    "mae": ("from sklearn.metrics import mean_absolute_error", "mean_absolute_error(y_val, model.predict(X_val))",
+            "MAE", "neg_mean_absolute_error"),
+    "rmse": ("from sklearn.metrics import root_mean_squared_error",
+             "root_mean_squared_error(y_val, model.predict(X_val))", "RMSE", "neg_root_mean_squared_error"),
+}
+PLAIN_X = 'X = train.drop(columns=["id", "{target}"])\nX_test = test.drop(columns=["id"])'
+SUBMIT_LABEL = 'submission = pd.DataFrame({{"id": test["id"], "{target}": model.predict(X_test)}})'
+SUBMIT_PROBA = 'submission = pd.DataFrame({{"id": test["id"], "{target}": model.predict_proba(X_test)[:, 1]}})'
+SUBMIT_CLASSES = ('submission = pd.DataFrame(model.predict_proba(X_test), columns=[f"class_{{c}}" for c in '
+                  'model.classes_])\nsubmission.insert(0, "id", test["id"])')
+SCALED_LOGREG = ("from sklearn.linear_model import LogisticRegression\nfrom sklearn.pipeline import make_pipeline\n"
+                 "from sklearn.preprocessing import StandardScaler",
+                 "model = make_pipeline(StandardScaler(), LogisticRegression(max_iter=1000))")
+RIDGE = ("from sklearn.linear_model import Ridge", "model = Ridge(alpha=1.0)")
+
+
+@dataclass
+class TaskSpec:
+    """How a built-in task is made: its data, metric, split and starter script."""
+    name: str
+    title: str
+    split: str  # "held-in" or "held-out"
+    metric: str
+    target: str  # the target column of train.csv
+    kind: str  # "classification" or "regression": which reference panel scores it
+    modality: str
+    load: Callable[[], pd.DataFrame]
+    about: str  # the problem, for description.md
+    baseline: str  # the starter's model, in words
+    model: tuple[str, str]  # the starter's (imports, model block)
+    data: str = PLAIN_X  # the starter's data block: builds X and X_test
+    submit: str = SUBMIT_LABEL
+    test_fraction: float = 0.3  # time series: the last days instead
+    time_limit: float = 60.0
+
+    @property
+    def target_columns(self) -> list[str]:
+        return [f"class_{c}" for c in range(3)] if self.submit == SUBMIT_CLASSES else [self.target]
+
+    def starter(self) -> str:
+        imp, score, label, _ = METRIC_CODE[self.metric]
+        split = "random_state=0" + (", stratify=y" if self.kind == "classification" else "")
+        if self.modality == "time series":
+            split = "shuffle=False"  # train.csv is in time order: validate on its latest days
+        return STARTER.format(name=self.name, baseline=self.baseline, label=label, target=self.target,
+                              imports="\n".join(sorted({imp, *self.model[0].splitlines()})),
+                              data=self.data.replace("{target}", self.target), model=self.model[1], split=split,
+                              score=score, submit=self.submit.format(target=self.target))
+
+
+CHURN_DATA = '''X = train.drop(columns=["id", "churn"])
+X_test = test.drop(columns=["id"])
+# one-hot encode the categories and fill missing numbers with the training medians
+both = pd.get_dummies(pd.concat([X, X_test]), columns=["plan", "payment_method", "region"], dtype=float)
+both = both.fillna(both[: len(X)].median())
+X, X_test = both[: len(X)], both[len(X):]'''
+HOUSE_DATA = '''X = train.drop(columns=["id", "price"])
+X_test = test.drop(columns=["id"])
+both = pd.get_dummies(pd.concat([X, X_test]), columns=["neighborhood"], dtype=float)
+X, X_test = both[: len(X)], both[len(X):]'''
+SALES_DATA = '''
+
+def features(df):
+    """A day counter for the trend, the promotion flag, temperature, day of the week and store."""
+    date = pd.to_datetime(df["date"])
+    return pd.DataFrame({"t": (date - pd.Timestamp("2021-01-01")).dt.days, "promo": df["promo"],
+                         "temperature": df["temperature"], "dow": date.dt.day_of_week, "store": df["store"]})
+
+
+both = pd.get_dummies(pd.concat([features(train), features(test)]), columns=["dow", "store"], dtype=float)
+X, X_test = both[: len(train)], both[len(train):]
+# train.csv is in time order, so the validation split below (shuffle=False) holds out its latest days'''
+TEXT_DATA = '''vectorizer = CountVectorizer(min_df=2)
+X = vectorizer.fit_transform(train["text"])
+X_test = vectorizer.transform(test["text"])'''
+
+BUILTIN_TASKS: dict[str, TaskSpec] = {s.name: s for s in [
+    TaskSpec("digits", "Handwritten digits", "held-in", "accuracy", "label", "classification", "image", _digits,
+             "Recognise handwritten digits (0-9) from 8x8 grey-level images; each row holds the 64 pixel intensities "
+             "(0-16) of one image, row by row (`pixel_0` ... `pixel_63`). Predict `label`.",
+             "standardised pixels and logistic regression", SCALED_LOGREG),
+    TaskSpec("breast-cancer", "Breast cancer diagnosis", "held-in", "roc_auc", "malignant", "classification",
+             "tabular", _breast_cancer,
+             "Tell malignant from benign breast masses from 30 measurements of cell nuclei in a biopsy image (mean, "
+             "standard error and worst value of radius, texture, perimeter, area, ...). Predict the probability "
+             "that `malignant` is 1.",
+             "a depth-3 decision tree", ("from sklearn.tree import DecisionTreeClassifier",
+                                         "model = DecisionTreeClassifier(max_depth=3, random_state=0)"),
+             submit=SUBMIT_PROBA),
+    TaskSpec("reviews", "Product review sentiment", "held-in", "f1_macro", "sentiment", "classification", "text",
+             _reviews,
+             "Classify short product reviews as `negative`, `neutral` or `positive` (column `sentiment`) from their "
+             "`text`. Reviews mix praise and complaints, and some are negated (\"not great\").",
+             "word counts and logistic regression",
+             ("from sklearn.feature_extraction.text import CountVectorizer\n"
+              "from sklearn.linear_model import LogisticRegression",
+              "model = LogisticRegression(max_iter=1000)"), data=TEXT_DATA),
+    TaskSpec("churn", "Customer churn", "held-in", "accuracy", "churn", "classification", "tabular", _churn,
+             "Predict whether a telecom customer leaves (`churn` = 1) from account data: tenure, charges, support "
+             "calls, data usage, late payments, age, plan, payment method and region. Some values are missing.",
+             "one-hot categories and logistic regression", SCALED_LOGREG, data=CHURN_DATA),
+    TaskSpec("wine", "Wine cultivars", "held-out", "log_loss", "label", "classification", "tabular", _wine,
+             "Tell which of three cultivars (`label` 0, 1 or 2) a wine comes from, from 13 chemical measurements. "
+             "Submit one probability column per class: `class_0`, `class_1`, `class_2`.",
+             "Gaussian naive Bayes", ("from sklearn.naive_bayes import GaussianNB", "model = GaussianNB()"),
+             submit=SUBMIT_CLASSES, test_fraction=0.4),
+    TaskSpec("diabetes", "Diabetes progression", "held-out", "mae", "progression", "regression", "tabular", _diabetes,
+             "Predict `progression`, a measure of diabetes progression one year after baseline, from age, sex, body "
+             "mass index, average blood pressure and six blood serum measurements (`s1` ... `s6`).",
+             "ridge regression", RIDGE),
+    TaskSpec("sales", "Daily store sales", "held-out", "rmse", "sales", "regression", "time series", _daily_sales,
+             "Forecast tomorrow's `sales` of three stores from the `date`, `store`, a `promo` flag, the `temperature`, "
+             "and the sales of the previous day (`sales_lag_1`) and week (`sales_lag_7`). train.csv covers "
+             "2021-01-08 to 2023-09-02; the test rows are the following 120 days.",
+             "ridge regression on a trend, day-of-week and store indicators", RIDGE, data=SALES_DATA),
+    TaskSpec("house-prices", "House prices", "held-out", "rmse", "price", "regression", "tabular", _house_prices,
+             "Predict the sale `price` (dollars) of a house from its floor area (`sqft`), bedrooms, age, condition "
+             "(1-5), garage, lot size and neighborhood.",
+             "one-hot neighborhoods and ridge regression", RIDGE, data=HOUSE_DATA),
+]}
+
+DESCRIPTION = """# {title}
+
+{about}
+
+## Files
+- `train.csv`: {n_train} rows with the columns {columns}.
+- `test.csv`: {n_test} rows, the same columns without the target; predict one value per row.
+- `sample_submission.csv`: the format to write ({submission}).
+- `train.py`: a plain baseline ({baseline}). It is the starting point: improve it. It prints its validation score
+  and must write `submission.csv` into the working directory.
+
+## Evaluation
+Metric: **{metric}** ({direction} is better), computed on the test rows. As on Kaggle, the test rows are split into a
+public part (its score may be reported while you work) and a private part used only for the final evaluation.
+
+## Rules
+The script runs in a sandbox with no network and a {time_limit:g} s time limit; only the files above are available.
+"""
+
+
+def _columns(columns) -> str:
+    cols = [f"`{c}`" for c in columns]
+    return ", ".join(cols) if len(cols) <= 12 else f"{', '.join(cols[:4])}, ..., {', '.join(cols[-3:])}"
+
+
+def _features(train: pd.DataFrame, test: pd.DataFrame, target: str):
+    """Numeric features for the reference panel: date parts, one-hot categories, median-filled numbers, or tf-idf."""
+    if "text" in train:
+        from sklearn.feature_extraction.text import TfidfVectorizer
+        vec = TfidfVectorizer(ngram_range=(1, 2), min_df=2, sublinear_tf=True)
+        return vec.fit_transform(train["text"]), vec.transform(test["text"])
+    both = pd.concat([train.drop(columns=[target]), test]).drop(columns=["id"])
+    if "date" in both:
+        date = pd.to_datetime(both.pop("date"))
+        doy = 2 * np.pi * date.dt.day_of_year / 365.25
+        both = both.assign(t=(date - date.min()).dt.days, dow=date.dt.day_of_week.astype(str), sin=np.sin(doy),
+                           cos=np.cos(doy))
+    both = pd.get_dummies(both, dtype=float)
+    both = both.fillna(both[: len(train)].median()).to_numpy(dtype=float)
+    return both[: len(train)], both[len(train):]
+
+
+def _panel(kind: str, sparse: bool) -> list[tuple[str, object]]:
+    """The reference pipelines: dummies, linear models over a range of regularisation, kNN, trees, ensembles."""
+    from sklearn import dummy, ensemble, linear_model as lm, naive_bayes, neighbors, neural_network, svm, tree
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+
+    def scaled(m):  # tf-idf rows are already on one scale
+        return m if sparse else make_pipeline(StandardScaler(), m)
+    if kind == "classification":
+        panel = [("dummy: most frequent class", dummy.DummyClassifier()),
+                 ("dummy: random, class frequencies", dummy.DummyClassifier(strategy="stratified", random_state=0))]
+        panel += [(f"logistic regression C={c:g}", scaled(lm.LogisticRegression(C=c, max_iter=2000)))
+                  for c in (0.001, 0.01, 0.1, 1, 10, 100)]
+        panel += [(f"k-nearest neighbours k={k}", scaled(neighbors.KNeighborsClassifier(k))) for k in (1, 5, 25)]
+        panel += [(f"decision tree depth={d}", tree.DecisionTreeClassifier(max_depth=d, random_state=0))
+                  for d in (1, 3, 6, None)]
+        panel += [("random forest 20 trees depth 4", ensemble.RandomForestClassifier(20, max_depth=4, random_state=0)),
+                  ("random forest 100 trees", ensemble.RandomForestClassifier(100, random_state=0)),
+                  ("extra trees 100", ensemble.ExtraTreesClassifier(100, random_state=0)),
+                  ("RBF SVM", scaled(svm.SVC(C=10, probability=True, random_state=0))),
+                  ("MLP 64 hidden", scaled(neural_network.MLPClassifier((64,), max_iter=300, random_state=0)))]
+        if sparse:
+            return panel + [("multinomial naive Bayes", naive_bayes.MultinomialNB()),
+                            ("linear SVM", svm.LinearSVC())]
+        return panel + [("gaussian naive Bayes", naive_bayes.GaussianNB()),
+                        ("histogram gradient boosting", ensemble.HistGradientBoostingClassifier(random_state=0))]
+    panel = [("dummy: mean", dummy.DummyRegressor()), ("dummy: median", dummy.DummyRegressor(strategy="median")),
+             ("linear regression", scaled(lm.LinearRegression()))]
+    panel += [(f"ridge alpha={a:g}", scaled(lm.Ridge(a))) for a in (0.1, 10, 100, 1000)]
+    panel += [(f"lasso alpha={a:g}", scaled(lm.Lasso(alpha=a, max_iter=5000))) for a in (0.1, 10)]
+    panel += [(f"k-nearest neighbours k={k}", scaled(neighbors.KNeighborsRegressor(k))) for k in (1, 5, 20)]
+    panel += [(f"decision tree depth={d}", tree.DecisionTreeRegressor(max_depth=d, random_state=0))
+              for d in (2, 4, 8, None)]
+    return panel + [("random forest 20 trees depth 4", ensemble.RandomForestRegressor(20, max_depth=4, random_state=0)),
+                    ("random forest 100 trees", ensemble.RandomForestRegressor(100, random_state=0)),
+                    ("extra trees 100", ensemble.ExtraTreesRegressor(100, random_state=0)),
+                    ("gradient boosting 200", ensemble.GradientBoostingRegressor(n_estimators=200, random_state=0)),
+                    ("histogram gradient boosting", ensemble.HistGradientBoostingRegressor(random_state=0))]
+
+
+def _leaderboard(spec: TaskSpec, train, test, answers) -> pd.DataFrame:
+    """Fit every reference pipeline on train.csv and score it on the private part of the test rows."""
+    import warnings
+    from threadpoolctl import threadpool_limits
+    metric = METRICS[spec.metric]
+    xtr, xte = _features(train, test, spec.target)
+    private = (answers["part"] == "private").to_numpy()
+    truth = answers[spec.target_columns].to_numpy()
+    truth = _labels(truth.ravel()) if metric.kind == "label" else truth.astype(float).squeeze()
+    rows = []
+    for entry, model in _panel(spec.kind, sparse=not isinstance(xtr, np.ndarray)):
+        if metric.kind == "probability" and not hasattr(model, "predict_proba"):
+            continue
+        with warnings.catch_warnings(), threadpool_limits(1):  # one thread: deterministic, no oversubscription
+            warnings.simplefilter("ignore")
+            model.fit(xtr, train[spec.target])
+        if metric.kind == "label":
+            pred = _labels(model.predict(xte))
+        elif metric.kind == "probability":
+            pred = model.predict_proba(xte)[:, 1] if len(spec.target_columns) == 1 else model.predict_proba(xte)
+        else:
+            pred = model.predict(xte)
+        rows.append((entry, round(metric.fn(truth[private], pred[private]), 6)))
+    board = pd.DataFrame(rows, columns=["entry", "score"])
+    return board.sort_values("score", ascending=not metric.higher_is_better, kind="stable")
+
+
+def _build(spec: TaskSpec, folder: Path):
+    """Write one task folder: split the rows, the answers with their public/private part, starter, leaderboard."""
+    df = spec.load()
+    if spec.modality == "time series":  # the test rows are the last 120 days, kept in time order
+        cut = sorted(df["date"].unique())[-120]
+        df.insert(0, "id", np.arange(len(df)))
+        train, test = df[df["date"] < cut], df[df["date"] >= cut]
+    else:
+        from sklearn.model_selection import train_test_split
+        df = df.sample(frac=1.0, random_state=0).reset_index(drop=True)
+        df.insert(0, "id", np.arange(len(df)))
+        strat = df[spec.target] if spec.kind == "classification" else None
+        train, test = train_test_split(df, test_size=spec.test_fraction, random_state=0, stratify=strat)
+        train, test = train.sort_values("id"), test.sort_values("id")
+    rng = np.random.default_rng(0)
+    part = np.where(rng.permutation(len(test)) < len(test) // 2, "public", "private")
+    if spec.submit == SUBMIT_CLASSES:
+        answers = pd.get_dummies(test[spec.target]).astype(int).set_axis(spec.target_columns, axis=1)
+    else:
+        answers = test[[spec.target]]
+    answers = pd.concat([test[["id"]], answers], axis=1).assign(part=part)
+    test_x = test.drop(columns=[spec.target])
+    board = _leaderboard(spec, train, test_x, answers)
+    y = train[spec.target]
+    default = (y.mode()[0] if METRICS[spec.metric].kind == "label" else y.mean()) if spec.submit == SUBMIT_LABEL \
+        else None
+    sample = pd.DataFrame({"id": test["id"]})
+    for c in spec.target_columns:
+        sample[c] = default if default is not None else (
+            round(y.mean(), 4) if spec.submit == SUBMIT_PROBA else round(1 / len(spec.target_columns), 4))
+    (folder / "public").mkdir(parents=True)
+    (folder / "private").mkdir(mode=0o700)
+    train.to_csv(folder / "public" / "train.csv", index=False)
+    test_x.to_csv(folder / "public" / "test.csv", index=False)
+    sample.to_csv(folder / "public" / "sample_submission.csv", index=False)
+    (folder / "public" / "train.py").write_text(spec.starter())
+    answers.to_csv(folder / "private" / "answers.csv", index=False)
+    board.to_csv(folder / "private" / "leaderboard.csv", index=False)
+    metric = METRICS[spec.metric]
+    info = {"name": spec.name, "title": spec.title, "metric": spec.metric, "higher_is_better": metric.higher_is_better,
+            "id_column": "id", "target_columns": spec.target_columns, "best_score": float(board["score"].iloc[0]),
+            "time_limit": spec.time_limit, "split": spec.split, "kind": spec.kind, "modality": spec.modality,
+            "public_fraction": round(float(np.mean(part == "public")), 4), "version": TASKS_VERSION,
+            "leaderboard": "reference panel of scikit-learn pipelines scored on the private part, "
+                           "not human Kaggle entries"}
+    (folder / "task.json").write_text(json.dumps(info, indent=2) + "\n")
+    (folder / "description.md").write_text(DESCRIPTION.format(
+        title=spec.title, about=spec.about, n_train=len(train), n_test=len(test), columns=_columns(train.columns),
+        submission=_columns(["id", *spec.target_columns]), baseline=spec.baseline, time_limit=spec.time_limit,
+        metric=spec.metric, direction="higher" if metric.higher_is_better else "lower"))
+
+
+def prepare(names=None, root=TASKS_DIR, force=False) -> list[Path]:
+    """Make the built-in task folders under root (deterministic; a folder of the current version is kept as is)."""
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for name in names or list(BUILTIN_TASKS):
+        if name not in BUILTIN_TASKS:
+            raise TaskError(f"unknown built-in task {name!r} (known: {', '.join(BUILTIN_TASKS)})")
+        folder = root / name
+        if force or not _current(folder):
+            lock = os.open(root, os.O_RDONLY)  # one builder per root at a time; the others wait, then find it built
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                if force or not _current(folder):
+                    tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=root))
+                    try:
+                        _build(BUILTIN_TASKS[name], tmp / "task")
+                        if folder.exists():
+                            os.replace(folder, tmp / "old")  # swap by two renames: never a half-written folder
+                        os.replace(tmp / "task", folder)
+                    finally:
+                        shutil.rmtree(tmp, ignore_errors=True)
+            finally:
+                os.close(lock)
+        paths.append(folder)
+    return paths
+
+
+def _current(folder: Path) -> bool:
+    try:
+        return json.loads((folder / "task.json").read_text()).get("version") == TASKS_VERSION
+    except (OSError, json.JSONDecodeError):
+        return False
+
+# ============================================================================================= the sandbox
+
+MEMORY_LIMIT = 4 << 30  # RLIMIT_AS of CPU-only runs: numpy/torch imports reserve GBs of virtual memory, so not lower
+FILE_SIZE_LIMIT = 128 << 20  # RLIMIT_FSIZE: the largest file a run may write, its output log included
+OPEN_FILES_LIMIT = 1024
+PROCESS_LIMIT = 256  # RLIMIT_NPROC counts per uid, so it only applies with a dedicated uid (root parent)
+GRACE = 1.0  # seconds between TERM and KILL at the wall-clock limit
+OUTPUT_HEAD = OUTPUT_TAIL = 4096  # bytes of the log returned to the caller (head and tail)
+UID_BASE, UID_COUNT = 60000, 1000  # dedicated uids, one per concurrent run
+ENV_KEEP = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "CUDA_VISIBLE_DEVICES")  # a whitelist: secrets never pass
+THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")  # one core per run: parallel runs share
+RESOURCE_MARKERS = ("MemoryError", "Cannot allocate memory", "std::bad_alloc", "File too large", "out of memory")
+CACHE_SKIP = ("timeout", "resource")  # outcomes that depend on machine load are not cached
+
+_libc = ctypes.CDLL(None, use_errno=True)
+CLONE_NEWNS, CLONE_NEWUSER, CLONE_NEWNET = 0x00020000, 0x10000000, 0x40000000  # <sched.h>
+MS_BIND, MS_REC, MS_PRIVATE = 0x1000, 0x4000, 0x40000  # <sys/mount.h>
+
+
+@dataclass
+class RunResult:
+    status: str  # success | error | timeout | resource | invalid_submission
+    score: float | None  # public part of the test rows
+    test_score: float | None  # private part
+    seconds: float
+    output: str  # head and tail of the output
+    log_path: str  # the full output (up to FILE_SIZE_LIMIT)
+    returncode: int | None
+    cached: bool = False
+    error: str | None = None  # the grader's message for invalid_submission
+    isolation: str = ""  # what the sandbox applied on this machine
+
+
+def _os_call(ret: int, what: str):
+    if ret != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"{what}: {os.strerror(err)}")
+
+
+@dataclass(frozen=True)
+class _Isolation:
+    """What this machine allows; found once per process by probing (see _isolation)."""
+    uid: bool  # run as a dedicated unprivileged uid (needs root)
+    net: bool  # a new, empty network namespace
+    reveal: tuple  # ((folder the uid cannot enter, (interpreter paths to bind back into it), ...), ...)
+
+    def describe(self, uid) -> str:
+        parts = [f"uid {uid}" if self.uid else "same uid as the parent",
+                 "no network" if self.net else "network NOT isolated (unshare failed)"]
+        parts += [f"{blocked} covered by tmpfs except the interpreter" for blocked, _ in self.reveal]
+        return "; ".join(parts + ["rlimits cpu/fsize/nofile/core" + ("/nproc" if self.uid else "")])
+
+
+def _reveal_plan() -> tuple:
+    """Interpreter folders the sandbox uid could not reach, grouped by the first folder on the way without o+x."""
+    plan: dict[str, list[str]] = {}
+    for path in {Path(sys.base_prefix).resolve(), Path(sys.prefix).resolve()}:
+        blocked = next((p for p in reversed(path.parents) if not p.stat().st_mode & stat.S_IXOTH), None)
+        if blocked is not None:
+            plan.setdefault(str(blocked), []).append(str(path))
+    return tuple((blocked, tuple(sorted(paths))) for blocked, paths in sorted(plan.items()))
+
+
+def _preexec(iso: _Isolation, uid: int | None, limits: list, stage: str):
+    """Runs in the child between fork and exec. Order matters: namespaces and mounts need root, then drop it."""
+    def child():
+        flags = (CLONE_NEWNET if iso.net else 0) | (CLONE_NEWNS if iso.reveal else 0)
+        if flags:
+            _os_call(_libc.unshare(flags | (0 if os.geteuid() == 0 else CLONE_NEWUSER)), "unshare")
+        if iso.reveal:  # private mounts first, or the tmpfs would propagate back to the host
+            _os_call(_libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None), "mount --make-rprivate /")
+            for i, (blocked, paths) in enumerate(iso.reveal):
+                kept = [f"{stage}/{i}-{j}".encode() for j in range(len(paths))]
+                for path, keep in zip(paths, kept):
+                    _os_call(_libc.mount(path.encode(), keep, None, MS_BIND | MS_REC, None), f"bind {path}")
+                _os_call(_libc.mount(b"tmpfs", blocked.encode(), b"tmpfs", 0, b"mode=0755"), f"tmpfs on {blocked}")
+                for path, keep in zip(paths, kept):
+                    os.makedirs(path, exist_ok=True)
+                    _os_call(_libc.mount(keep, path.encode(), None, MS_BIND | MS_REC, None), f"bind back {path}")
+        for res, soft_hard in limits:
+            resource.setrlimit(res, soft_hard)
+        if uid is not None:  # setgroups before setgid before setuid: each needs the privilege the next drops
+            os.setgroups([])
+            os.setgid(uid)
+            os.setuid(uid)
+    return child
+
+
+_ISOLATION: list = []  # [(_Isolation, stage folder)] once probed
+
+
+def _isolation() -> tuple[_Isolation, str]:
+    """The strongest isolation that starts the interpreter here: try, and fall back step by step."""
+    if not _ISOLATION:
+        root = os.geteuid() == 0
+        reveal = _reveal_plan() if root else ()
+        stage = tempfile.mkdtemp(prefix="mlenv-stage-")  # empty mount points, used inside each run's namespace
+        atexit.register(shutil.rmtree, stage, True)
+        for i, (_, paths) in enumerate(reveal):
+            for j in range(len(paths)):
+                os.mkdir(f"{stage}/{i}-{j}")
+        for iso in (_Isolation(root, True, reveal), _Isolation(root, False, reveal), _Isolation(False, True, ()),
+                    _Isolation(False, False, ())):
+            try:
+                ok = subprocess.run([sys.executable, "-c", "import encodings, site"], cwd="/", env={},
+                                    stdin=subprocess.DEVNULL, capture_output=True, timeout=60,
+                                    preexec_fn=_preexec(iso, UID_BASE + UID_COUNT if iso.uid else None, [], stage)
+                                    ).returncode == 0
+            except (OSError, subprocess.SubprocessError):
+                ok = False
+            if ok or not (iso.uid or iso.net):
+                _ISOLATION.append((iso, stage))
+                break
+    return _ISOLATION[0]
+
+
+def _claim_uid() -> tuple[int, int]:
+    """A uid that no other run holds: an flock on /tmp/mlenv-uids/<uid>, released when its file is closed."""
+    locks = Path(tempfile.gettempdir()) / "mlenv-uids"
+    locks.mkdir(mode=0o700, exist_ok=True)
+    start = secrets.randbelow(UID_COUNT)
+    for i in range(UID_COUNT):
+        uid = UID_BASE + (start + i) % UID_COUNT
+        fd = os.open(locks / str(uid), os.O_CREAT | os.O_RDWR, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return uid, fd
+        except BlockingIOError:
+            os.close(fd)
+    raise RuntimeError("all sandbox uids are in use")
+
+
+def _kill_group(pgid: int, sig: int):
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _kill_uid(uid: int):
+    """SIGKILL every live process of the run's uid, found in /proc: also daemons that left the group with setsid."""
+    for _ in range(100):
+        pids = []
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                status = Path(f"/proc/{pid}/status").read_text()
+            except OSError:
+                continue
+            if f"\nUid:\t{uid}\t" in status and "\nState:\tZ" not in status:
+                pids.append(int(pid))
+        if not pids:
+            return
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.005)
+
+
+def _head_tail(path: Path) -> str:
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        data = f.read(OUTPUT_HEAD + OUTPUT_TAIL + 1)
+        if size > OUTPUT_HEAD + OUTPUT_TAIL:
+            f.seek(size - OUTPUT_TAIL)
+            data = data[:OUTPUT_HEAD] + f"\n[... {size - OUTPUT_HEAD - OUTPUT_TAIL} bytes omitted ...]\n".encode() \
+                + f.read()
+    return data.decode("utf-8", errors="replace")
+
+
+def _workspace_path(name: str) -> str:
+    """A relative path inside the workspace, normalised; ValueError for anything that leaves it."""
+    norm = posixpath.normpath(str(name).strip()) if str(name).strip() else ""
+    if not norm or norm.startswith(("/", "..")) or "\\" in norm or "\0" in norm:
+        raise ValueError(f"{name!r} is not a path inside the workspace")
+    return norm
+
+
+_TASK_HASHES: dict = {}
+
+
+def _task_hash(task: Task) -> str:
+    """sha256 of the task's files (memoised on their names, sizes and times)."""
+    files = sorted(p for p in task.dir.rglob("*") if p.is_file())
+    stamp = tuple((str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in files)
+    if stamp not in _TASK_HASHES:
+        h = hashlib.sha256()
+        for p in files:
+            h.update(str(p.relative_to(task.dir)).encode() + b"\0" + p.read_bytes())
+        _TASK_HASHES[stamp] = h.hexdigest()
+    return _TASK_HASHES[stamp]
+
+
+def run_script(task, code: str, timeout=None, cache=True, files: dict[str, str] | None = None, *,
+               script="train.py", memory_limit: int | None = MEMORY_LIMIT) -> RunResult:
+    """Run `code` as `script` (train.py) in a fresh sandbox holding a copy of public/ and the extra `files`.
+    `memory_limit=None` lifts the address-space limit (GPU runs: CUDA maps far more virtual memory)."""
+    task = load_task(task)
+    timeout = float(timeout or task.time_limit)
+    files = {_workspace_path(k): v for k, v in {**(files or {}), script: code}.items()}
+    key = hashlib.sha256(json.dumps([task.name, _task_hash(task), _workspace_path(script), sorted(files.items()),
+                                     timeout, memory_limit, FILE_SIZE_LIMIT]).encode()).hexdigest()
+    cached = CACHE_DIR / f"{key}.json"
+    if cache and cached.exists():
+        return RunResult(**{**json.loads(cached.read_text()), "cached": True})
+    result = _run(task, files, _workspace_path(script), timeout, memory_limit)
+    if cache and result.status not in CACHE_SKIP:
+        CACHE_DIR.mkdir(parents=True, exist_ok=True)
+        os.chmod(CACHE_DIR, 0o700)  # results hold private scores: root-only, like private/
+        tmp = CACHE_DIR / f".{key}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+        tmp.write_text(json.dumps(asdict(result)))
+        os.replace(tmp, cached)  # atomic: a reader sees no file or the whole file
+    return result
+
+
+def _run(task: Task, files: dict[str, str], script: str, timeout: float, memory_limit: int | None) -> RunResult:
+    iso, stage = _isolation()
+    uid, lock = _claim_uid() if iso.uid else (None, None)
+    LOG_DIR.mkdir(parents=True, exist_ok=True)
+    os.chmod(LOG_DIR, 0o700)
+    work = Path(tempfile.mkdtemp(prefix=f"mlenv-{task.name}-"))
+    log_path = LOG_DIR / f"{work.name}.log"
+    try:
+        shutil.copytree(task.public_dir, work, dirs_exist_ok=True)  # copies: the task's own files stay intact
+        for name, text in files.items():
+            (work / name).parent.mkdir(parents=True, exist_ok=True)
+            (work / name).write_text(text)
+        if uid is not None:
+            _kill_uid(uid)  # leftovers of a crashed parent that held this uid
+            for p in [work, *work.rglob("*")]:
+                os.chown(p, uid, uid)
+        env = {k: os.environ[k] for k in ENV_KEEP if k in os.environ}
+        env.update({"HOME": str(work), "TMPDIR": str(work), "PYTHONDONTWRITEBYTECODE": "1", "MPLBACKEND": "Agg"},
+                   **dict.fromkeys(THREAD_VARS, "1"))
+        cpu = int(timeout * (os.cpu_count() or 1)) + 1  # a backstop: the wall clock is the real limit
+        limits = [(resource.RLIMIT_CPU, (cpu, cpu + 5)), (resource.RLIMIT_FSIZE, (FILE_SIZE_LIMIT,) * 2),
+                  (resource.RLIMIT_NOFILE, (OPEN_FILES_LIMIT,) * 2), (resource.RLIMIT_CORE, (0, 0))]
+        limits += [(resource.RLIMIT_AS, (memory_limit,) * 2)] if memory_limit else []
+        limits += [(resource.RLIMIT_NPROC, (PROCESS_LIMIT,) * 2)] if uid is not None else []
+        with open(log_path, "wb") as log:
+            start = time.monotonic()
+            proc = subprocess.Popen([sys.executable, "-u", script], cwd=work, env=env, stdin=subprocess.DEVNULL,
+                                    stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                    preexec_fn=_preexec(iso, uid, limits, stage))
+            timed_out = False
+            try:
+                proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                timed_out = True
+                _kill_group(proc.pid, signal.SIGTERM)
+                try:
+                    proc.wait(GRACE)
+                except subprocess.TimeoutExpired:
+                    _kill_group(proc.pid, signal.SIGKILL)
+                    proc.wait()
+            seconds = time.monotonic() - start
+            _kill_group(proc.pid, signal.SIGKILL)  # after every run, also a normal one: no grandchild survives
+            if uid is not None:
+                _kill_uid(uid)
+        rc, output = proc.returncode, _head_tail(log_path)
+        result = RunResult("error", None, None, seconds, output, str(log_path), rc, isolation=iso.describe(uid))
+        if timed_out:
+            result.status = "timeout"
+        elif rc in (-signal.SIGKILL, -signal.SIGXCPU, -signal.SIGXFSZ) or (rc != 0 and (
+                any(m in output for m in RESOURCE_MARKERS) or log_path.stat().st_size >= FILE_SIZE_LIMIT)):
+            result.status = "resource"  # out of memory (MemoryError, OOM kill), CPU limit, file too large
+        elif rc == 0:
+            g = grade(task, work / "submission.csv")
+            result.status = "success" if g.valid else "invalid_submission"
+            result.score, result.test_score, result.error = g.public, g.private, g.error
+        return result
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+        if lock is not None:
+            os.close(lock)
+
+# ============================================================================ offline recipes for Edit Script (AI)
+# The stand-in for the LLM editor (DESIGN.md "Running with no network and no API key"): each recipe is one real code
+# change to a built-in starter script, in one of ML-Agent's idea categories (seed 000: data, model, learning). A
+# recipe appends lines to a `# --- data ---` or `# --- model ---` block, or replaces one line of it, so recipes
+# compose. $kind, $scoring, $selector and $voting are filled in for the script's task.
+
+
+class EditError(Exception):
+    """The editor could not apply the instruction."""
+
+
+@dataclass(frozen=True)
+class Recipe:
+    name: str
+    category: str  # "data" | "model" | "learning"
+    idea: str  # one-sentence instruction; given to recipe_editor it applies this recipe
+    tasks: tuple[str, ...]
+    section: str  # the starter block edited: "data" or "model"
+    code: str  # lines appended to the block, or replacing the line that `replace` matches
+    imports: tuple[str, ...] = ()
+    replace: str | None = None  # regex of the block line to replace
+
+
+CLASSIFY = ("digits", "breast-cancer", "churn", "wine")
+REGRESS = ("diabetes", "sales", "house-prices")
+NUMERIC = CLASSIFY + REGRESS
+TEXT = ("reviews",)
+SCALER = "from sklearn.preprocessing import StandardScaler"
+PIPE = "from sklearn.pipeline import make_pipeline"
+MODEL_LINE = r"model = .*"
+
+RECIPES = [
+    # --- data
+    Recipe("standardize", "data", "Standardise every feature to zero mean and unit variance before fitting the model.",
+           NUMERIC, "data", "# standardise every feature with the training mean and standard deviation\n"
+           "scaler = StandardScaler().fit(X)\nX, X_test = scaler.transform(X), scaler.transform(X_test)", (SCALER,)),
+    Recipe("quantile-features", "data", "Map every feature to a normal distribution with a quantile transform.",
+           NUMERIC, "data", "# map each feature through its quantiles onto a normal distribution\n"
+           'quantiles = QuantileTransformer(n_quantiles=200, output_distribution="normal").fit(X)\n'
+           "X, X_test = quantiles.transform(X), quantiles.transform(X_test)",
+           ("from sklearn.preprocessing import QuantileTransformer",)),
+    Recipe("polynomial-features", "data", "Add pairwise products and squares of the features (degree-2 polynomial).",
+           tuple(n for n in NUMERIC if n != "digits"), "data", "# add all pairwise products and squares\n"
+           "poly = PolynomialFeatures(degree=2, include_bias=False).fit(X)\n"
+           "X, X_test = poly.transform(X), poly.transform(X_test)",
+           ("from sklearn.preprocessing import PolynomialFeatures",)),
+    Recipe("select-k-best", "data", "Keep only the better half of the features by a univariate F-test.",
+           NUMERIC, "data", "# keep the half of the features with the strongest univariate relation to the target\n"
+           "selector = SelectKBest($selector, k=max(1, X.shape[1] // 2)).fit(X, y)\n"
+           "X, X_test = selector.transform(X), selector.transform(X_test)",
+           ("from sklearn.feature_selection import SelectKBest, $selector",)),
+    Recipe("pca-whitening", "data", "Project the pixels onto the principal components that keep 95% of the variance, "
+           "whitened.", ("digits",), "data", "# principal components keeping 95% of the variance, whitened\n"
+           "pca = PCA(n_components=0.95, whiten=True, random_state=0).fit(X)\n"
+           "X, X_test = pca.transform(X), pca.transform(X_test)", ("from sklearn.decomposition import PCA",)),
+    Recipe("ink-profiles", "data", "Add the row and column ink sums of each 8x8 image as features.", ("digits",),
+           "data",
+           '# add the ink profile of each image: its sums over the 8 rows and over the 8 columns\n'
+           'def profiles(df):\n    img = df.filter(like="pixel_").to_numpy(dtype=float).reshape(-1, 8, 8)\n'
+           "    return np.column_stack([img.sum(axis=2), img.sum(axis=1)])\n\n\n"
+           "X, X_test = np.column_stack([X, profiles(train)]), np.column_stack([X_test, profiles(test)])"),
+    Recipe("missing-indicators", "data", "Add a 0/1 indicator column for every feature that has missing values.",
+           ("churn",), "data", "# add a 0/1 column per feature with missing values: was it missing?\n"
+           "missing = [c for c in test.columns if train[c].isna().any()]\n"
+           "X, X_test = np.column_stack([X, train[missing].isna()]), np.column_stack([X_test, test[missing].isna()])"),
+    Recipe("log-target", "data", "Fit the model to the logarithm of the target and transform predictions back.",
+           REGRESS, "model", "# fit on log(1 + target), predict back on the original scale\n"
+           "model = TransformedTargetRegressor(model, func=np.log1p, inverse_func=np.expm1)",
+           ("from sklearn.compose import TransformedTargetRegressor",)),
+    Recipe("lag-features", "data", "Add the previous day's and previous week's sales as lag features.", ("sales",),
+           "data", "# add the lagged sales: yesterday and the same day last week\n"
+           'lags = ["sales_lag_1", "sales_lag_7"]\n'
+           "X, X_test = np.column_stack([X, train[lags]]), np.column_stack([X_test, test[lags]])"),
+    Recipe("fourier-seasonality", "data", "Add sine and cosine terms of the day of the year for yearly seasonality.",
+           ("sales",), "data", "# yearly seasonality: sine and cosine of the first two yearly harmonics\n"
+           "def fourier(df):\n    d = 2 * np.pi * pd.to_datetime(df[\"date\"]).dt.day_of_year.to_numpy() / 365.25\n"
+           "    return np.column_stack([np.sin(d), np.cos(d), np.sin(2 * d), np.cos(2 * d)])\n\n\n"
+           "X, X_test = np.column_stack([X, fourier(train)]), np.column_stack([X_test, fourier(test)])"),
+    Recipe("log-size-features", "data", "Add the logarithms of floor area and lot size as features.",
+           ("house-prices",), "data", "# add log floor area and log lot size: prices grow multiplicatively\n"
+           'sizes = ["sqft", "lot_size"]\n'
+           "X, X_test = np.column_stack([X, np.log(train[sizes])]), np.column_stack([X_test, np.log(test[sizes])])"),
+    Recipe("tfidf-bigrams", "data", "Use tf-idf weighted word unigrams and bigrams instead of raw word counts.", TEXT,
+           "data", "vectorizer = TfidfVectorizer(ngram_range=(1, 2), min_df=2, sublinear_tf=True)",
+           ("from sklearn.feature_extraction.text import TfidfVectorizer",), replace=r"vectorizer = .*"),
+    Recipe("char-ngrams", "data", "Add character 2- to 4-gram tf-idf features to the word features.", TEXT, "data",
+           "# add character 2-4-gram tf-idf features\n"
+           'chars = TfidfVectorizer(analyzer="char_wb", ngram_range=(2, 4), min_df=3, sublinear_tf=True)\n'
+           'X = hstack([X, chars.fit_transform(train["text"])]).tocsr()\n'
+           'X_test = hstack([X_test, chars.transform(test["text"])]).tocsr()',
+           ("from scipy.sparse import hstack", "from sklearn.feature_extraction.text import TfidfVectorizer")),
+    Recipe("negation-marking", "data", "Mark the word after a negation (\"not great\" becomes \"not NOT_great\").",
+           TEXT, "data", "# mark the word after a negation so that \"not great\" does not count as \"great\"\n"
+           "def negate(texts):\n"
+           '    return texts.str.replace(r"\\b(not|never|no)\\s+(?:a\\s+)?(\\w+)", r"\\1 NOT_\\2", regex=True)\n\n\n'
+           'X = vectorizer.fit_transform(negate(train["text"]))\nX_test = vectorizer.transform(negate(test["text"]))'),
+    # --- model
+    Recipe("random-forest", "model", "Replace the model with a random forest of 200 trees.", NUMERIC + TEXT, "model",
+           "model = RandomForest$kind(n_estimators=200, random_state=0)",
+           ("from sklearn.ensemble import RandomForest$kind",),
+           MODEL_LINE),
+    Recipe("extra-trees", "model", "Replace the model with extremely randomised trees (200 trees).", NUMERIC + TEXT,
+           "model", "model = ExtraTrees$kind(n_estimators=200, random_state=0)",
+           ("from sklearn.ensemble import ExtraTrees$kind",), MODEL_LINE),
+    Recipe("gradient-boosting", "model", "Replace the model with histogram gradient boosting.", NUMERIC, "model",
+           "model = HistGradientBoosting$kind(max_iter=150, learning_rate=0.1, random_state=0)",
+           ("from sklearn.ensemble import HistGradientBoosting$kind",), MODEL_LINE),
+    Recipe("knn", "model", "Replace the model with k-nearest neighbours on standardised features.", NUMERIC, "model",
+           'model = make_pipeline(StandardScaler(), KNeighbors$kind(n_neighbors=7, weights="distance"))',
+           (PIPE, SCALER, "from sklearn.neighbors import KNeighbors$kind"), MODEL_LINE),
+    Recipe("svm", "model", "Replace the model with an RBF-kernel support vector machine on standardised features.",
+           CLASSIFY, "model", "model = make_pipeline(StandardScaler(), SVC(C=10, probability=True, random_state=0))",
+           (PIPE, SCALER, "from sklearn.svm import SVC"), MODEL_LINE),
+    Recipe("mlp", "model", "Replace the model with a one-hidden-layer neural network (MLP) on standardised features.",
+           CLASSIFY, "model", "model = make_pipeline(StandardScaler(), MLPClassifier(hidden_layer_sizes=(128,), "
+           "max_iter=500, early_stopping=True, random_state=0))", (PIPE, SCALER,
+                                                                    "from sklearn.neural_network import MLPClassifier"),
+           MODEL_LINE),
+    Recipe("linear-svm", "model", "Replace the model with a linear support vector machine.", TEXT, "model",
+           "model = LinearSVC(C=0.5)", ("from sklearn.svm import LinearSVC",), MODEL_LINE),
+    Recipe("naive-bayes", "model", "Replace the model with complement naive Bayes.", TEXT, "model",
+           "model = ComplementNB(alpha=0.5)", ("from sklearn.naive_bayes import ComplementNB",), MODEL_LINE),
+    Recipe("sgd-classifier", "model", "Replace the model with a linear classifier trained by stochastic gradient "
+           "descent (modified Huber loss).", TEXT, "model",
+           'model = SGDClassifier(loss="modified_huber", alpha=1e-4, random_state=0)',
+           ("from sklearn.linear_model import SGDClassifier",), MODEL_LINE),
+    # --- learning
+    Recipe("tune-hyperparameters", "learning", "Choose the model's main hyperparameters by 3-fold cross-validated "
+           "grid search.", NUMERIC + TEXT, "model", "# choose the main hyperparameters by 3-fold cross-validated grid "
+           "search\nvalues = {\"C\": [0.1, 1.0, 10.0], \"alpha\": [0.1, 1.0, 10.0], \"max_depth\": [None, 4, 8], "
+           "\"var_smoothing\": [1e-9, 1e-3],\n          \"n_neighbors\": [5, 15], \"learning_rate\": [0.05, 0.2]}\n"
+           "grid = {k: values[k.split(\"__\")[-1]] for k in model.get_params() if k.split(\"__\")[-1] in values}\n"
+           'model = GridSearchCV(model, grid, cv=3, scoring="$scoring") if grid else model',
+           ("from sklearn.model_selection import GridSearchCV",)),
+    Recipe("class-weight-balanced", "learning", "Weight each class inversely to its frequency in the training loss.",
+           CLASSIFY + TEXT, "model", "# weight each class inversely to its frequency\n"
+           'model.set_params(**{k: "balanced" for k in model.get_params() if k.split("__")[-1] == "class_weight"})'),
+    Recipe("bagging", "learning", "Train a bagging ensemble of 10 copies of the model on bootstrap samples.",
+           NUMERIC + TEXT, "model", "# a bagging ensemble: 10 copies fitted on bootstrap samples, averaged\n"
+           "model = Bagging$kind(model, n_estimators=10, random_state=0)",
+           ("from sklearn.ensemble import Bagging$kind",)),
+    Recipe("voting-ensemble", "learning", "Average the model's predictions with a random forest and gradient "
+           "boosting.", NUMERIC, "model", "# average the model with a random forest and gradient boosting\n"
+           'model = Voting$kind([("base", model), ("forest", RandomForest$kind(n_estimators=100, random_state=0)),\n'
+           '                     ("boosting", HistGradientBoosting$kind(max_iter=50, random_state=0))]$voting)',
+           ("from sklearn.ensemble import HistGradientBoosting$kind, RandomForest$kind, Voting$kind",)),
+    Recipe("calibrate-probabilities", "learning", "Calibrate the predicted probabilities with 3-fold sigmoid "
+           "(Platt) calibration.", CLASSIFY, "model", "# calibrate the probabilities: Platt's sigmoid fitted on 3 "
+           "held-out folds\n"
+           'model = CalibratedClassifierCV(model, method="sigmoid", cv=3)',
+           ("from sklearn.calibration import CalibratedClassifierCV",)),
+]
+
+
+def recipes_for(task_name: str) -> list[Recipe]:
+    return [r for r in RECIPES if task_name in r.tasks]
+
+
+def _apply(recipe: Recipe, code: str, task: str) -> str:
+    spec = BUILTIN_TASKS[task]
+    clf = spec.kind == "classification"
+    fill = dict(kind="Classifier" if clf else "Regressor", scoring=METRIC_CODE[spec.metric][3],
+                selector="f_classif" if clf else "f_regression", voting=', voting="soft"' if clf else "")
+    lines = code.splitlines()
+    marker = f"# --- {recipe.section} ---"
+    if marker not in lines:
+        raise EditError(f"recipe {recipe.name} edits the {marker!r} block, which this script does not have")
+    start = lines.index(marker) + 1
+    end = next((i for i in range(start, len(lines)) if lines[i].startswith("# --- ")), len(lines))
+    new = string.Template(recipe.code).substitute(fill).splitlines()
+    if recipe.replace:
+        at = next((i for i in range(start, end) if re.fullmatch(recipe.replace, lines[i])), None)
+        if at is None:
+            raise EditError(f"recipe {recipe.name} replaces a line like {recipe.replace!r}, not found in {marker!r}")
+        lines[at:at + 1] = new
+    else:
+        while end > start and not lines[end - 1].strip():  # before the blank lines that close the block
+            end -= 1
+        lines[end:end] = new
+    imports = [string.Template(i).substitute(fill) for i in recipe.imports]
+    last = max((i for i, line in enumerate(lines) if line.startswith(("import ", "from "))), default=-1)
+    lines[last + 1:last + 1] = [i for i in dict.fromkeys(imports) if i not in lines]
+    return "\n".join(lines) + "\n"
+
+
+def recipe_editor(instruction: str, code: str) -> str:
+    """Offline stand-in for the LLM editor: applies the recipe whose idea or name the instruction contains."""
+    found = re.search(r'Starter script for the "([\w-]+)" task', code)
+    if not found or found.group(1) not in BUILTIN_TASKS:
+        raise EditError("the offline recipe editor only edits the built-in starter scripts; configure an LLM editor "
+                        "for other code")
+    task, text = found.group(1), instruction.lower()
+    hits = [(len(key), r) for r in recipes_for(task) for key in (r.idea.lower(), r.name, r.name.replace("-", " "))
+            if key in text]
+    if not hits:
+        names = ", ".join(r.name for r in recipes_for(task))
+        raise EditError(f"no offline recipe matches this instruction; configure an LLM editor for free-form edits. "
+                        f"Recipes for {task}: {names}")
+    return _apply(max(hits, key=lambda h: h[0])[1], code, task)
+
+# ==================================================================================================== actions
+# MLAgentBench low_level_actions.py / high_level_actions.py: the action names and their JSON arguments.
+
+
+@dataclass(frozen=True)
+class ActionSpec:
+    name: str
+    description: str
+    args: dict[str, str]  # argument name -> what to give
+
+
+ACTIONS = {a.name: a for a in [
+    ActionSpec("List Files", "List the files and folders in a folder of the workspace.",
+               {"dir_path": 'a relative folder path, e.g. "." for the workspace itself'}),
+    ActionSpec("Understand File", "Look at a file: a CSV's shape, columns and first rows, a script's first lines.",
+               {"file_name": "a relative file path", "things_to_look_for": "what you want to find out"}),
+    ActionSpec("Inspect Script Lines", "Show lines of a script (at most 100 at a time).",
+               {"script_name": "a relative file path", "start_line_number": "first line, from 1",
+                "end_line_number": "last line, included"}),
+    ActionSpec("Edit Script (AI)", "Have an editor change a script following your instruction; the result is saved "
+               "under save_name and you get the diff. An edited Python script is run to measure it.",
+               {"script_name": "the script to edit (an empty file if it does not exist)",
+                "edit_instruction": "a precise description of the change", "save_name": "where to save the result"}),
+    ActionSpec("Undo Edit Script", "Revert the most recent edit of a script.", {"script_name": "a relative file path"}),
+    ActionSpec("Execute Script", "Run a Python script in the workspace and show its output.",
+               {"script_name": "a relative file path"}),
+    ActionSpec("Copy File", "Copy a script to another name.",
+               {"source": "a relative file path", "destination": "a relative file path"}),
+    ActionSpec("Final Answer", "End the task: train.py as it is now is your solution.",
+               {"final_answer": "a short summary of what you did and found"}),
+]}
+
+
+@dataclass
+class StepResult:
+    observation: str
+    kind: str  # invalid | error | corner | neutral | edit | final: the outcome names of reward.py
+    metric_prev: float | None
+    metric_new: float | None
+    run: RunResult | None = None
+    done: bool = False
+
+
+class _Invalid(Exception):
+    """An action input that breaks the action's contract (the step is "invalid")."""
+
+
+class Env:
+    """One task's workspace and the agent's actions on it; the metric is the public score of train.py."""
+
+    def __init__(self, task, editor=recipe_editor, show_score=False, timeout=None, cache=True):
+        self.task = load_task(task)
+        self.editor, self.show_score, self.timeout, self.cache = editor, show_score, timeout, cache
+        self.files: dict[str, str] = {}  # the workspace's scripts; data files are read from public/
+        self.history: list[dict] = []  # edits, newest last: {"script", "content" before (None: new), "metric"}
+        self.step_count, self.done = 0, False
+        self.metric = self.m_init = None
+        self.m_best = self.task.best_score
+
+    def reset(self) -> str:
+        """A fresh workspace with the starter train.py, run once for m_init; returns the task description."""
+        self.files = {"train.py": (self.task.public_dir / "train.py").read_text()}
+        self.history, self.step_count, self.done = [], 0, False
+        run = self._run("train.py")
+        if run.status != "success":
+            raise RuntimeError(f"the starter train.py of {self.task.name} does not score: {run.status} "
+                               f"{run.error or run.output[-500:]}")
+        self.m_init = self.metric = run.score
+        return self.task.description
+
+    def snapshot(self) -> dict:
+        return {"task": self.task.name, "task_dir": str(self.task.dir), "step": self.step_count,
+                "files": dict(self.files), "history": [dict(h) for h in self.history], "metric": self.metric,
+                "m_init": self.m_init, "m_best": self.m_best, "done": self.done}
+
+    def restore(self, snapshot: dict):
+        if Path(snapshot["task_dir"]).resolve() != self.task.dir:
+            self.task = load_task(snapshot["task"] if snapshot["task"] in BUILTIN_TASKS else snapshot["task_dir"])
+        self.files, self.history = dict(snapshot["files"]), [dict(h) for h in snapshot["history"]]
+        self.step_count, self.metric, self.done = snapshot["step"], snapshot["metric"], snapshot.get("done", False)
+        self.m_init, self.m_best = snapshot["m_init"], snapshot["m_best"]
+
+    # --- one step
+
+    def step(self, action: str, action_input: dict) -> StepResult:
+        self.step_count += 1
+        spec = ACTIONS.get(action) if isinstance(action, str) else None
+        try:
+            if spec is None:
+                raise _Invalid(f"EnvError: unknown action {action!r}; the actions are: {', '.join(ACTIONS)}")
+            if not isinstance(action_input, dict):
+                raise _Invalid(f"EnvError: the input of {action} must be a JSON object with the keys "
+                               f"{', '.join(spec.args)}")
+            missing = [a for a in spec.args if a not in action_input]
+            extra = [k for k in action_input if k not in spec.args]
+            if missing or extra:
+                raise _Invalid(f"EnvError: {action} takes the arguments {', '.join(spec.args)}; missing: "
+                               f"{', '.join(missing) or 'none'}; unexpected: {', '.join(map(str, extra)) or 'none'}")
+            handler = getattr(self, "_" + action.split(" (")[0].lower().replace(" ", "_"))
+            return handler(**action_input)
+        except _Invalid as e:
+            return self._result(str(e), "invalid")
+
+    def _result(self, observation, kind, run=None, done=False) -> StepResult:
+        """A step that leaves the metric as it is."""
+        return StepResult(observation, kind, self.metric, self.metric, run, done)
+
+    def _path(self, name) -> str:
+        if not isinstance(name, str):
+            raise _Invalid(f"EnvError: a path must be a string, got {name!r}")
+        try:
+            return _workspace_path(name)
+        except ValueError:
+            raise _Invalid(f"EnvError: {name!r} is outside the workspace; use a relative path such as train.py") \
+                from None
+
+    def _read(self, name) -> str | None:
+        """A workspace file's text: a script, or a public data file; None when there is no such file."""
+        path = self._path(name)
+        if path in self.files:
+            return self.files[path]
+        public = self.task.public_dir / path
+        return public.read_text(errors="replace") if public.is_file() else None
+
+    def _run(self, script: str) -> RunResult:
+        others = {k: v for k, v in self.files.items() if k != script}
+        return run_script(self.task, self.files[script], timeout=self.timeout, cache=self.cache, files=others,
+                          script=script)
+
+    def _outcome(self, run: RunResult, script: str) -> tuple[str, str]:
+        """(kind, note for the observation) of a run: success, error, corner case."""
+        if run.status == "success":
+            return "success", f"\nPublic score ({self.task.metric}): {run.score:.4f}" if self.show_score else ""
+        if run.status in ("timeout", "resource"):
+            what = "the time limit" if run.status == "timeout" else "a resource limit (memory, CPU time or file size)"
+            return "corner", f"\nEnvError: the script was stopped at {what}."
+        if run.status == "invalid_submission":
+            helper = script != "train.py" and run.error.startswith("no submission")  # e.g. a module of helpers
+            return ("neutral" if helper else "error"), ("" if helper else f"\nEnvError: {run.error}")
+        return "error", ""
+
+    # --- the actions (MLAgentBench names; observations worded like MLAgentBench's)
+
+    def _list_files(self, dir_path):
+        folder = "" if str(dir_path).strip() in ("", ".", "./") else self._path(dir_path)
+        every = [str(p.relative_to(self.task.public_dir)) for p in self.task.public_dir.rglob("*") if p.is_file()]
+        entries = set()
+        for path in set(every) | set(self.files):
+            if not folder or path.startswith(folder + "/"):
+                rest = path[len(folder) + 1:] if folder else path
+                entries.add(rest.split("/")[0] + ("/" if "/" in rest else ""))
+        if not entries:
+            return self._result(f"EnvError: Cannot list files in the {dir_path} directory", "error")
+        return self._result("\n".join(sorted(entries)) + "\n", "neutral")
+
+    def _understand_file(self, file_name, things_to_look_for):
+        text = self._read(file_name)
+        if text is None:
+            return self._result(f"EnvError: cannot read {file_name}: no such file", "error")
+        lines = text.splitlines()
+        if file_name.endswith(".csv"):
+            head = "\n".join(lines[:6])
+            body = f"{len(lines) - 1} rows; columns: {lines[0] if lines else ''}\nFirst rows:\n{head}"
+        else:
+            body = "\n".join(lines[:100]) + (f"\n[... {len(lines) - 100} more lines]" if len(lines) > 100 else "")
+        return self._result(f"Offline summary of {file_name} (no LLM reads it here; you asked about: "
+                            f"{things_to_look_for}):\n{body}", "neutral")
+
+    def _inspect_script_lines(self, script_name, start_line_number, end_line_number):
+        try:
+            start, end = int(start_line_number), int(end_line_number)
+        except (TypeError, ValueError):
+            raise _Invalid("EnvError: start_line_number and end_line_number must be integers") from None
+        text = self._read(script_name)
+        if text is None:
+            return self._result(f"EnvError: cannot find script {script_name}", "error")
+        if end - start >= 100:
+            return self._result("EnvError: the number of lines to display is limited to 100 lines", "error")
+        lines = text.splitlines()
+        shown = "\n".join(lines[max(start, 1) - 1:end])
+        return self._result(f"Here are the lines (the file ends at line {len(lines)}):\n\n{shown}", "neutral")
+
+    def _edit_script(self, script_name, edit_instruction, save_name):
+        source, save = self._path(script_name), self._path(save_name)
+        old = self._read(source) or ""
+        try:
+            new = self.editor(str(edit_instruction), old)
+        except Exception as e:  # noqa: BLE001 - any editor failure is an edit that cannot be applied
+            return self._result(f"EnvError: the edit could not be applied: {e}", "error")
+        self.history.append({"script": save, "content": self.files.get(save), "metric": self.metric})
+        self.files[save] = new
+        diff = "".join(difflib.unified_diff(old.splitlines(True), new.splitlines(True), source, save))
+        observation = (f"The edited file is saved to {save}. Here is the diff, please check if the edit is correct "
+                       f"and desirable:\n\n{diff}")
+        if not save.endswith(".py"):
+            return self._result(observation, "neutral")
+        run = self._run(save)
+        kind, note = self._outcome(run, save)
+        if kind != "success":
+            return self._result(observation + note, kind, run)
+        prev = self.metric
+        if save == "train.py":
+            self.metric = run.score
+        return StepResult(observation + note, "edit", prev, run.score, run)
+
+    def _undo_edit_script(self, script_name):
+        script = self._path(script_name)
+        at = next((i for i in range(len(self.history) - 1, -1, -1) if self.history[i]["script"] == script), None)
+        if at is None:
+            return self._result(f"EnvError: there is no change to undo in {script}", "error")
+        entry = self.history.pop(at)
+        if entry["content"] is None:
+            del self.files[script]
+        else:
+            self.files[script] = entry["content"]
+        if script == "train.py":
+            self.metric = entry["metric"]
+        return self._result(f"Content of {script} after undo the most recent edit:\n{entry['content'] or ''}",
+                            "neutral")
+
+    def _execute_script(self, script_name):
+        script = self._path(script_name)
+        if script not in self.files:
+            return self._result(f"EnvError: The file {script} does not exist.", "error")
+        run = self._run(script)
+        kind, note = self._outcome(run, script)
+        if kind == "success" and script == "train.py":
+            self.metric = run.score
+        return self._result(f"The script has been executed. Here is the output:\n{run.output}{note}",
+                            "neutral" if kind == "success" else kind, run)
+
+    def _copy_file(self, source, destination):
+        src, dst = self._path(source), self._path(destination)
+        if src not in self.files:
+            return self._result(f"EnvError: cannot copy {source}: only scripts of the workspace can be copied", "error")
+        self.history.append({"script": dst, "content": self.files.get(dst), "metric": self.metric})
+        self.files[dst] = self.files[src]
+        return self._result(f"File {src} copied to {dst}", "neutral")
+
+    def _final_answer(self, final_answer):
+        self.done = True
+        return self._result("end", "final", done=True)
+
+# ============================================================================================== command line
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # usage errors: exit 2 with one line
+        self.exit(2, f"env.py: error: {message}\n")
+
+
+def main(argv=None):
+    parser = _Parser(prog="env.py", description="ML tasks, grading and the sandbox of the project.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("list", help="the built-in tasks: name, split, metric, direction, best score")
+    prep = sub.add_parser("prepare", help="make the built-in task folders under runs/tasks")
+    prep.add_argument("names", nargs="*", help="tasks to prepare (default: all)")
+    prep.add_argument("--force", action="store_true", help="rebuild even when up to date")
+    run = sub.add_parser("run", help="run a script as train.py of a task in the sandbox; prints one JSON object")
+    run.add_argument("--task", required=True, help="a built-in task name or a task folder")
+    run.add_argument("--script", required=True, help="the Python file to run")
+    run.add_argument("--timeout", type=float, help="wall-clock limit in seconds (default: the task's)")
+    run.add_argument("--no-cache", action="store_true", help="run even when an identical run is cached")
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "list":
+            print(f"{'task':<15}{'split':<10}{'metric':<10}{'better':<8}{'best':>12}  title")
+            for t in list_tasks():
+                print(f"{t.name:<15}{t.split:<10}{t.metric:<10}{'higher' if t.higher_is_better else 'lower':<8}"
+                      f"{t.best_score:>12.6g}  {t.info.get('title', '')}")
+        elif args.command == "prepare":
+            start = time.time()
+            for path in prepare(args.names or None, force=args.force):
+                print(path)
+            print(f"prepared in {time.time() - start:.1f}s", file=sys.stderr)
+        else:
+            script = Path(args.script)
+            if not script.is_file():
+                parser.error(f"no such script: {args.script}")
+            result = run_script(load_task(args.task), script.read_text(), timeout=args.timeout,
+                                cache=not args.no_cache)
+            print(json.dumps(asdict(result)))
+    except TaskError as e:
+        parser.error(str(e))
+
+
+if __name__ == "__main__":
+    main()

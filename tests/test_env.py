@@ -1,0 +1,985 @@
+"""Tests for env.py: the ML task world the agents act on.
+
+What is tested, one property per test:
+
+- the sandbox (agent code is untrusted): no grandchild survives a run, an endless loop is stopped at the wall-clock
+  limit, a memory hog and a huge file hit their limits, secrets in the parent's environment are scrubbed, `private/`
+  cannot be read and the parent cannot be signalled (as root), output is bounded, the task's `public/` files cannot be
+  altered, stdin is closed, there is no network (where `unshare` works), parallel runs are independent, the cache
+  serves identical runs and can be turned off;
+- how a run ends: success (public and private score), error, invalid submission (with the grader's message);
+- the built-in tasks: each starter script runs and scores, `prepare` is idempotent and deterministic, the required
+  tasks exist with the right metric, leaderboards, public/private split, held-in/held-out;
+- `load_task` and `grade`: each rejection says why; a perfect submission scores the best possible value;
+- the action set through `Env`: valid, invalid, edit, undo, snapshot/restore, final answer;
+- the offline recipe editor, and the command line.
+
+Sandbox tests use short timeouts and `cache=False` so that every run really runs. Tests that run every recipe of
+every task are marked `slow`.
+"""
+from __future__ import annotations
+
+import csv
+import hashlib
+import json
+import math
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+import env
+
+ROOT = Path(env.__file__).resolve().parent
+REQUIRED = {  # name -> (metric keywords, higher_is_better)
+    "digits": (("acc",), True),
+    "breast-cancer": (("auc",), True),
+    "diabetes": (("mae", "mean_absolute", "absolute"), False),
+    "wine": (("log",), False),
+}
+TASK_NAMES = sorted(env.BUILTIN_TASKS)
+IS_ROOT = hasattr(os, "geteuid") and os.geteuid() == 0
+
+# A tiny valid script: copy the sample submission (the grader must accept it) and print something.
+COPY_SAMPLE = 'import shutil\nshutil.copy("sample_submission.csv", "submission.csv")\n'
+
+
+# ----------------------------------------------------------------------------------------------------------- helpers
+
+def run(task, code, **kw):
+    """run_script with dedented code, no cache and a short timeout unless told otherwise."""
+    kw.setdefault("cache", False)
+    kw.setdefault("timeout", 10)
+    return env.run_script(task, textwrap.dedent(code), **kw)
+
+
+def tree_hashes(root: Path) -> dict[str, str]:
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(Path(root).rglob("*")) if p.is_file()}
+
+
+def procs_with(token: str) -> list[int]:
+    """Live (non-zombie) processes whose command line contains token."""
+    found = []
+    for p in Path("/proc").iterdir():
+        if not p.name.isdigit():
+            continue
+        try:
+            if token.encode() in (p / "cmdline").read_bytes():
+                found.append(int(p.name))
+        except OSError:
+            pass
+    return found
+
+
+def kill_leftovers(token: str):
+    """Clean up after a failing grandchild test: end only processes carrying this test's token."""
+    for pid in procs_with(token):
+        try:
+            os.kill(pid, 9)
+        except OSError:
+            pass
+
+
+def starter(task) -> str:
+    return (task.public_dir / "train.py").read_text()
+
+
+def read_csv(path: Path) -> list[dict]:
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def write_csv(path: Path, rows: list[dict], columns: list[str] | None = None):
+    columns = columns or list(rows[0])
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=columns, extrasaction="ignore")
+        w.writeheader()
+        w.writerows(rows)
+
+
+def better_or_equal(task, a: float, b: float, tol: float = 1e-9) -> bool:
+    return a >= b - tol if task.higher_is_better else a <= b + tol
+
+
+def unshare_works() -> bool:
+    if not shutil.which("unshare"):
+        return False
+    try:
+        return subprocess.run(["unshare", "-n", "true"], capture_output=True, timeout=10).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+# ---------------------------------------------------------------------------------------------------------- fixtures
+
+@pytest.fixture(scope="module")
+def digits():
+    return env.load_task("digits")
+
+
+@pytest.fixture(scope="module")
+def wine():
+    return env.load_task("wine")
+
+
+@pytest.fixture
+def shared_dir():
+    """A world-writable folder outside pytest's private tmp tree (which the sandbox user cannot enter)."""
+    d = Path(tempfile.mkdtemp(prefix="envtest-"))
+    os.chmod(d, 0o1777)
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+# ======================================================================================================== the sandbox
+
+def test_no_grandchild_survives_the_run(digits):
+    token = f"envtest-grandchild-{uuid.uuid4().hex}"
+    code = f"""
+        import subprocess, sys, time
+        p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)", "{token}"])
+        time.sleep(0.5)
+        print("ALIVE" if p.poll() is None else "DEAD", flush=True)
+    """
+    try:
+        r = run(digits, code, timeout=10)
+        assert "ALIVE" in r.output, r.output  # the grandchild did start
+        deadline = time.time() + 2
+        while procs_with(token) and time.time() < deadline:
+            time.sleep(0.1)
+        assert procs_with(token) == [], "a grandchild of the script outlived the run"
+    finally:
+        kill_leftovers(token)
+
+
+@pytest.mark.skipif(not IS_ROOT, reason="a setsid daemon leaves the process group; only the per-run uid catches it")
+def test_setsid_daemon_does_not_survive(digits):
+    token = f"envtest-daemon-{uuid.uuid4().hex}"
+    code = f"""
+        import subprocess, sys, time
+        p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)", "{token}"], start_new_session=True)
+        time.sleep(0.5)
+        print("ALIVE" if p.poll() is None else "DEAD", flush=True)
+    """
+    try:
+        r = run(digits, code, timeout=10)
+        assert "ALIVE" in r.output, r.output
+        time.sleep(0.5)
+        assert procs_with(token) == [], "a daemon that called setsid outlived the run"
+    finally:
+        kill_leftovers(token)
+
+
+def test_delayed_grandchild_never_writes(digits, shared_dir):
+    token = f"envtest-delayed-{uuid.uuid4().hex}"
+    marker, probe = shared_dir / "late.txt", shared_dir / "probe.txt"
+    code = f"""
+        import subprocess, sys
+        open({str(probe)!r}, "w").write("probe")
+        later = "import time; time.sleep(2); open({str(marker)!r}, 'w').write('late')"
+        subprocess.Popen([sys.executable, "-c", later, "{token}"])
+        print("spawned", flush=True)
+    """
+    try:
+        run(digits, code, timeout=10)
+        if not probe.exists():
+            pytest.skip("the sandbox cannot write to a shared /tmp folder, so the marker cannot tell anything")
+        time.sleep(3.5)
+        assert not marker.exists(), "a grandchild kept running after the run and wrote its file"
+    finally:
+        kill_leftovers(token)
+
+
+def test_endless_loop_times_out(digits):
+    t0 = time.time()
+    r = run(digits, "while True:\n    pass\n", timeout=2)
+    elapsed = time.time() - t0
+    assert r.status == "timeout"
+    assert elapsed < 2 + 8, f"took {elapsed:.1f}s for a 2s limit"
+    assert r.score is None
+
+
+def test_loop_ignoring_sigterm_is_killed(digits):
+    code = """
+        import signal, time
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        while True:
+            time.sleep(0.05)
+    """
+    t0 = time.time()
+    r = run(digits, code, timeout=2)
+    assert r.status == "timeout"
+    assert time.time() - t0 < 2 + 8
+
+
+def test_memory_hog_ends_as_resource(digits):
+    # 1 GiB chunks, never touched: without an address-space limit this "succeeds" (the kernel overcommits) and uses no
+    # real memory, so the test fails safely instead of exhausting the machine.
+    code = """
+        chunks = []
+        for i in range(256):
+            chunks.append(bytearray(1 << 30))
+        print("ALLOCATED", len(chunks), "GiB")
+    """
+    r = run(digits, code, timeout=20)
+    assert "ALLOCATED" not in r.output
+    assert r.status == "resource", (r.status, r.output[-500:])
+
+
+def test_secrets_are_not_visible(digits, monkeypatch):
+    secrets = {"OPENAI_API_KEY": "sk-envtest-SECRET-1", "HF_TOKEN": "hf_envtestSECRET2",
+               "MY_SECRET_TOKEN": "envtest-SECRET-3", "AWS_SECRET_ACCESS_KEY": "envtest-SECRET-4"}
+    for k, v in secrets.items():
+        monkeypatch.setenv(k, v)
+    r = run(digits, "import os, json\nprint('ENV', json.dumps(dict(os.environ)))\n")
+    assert "ENV" in r.output
+    for k, v in secrets.items():
+        assert v not in r.output, f"{k} leaked into the sandbox"
+        assert k not in r.output, f"{k} is set in the sandbox"
+
+
+@pytest.mark.skipif(not IS_ROOT, reason="the unprivileged sandbox user exists only when the parent runs as root")
+def test_private_dir_is_unreadable(digits):
+    files = sorted(p for p in digits.private_dir.rglob("*") if p.is_file())
+    assert files, "the task has no private files"
+    code = f"""
+        import os
+        for p in {[str(p) for p in files]!r}:
+            try:
+                open(p, "rb").read(1)
+                print("READ_OK", p)
+            except Exception as e:
+                print("DENIED", type(e).__name__)
+        try:
+            os.listdir({str(digits.private_dir)!r})
+            print("LIST_OK")
+        except Exception as e:
+            print("LIST_DENIED", type(e).__name__)
+    """
+    r = run(digits, code)
+    assert "DENIED" in r.output, r.output
+    assert "READ_OK" not in r.output, r.output
+    assert "LIST_OK" not in r.output, r.output
+
+
+@pytest.mark.skipif(not IS_ROOT, reason="signalling is forbidden by running as another user, which needs root")
+def test_script_cannot_signal_the_parent(digits):
+    code = f"""
+        import os
+        try:
+            os.kill({os.getpid()}, 0)
+            print("SIGNAL_OK")
+        except Exception as e:
+            print("SIGNAL_DENIED", type(e).__name__)
+    """
+    r = run(digits, code)
+    assert "SIGNAL_DENIED" in r.output, r.output
+
+
+def test_output_flood_is_bounded(digits):
+    code = """
+        import sys
+        print("HEAD_MARK", flush=True)
+        line = "x" * 999 + "\\n"
+        for _ in range(50_000):   # 50 MB
+            sys.stdout.write(line)
+        print("TAIL_MARK", flush=True)
+    """
+    t0 = time.time()
+    r = run(digits, code, timeout=30)
+    assert r.status != "timeout" and time.time() - t0 < 30
+    assert len(r.output) < 1_000_000, f"{len(r.output)} characters returned"
+    assert "HEAD_MARK" in r.output and "TAIL_MARK" in r.output  # head and tail are kept
+
+
+def test_full_log_is_on_disk(digits):
+    r = run(digits, "print('LOGGED-LINE')\n")
+    assert r.log_path and "LOGGED-LINE" in Path(r.log_path).read_text(errors="replace")
+
+
+def test_huge_file_is_stopped(digits):
+    code = """
+        import os
+        try:
+            with open("big.bin", "wb") as f:
+                chunk = b"\\0" * (16 << 20)
+                for _ in range(160):   # 2.5 GiB
+                    f.write(chunk)
+        finally:
+            print("SIZE", os.path.getsize("big.bin"), flush=True)
+    """
+    r = run(digits, code, timeout=60)
+    assert r.status in ("resource", "error"), r.status
+    sizes = [int(line.split()[1]) for line in r.output.splitlines() if line.startswith("SIZE ")]
+    assert sizes and sizes[-1] < 2 << 30, r.output[-500:]
+
+
+def test_huge_file_ends_as_resource(digits):
+    # The sparse variant: no disk is used even when there is no limit.
+    code = """
+        with open("big.bin", "wb") as f:
+            f.seek(3 << 30)
+            f.write(b"x")
+        print("WROTE")
+    """
+    r = run(digits, code)
+    assert "WROTE" not in r.output
+    assert r.status == "resource", (r.status, r.output[-500:])
+
+
+def test_script_cannot_alter_public_files_through_its_copy(digits):
+    before = tree_hashes(digits.public_dir)
+    code = """
+        import os
+        for name in os.listdir("."):
+            if os.path.isfile(name):
+                with open(name, "w") as f:
+                    f.write("garbage")
+        print("OVERWROTE")
+    """
+    r = run(digits, code)
+    assert "OVERWROTE" in r.output
+    assert tree_hashes(digits.public_dir) == before
+
+
+@pytest.mark.skipif(not IS_ROOT, reason="absolute paths are only guarded by the unprivileged user, which needs root")
+def test_script_cannot_alter_public_files_by_absolute_path(digits):
+    before = tree_hashes(digits.dir)
+    target = digits.public_dir / "train.csv"
+    code = f"""
+        for path in [{str(target)!r}, {str(digits.dir / 'task.json')!r}]:
+            try:
+                open(path, "a").write("garbage")
+                print("WRITE_OK", path)
+            except Exception as e:
+                print("WRITE_DENIED", type(e).__name__)
+    """
+    r = run(digits, code)
+    assert "WRITE_OK" not in r.output
+    assert tree_hashes(digits.dir) == before
+
+
+def test_stdin_is_closed(digits):
+    code = """
+        try:
+            input()
+            print("GOT_INPUT")
+        except (EOFError, RuntimeError, OSError, ValueError) as e:
+            print("NO_STDIN", type(e).__name__)
+    """
+    t0 = time.time()
+    r = run(digits, code, timeout=5)
+    assert "NO_STDIN" in r.output, (r.status, r.output)
+    assert time.time() - t0 < 5
+
+
+@pytest.mark.skipif(not unshare_works(), reason="`unshare -n` is not available here, so env.py cannot cut the network")
+def test_no_network():
+    task = env.load_task("digits")
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(1)
+        port = server.getsockname()[1]
+        code = f"""
+            import socket
+            try:
+                socket.create_connection(("127.0.0.1", {port}), timeout=2).close()
+                print("CONNECTED")
+            except OSError as e:
+                print("NET_BLOCKED", type(e).__name__)
+        """
+        r = run(task, code)
+    assert "NET_BLOCKED" in r.output, r.output
+
+
+def test_parallel_runs_are_independent(digits):
+    def code(i):
+        tail = "raise SystemExit('failing on purpose')\n" if i == 3 else COPY_SAMPLE
+        return (f"import time\nopen('token.txt', 'w').write('TOKEN-{i}')\ntime.sleep(1)\n"
+                f"print('GOT', open('token.txt').read())\n" + tail)
+
+    with ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(lambda i: run(digits, code(i), timeout=20), range(4)))
+    for i, r in enumerate(results):
+        assert f"GOT TOKEN-{i}" in r.output, (i, r.output)
+        assert [j for j in range(4) if j != i and f"TOKEN-{j}" in r.output] == []
+    assert [r.status for r in results] == ["success", "success", "success", "error"]
+    assert len({r.score for r in results[:3]}) == 1  # the same submission scores the same in each
+
+
+def test_cache_serves_an_identical_run(digits):
+    code = f"# nonce {uuid.uuid4().hex}\nimport uuid\n" + COPY_SAMPLE + "print('RUN', uuid.uuid4().hex)\n"
+    first = run(digits, code, cache=True)
+    second = run(digits, code, cache=True)
+    assert (first.cached, second.cached) == (False, True)
+    assert second.status == first.status == "success"
+    assert (second.score, second.test_score) == (first.score, first.test_score)
+    assert second.output == first.output
+
+
+def test_cache_off_reruns(digits):
+    code = f"# nonce {uuid.uuid4().hex}\nimport uuid\n" + COPY_SAMPLE + "print('RUN', uuid.uuid4().hex)\n"
+    first = run(digits, code, cache=True)
+    again = run(digits, code, cache=False)
+    assert again.cached is False
+    assert again.output != first.output  # a fresh random number: it really ran
+
+
+def test_cache_is_per_task(digits, wine):
+    code = f"# nonce {uuid.uuid4().hex}\n" + COPY_SAMPLE
+    run(digits, code, cache=True)
+    assert run(wine, code, cache=True).cached is False
+
+
+# ======================================================================================================= run statuses
+
+def test_success_has_public_and_private_scores(digits):
+    r = run(digits, starter(digits), timeout=60)
+    assert r.status == "success", r.output[-1000:]
+    assert isinstance(r.score, float) and isinstance(r.test_score, float)
+    assert r.error is None and r.returncode == 0 and r.seconds > 0
+
+
+def test_exception_is_error(digits):
+    r = run(digits, "raise ValueError('boom-4711')\n")
+    assert r.status == "error"
+    assert r.score is None and r.test_score is None
+    assert "boom-4711" in r.output  # the traceback reaches the caller
+
+
+def test_bad_submission_is_invalid_submission(digits):
+    code = f"open('submission.csv', 'w').write('{digits.id_column}\\n0\\n1\\n')\n"
+    r = run(digits, code)
+    assert r.status == "invalid_submission"
+    assert r.error and "column" in r.error.lower(), r.error
+    assert r.score is None
+
+
+def test_missing_submission_is_invalid_submission(digits):
+    r = run(digits, "print('no submission written')\n")
+    assert r.status == "invalid_submission"
+    assert r.error
+
+
+# ========================================================================================================== the tasks
+
+@pytest.mark.parametrize("name", TASK_NAMES)
+def test_starter_runs_and_scores(name):
+    task = env.load_task(name)
+    r = env.run_script(task, starter(task), cache=False, timeout=60)
+    assert r.status == "success", r.output[-2000:]
+    assert r.seconds < 15, f"starter took {r.seconds:.1f}s (the issue asks for under 10s)"
+    for s in (r.score, r.test_score):
+        assert s is not None and math.isfinite(s)
+        m = task.metric.lower()
+        if any(k in m for k in ("acc", "auc", "f1", "precision", "recall")):
+            assert 0.0 <= s <= 1.0, s
+        if any(k in m for k in ("mae", "mse", "loss", "error", "mape", "absolute")):
+            assert s >= 0.0, s
+    assert better_or_equal(task, task.best_score, r.test_score, tol=1e-9), \
+        f"the plain starter ({r.test_score}) beats the leaderboard top ({task.best_score})"
+
+
+def test_at_least_six_tasks_split_held_in_and_out():
+    tasks = env.list_tasks()
+    splits = [t.split for t in tasks]
+    assert len(tasks) >= 6
+    assert splits.count("held-in") >= 3 and splits.count("held-out") >= 3
+    assert set(splits) <= {"held-in", "held-out"}
+
+
+def test_cli_list_shows_tasks_and_splits():
+    out = subprocess.run([sys.executable, "env.py", "list"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    rows = [line for line in out.stdout.splitlines() if any(n in line.split() for n in TASK_NAMES)]
+    assert len(rows) >= 6, out.stdout
+    assert sum("held-in" in r for r in rows) >= 3 and sum("held-out" in r for r in rows) >= 3, out.stdout
+
+
+@pytest.mark.parametrize("name, spec", REQUIRED.items())
+def test_required_task_metric_and_direction(name, spec):
+    keywords, higher = spec
+    task = env.load_task(name)
+    assert any(k in task.metric.lower() for k in keywords), task.metric
+    assert task.higher_is_better is higher
+
+
+def test_prepare_is_idempotent(tmp_path):
+    names = ["breast-cancer", "diabetes"]  # the two quickest to build
+    paths = env.prepare(names, root=tmp_path)
+    assert [Path(p).name for p in paths] == names
+    first = tree_hashes(tmp_path)
+    stamps = {p: p.stat().st_mtime_ns for p in tmp_path.rglob("*") if p.is_file()}
+    env.prepare(names, root=tmp_path)
+    assert tree_hashes(tmp_path) == first
+    assert {p: p.stat().st_mtime_ns for p in tmp_path.rglob("*") if p.is_file()} == stamps  # nothing rewritten
+
+
+def test_prepare_is_deterministic(tmp_path):
+    # The generated tasks are the ones at risk: the text and the time-series one, built here and compared with the
+    # copies in TASKS_DIR (built by another process). A stale TASKS_DIR after a generator change also fails here.
+    names = [n for n in ("reviews", "sales") if n in env.BUILTIN_TASKS] or TASK_NAMES[:1]
+    for name in names:
+        env.load_task(name)  # make sure TASKS_DIR holds it
+    env.prepare(names, root=tmp_path)
+    for name in names:
+        assert tree_hashes(tmp_path / name) == tree_hashes(env.TASKS_DIR / name), \
+            f"{name}: a fresh build differs from {env.TASKS_DIR / name} (nondeterministic, or stale: bump TASKS_VERSION)"
+
+
+@pytest.mark.parametrize("name", TASK_NAMES)
+def test_leaderboard_has_20_rows_and_best_score_is_its_top(name):
+    task = env.load_task(name)
+    rows = read_csv(task.private_dir / "leaderboard.csv")
+    assert len(rows) >= 20
+    col = "score" if "score" in rows[0] else [c for c in rows[0] if _is_number(rows[0][c])][-1]
+    scores = [float(r[col]) for r in rows]
+    top = max(scores) if task.higher_is_better else min(scores)
+    assert task.best_score == pytest.approx(top, rel=1e-6, abs=1e-9)
+
+
+def _is_number(s) -> bool:
+    try:
+        float(s)
+        return True
+    except (TypeError, ValueError):
+        return False
+
+
+# ============================================================================================================ load_task
+
+@pytest.fixture
+def task_copy(tmp_path, digits):
+    dst = tmp_path / "mytask"
+    shutil.copytree(digits.dir, dst)
+    return dst
+
+
+def _task_error(path) -> str:
+    with pytest.raises(env.TaskError) as e:
+        env.load_task(path)
+    msg = str(e.value)
+    assert msg and "\n" not in msg.strip(), f"not one line: {msg!r}"
+    return msg
+
+
+def test_task_error_is_a_value_error():
+    assert issubclass(env.TaskError, ValueError)
+
+
+def test_load_task_by_path(task_copy):
+    assert env.load_task(task_copy).metric == env.load_task("digits").metric
+
+
+def test_load_task_missing_task_json(task_copy):
+    (task_copy / "task.json").unlink()
+    assert "task.json" in _task_error(task_copy)
+
+
+def test_load_task_missing_field(task_copy):
+    meta = json.loads((task_copy / "task.json").read_text())
+    del meta["metric"]
+    (task_copy / "task.json").write_text(json.dumps(meta))
+    assert "metric" in _task_error(task_copy)
+
+
+def test_load_task_missing_train_csv(task_copy):
+    (task_copy / "public" / "train.csv").unlink()
+    assert "train.csv" in _task_error(task_copy)
+
+
+def test_load_task_unknown_name():
+    assert "no-such-task" in _task_error("no-such-task")
+
+
+# ============================================================================================================ grading
+
+@pytest.fixture
+def sample(tmp_path):
+    """(task, path) -> rows of the task's sample submission, and a writer for mutated copies."""
+    def make(task, mutate=None, columns=None):
+        rows = read_csv(task.public_dir / "sample_submission.csv")
+        cols = columns or list(rows[0])
+        if mutate:
+            rows = mutate(rows) or rows
+        path = tmp_path / f"sub-{uuid.uuid4().hex[:8]}.csv"
+        write_csv(path, rows, cols)
+        return path
+    return make
+
+
+def _rejected(task, path, *keywords) -> str:
+    g = env.grade(task, path)
+    assert g.valid is False and g.public is None and g.private is None
+    assert g.error and any(k in g.error.lower() for k in keywords), g.error
+    return g.error
+
+
+def test_sample_submission_is_valid(digits, wine, sample):
+    for task in (digits, wine):
+        g = env.grade(task, sample(task))
+        assert g.valid and g.error is None and g.public is not None and g.private is not None
+
+
+def test_grade_missing_file(digits, tmp_path):
+    _rejected(digits, tmp_path / "nope.csv", "missing", "not found", "no such", "exist", "no submission")
+
+
+def test_grade_missing_column(digits, sample):
+    col = digits.target_columns[0]
+    _rejected(digits, sample(digits, columns=[digits.id_column]), col.lower(), "column")
+
+
+def test_grade_extra_column(digits, sample):
+    def add(rows):
+        for r in rows:
+            r["extra_col"] = "1"
+    cols = [digits.id_column, *digits.target_columns, "extra_col"]
+    _rejected(digits, sample(digits, add, cols), "extra_col", "column")
+
+
+def test_grade_wrong_column_name(digits, sample):
+    def rename(rows):
+        return [{digits.id_column: r[digits.id_column], "prediction_wrong": r[digits.target_columns[0]]} for r in rows]
+    _rejected(digits, sample(digits, rename, [digits.id_column, "prediction_wrong"]), "column")
+
+
+def test_grade_wrong_row_count(digits, sample):
+    _rejected(digits, sample(digits, lambda rows: rows[:-1]), "row")
+
+
+def test_grade_ids_do_not_match(digits, sample):
+    def shift(rows):
+        for r in rows:
+            r[digits.id_column] = str(10**9 + int(float(r[digits.id_column])))
+    _rejected(digits, sample(digits, shift), "id")
+
+
+def test_grade_duplicate_ids(digits, sample):
+    def dup(rows):
+        rows[1][digits.id_column] = rows[0][digits.id_column]
+    _rejected(digits, sample(digits, dup), "id", "duplicate")
+
+
+def test_grade_nan(digits, sample):
+    def nan(rows):
+        rows[0][digits.target_columns[0]] = "nan"
+    _rejected(digits, sample(digits, nan), "nan", "missing", "finite")
+
+
+def test_grade_empty_value(digits, sample):
+    def empty(rows):
+        rows[0][digits.target_columns[0]] = ""
+    _rejected(digits, sample(digits, empty), "nan", "missing", "empty", "finite")
+
+
+def test_grade_inf(wine, sample):
+    def inf(rows):
+        rows[0][wine.target_columns[0]] = "inf"
+    _rejected(wine, sample(wine, inf), "inf", "finite")
+
+
+@pytest.mark.parametrize("name, value", [("wine", "1.5"), ("wine", "-0.1"), ("breast-cancer", "1.01")])
+def test_grade_probability_out_of_range(name, value, sample):
+    task = env.load_task(name)
+
+    def bad(rows):
+        rows[0][task.target_columns[0]] = value
+    _rejected(task, sample(task, bad), "probab", "[0", "range", "between")
+
+
+def _answers(task) -> list[dict]:
+    """The private answers file: the private csv (not the leaderboard) holding the id column."""
+    for p in sorted(task.private_dir.glob("*.csv")):
+        if p.name != "leaderboard.csv":
+            rows = read_csv(p)
+            if rows and task.id_column in rows[0] and all(c in rows[0] for c in task.target_columns):
+                return rows
+    pytest.fail(f"no answers csv with {task.id_column} and {task.target_columns} in {task.private_dir}")
+
+
+@pytest.mark.parametrize("name, best", [("digits", 1.0), ("diabetes", 0.0), ("wine", 0.0)])
+def test_perfect_submission_scores_best(name, best, tmp_path):
+    task = env.load_task(name)
+    path = tmp_path / "submission.csv"
+    write_csv(path, _answers(task), [task.id_column, *task.target_columns])
+    g = env.grade(task, path)
+    assert g.valid, g.error
+    assert g.public == pytest.approx(best, abs=1e-6) and g.private == pytest.approx(best, abs=1e-6)
+
+
+@pytest.mark.parametrize("name", TASK_NAMES)
+def test_public_and_private_parts_are_disjoint_and_nonempty(name):
+    task = env.load_task(name)
+    rows = _answers(task)
+    split_col = next((c for c in rows[0] if c.lower() in ("usage", "split", "part", "set", "subset")), None)
+    assert split_col, f"no column telling public from private rows in {list(rows[0])}"
+    parts = {}
+    for r in rows:
+        parts.setdefault(r[split_col].lower(), set()).add(r[task.id_column])
+    assert len(parts) == 2, parts.keys()
+    a, b = parts.values()
+    assert a and b and not (a & b)
+    test_ids = {r[task.id_column] for r in read_csv(task.public_dir / "test.csv")}
+    assert a | b == test_ids
+
+
+# ============================================================================================================ actions
+
+@pytest.fixture
+def denv(digits):
+    e = env.Env(digits)
+    e.reset()
+    return e
+
+
+def _edit(e, idea, save_name="train.py"):
+    return e.step("Edit Script (AI)", {"script_name": "train.py", "edit_instruction": idea, "save_name": save_name})
+
+
+def test_reset_sets_initial_metric(denv, digits):
+    assert denv.m_init is not None and denv.metric == denv.m_init
+    assert denv.m_best == digits.best_score and denv.step_count == 0
+    assert denv.files["train.py"] == starter(digits)
+
+
+def test_actions_table_has_the_mlagentbench_names():
+    names = {"List Files", "Inspect Script Lines", "Edit Script (AI)", "Undo Edit Script", "Execute Script",
+             "Final Answer"}
+    assert names <= set(env.ACTIONS)
+
+
+def test_list_files(denv):
+    r = denv.step("List Files", {"dir_path": "."})
+    assert r.kind == "neutral" and not r.done
+    assert "train.py" in r.observation and "train.csv" in r.observation
+    assert denv.step_count == 1
+
+
+def test_inspect_script_lines(denv):
+    lines = denv.files["train.py"].splitlines()
+    r = denv.step("Inspect Script Lines", {"script_name": "train.py", "start_line_number": 1, "end_line_number": 3})
+    assert r.kind == "neutral"
+    assert all(line.strip() in r.observation for line in lines[:3])
+
+
+def test_unknown_action_is_invalid(denv):
+    r = denv.step("Launch Rocket", {})
+    assert r.kind == "invalid" and r.observation
+
+
+def test_missing_argument_is_invalid(denv):
+    r = denv.step("Inspect Script Lines", {"script_name": "train.py", "start_line_number": 1})
+    assert r.kind == "invalid" and "end_line_number" in r.observation
+
+
+def test_extra_argument_is_invalid(denv):
+    r = denv.step("List Files", {"dir_path": ".", "bogus": 1})
+    assert r.kind == "invalid" and "bogus" in r.observation
+
+
+@pytest.mark.parametrize("action, args", [
+    ("Inspect Script Lines", {"script_name": "../../etc/passwd", "start_line_number": 1, "end_line_number": 5}),
+    ("Inspect Script Lines", {"script_name": "/etc/passwd", "start_line_number": 1, "end_line_number": 5}),
+    ("List Files", {"dir_path": "../.."}),
+    ("List Files", {"dir_path": "/etc"}),
+])
+def test_path_outside_workspace_is_invalid(denv, action, args):
+    r = denv.step(action, args)
+    assert r.kind == "invalid"
+    assert "root:x:0:0" not in r.observation and "shadow" not in r.observation
+
+
+def test_execute_script_without_score(digits):
+    e = env.Env(digits, show_score=False)
+    e.reset()
+    r = e.step("Execute Script", {"script_name": "train.py"})
+    assert r.kind == "neutral" and r.run is not None and r.run.status == "success"
+    shown = [f for f in _score_forms(r.run.score) if f in r.observation and f not in r.run.output]
+    assert shown == [], f"public score shown: {shown}"
+    assert r.run.output.strip().splitlines()[-1] in r.observation  # the script's own output is shown
+
+
+def test_execute_script_with_score(digits):
+    e = env.Env(digits, show_score=True)
+    e.reset()
+    r = e.step("Execute Script", {"script_name": "train.py"})
+    assert r.kind == "neutral" and r.run is not None
+    assert any(f in r.observation for f in _score_forms(r.run.score)), r.observation[-500:]
+
+
+def _score_forms(x: float) -> list[str]:
+    return [repr(x), str(x)] + [f"{x:.{d}f}" for d in range(3, 7)]
+
+
+def test_execute_missing_script_is_invalid_or_error(denv):
+    r = denv.step("Execute Script", {"script_name": "nope.py"})
+    assert r.kind in ("invalid", "error")
+
+
+def test_edit_with_recipe(denv):
+    recipe = env.recipes_for("digits")[0]
+    r = _edit(denv, recipe.idea)
+    assert r.kind == "edit", r.observation[-1000:]
+    assert r.metric_prev == denv.m_init and r.metric_new is not None
+    assert denv.metric == r.metric_new
+    assert denv.files["train.py"] != starter(env.load_task("digits"))
+    assert "+" in r.observation and "-" in r.observation and ("@@" in r.observation or "---" in r.observation)
+
+
+def test_edit_without_matching_recipe_is_error(denv):
+    before = dict(denv.files)
+    r = _edit(denv, "Rewrite the whole thing in Haskell with a quantum kernel.")
+    assert r.kind == "error" and r.observation
+    assert denv.files == before
+
+
+def test_edit_that_crashes_is_error(digits):
+    e = env.Env(digits, editor=lambda instruction, code: "raise RuntimeError('broken edit')\n" + code)
+    e.reset()
+    r = _edit(e, "anything")
+    assert r.kind == "error"
+    assert e.metric == e.m_init
+
+
+def test_edit_saved_under_another_name(denv):
+    original = denv.files["train.py"]
+    r = _edit(denv, env.recipes_for("digits")[0].idea, save_name="train_v2.py")
+    assert r.kind in ("edit", "neutral")
+    assert "train_v2.py" in denv.files and denv.files["train_v2.py"] != original
+    assert denv.files["train.py"] == original
+    assert denv.metric == denv.m_init  # the metric is that of train.py
+
+
+def test_edit_that_times_out_is_corner(denv, digits):
+    # a short limit for the edit only: restore the reset state into an Env with timeout=2 (the starter needs longer)
+    e = env.Env(digits, editor=lambda instruction, code: "while True:\n    pass\n", timeout=2)
+    e.restore(denv.snapshot())
+    r = _edit(e, "loop forever")
+    assert r.kind == "corner"
+    assert e.metric == e.m_init
+
+
+def test_edit_writing_a_bad_submission_is_error(digits):
+    bad = "open('submission.csv', 'w').write('id\\n0\\n')\n"
+    e = env.Env(digits, editor=lambda instruction, code: bad)
+    e.reset()
+    r = _edit(e, "write a bad submission")
+    assert r.kind == "error" and r.run.status == "invalid_submission"
+
+
+def test_undo_restores_the_previous_file(denv):
+    original = denv.files["train.py"]
+    _edit(denv, env.recipes_for("digits")[0].idea)
+    assert denv.files["train.py"] != original
+    r = denv.step("Undo Edit Script", {"script_name": "train.py"})
+    assert r.kind == "neutral"
+    assert denv.files["train.py"] == original
+
+
+def test_undo_without_edit_is_not_neutral(denv):
+    r = denv.step("Undo Edit Script", {"script_name": "train.py"})
+    assert r.kind in ("invalid", "error")
+
+
+def test_snapshot_restore(denv, digits):
+    _edit(denv, env.recipes_for("digits")[0].idea)
+    denv.step("List Files", {"dir_path": "."})
+    snap = json.loads(json.dumps(denv.snapshot()))  # JSON-serialisable
+    fresh = env.Env(digits)
+    fresh.restore(snap)
+    assert fresh.files == denv.files
+    assert (fresh.metric, fresh.step_count, fresh.m_init, fresh.m_best) == \
+        (denv.metric, denv.step_count, denv.m_init, denv.m_best)
+    fresh.step("Undo Edit Script", {"script_name": "train.py"})  # the edit history came along
+    assert fresh.files["train.py"] == starter(digits)
+
+
+def test_final_answer_is_done(denv):
+    r = denv.step("Final Answer", {"final_answer": "done"})
+    assert r.done and r.kind == "final"
+
+
+# ============================================================================================================ recipes
+
+@pytest.mark.parametrize("name", TASK_NAMES)
+def test_every_recipe_applies_to_the_starter(name):
+    task = env.load_task(name)
+    code = starter(task)
+    recipes = env.recipes_for(name)
+    for recipe in recipes:
+        edited = env.recipe_editor(recipe.idea, code)
+        assert edited != code, recipe.name
+        compile(edited, f"{name}:{recipe.name}", "exec")
+    cats = [r.category for r in recipes]
+    assert all(cats.count(c) >= 2 for c in ("data", "model", "learning")), cats
+
+
+def test_recipe_editor_raises_edit_error(digits):
+    with pytest.raises(env.EditError) as e:
+        env.recipe_editor("Rewrite the whole thing in Haskell with a quantum kernel.", starter(digits))
+    assert str(e.value)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", TASK_NAMES)
+def test_every_recipe_runs_and_scores(name):
+    task = env.load_task(name)
+    code = starter(task)
+    failures = []
+    for recipe in env.recipes_for(name):
+        r = env.run_script(task, env.recipe_editor(recipe.idea, code), cache=False, timeout=120)
+        if r.status != "success" or r.score is None:
+            failures.append(f"{recipe.name}: {r.status} {r.error or ''} {r.output[-300:]}")
+    assert failures == []
+
+
+# ======================================================================================================= command line
+
+def _cli(*args, timeout=120):
+    return subprocess.run([sys.executable, "env.py", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_cli_run_success(tmp_path):
+    script = tmp_path / "s.py"
+    script.write_text(COPY_SAMPLE + "print('hello from cli')\n")
+    out = _cli("run", "--task", "digits", "--script", str(script), "--no-cache")
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    assert {"status", "score", "test_score", "seconds", "output"} <= set(result)
+    assert result["status"] == "success" and result["score"] is not None
+    assert "hello from cli" in result["output"]
+
+
+def test_cli_run_failing_script_exits_0(tmp_path):
+    script = tmp_path / "s.py"
+    script.write_text("raise ValueError('cli-boom')\n")
+    out = _cli("run", "--task", "digits", "--script", str(script), "--timeout", "10")
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    assert result["status"] == "error" and result["score"] is None
+
+
+def test_cli_unknown_task_exits_2(tmp_path):
+    script = tmp_path / "s.py"
+    script.write_text("print(1)\n")
+    out = _cli("run", "--task", "no-such-task", "--script", str(script))
+    assert out.returncode == 2
+    assert len(out.stderr.strip().splitlines()) == 1, out.stderr
+
+
+def test_cli_missing_script_exits_2(tmp_path):
+    out = _cli("run", "--task", "digits", "--script", str(tmp_path / "missing.py"))
+    assert out.returncode == 2
+    assert len(out.stderr.strip().splitlines()) == 1, out.stderr
