@@ -1,0 +1,583 @@
+"""The agents: chat backends, the MLAgentBench research agent, its response parser, the LLM editor, and the offline
+scripted expert, all driven by one episode loop (`run_episode`) that records every step.
+
+Reading order: backends (an OpenAI-compatible endpoint over `requests`; `model.py` in-process) -> the prompt (tools
+block, research problem, instructions, response format; `build_messages`) -> `parse_response` -> `LLMEditor` ->
+`ScriptedExpert` -> `run_episode` -> command line.
+
+ML-Agent (seed 000, "Training") collects its expert trajectories with a GPT-4o-mini agent in the MLAgentBench (MLAB)
+scaffold (Huang et al., 2023, `MLAgentBench/agents/agent_research.py`), 15 steps and 30 minutes per trajectory. This
+file rebuilds that agent, in its own words, with these departures:
+- The prompt is chat-shaped: one system message (tools, research problem, instructions, response format) and one
+  user message (the last three steps with their observations, as MLAB keeps them; or, at the first step, "let's start"
+  plus the injected ideas). A single user turn keeps each SFT row to exactly one assistant turn, the expert's answer.
+- MLAB summarises an observation longer than 5,000 characters with another LLM call; we keep its first and last
+  2,500 characters (as Matryoshka does with its 5k-token limit), so a prompt is a pure function of the history.
+- MLAB stops the run after `max_retries` malformed responses; here the step is recorded as "invalid" (reward -1, the
+  format term of ML-Agent's reward) and the episode goes on, so a weak policy still yields a full trajectory.
+- `ScriptedExpert` is an offline STAND-IN for the LLM expert (GPT-4o-mini in the paper): a rule-based policy that
+  follows the idea plan of its first prompt and writes MLAB-format responses. It is used when no endpoint is
+  configured, so that `collect.py` works with no network and no API key; it is not a model of GPT-4o-mini's behaviour.
+
+Run one episode:  python agent.py --task digits                          (scripted expert, offline)
+                  OPENAI_BASE_URL=... OPENAI_API_KEY=... python agent.py --task digits --model gpt-4o-mini
+                  python agent.py --task digits --model runs/ckpt/sft   (a local checkpoint through model.py)
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import re
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+
+import requests
+
+import env
+from reward import RewardConfig, reward
+
+# ============================================================================================== chat backends
+# One interface: backend.chat(messages, n, temperature, max_tokens, stop) -> Completion, and backend.usage.
+
+
+@dataclass
+class Completion:
+    texts: list[str]  # n completions
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
+@dataclass
+class Usage:
+    """Running token counts of a backend; the cost uses optional prices in dollars per million tokens."""
+    calls: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    seconds: float = 0.0
+    price_in: float = 0.0
+    price_out: float = 0.0
+
+    def add(self, c: Completion, seconds: float):
+        self.calls, self.seconds = self.calls + 1, self.seconds + seconds
+        self.prompt_tokens += c.prompt_tokens
+        self.completion_tokens += c.completion_tokens
+
+    @property
+    def cost(self) -> float:
+        return (self.prompt_tokens * self.price_in + self.completion_tokens * self.price_out) / 1e6
+
+
+class BackendError(RuntimeError):
+    """The endpoint cannot serve us (bad key, wrong URL or model, unreachable after retries): one line says why."""
+
+
+RETRY_STATUS = (408, 409, 429, 500, 502, 503, 504)  # rate limits and server trouble: worth another try
+HINTS = {401: "check OPENAI_API_KEY", 403: "check OPENAI_API_KEY and the model's access",
+         404: "check OPENAI_BASE_URL and the model name"}
+
+
+class OpenAIBackend:
+    """Any OpenAI-compatible endpoint (OpenAI, vLLM, `python model.py serve`) over plain `requests`."""
+
+    def __init__(self, model=None, base_url=None, api_key=None, timeout=300.0, max_retries=5, backoff=1.0,
+                 price_in=0.0, price_out=0.0, embedding_model=None):
+        url = (base_url or os.environ.get("OPENAI_BASE_URL") or "https://api.openai.com/v1").rstrip("/")
+        self.base_url = url if re.search(r"/v\d+$", url) else url + "/v1"  # "http://host:8000" means ".../v1"
+        self.api_key = api_key if api_key is not None else os.environ.get("OPENAI_API_KEY", "")
+        self.model = model or os.environ.get("OPENAI_MODEL")  # None: the first model the endpoint lists
+        self.embedding_model = embedding_model or os.environ.get("OPENAI_EMBEDDING_MODEL", "text-embedding-3-small")
+        self.timeout, self.max_retries, self.backoff = timeout, max_retries, backoff
+        self.usage = Usage(price_in=price_in, price_out=price_out)
+
+    def _request(self, method: str, path: str, payload=None) -> dict:
+        url = self.base_url + path
+        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        for attempt in range(self.max_retries + 1):
+            retry_after = None
+            try:
+                r = requests.request(method, url, json=payload, headers=headers, timeout=self.timeout)
+            except (requests.ConnectionError, requests.Timeout) as e:  # dropped or refused connection: retry
+                why = f"cannot reach {url} ({type(e).__name__}); check OPENAI_BASE_URL"
+            except requests.RequestException as e:  # a malformed URL: no point retrying
+                raise BackendError(f"bad endpoint URL {url!r}: {e}") from None
+            else:
+                if r.status_code == 200:
+                    try:
+                        return r.json()
+                    except ValueError:
+                        raise BackendError(f"{url} answered with something that is not JSON; is {self.base_url} "
+                                           f"an OpenAI-compatible endpoint?") from None
+                try:
+                    message = r.json()["error"]["message"]
+                except (ValueError, KeyError, TypeError):
+                    message = r.text[:200].replace("\n", " ")
+                why = f"{method} {url}: HTTP {r.status_code}: {message}"
+                if r.status_code not in RETRY_STATUS:
+                    hint = HINTS.get(r.status_code)
+                    raise BackendError(why + (f" ({hint})" if hint else ""))
+                retry_after = r.headers.get("Retry-After")
+            if attempt == self.max_retries:
+                raise BackendError(f"{why} (gave up after {self.max_retries} retries)")
+            # exponential backoff with full jitter (the AWS architecture blog's advice; the openai client does alike)
+            delay = self.backoff * 2 ** attempt * random.uniform(0.5, 1.5)
+            if retry_after and retry_after.replace(".", "", 1).isdigit():
+                delay = max(delay, float(retry_after))
+            time.sleep(min(delay, 60.0))
+
+    def _model(self) -> str:
+        if self.model is None:
+            self.model = self._request("GET", "/models")["data"][0]["id"]
+        return self.model
+
+    def chat(self, messages, n=1, temperature=0.0, max_tokens=1024, stop=None) -> Completion:
+        start = time.time()
+        payload = {"model": self._model(), "messages": messages, "n": n, "temperature": temperature,
+                   "max_tokens": max_tokens}
+        if stop:
+            payload["stop"] = stop
+        out = self._request("POST", "/chat/completions", payload)
+        if not out.get("choices"):
+            raise BackendError(f"{self.base_url}/chat/completions answered without choices: {str(out)[:200]}")
+        usage = out.get("usage") or {}
+        texts = [c["message"].get("content") or "" for c in sorted(out["choices"], key=lambda c: c.get("index", 0))]
+        c = Completion(texts, usage.get("prompt_tokens", 0), usage.get("completion_tokens", 0))
+        self.usage.add(c, time.time() - start)
+        return c
+
+    def embeddings(self, texts: list[str], batch=256):
+        """(N, D) numpy array of the endpoint's `/v1/embeddings` for `texts`."""
+        import numpy as np
+        rows = []
+        for i in range(0, len(texts), batch):
+            out = self._request("POST", "/embeddings", {"model": self.embedding_model, "input": texts[i:i + batch]})
+            rows += [d["embedding"] for d in sorted(out["data"], key=lambda d: d["index"])]
+            self.usage.prompt_tokens += (out.get("usage") or {}).get("prompt_tokens", 0)
+        return np.asarray(rows, dtype=np.float64)
+
+
+def _cut_at_stop(text: str, stop) -> str:
+    cuts = [i for i in (text.find(s) for s in (stop or []) if s) if i >= 0]
+    return text[:min(cuts)] if cuts else text
+
+
+class LocalBackend:
+    """A checkpoint run in this process through model.py: chat template, batched KV-cache generation."""
+
+    def __init__(self, path_or_id=None, lm=None, tokenizer=None, device=None):
+        import model  # torch loads only when a local model is used
+        if lm is None:
+            lm, tokenizer = model.load(path_or_id, device=device)
+        self.lm, self.tokenizer = lm, tokenizer
+        self.usage = Usage()
+
+    def chat(self, messages, n=1, temperature=0.0, max_tokens=1024, stop=None) -> Completion:
+        start, tok = time.time(), self.tokenizer
+        ids = tok.encode(tok.apply_chat_template(messages))
+        room = max(self.lm.config.max_position_embeddings - max_tokens, 1)
+        ids = ids[-room:]  # a prompt longer than the context keeps its end (the latest steps)
+        stops = [i for i in dict.fromkeys([*self.lm.stop_token_ids, tok.eos_token_id, tok.im_end_id]) if i is not None]
+        gen = self.lm.generate([ids] * n, max_new_tokens=max_tokens, temperature=temperature, stop_token_ids=stops,
+                               pad_token_id=tok.pad_token_id)
+        texts = [_cut_at_stop(tok.decode(t, skip_special_tokens=True), stop) for t in gen.tokens]
+        c = Completion(texts, len(ids) * n, sum(map(len, gen.tokens)))
+        self.usage.add(c, time.time() - start)
+        return c
+
+# ================================================================================================== the prompt
+# MLAgentBench's research agent (agent_research.py: initial_prompt, format_prompt_dict), reworded.
+
+
+FORMAT = {  # the six entries of every response, in order, with what each must hold
+    "Reflection": "What the last observation means; if it shows an error, what caused it and how to fix it.",
+    "Research Plan and Status": "The whole high-level plan, each step marked with its status and, when done, its "
+                                "confirmed result. Keep the plan from your previous response unless you revise it "
+                                "on purpose; only record progress that an observation has confirmed.",
+    "Fact Check": "Each new statement in Research Plan and Status, marked as confirmed by an observation or guessed. "
+                  "Performance numbers are confirmed only by running code.",
+    "Thought": "What you will do now and why.",
+    "Action": "The name of one tool.",
+    "Action Input": "The tool's arguments as one valid JSON object.",
+}
+
+SYSTEM = """You are a research assistant who improves machine-learning code. You can use these tools:
+
+{tools}
+
+Research problem:
+{problem}
+
+Follow these instructions throughout:
+- Begin with a high-level plan in Research Plan and Status, based on the problem and the tools; revise it as you learn.
+- Research Plan and Status tracks the plan, which steps are done or in progress, and short confirmed results.
+- Put only results that an observation confirmed into Research Plan and Status. Performance numbers come only from
+  running the code and reading its output.
+- Measure the baseline first, and judge every change against the best result so far; undo changes that do not help.
+- Reach the goal as directly as you can. Do not install packages.
+- When train.py is as good as you can make it, use Final Answer. You can submit only once.
+
+Respond in exactly this format, with every entry:
+{format}"""
+
+MAX_OBSERVATION = 5000  # characters of an observation kept in the prompt: its first and last halves
+
+
+def tools_block(actions=None) -> str:
+    """Each action with its description and a usage example (MLAB prints its tools the same way)."""
+    blocks = []
+    for spec in (actions or env.ACTIONS).values():
+        args = json.dumps({k: f"[{v}]" for k, v in spec.args.items()}, indent=4)
+        blocks.append(f"- {spec.name}: {spec.description}\n  Usage:\n  Action: {spec.name}\n  Action Input: "
+                      + args.replace("\n", "\n  "))
+    return "\n".join(blocks)
+
+
+def _clip(text: str, limit=MAX_OBSERVATION) -> str:
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit // 2]}\n[... {len(text) - limit} characters cut ...]\n{text[-limit // 2:]}"
+
+
+def build_messages(problem: str, history=(), ideas=(), last_k=3, actions=None) -> list[dict]:
+    """The prompt for the next step; pure, so ppo.py rebuilds the exact prompt of a state.
+
+    problem: the task description; history: (response, observation) of every earlier step, oldest first;
+    ideas: (category, idea) pairs injected into the first prompt only (ML-Agent, Appendix B.1); the plan the agent
+    writes then carries them on. Only the last `last_k` steps are shown (MLAB's max_steps_in_context = 3).
+    """
+    system = SYSTEM.format(tools=tools_block(actions), problem=problem.strip(),
+                           format="\n".join(f"{k}: {v}" for k, v in FORMAT.items()))
+    if not history:
+        user = "Now let's start!"
+        if ideas:
+            user += "\n\nIdeas to explore, in this order:\n" + "\n".join(
+                f"{i}. [{cat}] {idea}" for i, (cat, idea) in enumerate(ideas, 1))
+    else:
+        first = max(len(history) - last_k, 0)
+        shown = [f"Step {first + i}:\n{resp.strip()}\nObservation:\n```\n{_clip(obs)}\n```"
+                 for i, (resp, obs) in enumerate(history[first:])]
+        user = (f"Here are your most recent steps (up to {last_k}):\n\n" + "\n\n".join(shown)
+                + f"\n\nNow respond for step {len(history)}.")
+    return [{"role": "system", "content": system}, {"role": "user", "content": user}]
+
+# =============================================================================================== parsing
+
+
+class ParseError(ValueError):
+    """A response that is not in the response format; the message says what is wrong."""
+
+
+ENTRY = re.compile(r"^[ \t#*]*(" + "|".join(sorted(map(re.escape, FORMAT), key=len, reverse=True))
+                   + r")[ \t*]*:[ \t*]*", re.M)  # "Action Input" before "Action"; tolerates **bold** and # headers
+
+
+def parse_entries(text: str) -> dict[str, str]:
+    text = re.split(r"^\s*Observation\s*:", text, maxsplit=1, flags=re.M)[0]  # a made-up observation is dropped
+    marks = list(ENTRY.finditer(text))
+    return {m.group(1): text[m.end():(marks[i + 1].start() if i + 1 < len(marks) else len(text))].strip()
+            for i, m in enumerate(marks)}
+
+
+def parse_response(text: str, actions=None) -> tuple[str, dict]:
+    """(action, action_input) of a response in the format above; ParseError with the reason otherwise."""
+    actions = actions or env.ACTIONS
+    entries = parse_entries(text or "")
+    missing = [k for k in FORMAT if k not in entries]
+    if missing:
+        raise ParseError(f"missing entries: {', '.join(missing)}")
+    action = entries["Action"].strip().strip("`'\".").strip()
+    if action not in actions:
+        raise ParseError(f"unknown action {action!r}; the actions are: {', '.join(actions)}")
+    raw = re.sub(r"^```\w*|```$", "", entries["Action Input"].strip(), flags=re.M).strip()
+    start, end = raw.find("{"), raw.rfind("}")
+    if start < 0 or end < start:
+        raise ParseError("Action Input holds no JSON object")
+    try:
+        action_input = json.loads(raw[start:end + 1], strict=False)  # strict=False: raw newlines inside strings
+    except json.JSONDecodeError as e:
+        raise ParseError(f"Action Input is not valid JSON: {e}") from None
+    if not isinstance(action_input, dict):
+        raise ParseError("Action Input must be a JSON object")
+    return action, action_input
+
+# ============================================================================================== the LLM editor
+
+
+EDIT_PROMPT = """Here is a Python script:
+```python
+{code}
+```
+Change it as this instruction says, and make no other change:
+{instruction}
+
+Answer with the whole edited script in one ```python block."""
+
+
+class LLMEditor:
+    """`Edit Script (AI)` on an LLM (MLAB's edit action): the whole file rewritten; env.py makes the diff."""
+
+    def __init__(self, backend, max_tokens=4096):
+        self.backend, self.max_tokens = backend, max_tokens
+
+    def __call__(self, instruction: str, code: str) -> str:
+        text = self.backend.chat([{"role": "user", "content": EDIT_PROMPT.format(code=code, instruction=instruction)}],
+                                 temperature=0.0, max_tokens=self.max_tokens).texts[0]
+        blocks = re.findall(r"```(?:python|py)?[ \t]*\n(.*?)```", text, re.S)
+        if not blocks:
+            raise env.EditError("the editor's answer holds no ```python block")
+        return max(blocks, key=len)  # the script, not a short snippet around it
+
+# ========================================================================================== the scripted expert
+# An offline STAND-IN for the LLM expert (GPT-4o-mini in ML-Agent). Like a chat backend it sees only the messages:
+# the ideas of the first prompt, then its own last response (whose plan carries the state) and the observation.
+
+
+PLAN_LINE = re.compile(r"^(\d+)\. (.*?) \[(pending|in progress|done|kept|undone|failed)(?:: ([^\]]*))?\]$", re.M)
+SCORE = re.compile(r"Validation [^:\n]*:\s*(-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?)")
+
+
+class ScriptedExpert:
+    """Baseline, read the script, then per idea: edit, execute, keep it or undo it; then Final Answer."""
+
+    def __init__(self):
+        self.usage = Usage()
+
+    def chat(self, messages, n=1, temperature=0.0, max_tokens=1024, stop=None) -> Completion:
+        text = self.respond(messages[0]["content"], messages[-1]["content"])
+        c = Completion([text] * n)
+        self.usage.add(c, 0.0)
+        return c
+
+    def respond(self, system: str, user: str) -> str:
+        higher = "lower is better" not in system
+        steps = re.split(r"^Step \d+:\n", user, flags=re.M)
+        if len(steps) == 1:  # the first step: the plan comes from the injected ideas
+            ideas = re.findall(r"^\d+\. (\[\w+\] .+)$", user, re.M)
+            plan = [["Run train.py to measure the baseline.", "pending", ""],
+                    ["Read train.py to see where each change goes.", "pending", ""],
+                    *[[f"Try {idea}", "pending", ""] for idea in ideas],
+                    ["Submit the best train.py with Final Answer.", "pending", ""]]
+            return self._next(plan, None, higher, "This is the start: nothing has been observed yet.", [])
+        last = steps[-1]
+        response, _, observation = last.partition("\nObservation:\n```\n")
+        observation = observation.rsplit("\n```", 1)[0]
+        entries = parse_entries(response)
+        plan = [[t, s, r or ""] for _, t, s, r in PLAN_LINE.findall(entries.get("Research Plan and Status", ""))]
+        best = re.search(r"Best validation score so far: (\S+)", entries.get("Research Plan and Status", ""))
+        best = float(best.group(1)) if best and best.group(1) != "none" else None
+        cur = next((i for i, p in enumerate(plan) if p[1] in ("pending", "in progress")), len(plan) - 1)
+        action, score = entries.get("Action", ""), self._score(observation)
+        facts = []
+        if action == "Execute Script" and cur == 0:  # the baseline
+            plan[0][1:] = ["done", f"{score}" if score is not None else "no score"]
+            best = score
+            reflection = f"The baseline ran; its validation score is {score}."
+            facts.append(f"Baseline validation score {score}: confirmed by the output above.")
+        elif action == "Inspect Script Lines":
+            plan[cur][1:] = ["done", "data and model blocks found"]
+            reflection = "The script has a data block, a model block, a training block and a submission block."
+            facts.append("The layout of train.py: confirmed by the lines above.")
+        elif action.startswith("Edit Script") and "EnvError" in observation and "could not be applied" in observation:
+            plan[cur][1:] = ["failed", "the edit could not be applied"]
+            reflection = "The edit could not be applied, so this idea is dropped."
+            facts.append("The edit failed: confirmed by the error above.")
+        elif action.startswith("Edit Script"):  # applied: run it to see the effect
+            plan[cur][1:] = ["in progress", "edited, to be run"]
+            return self._respond(plan, best, higher, "The diff shows the change I asked for.",
+                                 ["The edit was applied: confirmed by the diff."],
+                                 "Run the edited script to measure the change.",
+                                 "Execute Script", {"script_name": "train.py"})
+        elif action == "Execute Script":  # an idea was run: keep it or undo it
+            better = score is not None and (best is None or (score > best if higher else score < best))
+            if better:
+                plan[cur][1:] = ["kept", f"{score}"]
+                reflection = f"The change improved the validation score from {best} to {score}; I keep it."
+                best = score
+            else:
+                why = "the script failed" if score is None else f"{score} is not better than {best}"
+                plan[cur][1:] = ["undone", why]
+                return self._respond(plan, best, higher, f"The change did not help: {why}.",
+                                     [f"Validation score {score}: confirmed by the output above."],
+                                     "Undo the change so train.py is back to the best version.",
+                                     "Undo Edit Script", {"script_name": "train.py"})
+            facts.append(f"Validation score {score}: confirmed by the output above.")
+        else:  # after an undo, or anything unexpected: move on
+            reflection = "train.py is back to its best version." if action == "Undo Edit Script" else \
+                "The last step did not change the plan."
+        return self._next(plan, best, higher, reflection, facts)
+
+    @staticmethod
+    def _score(observation: str):
+        found = SCORE.findall(observation)
+        return float(found[-1]) if found else None
+
+    def _next(self, plan, best, higher, reflection, facts) -> str:
+        """Start the first pending item of the plan."""
+        cur = next((i for i, p in enumerate(plan) if p[1] == "pending"), None)
+        if cur is None or cur == len(plan) - 1:  # only the final answer is left
+            kept = [p[0][4:] for p in plan if p[1] == "kept"]
+            summary = (f"Kept {len(kept)} change(s): " + "; ".join(kept) if kept else "No change beat the baseline.") \
+                + f" Best validation score: {best}."
+            if cur is not None:
+                plan[cur][1] = "in progress"
+            return self._respond(plan, best, higher, reflection, facts, "Every idea has been tried; submit.",
+                                 "Final Answer", {"final_answer": summary})
+        plan[cur][1] = "in progress"
+        if cur == 0:
+            return self._respond(plan, best, higher, reflection, facts, "First measure the starter script.",
+                                 "Execute Script", {"script_name": "train.py"})
+        if cur == 1:
+            return self._respond(plan, best, higher, reflection, facts, "Read the script before changing it.",
+                                 "Inspect Script Lines", {"script_name": "train.py", "start_line_number": 1,
+                                                          "end_line_number": 80})
+        idea = re.sub(r"^Try \[\w+\] ", "", plan[cur][0])
+        return self._respond(plan, best, higher, reflection, facts, f"Apply the next idea: {idea}",
+                             "Edit Script (AI)", {"script_name": "train.py", "edit_instruction": idea,
+                                                  "save_name": "train.py"})
+
+    @staticmethod
+    def _respond(plan, best, higher, reflection, facts, thought, action, action_input) -> str:
+        status = "\n".join(f"{i}. {t} [{s}{': ' + r if r else ''}]" for i, (t, s, r) in enumerate(plan, 1))
+        status += f"\nBest validation score so far: {best if best is not None else 'none'} " \
+                  f"({'higher' if higher else 'lower'} is better)"
+        return (f"Reflection: {reflection}\nResearch Plan and Status:\n{status}\n"
+                f"Fact Check: {' '.join(facts) or 'Nothing new to check.'}\nThought: {thought}\n"
+                f"Action: {action}\nAction Input: {json.dumps(action_input)}")
+
+# ============================================================================================== the episode loop
+
+
+@dataclass
+class Step:
+    """One step s_t -> a_t -> (o_t, r_t), with the state as it was before the action."""
+    index: int
+    messages: list[dict]  # the prompt
+    response: str  # the raw response that was acted on (the last one after re-asks)
+    action: str | None
+    action_input: dict | None
+    observation: str
+    kind: str  # reward.py outcome: invalid | error | corner | neutral | edit | final
+    metric: float | None  # m_t after the step (the public score of train.py)
+    metric_prev: float | None
+    metric_new: float | None
+    reward: float
+    retries: int  # re-asks spent on malformed responses
+    snapshot: dict  # env.snapshot() before the action: restores s_t
+    llm_seconds: float
+    env_seconds: float
+
+
+@dataclass
+class Trajectory:
+    task: str
+    ideas: list  # (category, idea) pairs injected into the first prompt
+    m_init: float | None
+    m_best: float | None
+    higher_is_better: bool
+    steps: list[Step] = field(default_factory=list)
+    stopped: str = ""  # "final" | "max_steps" | "time"
+    seconds: float = 0.0  # the whole episode
+    reset_seconds: float = 0.0  # env.reset(): the starter script's run
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+REMINDER = ("Respond with all of these entries: " + ", ".join(FORMAT) + "; Action must be one of the tool names and "
+            "Action Input one JSON object.")
+REASK = "Your response was not in the right format ({reason}). " + REMINDER
+
+
+def run_episode(env_, backend, ideas=(), max_steps=15, time_limit=1800.0, max_retries=2, temperature=0.0,
+                max_tokens=1024, reward_config=RewardConfig()) -> Trajectory:
+    """Reset `env_` and let the agent on `backend` act until Final Answer, `max_steps` or `time_limit` seconds
+    (ML-Agent: 15 steps, 30 minutes per trajectory)."""
+    start = time.time()
+    problem = env_.reset()
+    reset_seconds = time.time() - start
+    traj = Trajectory(env_.task.name, [list(i) for i in ideas], env_.m_init, env_.m_best, env_.task.higher_is_better)
+    history = []
+    while len(traj.steps) < max_steps:
+        if time.time() - start > time_limit:
+            traj.stopped = "time"
+            break
+        messages, snapshot = build_messages(problem, history, ideas), env_.snapshot()
+        llm_start, ask = time.time(), list(messages)
+        for retries in range(max_retries + 1):  # MLAB re-asks on a malformed response
+            response = backend.chat(ask, temperature=temperature, max_tokens=max_tokens,
+                                    stop=["\nObservation:"]).texts[0]
+            try:
+                action, action_input = parse_response(response)
+                break
+            except ParseError as e:
+                action = action_input = None
+                reason = str(e)
+                ask = ask + [{"role": "assistant", "content": response},
+                             {"role": "user", "content": REASK.format(reason=reason)}]
+        llm_seconds, env_start = time.time() - llm_start, time.time()
+        if action is None:  # still malformed: an invalid step (R_format = -1), the episode goes on
+            result = env.StepResult(f"Invalid response ({reason}); nothing was done. {REMINDER}", "invalid",
+                                    env_.metric, env_.metric)
+        else:
+            result = env_.step(action, action_input)
+        r = reward(result.kind, result.metric_prev, result.metric_new, env_.m_init, env_.m_best,
+                   env_.task.higher_is_better, reward_config)
+        traj.steps.append(Step(len(traj.steps), messages, response, action, action_input, result.observation,
+                               result.kind, env_.metric, result.metric_prev, result.metric_new, r, retries, snapshot,
+                               llm_seconds, time.time() - env_start))
+        history.append((response, result.observation))
+        if result.done:
+            traj.stopped = "final"
+            break
+    traj.stopped = traj.stopped or "max_steps"
+    traj.seconds, traj.reset_seconds = time.time() - start, reset_seconds
+    return traj
+
+# ================================================================================================= command line
+
+
+def make_backend(model_name: str | None, base_url: str | None = None, price_in=0.0, price_out=0.0):
+    """"scripted" (or None) -> ScriptedExpert; an existing folder -> LocalBackend; anything else -> an endpoint
+    (prices: dollars per million input / output tokens, for the reported cost)."""
+    if model_name in (None, "scripted"):
+        return ScriptedExpert()
+    if os.path.isdir(model_name):
+        return LocalBackend(model_name)
+    return OpenAIBackend(model=model_name, base_url=base_url, price_in=price_in, price_out=price_out)
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # usage errors: one line, exit 2
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def main(argv=None):
+    p = _Parser(prog="agent.py", description="Run one MLAB-style agent episode on a task and print its steps.")
+    p.add_argument("--task", default="digits", help="a built-in task name or a task folder")
+    p.add_argument("--model", default="scripted", help="'scripted', a local checkpoint folder, or an endpoint model")
+    p.add_argument("--base-url", help="OpenAI-compatible endpoint (default: $OPENAI_BASE_URL)")
+    p.add_argument("--max-steps", type=int, default=15)
+    p.add_argument("--idea", action="append", default=[], metavar="CATEGORY:IDEA", help="inject an idea (repeatable)")
+    args = p.parse_args(argv)
+    try:
+        backend = make_backend(args.model, args.base_url)
+        e = env.Env(args.task, editor=env.recipe_editor if isinstance(backend, ScriptedExpert) else LLMEditor(backend))
+    except (env.TaskError, OSError) as err:
+        p.error(str(err))
+    ideas = [tuple(i.split(":", 1)) if ":" in i else ("idea", i) for i in args.idea]
+    if not ideas and isinstance(backend, ScriptedExpert):
+        ideas = [(r.category, r.idea) for r in env.recipes_for(e.task.name)[:1]]
+    try:
+        traj = run_episode(e, backend, ideas, max_steps=args.max_steps)
+    except BackendError as err:
+        sys.exit(f"agent.py: {err}")
+    for s in traj.steps:
+        print(f"--- step {s.index}: {s.action} -> {s.kind}, reward {s.reward:+.3f}, metric {s.metric}\n{s.response}\n")
+    print(f"stopped: {traj.stopped}; m_init {traj.m_init}, final metric {traj.steps[-1].metric if traj.steps else None}"
+          f"; {traj.seconds:.1f}s; tokens in/out {backend.usage.prompt_tokens}/{backend.usage.completion_tokens}")
+
+
+if __name__ == "__main__":
+    main()

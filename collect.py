@@ -1,0 +1,379 @@
+"""Exploration-enriched expert data (ML-Agent, seed 000, Section "Exploration-enriched fine-tuning", Appendix B.1):
+idea pools per task and category, a diversity filter, expert trajectories with ideas injected into the first prompt,
+and from them the SFT data and the states pool of step-wise RL.
+
+Reading order: idea pools (from an LLM, or offline from env.py's recipes) -> the diversity filter (embeddings, greedy
+farthest-point selection) -> sampling ideas for one trajectory -> one rollout -> append-only JSONL and resume ->
+deriving sft.jsonl and states.jsonl -> the summary -> command line.
+
+Outputs under --out (default runs/data/):
+- ideas.json          {task: {category: [idea, ...]}}: the filtered pools (reused on resume);
+- trajectories.jsonl  one agent.Trajectory per line, with its id ("<task>-<i>"): the record of truth;
+- sft.jsonl           {"messages": [system, user, assistant]} per valid step: the step's prompt and the expert's reply;
+- states.jsonl        one state s_t per step: task, step, prompt messages, env snapshot (env.Env.restore), m_t,
+                      m_init, m_best; ppo.py samples its states from here (the step-wise objective J_step);
+- errors.jsonl        failed rollouts (id, error); they are retried by the next run.
+
+Departures from the paper: it collects 10k GPT-4o-mini trajectories on 9 MLAgentBench/MLE-bench tasks; offline, this
+file uses agent.ScriptedExpert (a STAND-IN for the LLM expert, see agent.py) on the built-in held-in tasks, with the
+ideas taken from env.py's recipes (a handful per category, so the filter keeps them all) instead of >= 100 LLM ideas.
+The paper does not say which embedding or diversity filter it uses; we take the endpoint's /v1/embeddings, or TF-IDF
+offline, and greedy farthest-point selection on cosine distance (Gonzalez, 1985: the classic 2-approximation of the
+k-center problem), started at the idea nearest the centroid so that the pick is deterministic.
+
+Run:  python collect.py                                          (offline: scripted expert, held-in tasks, ~minutes)
+      python collect.py --tasks digits wine --trajectories 20 --workers 2
+      OPENAI_API_KEY=... python collect.py --expert gpt-4o-mini --base-url https://api.openai.com/v1
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import random
+import re
+import sys
+import time
+import traceback
+from collections import Counter, defaultdict
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+import agent
+import env
+
+CATEGORIES = ("data", "model", "learning")  # ML-Agent's three semantic categories of ML optimisation strategies
+CATEGORY_HINTS = {"data": "feature engineering, preprocessing, cleaning, augmentation, feature selection",
+                  "model": "the model family, its architecture, ensembles of models",
+                  "learning": "the training procedure: hyperparameters, regularisation, loss, validation, calibration"}
+
+# ================================================================================================ idea pools
+
+IDEA_PROMPT = """Here is a machine-learning task; its train.py is a plain baseline.
+
+{description}
+
+Propose {n} different ideas of the category "{category}" ({hint}) that could improve the validation score of train.py.
+Each idea is one sentence: a concrete instruction that a programmer can apply to the script. Make them as different
+from each other as you can{avoid}. Answer with a numbered list, one idea per line, and nothing else."""
+
+
+def parse_ideas(text: str) -> list[str]:
+    """The ideas of a numbered or bulleted list; markdown emphasis dropped, too-short lines skipped."""
+    ideas = []
+    for m in re.finditer(r"^\s*(?:\d+[.):]|[-*\u2022])\s+(.+?)\s*$", text, re.M):
+        idea = re.sub(r"\*\*|__|`", "", m.group(1)).strip()
+        if len(idea) >= 15:
+            ideas.append(idea)
+    return ideas
+
+
+def propose_ideas(backend, task: env.Task, category: str, n=100, batch=25) -> list[str]:
+    """At least `n` distinct ideas from the LLM (or what it gave after 2n/batch requests), asked `batch` at a time."""
+    ideas: dict[str, str] = {}
+    for _ in range(max(1, 2 * n // batch)):
+        avoid = "; do not repeat these: " + "; ".join(list(ideas.values())[-30:]) if ideas else ""
+        text = backend.chat([{"role": "user", "content": IDEA_PROMPT.format(
+            description=task.description, n=batch, category=category, hint=CATEGORY_HINTS[category], avoid=avoid)}],
+            temperature=1.0, max_tokens=3000).texts[0]
+        for idea in parse_ideas(text):
+            ideas.setdefault(idea.lower().rstrip("."), idea)
+        if len(ideas) >= n:
+            break
+    return list(ideas.values())
+
+
+def recipe_ideas(task_name: str) -> dict[str, list[str]]:
+    """Offline candidates: each env.py recipe's idea (the offline editor applies exactly these)."""
+    return {c: [r.idea for r in env.recipes_for(task_name) if r.category == c] for c in CATEGORIES}
+
+# ========================================================================================== the diversity filter
+
+
+def tfidf_embed(texts: list[str]) -> np.ndarray:
+    from sklearn.feature_extraction.text import TfidfVectorizer
+    return TfidfVectorizer(ngram_range=(1, 2), sublinear_tf=True).fit_transform(texts).toarray()
+
+
+def farthest_point(X: np.ndarray, k: int) -> list[int]:
+    """Indices of k rows of X picked greedily on cosine distance: start at the row nearest the centroid, then add
+    the row whose distance to its nearest picked row is largest (ties: the lowest index)."""
+    X = np.asarray(X, dtype=np.float64)
+    X = X / np.maximum(np.linalg.norm(X, axis=1, keepdims=True), 1e-12)  # (N, D) unit rows
+    if len(X) <= k:
+        return list(range(len(X)))
+    centroid = X.mean(axis=0)
+    picked = [int(np.argmax(X @ centroid))]  # the most typical idea: highest cosine similarity to the mean
+    nearest = 1.0 - X @ X[picked[0]]  # (N,) cosine distance of every row to its nearest picked row
+    while len(picked) < k:
+        nearest[picked] = -np.inf
+        nxt = int(np.argmax(nearest))
+        picked.append(nxt)
+        nearest = np.minimum(nearest, 1.0 - X @ X[nxt])
+    return picked
+
+
+def diverse_pool(candidates: dict[str, list[str]], k: int, embed) -> dict[str, list[str]]:
+    """k ideas per category, far apart in `embed` space; `embed(texts) -> (N, D)`."""
+    pool = {}
+    for category, ideas in candidates.items():
+        ideas = list(dict.fromkeys(ideas))
+        pool[category] = [ideas[i] for i in farthest_point(embed(ideas), k)] if len(ideas) > k else ideas
+    return pool
+
+
+def sample_ideas(pool: dict[str, list[str]], rng: random.Random) -> list[tuple[str, str]]:
+    """ML-Agent, Appendix B.1: sample 1-3 categories, shuffle their order, draw one idea from each."""
+    categories = [c for c in CATEGORIES if pool.get(c)]
+    chosen = rng.sample(categories, rng.randint(1, min(3, len(categories)))) if categories else []
+    rng.shuffle(chosen)
+    return [(c, rng.choice(pool[c])) for c in chosen]
+
+# ================================================================================================ rollouts
+
+_BACKENDS: dict = {}  # one backend per worker process, built on first use
+
+
+def expert_backend(expert: str, base_url: str | None, prices=(0.0, 0.0)):
+    if (expert, base_url) not in _BACKENDS:
+        _BACKENDS[expert, base_url] = agent.make_backend(expert, base_url, *prices)
+    return _BACKENDS[expert, base_url]
+
+
+def rollout(job: dict) -> dict:
+    """One expert trajectory, with the tokens, seconds and cost its backend spent on it; runs in a worker process."""
+    backend = expert_backend(job["expert"], job["base_url"], job["prices"])
+    scripted = isinstance(backend, agent.ScriptedExpert)
+    e = env.Env(job["task"], editor=env.recipe_editor if scripted else agent.LLMEditor(backend), cache=True)
+    before = dict(vars(backend.usage), cost=backend.usage.cost)
+    traj = agent.run_episode(e, backend, [tuple(i) for i in job["ideas"]], max_steps=job["max_steps"],
+                             time_limit=job["time_limit"])
+    after = dict(vars(backend.usage), cost=backend.usage.cost)
+    usage = {k: after[k] - before[k] for k in ("calls", "prompt_tokens", "completion_tokens", "seconds", "cost")}
+    return {"id": job["id"], **traj.to_dict(), "usage": usage}
+
+
+def _safe_rollout(args) -> tuple[dict, dict | None, str | None]:
+    fn, job = args
+    try:
+        return job, fn(job), None
+    except Exception:  # noqa: BLE001 - a failing rollout is logged, the others go on
+        return job, None, traceback.format_exc()
+
+# ========================================================================================== files: append, resume
+
+
+def append_line(path: Path, obj: dict):
+    """One whole line per write, flushed to disk, so a kill leaves at most one torn last line (see read_jsonl)."""
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(json.dumps(obj) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def read_jsonl(path: Path, repair=False) -> list[dict]:
+    """The complete lines of a JSONL file; with repair, a torn last line (a kill mid-write) is cut off the file."""
+    if not path.exists():
+        return []
+    data = path.read_bytes()
+    if repair and data and not data.endswith(b"\n"):
+        data = data[:data.rfind(b"\n") + 1]
+        with open(path, "r+b") as f:
+            f.truncate(len(data))
+    rows = []
+    for line in data.decode("utf-8").splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return rows
+
+
+def write_atomic(path: Path, rows):
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        for row in rows:
+            f.write(json.dumps(row) + "\n")
+    os.replace(tmp, path)  # readers see the old file or the new one, never half of one
+
+# ======================================================================================= SFT data and states pool
+
+
+def sft_rows(trajectories):
+    """The expert's valid steps as chat data: the step's prompt, then its response as the assistant turn."""
+    for t in trajectories:
+        for s in t["steps"]:
+            if s["kind"] != "invalid":
+                yield {"messages": s["messages"] + [{"role": "assistant", "content": s["response"]}]}
+
+
+def state_rows(trajectories):
+    """One state per step, as it was before the expert acted (d^{pi_e}(s_t) of the step-wise objective)."""
+    for t in trajectories:
+        for s in t["steps"]:
+            yield {"id": f"{t['id']}/{s['index']}", "task": t["task"], "task_dir": s["snapshot"]["task_dir"],
+                   "step": s["index"], "messages": s["messages"], "snapshot": s["snapshot"],
+                   "m_t": s["snapshot"]["metric"], "m_init": t["m_init"], "m_best": t["m_best"],
+                   "higher_is_better": t["higher_is_better"], "ideas": t["ideas"],
+                   "expert": {"action": s["action"], "kind": s["kind"], "reward": s["reward"]}}
+
+# ================================================================================================ the summary
+
+
+def summarize(trajectories, wall_seconds: float, new: int) -> str:
+    steps = [s for t in trajectories for s in t["steps"]]
+    by_task = defaultdict(list)
+    for t in trajectories:
+        by_task[t["task"]].append(t)
+    actions = Counter(s["action"] or "(invalid)" for s in steps)
+    ideas = {idea for t in trajectories for _, idea in t["ideas"]}
+    lines = [f"{len(trajectories)} trajectories, {len(steps)} steps ({len(steps) / max(len(trajectories), 1):.1f} "
+             f"per trajectory), {len(ideas)} distinct ideas used, mean step reward "
+             f"{np.mean([s['reward'] for s in steps]) if steps else float('nan'):+.3f}",
+             "actions: " + ", ".join(f"{a} {n}" for a, n in actions.most_common()),
+             f"{'task':<15}{'traj':>5}{'m_init':>10}{'final (mean)':>14}{'final (best)':>14}"]
+    for task, ts in sorted(by_task.items()):
+        finals = [t["steps"][-1]["metric"] for t in ts if t["steps"] and t["steps"][-1]["metric"] is not None]
+        best = (max if ts[0]["higher_is_better"] else min)(finals) if finals else float("nan")
+        mean = np.mean(finals) if finals else float("nan")
+        lines.append(f"{task:<15}{len(ts):>5}{ts[0]['m_init']:>10.4f}{mean:>14.4f}{best:>14.4f}")
+    # time: the agent's chat calls, plus the LLM editor's calls, which run inside env.step (usage seconds beyond
+    # the agent's own calls), are LLM; the rest of env.step and env.reset is sandbox; what remains is bookkeeping
+    agent_llm = sum(s["llm_seconds"] for s in steps)
+    backend_llm = sum(t.get("usage", {}).get("seconds", 0.0) for t in trajectories)
+    editor = max(backend_llm - agent_llm, 0.0)
+    llm = agent_llm + editor
+    sandbox = sum(s["env_seconds"] for s in steps) + sum(t["reset_seconds"] for t in trajectories) - editor
+    total = max(sum(t["seconds"] for t in trajectories), 1e-9)
+    tokens = [sum(t.get("usage", {}).get(k, 0) for t in trajectories) for k in ("prompt_tokens", "completion_tokens",
+                                                                                  "cost")]
+    lines.append(f"expert tokens in/out {tokens[0]}/{tokens[1]}, cost ${tokens[2]:.4f}")
+    lines.append(f"this run: {new} new trajectories in {wall_seconds:.1f}s = "
+                 f"{60 * new / max(wall_seconds, 1e-9):.1f} trajectories/min; time in rollouts: LLM "
+                 f"{100 * llm / total:.1f}%, sandbox {100 * sandbox / total:.1f}%, bookkeeping "
+                 f"{100 * max(total - llm - sandbox, 0) / total:.1f}%")
+    return "\n".join(lines)
+
+# ================================================================================================ collection
+
+
+def collect(tasks, trajectories=5, workers=2, expert="scripted", base_url=None, out="runs/data", seed=0, k=10,
+            candidates=100, max_steps=15, time_limit=1800.0, prices=(0.0, 0.0), rollout_fn=rollout,
+            progress=True) -> str:
+    """Collect `trajectories` per task into `out` (resuming what is there); returns the printed summary."""
+    start, out = time.time(), Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    traj_path, err_path = out / "trajectories.jsonl", out / "errors.jsonl"
+    loaded = [env.load_task(t) for t in tasks]  # prepares built-ins here, not racing in the workers
+
+    # 1. idea pools: reused from ideas.json when resuming, so a resumed run samples from the same pools
+    ideas_path = out / "ideas.json"
+    pools = json.loads(ideas_path.read_text()) if ideas_path.exists() else {}
+    llm = expert not in ("scripted", None) and not os.path.isdir(expert)  # ideas from the endpoint model
+    for task in loaded:
+        if task.name in pools:
+            continue
+        if llm:
+            backend = expert_backend(expert, base_url, prices)
+            cands = {c: propose_ideas(backend, task, c, candidates) for c in CATEGORIES}
+            try:
+                backend.embeddings(["probe"])
+                embed = backend.embeddings
+            except agent.BackendError:  # no /v1/embeddings here: TF-IDF instead
+                embed = tfidf_embed
+        else:
+            cands, embed = recipe_ideas(task.name), tfidf_embed
+        pools[task.name] = diverse_pool(cands, k, embed)
+    tmp = ideas_path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(pools, indent=1))
+    os.replace(tmp, ideas_path)
+
+    # 2. jobs: every trajectory id not yet in trajectories.jsonl; its ideas are seeded by the id
+    done = {t["id"] for t in read_jsonl(traj_path, repair=True)}
+    jobs = []
+    for task in loaded:
+        for i in range(trajectories):
+            tid = f"{task.name}-{i:04d}"
+            if tid not in done:
+                ideas = sample_ideas(pools[task.name], random.Random(f"{seed}:{tid}"))
+                jobs.append({"id": tid, "task": task.name, "ideas": ideas, "expert": expert, "base_url": base_url,
+                             "prices": prices, "max_steps": max_steps, "time_limit": time_limit})
+
+    # 3. rollouts in worker processes; the main process alone writes, one whole line at a time
+    new, failed = 0, 0
+    work = [(rollout_fn, j) for j in jobs]
+    pool = mp.Pool(workers) if workers > 1 and len(jobs) > 1 else None
+    results = pool.imap_unordered(_safe_rollout, work) if pool else map(_safe_rollout, work)
+    try:
+        for job, traj, error in tqdm(results, total=len(jobs), desc="trajectories", disable=not progress):
+            if traj is not None:
+                append_line(traj_path, traj)
+                new += 1
+            else:
+                failed += 1
+                append_line(err_path, {"id": job["id"], "task": job["task"], "error": error, "time": time.time()})
+                print(f"collect.py: rollout {job['id']} failed: {error.strip().splitlines()[-1]}", file=sys.stderr)
+    finally:
+        if pool:
+            pool.terminate()
+
+    # 4. SFT data and states pool, derived from the record of truth, replaced atomically
+    trajs = read_jsonl(traj_path)
+    write_atomic(out / "sft.jsonl", sft_rows(trajs))
+    write_atomic(out / "states.jsonl", state_rows(trajs))
+    text = summarize(trajs, time.time() - start, new)
+    if llm and (expert, base_url) in _BACKENDS:  # the idea proposals of this run (main process)
+        u = _BACKENDS[expert, base_url].usage
+        text += f"\nidea proposals: tokens in/out {u.prompt_tokens}/{u.completion_tokens}, cost ${u.cost:.4f}"
+    if failed:
+        text += f"\n{failed} rollouts failed (see {err_path}); run again to retry them"
+    return text
+
+# ================================================================================================ command line
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # usage errors: one line, exit 2
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def main(argv=None):
+    held_in = [name for name, spec in env.BUILTIN_TASKS.items() if spec.split == "held-in"]
+    p = _Parser(prog="collect.py", description="Collect exploration-enriched expert trajectories, SFT data and "
+                                               "the states pool.")
+    p.add_argument("--tasks", nargs="+", default=held_in, help="built-in task names or task folders "
+                                                               f"(default: the held-in tasks {' '.join(held_in)})")
+    p.add_argument("--trajectories", type=int, default=5, help="trajectories per task")
+    p.add_argument("--workers", type=int, default=2, help="worker processes")
+    p.add_argument("--expert", default="scripted", help="'scripted' (offline stand-in), an endpoint model name, "
+                                                        "or a local checkpoint folder")
+    p.add_argument("--base-url", help="OpenAI-compatible endpoint (default: $OPENAI_BASE_URL)")
+    p.add_argument("--out", default=str(env.ROOT / "runs" / "data"), help="output folder")
+    p.add_argument("--seed", type=int, default=0, help="seeds the ideas of each trajectory (with its id)")
+    p.add_argument("--k", type=int, default=10, help="ideas kept per category by the diversity filter")
+    p.add_argument("--candidates", type=int, default=100, help="LLM idea candidates per category and task")
+    p.add_argument("--max-steps", type=int, default=15, help="steps per trajectory (ML-Agent: 15)")
+    p.add_argument("--time-limit", type=float, default=1800.0, help="seconds per trajectory (ML-Agent: 30 min)")
+    p.add_argument("--price", type=float, nargs=2, default=(0.0, 0.0), metavar=("IN", "OUT"),
+                   help="dollars per million input and output tokens of the expert, for the reported cost")
+    args = p.parse_args(argv)
+    for name in ("trajectories", "workers", "k", "candidates", "max_steps"):
+        if getattr(args, name) < (0 if name == "workers" else 1):
+            p.error(f"--{name.replace('_', '-')} must be positive")
+    try:
+        for t in args.tasks:
+            env.load_task(t)
+    except env.TaskError as e:
+        p.error(str(e))
+    try:
+        print(collect(args.tasks, args.trajectories, args.workers, args.expert, args.base_url, args.out, args.seed,
+                      args.k, args.candidates, args.max_steps, args.time_limit, tuple(args.price)))
+    except agent.BackendError as e:
+        sys.exit(f"collect.py: {e}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,262 @@
+"""Tests for agent.py: backends, the response parser, the prompt, the LLM editor, the scripted expert, the episode loop.
+
+- parse_response accepts the response format (also with markdown emphasis, code fences, a made-up observation) and
+  rejects each kind of malformed response with a reason;
+- build_messages keeps the last three steps and injects the ideas into the first prompt only;
+- OpenAIBackend retries 429 and 500 (stub HTTP server on loopback), fails fast and clearly on 401 and 404, gives up
+  clearly on an unreachable port, reads embeddings;
+- episodes: a scripted chat with malformed responses (re-asked, then an invalid step with reward -1, the episode goes
+  on), a tiny random model behind `model.py`'s real HTTP server (its output is malformed: every step -1, no crash),
+  the scripted expert (every response parses, rewards match reward.py);
+- LLMEditor extracts the script from a ```python block and fails with EditError without one.
+"""
+from __future__ import annotations
+
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+import agent
+import env
+import reward
+
+GOOD = """Reflection: Nothing yet.
+Research Plan and Status: 1. Look at the files. [in progress]
+Fact Check: Nothing to check.
+Thought: List the files first.
+Action: List Files
+Action Input: {"dir_path": "."}"""
+
+
+# ------------------------------------------------------------------------------------------------------- parsing
+
+def test_parse_response_accepts_the_format():
+    assert agent.parse_response(GOOD) == ("List Files", {"dir_path": "."})
+    fancy = GOOD.replace("Action:", "**Action**:").replace('Action Input: {"dir_path": "."}',
+                                                            'Action Input:\n```json\n{\n  "dir_path": "."\n}\n```')
+    assert agent.parse_response(fancy + "\nObservation:\n```\nmade up\n```") == ("List Files", {"dir_path": "."})
+    multiline = GOOD.replace("List Files", "Edit Script (AI)").replace(
+        '{"dir_path": "."}', '{"script_name": "train.py", "edit_instruction": "line one\nline two",'
+                             ' "save_name": "train.py"}')
+    action, args = agent.parse_response(multiline)
+    assert action == "Edit Script (AI)" and args["edit_instruction"] == "line one\nline two"
+
+
+@pytest.mark.parametrize("text, reason", [
+    ("", "missing entries"),
+    ("I think we should train a bigger model.", "missing entries"),
+    (GOOD.replace("Fact Check: Nothing to check.\n", ""), "Fact Check"),
+    (GOOD.replace("Action: List Files", "Action: Delete Everything"), "unknown action"),
+    (GOOD.replace('{"dir_path": "."}', '{"dir_path": .}'), "not valid JSON"),
+    (GOOD.replace('{"dir_path": "."}', "dir_path = ."), "no JSON object"),
+])
+def test_parse_response_rejects_malformed(text, reason):
+    with pytest.raises(agent.ParseError, match=reason):
+        agent.parse_response(text)
+
+
+# -------------------------------------------------------------------------------------------------------- prompt
+
+def test_build_messages_ideas_first_prompt_only_and_last_three_steps():
+    ideas = [("model", "Use a random forest."), ("data", "Standardise the features.")]
+    first = agent.build_messages("Predict the label.", [], ideas)
+    assert [m["role"] for m in first] == ["system", "user"]
+    system = first[0]["content"]
+    assert "Predict the label." in system and all(name in system for name in env.ACTIONS)
+    assert all(entry + ":" in system for entry in agent.FORMAT)
+    assert "1. [model] Use a random forest." in first[1]["content"]
+    history = [(f"response {i}", f"observation {i}") for i in range(5)]
+    later = agent.build_messages("Predict the label.", history, ideas)
+    user = later[1]["content"]
+    assert "random forest" not in user and "response 1" not in user
+    assert all(f"Step {i}:\nresponse {i}" in user and f"observation {i}" in user for i in (2, 3, 4))
+    assert later == agent.build_messages("Predict the label.", history, ideas)  # pure
+    long = agent.build_messages("p", [("r", "x" * 20000)])[1]["content"]
+    assert len(long) < 6000 and "characters cut" in long
+
+
+# -------------------------------------------------------------------------------------------- HTTP stub server
+
+class Stub:
+    """A loopback HTTP server answering each POST with the next (status, body) of a script."""
+
+    def __init__(self, answers, headers=None):
+        self.answers, self.requests = list(answers), []
+        stub = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *a):
+                pass
+
+            def do_POST(self):
+                stub.requests.append((self.path, json.loads(self.rfile.read(int(self.headers["Content-Length"])))))
+                status, body = stub.answers.pop(0) if len(stub.answers) > 1 else stub.answers[0]
+                data = json.dumps(body).encode()
+                self.send_response(status)
+                for k, v in (headers or {}).items():
+                    self.send_header(k, v)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def chat_body(text, prompt_tokens=7, completion_tokens=3):
+    return {"choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens}}
+
+
+def error_body(message):
+    return {"error": {"message": message, "type": "x", "code": None}}
+
+
+def test_backend_retries_429_and_500_then_succeeds():
+    stub = Stub([(429, error_body("slow down")), (500, error_body("oops")), (200, chat_body("hello"))])
+    try:
+        b = agent.OpenAIBackend(model="m", base_url=stub.url, api_key="k", backoff=0.01, price_in=1e6, price_out=2e6)
+        c = b.chat([{"role": "user", "content": "hi"}], max_tokens=5, stop=["\nObservation:"])
+        assert c.texts == ["hello"] and (c.prompt_tokens, c.completion_tokens) == (7, 3)
+        assert len(stub.requests) == 3 and stub.requests[-1][0] == "/v1/chat/completions"
+        assert stub.requests[-1][1]["stop"] == ["\nObservation:"] and stub.requests[-1][1]["model"] == "m"
+        assert b.usage.calls == 1 and b.usage.cost == pytest.approx(7 * 1 + 3 * 2)
+    finally:
+        stub.close()
+
+
+@pytest.mark.parametrize("status, hint", [(401, "OPENAI_API_KEY"), (404, "OPENAI_BASE_URL")])
+def test_backend_fails_fast_with_one_clear_line(status, hint):
+    stub = Stub([(status, error_body("Incorrect API key provided" if status == 401 else "no such model"))])
+    try:
+        b = agent.OpenAIBackend(model="m", base_url=stub.url, api_key="bad", backoff=5.0)
+        start = time.time()
+        with pytest.raises(agent.BackendError) as e:
+            b.chat([{"role": "user", "content": "hi"}])
+        assert time.time() - start < 2 and len(stub.requests) == 1  # no retry, no backoff sleep
+        msg = str(e.value)
+        assert "\n" not in msg and str(status) in msg and hint in msg
+    finally:
+        stub.close()
+
+
+def test_backend_unreachable_gives_up_clearly():
+    stub = Stub([(200, {})])
+    url = stub.url
+    stub.close()  # nothing listens there any more
+    b = agent.OpenAIBackend(model="m", base_url=url, max_retries=2, backoff=0.01)
+    with pytest.raises(agent.BackendError, match="cannot reach .*gave up after 2 retries"):
+        b.chat([{"role": "user", "content": "hi"}])
+
+
+def test_backend_embeddings_in_input_order():
+    stub = Stub([(200, {"data": [{"index": 1, "embedding": [0.0, 1.0]}, {"index": 0, "embedding": [1.0, 0.0]}],
+                        "usage": {"prompt_tokens": 4}})])
+    try:
+        e = agent.OpenAIBackend(model="m", base_url=stub.url).embeddings(["a", "b"])
+        assert e.tolist() == [[1.0, 0.0], [0.0, 1.0]] and stub.requests[0][0] == "/v1/embeddings"
+    finally:
+        stub.close()
+
+
+# ------------------------------------------------------------------------------------------------------- editor
+
+def test_llm_editor_extracts_the_script():
+    class Fixed:
+        def __init__(self, text):
+            self.text = text
+
+        def chat(self, messages, **kw):
+            assert "print(1)" in messages[0]["content"] and "print two" in messages[0]["content"]
+            return agent.Completion([self.text])
+
+    assert agent.LLMEditor(Fixed("Sure:\n```python\nprint(2)\n```\nDone."))("print two", "print(1)\n") == "print(2)\n"
+    with pytest.raises(env.EditError, match="python block"):
+        agent.LLMEditor(Fixed("print(2)"))("print two", "print(1)\n")
+
+
+# ------------------------------------------------------------------------------------------------------ episodes
+
+class ScriptedChat:
+    """A chat backend that answers from a fixed list, recording the prompts it saw."""
+
+    def __init__(self, answers):
+        self.answers, self.prompts, self.usage = list(answers), [], agent.Usage()
+
+    def chat(self, messages, **kw):
+        self.prompts.append(messages)
+        return agent.Completion([self.answers.pop(0)])
+
+
+FINAL = GOOD.replace("Action: List Files", "Action: Final Answer").replace('{"dir_path": "."}',
+                                                                           '{"final_answer": "done"}')
+
+
+def test_malformed_responses_are_reasked_then_invalid_and_the_episode_goes_on():
+    chat = ScriptedChat(["rubbish", "more rubbish", "still rubbish",  # step 0: 1 try + 2 re-asks, all bad
+                         "rubbish", GOOD,                              # step 1: good after one re-ask
+                         GOOD.replace('"."', '"nowhere/../.."'),       # step 2: parses, env finds it invalid
+                         FINAL])
+    traj = agent.run_episode(env.Env("digits"), chat, ideas=[("model", "Use trees.")], max_steps=15)
+    kinds = [s.kind for s in traj.steps]
+    assert kinds == ["invalid", "neutral", "invalid", "final"] and traj.stopped == "final"
+    assert [s.reward for s in traj.steps] == [-1.0, 0.0, -1.0, 0.0]
+    assert [s.retries for s in traj.steps[:2]] == [2, 1]
+    assert "missing entries" in traj.steps[0].observation and traj.steps[0].action is None
+    assert "not in the right format" in chat.prompts[1][-1]["content"]  # the re-ask says what is wrong
+    assert traj.steps[1].messages == chat.prompts[3][:2]  # the recorded prompt is the one before re-asks
+    assert "Step 0:\nstill rubbish" in chat.prompts[5][1]["content"]  # the invalid step stays in the history
+
+
+def test_episode_stops_at_max_steps_and_time_limit():
+    traj = agent.run_episode(env.Env("digits"), ScriptedChat([GOOD] * 5), max_steps=3)
+    assert len(traj.steps) == 3 and traj.stopped == "max_steps"
+    traj = agent.run_episode(env.Env("digits"), ScriptedChat([GOOD] * 5), time_limit=-1)
+    assert traj.steps == [] and traj.stopped == "time"
+
+
+def test_scripted_expert_episode_parses_and_rewards_match_reward_py():
+    ideas = [("data", env.recipes_for("digits")[0].idea), ("model", "An idea no recipe knows.")]
+    e = env.Env("digits")
+    traj = agent.run_episode(e, agent.ScriptedExpert(), ideas)
+    assert traj.stopped == "final" and len(traj.steps) <= 15
+    actions = [s.action for s in traj.steps]
+    assert actions[:4] == ["Execute Script", "Inspect Script Lines", "Edit Script (AI)", "Execute Script"]
+    assert "Final Answer" == actions[-1]
+    for s in traj.steps:
+        assert agent.parse_response(s.response) == (s.action, s.action_input) and s.retries == 0
+        assert s.reward == reward.reward(s.kind, s.metric_prev, s.metric_new, traj.m_init, traj.m_best, True)
+    edit = traj.steps[2]
+    assert edit.kind == "edit" and edit.metric_new is not None
+    assert any(s.kind == "error" for s in traj.steps)  # the unknown idea: the offline editor cannot apply it
+    assert "[failed: the edit could not be applied]" in traj.steps[-1].response
+
+
+def test_episode_against_model_py_server_on_loopback():
+    model = pytest.importorskip("model")
+    torch = pytest.importorskip("torch")
+    if not hasattr(model, "train_tokenizer"):
+        pytest.skip("model.train_tokenizer not implemented")
+    torch.manual_seed(0)
+    tok = model.train_tokenizer([agent.SYSTEM, GOOD, agent.tools_block()], vocab_size=400)
+    lm = model.Qwen(model.tiny_config(vocab_size=len(tok), max_position_embeddings=16384)).eval()
+    server = model.make_server(lm, tok, host="127.0.0.1", port=0, model_name="tiny")
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        backend = agent.OpenAIBackend(base_url=f"http://127.0.0.1:{server.server_address[1]}", backoff=0.01)
+        traj = agent.run_episode(env.Env("digits"), backend, max_steps=2, max_retries=1, max_tokens=8,
+                                 temperature=1.0)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert backend.model == "tiny"  # asked /v1/models
+    assert [s.kind for s in traj.steps] == ["invalid", "invalid"] and [s.reward for s in traj.steps] == [-1, -1]
+    assert backend.usage.calls == 4 and backend.usage.prompt_tokens > 100 and backend.usage.completion_tokens > 0
