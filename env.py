@@ -70,7 +70,7 @@ ROOT = Path(__file__).parent
 TASKS_DIR = ROOT / "runs" / "tasks"
 CACHE_DIR = ROOT / "runs" / "cache"
 LOG_DIR = ROOT / "runs" / "logs"
-TASKS_VERSION = 2  # bump when a generator changes: prepare() rebuilds tasks made by an older version
+TASKS_VERSION = 3  # bump when a generator changes: prepare() rebuilds tasks made by an older version
 
 # ================================================================================================== metrics
 
@@ -661,7 +661,9 @@ def _panel(kind: str, sparse: bool) -> list[tuple[str, object]]:
 
 
 def _leaderboard(spec: TaskSpec, train, test, answers) -> pd.DataFrame:
-    """Fit every reference pipeline on train.csv and score it on the private part of the test rows."""
+    """Fit every reference pipeline on train.csv and score it on the private part of the test rows (`score`, the
+    leaderboard) and on the public part (`public_score`, whose best is the m_best of the reward's scale, so that
+    m_t, m_init and m_best are all measured on the same rows)."""
     import warnings
     from threadpoolctl import threadpool_limits
     metric = METRICS[spec.metric]
@@ -682,8 +684,9 @@ def _leaderboard(spec: TaskSpec, train, test, answers) -> pd.DataFrame:
             pred = model.predict_proba(xte)[:, 1] if len(spec.target_columns) == 1 else model.predict_proba(xte)
         else:
             pred = model.predict(xte)
-        rows.append((entry, round(metric.fn(truth[private], pred[private]), 6)))
-    board = pd.DataFrame(rows, columns=["entry", "score"])
+        rows.append((entry, round(metric.fn(truth[private], pred[private]), 6),
+                     round(metric.fn(truth[~private], pred[~private]), 6)))
+    board = pd.DataFrame(rows, columns=["entry", "score", "public_score"])
     return board.sort_values("score", ascending=not metric.higher_is_better, kind="stable")
 
 
@@ -728,6 +731,8 @@ def _build(spec: TaskSpec, folder: Path):
     metric = METRICS[spec.metric]
     info = {"name": spec.name, "title": spec.title, "metric": spec.metric, "higher_is_better": metric.higher_is_better,
             "id_column": "id", "target_columns": spec.target_columns, "best_score": float(board["score"].iloc[0]),
+            "best_public_score": float(board["public_score"].max() if metric.higher_is_better
+                                       else board["public_score"].min()),
             "time_limit": spec.time_limit, "split": spec.split, "kind": spec.kind, "modality": spec.modality,
             "public_fraction": round(float(np.mean(part == "public")), 4), "version": TASKS_VERSION,
             "leaderboard": "reference panel of scikit-learn pipelines scored on the private part, "
@@ -1307,7 +1312,8 @@ class Env:
         self.history: list[dict] = []  # edits, newest last: {"script", "content" before (None: new), "metric"}
         self.step_count, self.done = 0, False
         self.metric = self.m_init = None
-        self.m_best = self.task.best_score
+        # m_best on the rows m_t is measured on (the public part); a task without it (MLE-bench) uses its leaderboard top
+        self.m_best = self.task.info.get("best_public_score", self.task.best_score)
 
     def reset(self) -> str:
         """A fresh workspace with the starter train.py, run once for m_init; returns the task description."""

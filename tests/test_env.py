@@ -548,6 +548,16 @@ def test_leaderboard_has_20_rows_and_best_score_is_its_top(name):
     assert task.best_score == pytest.approx(top, rel=1e-6, abs=1e-9)
 
 
+@pytest.mark.parametrize("name", ["digits", "diabetes"])
+def test_m_best_is_the_best_public_score_of_the_panel(name):
+    # m_t and m_init are public scores, so the reward's scale |m_best - m_init| takes m_best on the public rows too
+    task = env.load_task(name)
+    rows = read_csv(task.private_dir / "leaderboard.csv")
+    public = [float(r["public_score"]) for r in rows]
+    best = max(public) if task.higher_is_better else min(public)
+    assert env.Env(task).m_best == pytest.approx(best)
+
+
 def _is_number(s) -> bool:
     try:
         float(s)
