@@ -1,0 +1,974 @@
+"""Matryoshka Agent: a persistent Orchestrator, Tools that launch fresh Sub-Agents, the monolithic baseline, and the
+Orchestrator's training on Solution Refinement Trees (seed 001, a review of Qiang et al., arXiv 2607.25090).
+
+Reading order: config -> token counting and clipping -> attempts and the Orchestrator's compact memory -> the
+Orchestrator's prompt and its tool calls -> the Sub-Agent (prompt, code-execute-debug loop) and the Tool -> offline
+stand-ins -> the Matryoshka run and the monolithic run -> Solution Refinement Trees -> ranking loss and training ->
+command line.
+
+What the seed states and this file follows: the Orchestrator keeps only compact history (per attempt its id, parent,
+instruction, score and a structured summary) and answers with tool calls choosing a parent attempt, an instruction
+and reference attempts; several calls in one round run in parallel (§3.4); a Tool builds a fresh Sub-Agent context
+and returns score plus summary; a Sub-Agent debugs for at most 10 iterations (App. B); environment output longer than
+5k tokens keeps its first and last 2.5k; training collects binary Solution Refinement Trees sharing prefixes, labels a
+branch by R(c) = max over the subtree of c of r(v) (§3.6) and trains with a ranking NCE loss on log-ratio scores
+beta * log(pi_theta / pi_ref) against the previous orchestrator (Eqs. 1-4), which for two children is DPO; successful
+Sub-Agent trajectories become SFT data (self-reinforcement).
+
+Where the seed is silent (our choices):
+- The ranking loss for K children is Plackett-Luce over the children ranked by R, with ties skipped: each child k
+  contributes -log(exp(s_k) / (exp(s_k) + sum over children j with R_j < R_k of exp(s_j))), summed over k. For two
+  children it is DPO's -log sigmoid(s_w - s_l) (Rafailov et al. 2023); the seed gives no K > 2 form.
+- r(v) is the best public score of the attempts a decision launched, signed so that larger is better; a decision that
+  is unparsable, finishes, or yields no valid submission has r = -inf. beta defaults to 0.1 (DPO and TRL's default).
+- The Sub-Agent returns its best-scoring script of the attempt (by public score); the Tool writes the summary's
+  `result` and `errors` from what it measured and keeps the Sub-Agent's `approach`, `changed` and `next`.
+- Token counts: the Hugging Face style tokenizer of a local backend when there is one, else ceil(chars / 4) (OpenAI's
+  rule of thumb of about 4 characters per token); every record of a prompt's size says which (`counter`, and the
+  run's `token_counter`).
+- The monolithic baseline (MLE-Dojo's agent, as the paper adapts it) keeps its whole history in one chat, under the
+  same wall clock and at most as many executions as the Matryoshka run may spend (rounds x calls x iterations).
+- Feedback clips the run's whole log (read from RunResult.log_path; env.py's `output` holds only 4 KB of each end).
+- The best attempt keeps its script with its public and private scores; env.run_script does not hand back the
+  submission file, and rerunning the script rewrites it. Matryoshka runs and trees resume from their JSON; the
+  monolithic run does not.
+- OFFLINE STAND-INS, used when no endpoint or checkpoint is configured: `ScriptedOrchestrator` (expands the best
+  attempts with untried built-in recipe ideas, two calls per round; samples when temperature > 0) and `RecipeCoder`
+  (a Sub-Agent that applies env.py's recipe for its instruction). They write the same JSON and ```python messages an
+  LLM would, so the same parsing code runs. Offline `train` collects with the scripted orchestrator (not on-policy)
+  and trains a tiny model made from scratch, with a tokenizer trained on the tree's prompts.
+
+Run:  python orchestrator.py run --task breast-cancer                 (scripted orchestrator + recipe sub-agent)
+      python orchestrator.py run --task breast-cancer --monolithic    (the baseline)
+      python orchestrator.py tree --task breast-cancer --depth 3      (a Solution Refinement Tree; resumable)
+      python orchestrator.py train --task breast-cancer               (tree -> ranking loss -> tiny checkpoint)
+      python orchestrator.py run --orchestrator runs/ckpt/orch --sub-agent gpt-4o-mini --sub-agent-url https://...
+      (--orchestrator / --sub-agent: "scripted", a local checkpoint folder, or a model name at an endpoint)
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import random
+import re
+import shutil
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import agent
+import env
+
+
+@dataclass
+class Config:
+    task: str = "breast-cancer"  # a built-in task name or a task folder
+    # --- inference budgets (seed: 12 h wall clock, up to 10 Sub-Agent iterations, App. B)
+    rounds: int = 6  # Orchestrator rounds
+    calls: int = 2  # tool calls per round at most (run in parallel)
+    sub_iters: int = 10  # code executions per Sub-Agent at most
+    time_limit: float = 1800.0  # wall clock of a whole run (or tree collection), seconds
+    script_timeout: float | None = None  # seconds per script execution; None: the task's own limit
+    workers: int = 2  # threads running tool calls at once
+    obs_tokens: int = 5000  # environment output above this many tokens keeps its first and last obs_tokens / 2
+    temperature: float = 0.0  # sampling temperature of the Orchestrator and Sub-Agents in runs
+    max_tokens: int = 4096  # tokens per LLM response
+    max_retries: int = 2  # re-asks of the Orchestrator after an unparsable answer
+    # --- Solution Refinement Trees
+    depth: int = 3  # tree depth (decisions from the starter to a leaf)
+    children: int = 2  # decisions sampled per node (binary trees in the paper)
+    tree_temperature: float = 1.0  # sampling temperature of those decisions
+    # --- Orchestrator training
+    beta: float = 0.1  # scale of the log-ratio scores (DPO's default; the seed gives none)
+    lr: float = 1e-5  # AdamW learning rate (paper tables: 1e-5)
+    epochs: int = 2  # passes over the preference groups per iteration (paper tables: 2)
+    iterations: int = 1  # online iterations: collect, train, the trained model becomes the next reference
+    max_len: int = 8192  # tokens of prompt + decision kept for log-probs (the prompt is cut from the left)
+    seed: int = 0
+
+
+SUMMARY_KEYS = ("approach", "changed", "result", "errors", "next")  # the structured summary of an attempt
+
+# ======================================================================================= tokens: count and clip
+
+
+def count_tokens(text: str, tokenizer=None) -> int:
+    return len(tokenizer.encode(text)) if tokenizer is not None else math.ceil(len(text) / 4)
+
+
+def counter_name(tokenizer) -> str:
+    return "tokenizer of the local model" if tokenizer is not None else "approx: ceil(chars / 4)"
+
+
+def clip_tokens(text: str, limit: int, tokenizer=None) -> str:
+    """Text over `limit` tokens keeps its first and last limit / 2 tokens (seed: 5k -> 2.5k + 2.5k)."""
+    n, keep = count_tokens(text, tokenizer), limit // 2
+    if n <= limit:
+        return text
+    if tokenizer is not None:
+        ids = tokenizer.encode(text)
+        head, tail = tokenizer.decode(ids[:keep]), tokenizer.decode(ids[-keep:])
+    else:
+        head, tail = text[:keep * 4], text[-keep * 4:]
+    return f"{head}\n[... about {n - 2 * keep} tokens cut ...]\n{tail}"
+
+
+def prompt_tokens(messages, tokenizer=None) -> int:
+    if tokenizer is not None:
+        return len(tokenizer.encode(tokenizer.apply_chat_template(messages)))
+    return sum(count_tokens(m["content"]) for m in messages)
+
+# ================================================================================= attempts and compact memory
+
+
+@dataclass
+class Attempt:
+    id: int
+    parent: int | None  # None for the starter script (attempt 0)
+    instruction: str
+    references: list[int]
+    score: float | None  # public score of its best script; None: no valid submission
+    private: float | None  # private score of that script: for evaluation only, never shown to an agent
+    status: str  # success | error | timeout | resource | invalid_submission | no_code
+    summary: dict  # SUMMARY_KEYS -> text
+    code: str  # the Sub-Agent's final script (kept out of the Orchestrator's prompt)
+    messages: list = field(default_factory=list)  # the Sub-Agent's whole chat (for SFT export)
+    iterations: int = 0  # code executions spent
+    round: int = 0
+    started: float = 0.0
+    ended: float = 0.0
+
+
+def signed(score, higher: bool) -> float:
+    """A score on a larger-is-better scale; no score is -inf."""
+    return float("-inf") if score is None else (score if higher else -score)
+
+
+def best_attempt(attempts, higher: bool) -> Attempt:
+    return max(attempts, key=lambda a: (signed(a.score, higher), -a.id))
+
+
+def _short(text, n=200) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= n else text[:n - 3] + "..."
+
+
+def _fmt(score) -> str:
+    return "none" if score is None else f"{score:.4f}"
+
+
+def memory_text(attempts) -> str:
+    """The Orchestrator's view of the attempts: one bounded entry each, no code, no logs."""
+    lines = []
+    for a in attempts:
+        lines.append(f"#{a.id} " + ("starter" if a.parent is None else f"parent #{a.parent}")
+                     + f" | score {_fmt(a.score)} | {a.status}")
+        if a.parent is not None:
+            lines.append(f"  instruction: {_short(a.instruction, 300)}")
+            if a.references:
+                lines.append("  references: " + ", ".join(f"#{r}" for r in a.references))
+        lines.append("  " + "; ".join(f"{k}: {_short(a.summary.get(k, ''))}" for k in SUMMARY_KEYS))
+    return "\n".join(lines)
+
+# ================================================================================ the Orchestrator: prompt, calls
+
+
+ORCH_SYSTEM = """You are the Orchestrator of a team that solves a machine-learning task by iterative refinement.
+You never see code or logs, only each attempt's score and a short structured summary. Each round you decide what
+to try next by calling tools; each call is carried out by a fresh Sub-Agent, and calls in one answer run in parallel.
+
+Tools:
+- refine: {"parent": id of the attempt to start from (0 is the starter script), "instruction": the change the
+  Sub-Agent must make, concrete and self-contained, "references": [ids of attempts whose code and summary the
+  Sub-Agent should also see]}
+- finish: {"reason": why no further attempt is worth it}
+
+Answer with one JSON object and nothing else:
+{"thought": "...", "tool_calls": [{"name": "refine", "arguments": {"parent": 0, "instruction": "...", "references": []}}]}"""
+
+
+def orchestrator_messages(task, attempts, rnd: int, rounds: int, calls: int, seconds_left=None) -> list[dict]:
+    higher = "higher" if task.higher_is_better else "lower"
+    best = best_attempt(attempts, task.higher_is_better)
+    clock = f", about {seconds_left:.0f} s left" if seconds_left is not None else ""
+    user = (f"Task: {task.name} | metric {task.metric} ({higher} is better)\n{_short(task.description, 1500)}\n\n"
+            f"Round {rnd} of {rounds}{clock}. At most {calls} tool calls this round.\n\nAttempts so far:\n"
+            f"{memory_text(attempts)}\n\nBest so far: #{best.id} with public score {_fmt(best.score)}.\n"
+            "Answer with one JSON object as the system message says.")
+    return [{"role": "system", "content": ORCH_SYSTEM}, {"role": "user", "content": user}]
+
+
+class ParseError(ValueError):
+    """An answer in the wrong format; the message says what is wrong."""
+
+
+def _json_object(text: str):
+    raw = re.sub(r"^```\w*|```$", "", (text or "").strip(), flags=re.M).strip()
+    start, end = raw.find("{"), raw.rfind("}")
+    if start < 0 or end < start:
+        raise ParseError("no JSON object found")
+    try:
+        return json.loads(raw[start:end + 1], strict=False)
+    except json.JSONDecodeError as e:
+        raise ParseError(f"not valid JSON: {e}") from None
+
+
+def parse_decision(text: str, known, max_calls: int) -> tuple[list[dict], bool]:
+    """(calls, finished) of an Orchestrator answer; calls beyond max_calls are dropped, unknown references too."""
+    obj = _json_object(text)
+    calls = obj.get("tool_calls") if isinstance(obj, dict) else None
+    if not isinstance(calls, list) or not calls:
+        raise ParseError('the object needs a non-empty "tool_calls" list')
+    out = []
+    for c in calls:
+        name, args = (c.get("name"), c.get("arguments", {})) if isinstance(c, dict) else (None, None)
+        if isinstance(args, str):  # OpenAI tool calls carry their arguments as a JSON string
+            args = _json_object(args)
+        if name == "finish":
+            return [], True
+        if name != "refine" or not isinstance(args, dict):
+            raise ParseError(f"unknown tool {name!r} or arguments not an object; the tools are refine and finish")
+        try:
+            parent = int(args.get("parent"))
+            refs = [int(r) for r in args.get("references") or []]
+        except (TypeError, ValueError):
+            raise ParseError("parent and references must be attempt ids") from None
+        if parent not in known:
+            raise ParseError(f"no attempt #{parent}; the attempts are {sorted(known)}")
+        instruction = str(args.get("instruction") or "").strip()
+        if not instruction:
+            raise ParseError("refine needs an instruction")
+        out.append({"parent": parent, "instruction": instruction,
+                    "references": [r for r in dict.fromkeys(refs) if r in known and r != parent]})
+    return out[:max_calls], False
+
+
+REASK = ("Your answer could not be used ({reason}). Answer with one JSON object: "
+         '{{"thought": "...", "tool_calls": [{{"name": "refine", "arguments": {{...}}}}]}}')
+
+# ===================================================================================== the Sub-Agent and the Tool
+
+
+SUB_SYSTEM = """You are a Sub-Agent that implements one attempt at a machine-learning task (MLE-Dojo style).
+Write the whole train.py in one ```python block; it runs in the task folder (train.csv, test.csv,
+sample_submission.csv) and must write submission.csv. You then see its output and its public score; fix errors and
+improve. You have at most {iters} executions. When the script is done, answer with a ```json block holding
+{{"approach": ..., "changed": ..., "result": ..., "errors": ..., "next": ...}} (what the script does, what you
+changed, what you got, errors met, what to try next) and no code."""
+
+MONO_SYSTEM = SUB_SYSTEM.replace("implements one attempt at", "solves").replace(
+    "When the script is done", "Decide yourself what to try next, one change at a time. When nothing is left to try")
+
+SUMMARY_NOW = ("The execution budget is spent. Answer only with the ```json summary: approach, changed, result, "
+               "errors, next.")
+
+
+def sub_messages(task, parent: Attempt, references, instruction: str, iters: int) -> list[dict]:
+    """The fresh context a Tool builds: task, parent code, the references' summaries and code, the instruction."""
+    refs = "".join(f"\n## Attempt #{r.id} (public score {_fmt(r.score)})\n"
+                   + "; ".join(f"{k}: {r.summary.get(k, '')}" for k in SUMMARY_KEYS) + f"\n```python\n{r.code}```\n"
+                   for r in references)
+    user = (f"# Task\n{task.description.strip()}\n\n# Parent attempt #{parent.id} (public score {_fmt(parent.score)})"
+            f"\n```python\n{parent.code}```\n" + (f"\n# Reference attempts\n{refs}" if refs else "")
+            + f"\n# Instruction\n{instruction}")
+    return [{"role": "system", "content": SUB_SYSTEM.format(iters=iters)}, {"role": "user", "content": user}]
+
+
+def mono_messages(task, starter: Attempt, steps: int) -> list[dict]:
+    higher = "higher" if task.higher_is_better else "lower"
+    user = (f"# Task\n{task.description.strip()}\nMetric: {task.metric} ({higher} is better)\n\n"
+            f"# Starter script (public score {_fmt(starter.score)})\n"
+            f"```python\n{starter.code}```\n\nImprove the public score.")
+    return [{"role": "system", "content": MONO_SYSTEM.format(iters=steps)}, {"role": "user", "content": user}]
+
+
+def parse_coder(text: str) -> tuple[str, object]:
+    """("code", script) for a ```python block, else ("summary", dict) for the JSON summary."""
+    blocks = re.findall(r"```(?:python|py)[ \t]*\n(.*?)```", text or "", re.S)
+    if blocks:
+        return "code", max(blocks, key=len)
+    obj = _json_object(text)
+    if not isinstance(obj, dict) or not any(k in obj for k in SUMMARY_KEYS):
+        raise ParseError("neither a ```python block nor a JSON summary")
+    return "summary", {k: str(obj.get(k, "")) for k in SUMMARY_KEYS}
+
+
+def error_line(run) -> str:
+    if run.status == "invalid_submission":
+        return f"invalid submission: {run.error}"
+    if run.status in ("timeout", "resource"):
+        return f"stopped at the {'time' if run.status == 'timeout' else 'resource'} limit"
+    lines = [line.strip() for line in run.output.splitlines() if line.strip()]
+    return next((line for line in reversed(lines) if re.match(r"\w*(Error|Exception)\b", line)),
+                lines[-1] if lines else f"exit status {run.returncode}")
+
+
+def run_log(run, cap=1 << 16) -> str:
+    """The run's whole output while its log is on disk (env.py hands back only 4 KB of each end), so the 5k-token
+    clip applies to the real output; a log over 2 * cap bytes is read at both ends only."""
+    path = Path(run.log_path or "")
+    if not path.is_file():
+        return run.output
+    with open(path, "rb") as f:
+        data = f.read(2 * cap + 1)
+        if len(data) > 2 * cap:
+            f.seek(-cap, os.SEEK_END)
+            data = data[:cap] + b"\n" + f.read()
+    return data.decode("utf-8", errors="replace")
+
+
+def feedback(run, task, limit: int, tokenizer=None) -> str:
+    """What the environment tells the coder after an execution (the public score, never the private one)."""
+    text = f"Execution: {run.status} after {run.seconds:.1f} s."
+    if run.status == "success":
+        text += f"\nPublic score ({task.metric}, {'higher' if task.higher_is_better else 'lower'} is better): " \
+                f"{run.score:.4f}"
+    elif run.status != "error":
+        text += f"\nProblem: {error_line(run)}"
+    return text + "\nOutput:\n```\n" + clip_tokens(run_log(run).strip(), limit, tokenizer) + "\n```"
+
+
+def code_loop(task, backend, messages, max_iters: int, cfg: Config, deadline: float, on_prompt) -> dict:
+    """Write the whole script, execute, read the feedback, fix; until a summary, max_iters executions or the
+    deadline. Returns the best script (public score), its run, the summary, the chat and the errors met."""
+    tok, higher = getattr(backend, "tokenizer", None), task.higher_is_better
+    best = best_run = last = summary = None
+    iters, errors, status = 0, [], "no_code"
+    while iters < max_iters and time.time() < deadline:
+        on_prompt(messages)
+        text = backend.chat(messages, temperature=cfg.temperature, max_tokens=cfg.max_tokens).texts[0]
+        messages = messages + [{"role": "assistant", "content": text}]
+        try:
+            kind, value = parse_coder(text)
+        except ParseError as e:  # counts as an iteration, as an invalid step does in MLE-Dojo
+            iters += 1
+            messages.append({"role": "user", "content": f"Invalid answer ({e}). Send a ```python block or the "
+                                                        "```json summary."})
+            continue
+        if kind == "summary":
+            summary = value
+            break
+        iters, last = iters + 1, value
+        timeout = min(cfg.script_timeout or task.time_limit, max(deadline - time.time(), 1.0))
+        run = env.run_script(task, value, timeout=timeout)
+        status = "success" if best_run or run.status == "success" else run.status
+        if run.status == "success" and (best_run is None or signed(run.score, higher) > signed(best_run.score, higher)):
+            best, best_run = value, run
+        elif run.status != "success":
+            errors.append(error_line(run))
+        messages.append({"role": "user", "content": feedback(run, task, cfg.obs_tokens, tok)})
+    if summary is None:  # the budget ran out first: one request for the summary (no execution)
+        messages = messages + [{"role": "user", "content": SUMMARY_NOW}]
+        on_prompt(messages)
+        text = backend.chat(messages, temperature=cfg.temperature, max_tokens=cfg.max_tokens).texts[0]
+        messages.append({"role": "assistant", "content": text})
+        try:
+            kind, summary = parse_coder(text)
+            summary = summary if kind == "summary" else None
+        except ParseError:
+            pass
+    return dict(code=best if best is not None else last, run=best_run, summary=summary or {}, messages=messages,
+                iterations=iters, errors=list(dict.fromkeys(errors)), status=status)
+
+
+class Tool:
+    """refine(parent, instruction, references): a fresh Sub-Agent context, the Sub-Agent's loop, score + summary."""
+
+    def __init__(self, task, backend, cfg: Config, deadline: float, record):
+        self.task, self.backend, self.cfg, self.deadline, self.record = task, backend, cfg, deadline, record
+
+    def __call__(self, attempt_id: int, call: dict, attempts: dict, rnd: int) -> Attempt:
+        started = time.time()
+        parent = attempts[call["parent"]]
+        messages = sub_messages(self.task, parent, [attempts[r] for r in call["references"]], call["instruction"],
+                                self.cfg.sub_iters)
+        tok = getattr(self.backend, "tokenizer", None)
+        out = code_loop(self.task, self.backend, messages, self.cfg.sub_iters, self.cfg, self.deadline,
+                        lambda m: self.record(rnd, "sub-agent", m, tok, attempt_id))
+        run, summary = out["run"], {k: out["summary"].get(k, "") for k in SUMMARY_KEYS}
+        if run:  # the Tool reports what it measured, not what the Sub-Agent claims
+            delta = "better than" if signed(run.score, self.task.higher_is_better) > signed(
+                parent.score, self.task.higher_is_better) else "not better than"
+            summary["result"] = f"public score {run.score:.4f}, {delta} parent #{parent.id} ({_fmt(parent.score)})"
+        else:
+            summary["result"] = f"no valid submission after {out['iterations']} execution(s)"
+        summary["errors"] = "; ".join(out["errors"]) or summary["errors"] or "none"
+        return Attempt(attempt_id, parent.id, call["instruction"], call["references"], run.score if run else None,
+                       run.test_score if run else None, out["status"], summary, out["code"] or parent.code,
+                       out["messages"], out["iterations"], rnd, started, time.time())
+
+
+def starter_attempt(task, cfg: Config) -> Attempt:
+    code = (task.public_dir / "train.py").read_text()
+    run = env.run_script(task, code, timeout=cfg.script_timeout or task.time_limit)
+    summary = {"approach": "the task's starter script", "changed": "nothing", "result":
+               f"public score {_fmt(run.score)}", "errors": "none" if run.status == "success" else error_line(run),
+               "next": "improve the data, the model or the training"}
+    return Attempt(0, None, "", [], run.score, run.test_score, run.status, summary, code)
+
+# ================================================================================ offline stand-ins (clearly labelled)
+
+
+def _recipe_ideas(task_name: str) -> list[str]:
+    """The built-in recipes' ideas, interleaved by category (data, model, learning) for variety."""
+    by_cat = {}
+    for r in env.recipes_for(task_name):
+        by_cat.setdefault(r.category, []).append(r.idea)
+    lists = list(by_cat.values())
+    return [lst[i] for i in range(max(map(len, lists), default=0)) for lst in lists if i < len(lst)]
+
+
+class ScriptedOrchestrator:
+    """OFFLINE STAND-IN for an LLM Orchestrator: reads the compact memory of its prompt and expands the best attempts
+    with recipe ideas not yet tried on their lineage, `calls` calls per round, the next-best attempt as reference;
+    with temperature > 0 the parent and the ideas are sampled. Writes the same JSON an LLM would."""
+
+    def __init__(self, seed=0):
+        self.rng, self.usage = random.Random(seed), agent.Usage()
+
+    def chat(self, messages, n=1, temperature=0.0, max_tokens=1024, stop=None):
+        text = [m["content"] for m in messages if m["role"] == "user"][0]
+        c = agent.Completion([self.decide(text, self.rng if temperature > 0 else None) for _ in range(n)])
+        self.usage.add(c, 0.0)
+        return c
+
+    @staticmethod
+    def decide(text: str, rng) -> str:
+        task = re.search(r"^Task: (\S+) \|.*\((higher|lower) is better\)", text, re.M)
+        calls = int(re.search(r"At most (\d+) tool calls", text).group(1))
+        nodes = {int(i): (int(p) if p else None, None if s == "none" else float(s))
+                 for i, p, s in re.findall(r"^#(\d+) (?:starter|parent #(\d+)) \| score (\S+)", text, re.M)}
+        said = dict((int(i), ins) for i, ins in re.findall(r"^#(\d+) parent.*\n  instruction: (.*)$", text, re.M))
+        ranked = sorted(nodes, key=lambda i: (-signed(nodes[i][1], task.group(2) == "higher"), i))
+        ranked = [i for i in ranked if nodes[i][1] is not None]
+        if rng is not None and len(ranked) > 1:  # sample: the best first with probability 1/2, else one of the top 3
+            first = rng.choice(ranked[:3]) if rng.random() < 0.5 else ranked[0]
+            ranked = [first] + [i for i in ranked if i != first]
+        ideas, out = _recipe_ideas(task.group(1)), []
+        for parent in ranked:
+            lineage, i = set(), parent
+            while i is not None:  # ideas applied on the way from the starter, and ideas already tried from here
+                lineage.add(said.get(i))
+                i = nodes[i][0]
+            lineage |= {said.get(c) for c in nodes if nodes[c][0] == parent}
+            fresh = [idea for idea in ideas if idea not in lineage]
+            if rng is not None:
+                rng.shuffle(fresh)
+            refs = [r for r in ranked if r != parent][:1]
+            for idea in fresh[:calls - len(out)]:
+                out.append({"name": "refine", "arguments": {"parent": parent, "instruction": idea,
+                                                            "references": refs}})
+            if len(out) == calls:
+                break
+        if not out:
+            return json.dumps({"thought": "Every recipe was tried on the best attempts.",
+                               "tool_calls": [{"name": "finish", "arguments": {"reason": "no untried idea"}}]})
+        parents = sorted({c["arguments"]["parent"] for c in out})
+        return json.dumps({"thought": f"Refine attempt(s) {parents} with untried ideas.", "tool_calls": out})
+
+
+SCORE_LINE = re.compile(r"^Public score \([^)]*\): (\S+)$", re.M)
+
+
+class RecipeCoder:
+    """OFFLINE STAND-IN for an LLM Sub-Agent: applies env.py's recipe for its instruction to the parent script
+    (env.recipe_editor) and writes the whole script in a ```python block; after the run it answers with the JSON
+    summary. Without an instruction (the monolithic baseline) it tries the next untried recipe on its best script."""
+
+    def __init__(self):
+        self.usage = agent.Usage()
+
+    def chat(self, messages, n=1, temperature=0.0, max_tokens=1024, stop=None):
+        c = agent.Completion([self.respond(messages)] * n)
+        self.usage.add(c, 0.0)
+        return c
+
+    def respond(self, messages) -> str:
+        first, said = messages[1]["content"], [m["content"] for m in messages if m["role"] == "assistant"]
+        instruction = first.split("# Instruction\n", 1)[1].strip() if "# Instruction\n" in first else None
+        if messages[-1]["content"] == SUMMARY_NOW or (instruction and said):  # it ran its script: the summary
+            ran = any(SCORE_LINE.search(m["content"]) for m in messages[2:] if m["role"] == "user")
+            return self._summary(instruction or "built-in recipes, one at a time, kept when better",
+                                 "applied the recipe" if ran else "no script scored", "another recipe on top of it")
+        code = re.search(r"```python\n(.*?)```", first, re.S).group(1)  # the parent's script, or the starter
+        if instruction:  # a Sub-Agent: the recipe its instruction names, on the parent script
+            try:
+                return f"Idea: {instruction}\n```python\n{env.recipe_editor(instruction, code)}```"
+            except env.EditError as e:
+                return self._summary(instruction, f"nothing: {e}", "an instruction naming a built-in recipe")
+        # the monolithic baseline: the best script of its whole history, then the next untried recipe on it
+        higher = re.search(r"^Metric: .* \((higher|lower) is better\)", first, re.M).group(1) == "higher"
+        found = re.search(r"public score (\S+)\)", first).group(1)
+        best = None if found == "none" else float(found)
+        for asked, answer in zip(said, messages[3::2]):
+            script, score = re.search(r"```python\n(.*?)```", asked, re.S), SCORE_LINE.search(answer["content"])
+            if script and score and signed(float(score.group(1)), higher) > signed(best, higher):
+                best, code = float(score.group(1)), script.group(1)
+        tried = {line for a in said for line in re.findall(r"^Idea: (.*)$", a, re.M)}
+        task = re.search(r'Starter script for the "([\w-]+)" task', first)
+        for idea in (i for i in _recipe_ideas(task.group(1) if task else "") if i not in tried):
+            try:
+                return f"Idea: {idea}\n```python\n{env.recipe_editor(idea, code)}```"
+            except env.EditError:
+                continue
+        return self._summary("every built-in recipe, one at a time, kept when better", f"best public score {best}",
+                             "nothing left to try offline")
+
+    @staticmethod
+    def _summary(approach, changed, nxt) -> str:
+        return "```json\n" + json.dumps({"approach": approach, "changed": changed, "result": "see the last run",
+                                         "errors": "none", "next": nxt}) + "\n```"
+
+
+def make_backend(name: str | None, base_url: str | None, role: str, seed=0):
+    """"scripted" -> the role's offline stand-in; a folder -> agent.LocalBackend; else an OpenAI-compatible endpoint."""
+    if name in (None, "scripted"):
+        return ScriptedOrchestrator(seed) if role == "orchestrator" else RecipeCoder()
+    return agent.make_backend(name, base_url)
+
+# ===================================================================================== the runs: Matryoshka, monolithic
+
+
+def save_json(path: Path, obj):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(obj))
+    os.replace(tmp, path)  # atomic: readers see the old file or the new one
+
+
+def load_json(path: Path):
+    return json.loads(path.read_text()) if path and path.exists() else None
+
+
+def _recorder(records: list):
+    """record(round, role, prompt messages, tokenizer, attempt): the prompt's token count, thread-safe."""
+    lock = threading.Lock()
+
+    def record(rnd, role, messages, tokenizer=None, attempt=None):
+        n = prompt_tokens(messages, tokenizer)
+        with lock:
+            records.append({"round": rnd, "role": role, "tokens": n, "attempt": attempt,
+                            "counter": counter_name(tokenizer)})
+    return record
+
+
+def decide(orch, messages, known, cfg: Config, record, rnd) -> tuple[list[dict], bool, str]:
+    """Ask the Orchestrator, re-asking on an unparsable answer (MLAB's max_retries); a round with no usable answer
+    launches nothing."""
+    ask, tok = list(messages), getattr(orch, "tokenizer", None)
+    for _ in range(cfg.max_retries + 1):
+        record(rnd, "orchestrator", ask, tok)
+        text = orch.chat(ask, temperature=cfg.temperature, max_tokens=cfg.max_tokens).texts[0]
+        try:
+            calls, finished = parse_decision(text, known, cfg.calls)
+            return calls, finished, text
+        except ParseError as e:
+            ask = ask + [{"role": "assistant", "content": text},
+                         {"role": "user", "content": REASK.format(reason=e)}]
+    return [], False, text
+
+
+def _result(task, attempts, records, finished, seconds) -> dict:
+    best = best_attempt(attempts, task.higher_is_better)
+    counters = "; ".join(sorted({f"{r['role']}: {r['counter']}" for r in records}))  # how tokens were counted
+    return {"task": task.name, "attempts": [asdict(a) for a in attempts], "records": records, "finished": finished,
+            "seconds": seconds, "token_counter": counters, "best": {"id": best.id, "public": best.score,
+                                                                    "private": best.private, "code": best.code}}
+
+
+def run_matryoshka(cfg: Config, orch, sub, out: Path | None = None, resume=True, log=print) -> dict:
+    """Rounds of: the Orchestrator's tool calls from compact memory -> Tools in parallel -> attempts appended.
+    The state is saved after every round to out/run.json (atomic) and resumed from it."""
+    task = env.load_task(cfg.task)
+    state = load_json(out / "run.json") if out and resume else None
+    if state:
+        attempts, records = [Attempt(**a) for a in state["attempts"]], state["records"]
+        rnd, spent, finished = state["round"], state["seconds"], state["finished"]
+        log(f"resumed {out / 'run.json'} at round {rnd}")
+    else:
+        attempts, records, rnd, spent, finished = [starter_attempt(task, cfg)], [], 0, 0.0, False
+    start = time.time()
+    deadline, record = start + cfg.time_limit - spent, _recorder(records)
+    tool = Tool(task, sub, cfg, deadline, record)
+    while not finished and rnd < cfg.rounds and time.time() < deadline:
+        rnd += 1
+        messages = orchestrator_messages(task, attempts, rnd, cfg.rounds, cfg.calls, deadline - time.time())
+        calls, finished, _ = decide(orch, messages, {a.id for a in attempts}, cfg, record, rnd)
+        by_id = {a.id: a for a in attempts}
+        jobs = list(zip(range(len(attempts), len(attempts) + len(calls)), calls))
+        with ThreadPoolExecutor(max(1, cfg.workers)) as pool:  # the calls of one round run in parallel (seed §3.4)
+            attempts += list(pool.map(lambda job: tool(job[0], job[1], by_id, rnd), jobs))
+        best = best_attempt(attempts, task.higher_is_better)
+        log(f"round {rnd}: " + (", ".join(f"#{a.id}<-#{a.parent} {_fmt(a.score)} ({a.status}, {a.iterations} it)"
+                                          for a in attempts[-len(jobs):]) if jobs else "no call")
+            + (" | finish" if finished else "") + f" | best #{best.id} {_fmt(best.score)}")
+        state = {**_result(task, attempts, records, finished, spent + time.time() - start), "round": rnd}
+        if out:
+            save_json(out / "run.json", state)
+    return state or {**_result(task, attempts, records, finished, spent), "round": rnd}
+
+
+def run_monolithic(cfg: Config, coder, out: Path | None = None, log=print) -> dict:
+    """MLE-Dojo's single agent: one chat that keeps every script and every output; the same wall clock and at most
+    as many executions as a Matryoshka run may spend (rounds x calls x sub_iters)."""
+    task = env.load_task(cfg.task)
+    steps = cfg.rounds * cfg.calls * cfg.sub_iters
+    starter, records = starter_attempt(task, cfg), []
+    tok = getattr(coder, "tokenizer", None)
+    record = _recorder(records)
+    started = time.time()
+    res = code_loop(task, coder, mono_messages(task, starter, steps), steps, cfg, started + cfg.time_limit,
+                    lambda m: record(len(records) + 1, "monolithic", m, tok))
+    run = res["run"]
+    attempts = [starter, Attempt(1, 0, "monolithic", [], run.score if run else None, run.test_score if run else None,
+                                 res["status"], {k: res["summary"].get(k, "") for k in SUMMARY_KEYS},
+                                 res["code"] or starter.code, res["messages"], res["iterations"], 1, started,
+                                 time.time())]
+    result = _result(task, attempts, records, True, time.time() - started)
+    log(f"monolithic: {res['iterations']} executions, best {_fmt(result['best']['public'])}, last prompt "
+        f"{records[-1]['tokens'] if records else 0} tokens")
+    if out:
+        save_json(out / "monolithic.json", result)
+    return result
+
+# ============================================================================= Solution Refinement Trees (seed §3.6)
+
+
+def _path(tree, node_id) -> list[dict]:
+    nodes, path = tree["nodes"], []
+    while node_id is not None:
+        path.append(nodes[node_id])
+        node_id = nodes[node_id]["parent"]
+    return path[::-1]
+
+
+def collect_tree(cfg: Config, orch, sub, path: Path, log=print) -> dict:
+    """Expand every node with cfg.children decisions sampled from the same state (its path's attempts: the shared
+    prefix, run once), to cfg.depth; run the decisions' tool calls; r(v) from the environment. Saved after every
+    decision and attempt, so an interrupted collection resumes where it stopped."""
+    task = env.load_task(cfg.task)
+    tree = load_json(path)
+    if tree is None:
+        tree = {"task": task.name, "higher_is_better": task.higher_is_better, "next_id": 1,
+                "attempts": {"0": asdict(starter_attempt(task, cfg))},
+                "nodes": [{"id": 0, "parent": None, "depth": 0, "decision": None, "calls": [], "status": "done",
+                           "prompt": None, "score": None}]}
+        tree["nodes"][0]["score"] = tree["attempts"]["0"]["score"]
+    lock, record = threading.Lock(), lambda *a, **k: None
+    tool = Tool(task, sub, cfg, time.time() + cfg.time_limit, record)
+
+    def memory(node_id) -> list[Attempt]:  # the state of a node: the starter and its path's attempts
+        ids = [0] + [c["attempt"] for n in _path(tree, node_id) for c in n["calls"] or []]
+        return [Attempt(**tree["attempts"][str(i)]) for i in ids if str(i) in tree["attempts"]]
+    while True:
+        # 1. decisions: every finished node above the depth limit, with no children yet, gets cfg.children samples
+        for node in list(tree["nodes"]):
+            kids = [n for n in tree["nodes"] if n["parent"] == node["id"]]
+            if node["status"] != "done" or node["depth"] >= cfg.depth or kids or node.get("finished") \
+                    or node.get("error"):  # a finishing or unparsable decision is a leaf
+                continue
+            node["prompt"] = orchestrator_messages(task, memory(node["id"]), node["depth"] + 1, cfg.depth, cfg.calls)
+            for text in orch.chat(node["prompt"], n=cfg.children, temperature=cfg.tree_temperature,
+                                  max_tokens=cfg.max_tokens).texts:
+                tree["nodes"].append({"id": len(tree["nodes"]), "parent": node["id"], "depth": node["depth"] + 1,
+                                      "decision": text, "calls": None, "status": "pending", "prompt": None,
+                                      "score": None})
+            save_json(path, tree)
+        pending = [n for n in tree["nodes"] if n["status"] == "pending"]
+        if not pending:
+            return tree
+        # 2. parse each pending decision once and give its calls attempt ids; then run the calls not yet run
+        jobs = []
+        for node in pending:
+            if node["calls"] is None:
+                known = {a.id for a in memory(node["parent"])}
+                try:
+                    calls, node["finished"] = parse_decision(node["decision"], known, cfg.calls)
+                except ParseError as e:
+                    calls, node["error"] = [], str(e)
+                node["calls"] = [{**c, "attempt": tree["next_id"] + i} for i, c in enumerate(calls)]
+                tree["next_id"] += len(calls)
+            by_id = {a.id: a for a in memory(node["parent"])}
+            jobs += [(node, c, by_id) for c in node["calls"] if str(c["attempt"]) not in tree["attempts"]]
+        save_json(path, tree)
+
+        def run(job):
+            node, call, by_id = job
+            a = tool(call["attempt"], call, by_id, node["depth"])
+            with lock:
+                tree["attempts"][str(a.id)] = asdict(a)
+                save_json(path, tree)
+            return a
+        with ThreadPoolExecutor(max(1, cfg.workers)) as pool:
+            list(pool.map(run, jobs))
+        for node in pending:
+            scores = [tree["attempts"][str(c["attempt"])]["score"] for c in node["calls"]]
+            valid = [s for s in scores if s is not None]
+            node["score"] = (max(valid) if task.higher_is_better else min(valid)) if valid else None
+            node["status"] = "done"
+        log(f"tree: {len(tree['nodes'])} nodes, {len(tree['attempts'])} attempts, depth "
+            f"{max(n['depth'] for n in tree['nodes'])}")
+        save_json(path, tree)
+
+
+def branch_labels(tree) -> dict[int, float]:
+    """R(c) = max over the subtree of c of r(v), r the node's signed score (seed §3.6, Preference Construction)."""
+    kids, higher, R = {}, tree["higher_is_better"], {}
+    for n in tree["nodes"]:
+        kids.setdefault(n["parent"], []).append(n["id"])
+
+    def label(i):
+        R[i] = max([signed(tree["nodes"][i]["score"], higher)] + [label(c) for c in kids.get(i, [])])
+        return R[i]
+    label(0)
+    return R
+
+
+def preference_groups(tree) -> list[dict]:
+    """Per node with children: its prompt, the children's decisions and their labels R; all-tied groups dropped."""
+    R, groups = branch_labels(tree), []
+    for node in tree["nodes"]:
+        kids = [n for n in tree["nodes"] if n["parent"] == node["id"]]
+        labels = [R[k["id"]] for k in kids]
+        if len(kids) >= 2 and node["prompt"] and len(set(labels)) > 1:
+            groups.append({"node": node["id"], "messages": node["prompt"], "responses": [k["decision"] for k in kids],
+                           "R": labels})
+    return groups
+
+
+def sft_rows(attempts, higher: bool) -> list[dict]:
+    """Successful Sub-Agent trajectories (a valid score better than the parent's) as chat rows for sft.py."""
+    by_id = {a["id"]: a for a in attempts}
+    return [{"messages": a["messages"]} for a in attempts if a["parent"] is not None and a["messages"]
+            and signed(a["score"], higher) > signed(by_id[a["parent"]]["score"], higher)]
+
+
+def write_jsonl(path: Path, rows):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    os.replace(tmp, path)
+
+# ========================================================================================= ranking loss and training
+
+
+def ranking_loss(scores, R):
+    """Plackett-Luce ranking NCE over children ranked by R, ties skipped (see the docstring); scores (K,) are
+    beta * log(pi_theta / pi_ref). Two children: DPO. None when every child is tied."""
+    import torch
+    terms = []
+    for k in range(len(R)):
+        worse = [j for j in range(len(R)) if R[j] < R[k]]
+        if worse:  # -log softmax of child k against the children strictly below it
+            terms.append(torch.logsumexp(scores[[k] + worse], 0) - scores[k])
+    return torch.stack(terms).sum() if terms else None
+
+
+def response_logprobs(lm, tok, messages, responses, max_len: int):
+    """Sum of log pi(decision token | prompt, earlier decision tokens) per response: (K,). One forward pass with
+    right padding; the lm_head only on the response positions (the mask to response tokens)."""
+    import torch
+    prompt = tok.encode(tok.apply_chat_template(messages))
+    seqs, starts = [], []
+    for r in responses:
+        resp = tok.encode(r) + ([tok.im_end_id] if tok.im_end_id is not None else [])  # the turn ends at <|im_end|>
+        p = prompt[-max(max_len - len(resp), 1):]  # a long prompt keeps its end
+        seqs.append(p + resp)
+        starts.append(len(p))
+    dev, pad = lm.lm_head.weight.device, tok.pad_token_id or 0
+    L = max(map(len, seqs))
+    ids = torch.tensor([s + [pad] * (L - len(s)) for s in seqs], device=dev)  # (K, L)
+    mask = torch.tensor([[1] * len(s) + [0] * (L - len(s)) for s in seqs], device=dev)
+    h = lm.hidden(ids, mask)  # (K, L, C)
+    out = []
+    for k, (s, st) in enumerate(zip(seqs, starts)):
+        logits = lm.lm_head(h[k, st - 1:len(s) - 1]).float()  # (T_resp, V): position t predicts token t + 1
+        out.append(torch.log_softmax(logits, -1).gather(-1, ids[k, st:len(s), None]).sum())
+    return torch.stack(out)
+
+
+def train_orchestrator(policy, ref, tok, groups, cfg: Config, steps=None, log=print) -> dict:
+    """AdamW on the ranking loss over the groups, cfg.epochs passes (or `steps` updates); ref stays frozen."""
+    import torch
+    torch.manual_seed(cfg.seed)
+    with torch.no_grad():
+        ref_lp = [response_logprobs(ref, tok, g["messages"], g["responses"], cfg.max_len) for g in groups]
+    opt = torch.optim.AdamW(policy.parameters(), lr=cfg.lr, weight_decay=0.0)
+    policy.train()
+    order, losses, rng = list(range(len(groups))), [], random.Random(cfg.seed)
+    total = steps if steps is not None else cfg.epochs * len(groups)
+    for step in range(total if groups else 0):
+        if step % len(groups) == 0:  # a new pass, in a new order
+            rng.shuffle(order)
+        i = order[step % len(groups)]
+        lp = response_logprobs(policy, tok, groups[i]["messages"], groups[i]["responses"], cfg.max_len)  # (K,)
+        loss = ranking_loss(cfg.beta * (lp - ref_lp[i]), groups[i]["R"])
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(policy.parameters(), 1.0)
+        opt.step()
+        losses.append(loss.item())
+    policy.eval()
+    with torch.no_grad():  # how often the top-ranked child now has the highest score
+        top = [int(torch.argmax(cfg.beta * (response_logprobs(policy, tok, g["messages"], g["responses"],
+                                                              cfg.max_len) - ref_lp[i])) == g["R"].index(max(g["R"])))
+               for i, g in enumerate(groups)]
+    stats = {"steps": len(losses), "loss_first": losses[0] if losses else None, "loss_last": losses[-1] if losses else None,
+             "top_accuracy": sum(top) / len(top) if top else None}
+    log(f"train: {stats}")
+    return stats
+
+
+def tiny_orchestrator(texts, vocab_size=1024, seed=0):
+    """A tiny Qwen made from scratch with a BPE tokenizer trained on `texts` (offline, no checkpoint given)."""
+    import torch
+    import model
+    tok = model.train_tokenizer(texts, vocab_size)
+    torch.manual_seed(seed)
+    lm = model.Qwen(model.tiny_config(vocab_size=len(tok), max_position_embeddings=16384,
+                                      eos_token_id=tok.im_end_id))
+    return lm.eval(), tok
+
+
+def save_checkpoint(lm, tok, path: Path):
+    import model
+    tmp = path.with_name(f".{path.name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save(lm, tok, str(tmp))
+    shutil.rmtree(path, ignore_errors=True)
+    os.replace(tmp, path)
+
+
+def train_loop(cfg: Config, model_path: str | None, collector: str, sub, out: Path, log=print) -> Path:
+    """Online iterations: collect a tree with the current orchestrator, train on its groups against the current
+    orchestrator as reference, the trained one becomes the next. Resumes from out/ckpt-<i> and out/tree-<i>.json."""
+    import model
+    current = Path(model_path) if model_path else out / "ckpt-0"
+    for it in range(cfg.iterations):
+        nxt = out / f"ckpt-{it + 1}"
+        if nxt.exists():
+            current = nxt
+            continue
+        orch = ScriptedOrchestrator(cfg.seed + it) if collector == "scripted" else agent.LocalBackend(str(current))
+        if collector == "scripted":
+            log("collecting with the scripted orchestrator (OFFLINE STAND-IN: decisions are not the policy's)")
+        tree = collect_tree(dataclasses.replace(cfg, seed=cfg.seed + it), orch, sub, out / f"tree-{it}.json", log)
+        groups = preference_groups(tree)
+        if not current.exists():  # no checkpoint given: a tiny model from scratch, its tokenizer fit on the prompts
+            texts = [m["content"] for g in groups for m in g["messages"]] + [r for g in groups for r in g["responses"]]
+            save_checkpoint(*tiny_orchestrator(texts or ["{}"], seed=cfg.seed), current)
+        policy, tok = model.load(str(current))
+        ref, _ = model.load(str(current))  # the previous orchestrator is the reference (seed §3.6)
+        for p in ref.parameters():
+            p.requires_grad_(False)
+        log(f"iteration {it}: {len(groups)} preference group(s) from {len(tree['nodes'])} nodes")
+        if groups:
+            train_orchestrator(policy, ref, tok, groups, cfg, log=log)
+        save_checkpoint(policy, tok, nxt)
+        current = nxt
+    rows = [r for p in sorted(out.glob("tree-*.json")) for t in [load_json(p)]
+            for r in sft_rows(list(t["attempts"].values()), t["higher_is_better"])]
+    write_jsonl(out / "sft.jsonl", rows)
+    log(f"orchestrator checkpoint: {current}; {len(rows)} successful Sub-Agent trajectories -> {out / 'sft.jsonl'}")
+    return current
+
+# ======================================================================================================= command line
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # usage errors: one line, exit 2
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def _config(args) -> Config:
+    names = {f.name for f in dataclasses.fields(Config)}
+    return Config(**{k: v for k, v in vars(args).items() if k in names and v is not None})
+
+
+def token_table(records) -> str:
+    """Mean prompt tokens per round and role (the paper's Figure 2, as numbers)."""
+    rows = {}
+    for r in records:
+        rows.setdefault((r["round"], r["role"]), []).append(r["tokens"])
+    return "\n".join(f"round {rnd:3d} {role:12s} prompt tokens {sum(v) / len(v):8.0f} (x{len(v)})"
+                     for (rnd, role), v in sorted(rows.items()))
+
+
+def main(argv=None):
+    p = _Parser(prog="orchestrator.py", description="Matryoshka Agent: run, tree collection, orchestrator training.")
+    sub = p.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
+    common = _Parser(add_help=False)
+    common.add_argument("--task", default=Config.task, help="a built-in task name or a task folder")
+    common.add_argument("--orchestrator", default="scripted", help="'scripted', a checkpoint folder, or a model name")
+    common.add_argument("--orchestrator-url", help="OpenAI-compatible endpoint of the Orchestrator")
+    common.add_argument("--sub-agent", default="scripted", help="'scripted', a checkpoint folder, or a model name")
+    common.add_argument("--sub-agent-url", help="OpenAI-compatible endpoint of the Sub-Agents")
+    for flag, typ in [("calls", int), ("sub-iters", int), ("time-limit", float), ("script-timeout", float),
+                      ("workers", int), ("max-tokens", int), ("seed", int)]:
+        common.add_argument(f"--{flag}", type=typ)
+    common.add_argument("--out", help="output folder (default runs/matryoshka/<task>)")
+    r = sub.add_parser("run", parents=[common], help="a Matryoshka run (or --monolithic) on one task")
+    r.add_argument("--rounds", type=int)
+    r.add_argument("--monolithic", action="store_true", help="the single-agent baseline instead")
+    r.add_argument("--fresh", action="store_true", help="start over instead of resuming out/run.json")
+    for name in ("tree", "train"):
+        t = sub.add_parser(name, parents=[common], help="collect a Solution Refinement Tree" if name == "tree"
+                           else "train the Orchestrator with the ranking loss on trees (online iterations)")
+        t.add_argument("--depth", type=int, default=3 if name == "tree" else 2)
+        t.add_argument("--children", type=int)
+        t.add_argument("--tree-temperature", type=float)
+        if name == "train":
+            t.add_argument("--model", help="orchestrator checkpoint (default: a tiny model from scratch)")
+            t.add_argument("--collector", choices=("auto", "policy", "scripted"), default="auto")
+            for flag, typ in [("iterations", int), ("beta", float), ("lr", float), ("epochs", int)]:
+                t.add_argument(f"--{flag}", type=typ)
+    args = p.parse_args(argv)
+    cfg = _config(args)
+    out = Path(args.out or Path("runs") / "matryoshka" / Path(args.task).name)
+    if args.cmd == "train" and args.collector == "policy" and not args.model:
+        p.error("--collector policy needs --model (the orchestrator checkpoint that collects)")
+    if args.cmd == "train" and args.model and not os.path.isdir(args.model):
+        p.error(f"--model {args.model!r} is not a folder; pass a local Qwen2/Qwen3 checkpoint folder (config.json, "
+                "*.safetensors, tokenizer.json), or no --model for a tiny model from scratch")
+    try:
+        env.load_task(cfg.task)
+        orch = make_backend(args.orchestrator, args.orchestrator_url, "orchestrator", cfg.seed)
+        coder = make_backend(args.sub_agent, args.sub_agent_url, "sub-agent")
+    except (env.TaskError, OSError, ValueError) as err:
+        p.error(str(err))
+    for role, b in (("orchestrator", orch), ("sub-agent", coder)):
+        if isinstance(b, (ScriptedOrchestrator, RecipeCoder)):
+            print(f"{role}: OFFLINE STAND-IN ({type(b).__name__})")
+    try:
+        if args.cmd == "run" and args.monolithic:
+            res = run_monolithic(cfg, coder, out)
+        elif args.cmd == "run":
+            res = run_matryoshka(cfg, orch, coder, out, resume=not args.fresh)
+        elif args.cmd == "tree":
+            tree = collect_tree(cfg, orch, coder, out / "tree.json")
+            write_jsonl(out / "sft.jsonl", sft_rows(list(tree["attempts"].values()), tree["higher_is_better"]))
+            print(f"{len(preference_groups(tree))} preference group(s); saved {out / 'tree.json'}, {out / 'sft.jsonl'}")
+            return
+        else:
+            collector = args.collector if args.collector != "auto" else ("policy" if args.model else "scripted")
+            train_loop(cfg, args.model, collector, coder, out / "train")
+            return
+    except agent.BackendError as err:
+        sys.exit(f"orchestrator.py: {err}")
+    print(token_table(res["records"]) + f"\ntoken counts: {res['token_counter']}")
+    best = res["best"]
+    print(f"best attempt #{best['id']}: public {_fmt(best['public'])}, private {_fmt(best['private'])}; "
+          f"{len(res['attempts'])} attempts in {res['seconds']:.0f} s; saved under {out}")
+    (out / ("best_monolithic.py" if args.monolithic else "best_train.py")).write_text(best["code"])
+    if not args.monolithic:  # the Sub-Agents' successful trajectories, for sft.py
+        write_jsonl(out / "sft.jsonl", sft_rows(res["attempts"], env.load_task(cfg.task).higher_is_better))
+
+
+if __name__ == "__main__":
+    main()

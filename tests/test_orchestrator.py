@@ -1,0 +1,348 @@
+"""Tests for orchestrator.py: the Matryoshka Agent, its monolithic baseline, Solution Refinement Trees, the ranking loss.
+
+- branch labels R(c) = max over the subtree and the preference groups of a hand-built tree (both metric directions);
+- the ranking loss equals DPO's formula for two children, a hand computation for three, skips ties;
+- one gradient step on a tiny model raises the winner's log-ratio and the margin;
+- a scripted run: every stand-in message goes through the real parsers, the Orchestrator's prompt grows by a bounded
+  amount per attempt while the monolithic agent's grows much faster; the best attempt is tracked; runs resume;
+- the tool calls of one round run in parallel; a Sub-Agent that always crashes stops at its iteration limit;
+- tree save and resume; long environment output keeps its head and tail; SFT export; command-line errors.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import math
+import threading
+import time
+
+import pytest
+import torch
+
+import agent
+import env
+import orchestrator as orc
+
+TASK = "breast-cancer"
+
+
+def cfg(**kw):
+    return orc.Config(task=TASK, script_timeout=60, **kw)
+
+
+# ------------------------------------------------------------------------------------------ labels and pairs
+
+def hand_tree(higher=True):
+    """0 -> (1, 2); 1 -> (3, 4); 2 -> (5, 6); 5 -> (7, 8) with 7 and 8 tied."""
+    scores = {0: 0.5, 1: 0.6, 2: 0.7, 3: 0.9, 4: None, 5: 0.65, 6: 0.7, 7: 0.6, 8: 0.6}
+    parents = {0: None, 1: 0, 2: 0, 3: 1, 4: 1, 5: 2, 6: 2, 7: 5, 8: 5}
+    sign = 1 if higher else -1
+    return {"higher_is_better": higher, "nodes": [
+        {"id": i, "parent": parents[i], "decision": f"a{i}", "score": None if s is None else sign * s,
+         "prompt": [{"role": "user", "content": f"state {i}"}] if i in (0, 1, 2, 5) else None}
+        for i, s in scores.items()]}
+
+
+@pytest.mark.parametrize("higher", [True, False])
+def test_branch_labels_and_preference_groups(higher):
+    tree = hand_tree(higher)
+    R = orc.branch_labels(tree)
+    # labels are on the larger-is-better scale: the lower-is-better tree holds the negated scores
+    assert R[1] == pytest.approx(0.9) and R[2] == pytest.approx(0.7) and R[5] == pytest.approx(0.65)
+    assert R[3] == pytest.approx(0.9) and R[4] == float("-inf") and R[7] == R[8] == pytest.approx(0.6)
+    groups = {g["node"]: g for g in orc.preference_groups(tree)}
+    assert sorted(groups) == [0, 1, 2]  # node 5's children tie: skipped
+    assert groups[0]["responses"] == ["a1", "a2"] and groups[0]["R"] == pytest.approx([0.9, 0.7])
+    assert groups[1]["R"][0] == pytest.approx(0.9) and groups[1]["R"][1] == float("-inf")
+    assert groups[2]["R"] == pytest.approx([0.65, 0.7])  # the second child wins at node 2
+    assert groups[0]["messages"] == [{"role": "user", "content": "state 0"}]
+
+
+# ------------------------------------------------------------------------------------------------ the loss
+
+def test_ranking_loss_is_dpo_for_two_children():
+    g = torch.Generator().manual_seed(0)
+    for _ in range(5):
+        pw, pl, rw, rl = (-10 * torch.rand(4, generator=g)).tolist()
+        beta = 0.1 + torch.rand(1, generator=g).item()
+        dpo = -torch.nn.functional.logsigmoid(torch.tensor(beta * ((pw - rw) - (pl - rl)), dtype=torch.float64))
+        scores = beta * (torch.tensor([pl, pw], dtype=torch.float64) - torch.tensor([rl, rw], dtype=torch.float64))
+        assert orc.ranking_loss(scores, [0.2, 0.8]).item() == pytest.approx(dpo.item(), rel=1e-6)
+
+
+def test_ranking_loss_by_hand_for_three_and_ties():
+    beta, lp, ref = 0.5, [-3.0, -2.0, -4.0], [-2.5, -2.5, -3.0]
+    s = [beta * (a - b) for a, b in zip(lp, ref)]  # -0.25, 0.25, -0.5
+    scores = torch.tensor(s, dtype=torch.float64)
+    # R ranks child 1 > child 2 > child 0: Plackett-Luce
+    e = [math.exp(x) for x in s]
+    hand = -math.log(e[1] / (e[0] + e[1] + e[2])) - math.log(e[2] / (e[2] + e[0]))
+    assert orc.ranking_loss(scores, [1.0, 3.0, 2.0]).item() == pytest.approx(hand, rel=1e-6)
+    # ties: 0 and 1 tied above 2: each is compared with 2 only, never with each other
+    hand_tie = -math.log(e[0] / (e[0] + e[2])) - math.log(e[1] / (e[1] + e[2]))
+    assert orc.ranking_loss(scores, [2.0, 2.0, 1.0]).item() == pytest.approx(hand_tie, rel=1e-6)
+    assert orc.ranking_loss(scores[:2], [1.0, 1.0]) is None
+    assert orc.ranking_loss(scores[:2], [float("-inf"), float("-inf")]) is None
+
+
+def test_one_gradient_step_raises_the_winners_log_ratio():
+    messages = [{"role": "system", "content": "You are the Orchestrator."},
+                {"role": "user", "content": "Attempts so far: #0 starter | score 0.8"}]
+    win = '{"tool_calls": [{"name": "refine", "arguments": {"parent": 0, "instruction": "use a forest"}}]}'
+    lose = '{"tool_calls": [{"name": "finish", "arguments": {"reason": "done"}}]}'
+    policy, tok = orc.tiny_orchestrator([m["content"] for m in messages] + [win, lose], vocab_size=320)
+    ref = copy.deepcopy(policy)
+    group = {"messages": messages, "responses": [win, lose], "R": [1.0, 0.0]}
+    with torch.no_grad():
+        before = orc.response_logprobs(policy, tok, messages, [win, lose], 4096)
+        ref_lp = orc.response_logprobs(ref, tok, messages, [win, lose], 4096)
+    assert torch.allclose(before, ref_lp)  # policy == reference: log-ratios are 0
+    stats = orc.train_orchestrator(policy, ref, tok, [group], orc.Config(lr=1e-3, beta=0.1), steps=1, log=lambda *_: 0)
+    assert stats["steps"] == 1 and stats["loss_first"] == pytest.approx(math.log(2), rel=1e-5)
+    with torch.no_grad():
+        after = orc.response_logprobs(policy, tok, messages, [win, lose], 4096)
+    ratio = after - ref_lp
+    assert ratio[0] > 0 and ratio[0] - ratio[1] > 0
+
+
+# ------------------------------------------------------------------------------------------ runs and tools
+
+def test_scripted_run_bounded_orchestrator_vs_growing_monolith_and_resume(tmp_path):
+    c = cfg(rounds=2, calls=2, sub_iters=1)
+    res = orc.run_matryoshka(c, orc.ScriptedOrchestrator(), orc.RecipeCoder(), tmp_path, log=lambda *_: 0)
+    attempts = res["attempts"]
+    assert len(attempts) == 5 and res["round"] == 2
+    assert all(a["status"] == "success" and a["iterations"] == 1 for a in attempts[1:])
+    best = max(attempts, key=lambda a: a["score"])
+    assert res["best"]["public"] == best["score"] and res["best"]["private"] == best["private"] is not None
+    assert res["best"]["code"] == best["code"] and "Starter script" in best["code"]
+    orch = [r["tokens"] for r in res["records"] if r["role"] == "orchestrator"]
+    assert len(orch) == 2 and 0 < orch[1] - orch[0] <= 2 * 150  # at most ~150 tokens per attempt, no code or logs
+    for a in attempts[1:]:  # the Orchestrator's prompt never holds code
+        assert set(a["summary"]) == set(orc.SUMMARY_KEYS) and "public score" in a["summary"]["result"]
+    mono = orc.run_monolithic(c, orc.RecipeCoder(), tmp_path, log=lambda *_: 0)
+    grow = [r["tokens"] for r in mono["records"]]
+    assert len(grow) >= 4 and all(b > a for a, b in zip(grow, grow[1:]))
+    per_attempt = (orch[1] - orch[0]) / 2  # round 2's prompt holds two attempts more
+    assert (grow[-1] - grow[0]) / (len(grow) - 1) > 2 * per_attempt
+    assert grow[-1] > orch[-1]
+    # resume: a third round continues from run.json, the first five attempts unchanged
+    more = orc.run_matryoshka(orc.Config(**{**c.__dict__, "rounds": 3}), orc.ScriptedOrchestrator(), orc.RecipeCoder(),
+                              tmp_path, log=lambda *_: 0)
+    assert more["round"] == 3 and len(more["attempts"]) == 7 and more["attempts"][:5] == attempts
+
+
+def test_stand_in_messages_parse_like_llm_messages():
+    task = env.load_task(TASK)
+    starter = orc.Attempt(0, None, "", [], 0.9, 0.9, "success", dict.fromkeys(orc.SUMMARY_KEYS, "x"),
+                          (task.public_dir / "train.py").read_text())
+    text = orc.ScriptedOrchestrator().chat(orc.orchestrator_messages(task, [starter], 1, 3, 2)).texts[0]
+    calls, finished = orc.parse_decision(text, {0}, 2)
+    assert not finished and len(calls) == 2 and calls[0]["instruction"] != calls[1]["instruction"]
+    msgs = orc.sub_messages(task, starter, [], calls[0]["instruction"], 3)
+    kind, code = orc.parse_coder(orc.RecipeCoder().chat(msgs).texts[0])
+    assert kind == "code" and code != starter.code
+
+
+class SlowSummary:
+    """A Sub-Agent backend that thinks for 0.5 s and answers with a summary only."""
+    def __init__(self):
+        self.usage = agent.Usage()
+
+    def chat(self, messages, **kw):
+        time.sleep(0.5)
+        return agent.Completion(['```json\n{"approach": "a", "changed": "b", "result": "c", "errors": "none", '
+                                 '"next": "d"}\n```'])
+
+
+class FixedOrchestrator:
+    def __init__(self, text):
+        self.text, self.usage, self.calls = text, agent.Usage(), 0
+
+    def chat(self, messages, n=1, **kw):
+        self.calls += 1
+        return agent.Completion([self.text] * n)
+
+
+def test_tool_calls_of_one_round_run_in_parallel(tmp_path):
+    calls = [{"name": "refine", "arguments": {"parent": 0, "instruction": f"idea {i}"}} for i in range(2)]
+    orch = FixedOrchestrator(json.dumps({"thought": "two at once", "tool_calls": calls}))
+    res = orc.run_matryoshka(cfg(rounds=1, calls=2, workers=2), orch, SlowSummary(), tmp_path, log=lambda *_: 0)
+    a1, a2 = res["attempts"][1:]
+    assert [a1["instruction"], a2["instruction"]] == ["idea 0", "idea 1"] and a1["status"] == a2["status"] == "no_code"
+    assert a1["started"] < a2["ended"] and a2["started"] < a1["ended"]  # the two intervals overlap
+    assert len([r for r in res["records"] if r["role"] == "sub-agent"]) == 2
+
+
+class Crasher:
+    """A Sub-Agent backend that always writes a crashing script (and never a summary)."""
+    def __init__(self):
+        self.usage, self.calls = agent.Usage(), 0
+        self.lock = threading.Lock()
+
+    def chat(self, messages, **kw):
+        with self.lock:
+            self.calls += 1
+        return agent.Completion(["Let me try.\n```python\nraise RuntimeError('boom')\n```"])
+
+
+def test_sub_agent_stops_at_its_iteration_limit():
+    task, c = env.load_task(TASK), cfg(sub_iters=3)
+    starter = orc.starter_attempt(task, c)
+    coder, records = Crasher(), []
+    tool = orc.Tool(task, coder, c, time.time() + 300, lambda *a: records.append(a))
+    a = tool(1, {"parent": 0, "instruction": "anything", "references": []}, {0: starter}, 1)
+    assert a.iterations == 3 and coder.calls == 4  # three executions, then one request for the summary
+    assert a.status == "error" and a.score is None and a.private is None
+    assert "RuntimeError: boom" in a.summary["errors"] and "no valid submission" in a.summary["result"]
+    assert sum("Execution: error" in m["content"] for m in a.messages if m["role"] == "user") == 3
+    assert len(records) == 4
+
+
+def test_orchestrator_reasks_then_wastes_the_round(tmp_path):
+    orch = FixedOrchestrator("I would try a random forest.")
+    res = orc.run_matryoshka(cfg(rounds=1, max_retries=1), orch, SlowSummary(), tmp_path, log=lambda *_: 0)
+    assert orch.calls == 2 and len(res["attempts"]) == 1
+
+
+def tiny_checkpoint(path):
+    import model
+    lm, tok = orc.tiny_orchestrator(["#0 starter | score 0.9", '{"tool_calls": []}'], vocab_size=300)
+    model.save(lm, tok, str(path))
+    return path
+
+
+def test_a_local_checkpoint_orchestrator_runs_through_the_llm_path(tmp_path):
+    """A tiny random model as Orchestrator: unparsable answers are re-asked, the round is wasted, nothing crashes;
+    its prompts are counted with its own tokenizer."""
+    orch = agent.LocalBackend(str(tiny_checkpoint(tmp_path / "ckpt")))
+    res = orc.run_matryoshka(cfg(rounds=1, max_tokens=8, max_retries=1), orch, SlowSummary(), tmp_path,
+                             log=lambda *_: 0)
+    recs = [r for r in res["records"] if r["role"] == "orchestrator"]
+    assert len(res["attempts"]) == 1 and len(recs) == 2 and recs[1]["tokens"] > recs[0]["tokens"]
+    assert recs[0]["counter"] == "tokenizer of the local model"
+    assert res["token_counter"] == "orchestrator: tokenizer of the local model"  # the sub-agent made no prompt here
+    approx = orc.prompt_tokens(orc.orchestrator_messages(env.load_task(TASK), [orc.Attempt(**res["attempts"][0])],
+                                                         1, 1, 2))  # chars / 4
+    assert recs[0]["tokens"] > 2 * approx  # a 300-token vocabulary is close to one token per byte
+
+
+def test_online_iteration_with_the_policy_as_collector(tmp_path):
+    """collector=policy: the checkpoint samples the tree's decisions; its unparsable ones are leaves with r = -inf
+    (all tied: no group), and the next checkpoint is still written."""
+    ckpt = tiny_checkpoint(tmp_path / "ckpt")
+    c = cfg(depth=1, max_tokens=8, iterations=1)
+    final = orc.train_loop(c, str(ckpt), "policy", orc.RecipeCoder(), tmp_path / "train", log=lambda *_: 0)
+    tree = json.loads((tmp_path / "train" / "tree-0.json").read_text())
+    assert final == tmp_path / "train" / "ckpt-1" and (final / "model.safetensors").exists()
+    assert len(tree["nodes"]) == 3 and all(n.get("error") for n in tree["nodes"][1:])
+    assert orc.preference_groups(tree) == []
+
+
+# ------------------------------------------------------------------------------------------------- trees
+
+class Counting(orc.RecipeCoder):
+    def __init__(self):
+        super().__init__()
+        self.calls = 0
+
+    def chat(self, messages, **kw):
+        self.calls += 1
+        return super().chat(messages, **kw)
+
+
+def test_tree_save_and_resume(tmp_path):
+    path = tmp_path / "tree.json"
+    c = cfg(depth=1, calls=1, sub_iters=1)
+    orch = FixedOrchestrator("")
+    scripted = orc.ScriptedOrchestrator(seed=1)
+    orch.chat = lambda messages, n=1, **kw: (setattr(orch, "calls", orch.calls + 1), scripted.chat(messages, n, **kw))[1]
+    tree = orc.collect_tree(c, orch, orc.RecipeCoder(), path, log=lambda *_: 0)
+    assert [n["depth"] for n in tree["nodes"]] == [0, 1, 1] and orch.calls == 1
+    assert all(n["status"] == "done" and len(n["calls"]) == 1 for n in tree["nodes"][1:])
+    assert json.loads(path.read_text()) == tree
+    # an interruption after node 2's decision, before its attempt: resume runs only that attempt
+    saved = json.loads(path.read_text())
+    lost = saved["nodes"][2]["calls"][0]["attempt"]
+    del saved["attempts"][str(lost)]
+    saved["nodes"][2]["status"] = "pending"
+    path.write_text(json.dumps(saved))
+    coder = Counting()
+    again = orc.collect_tree(c, orch, coder, path, log=lambda *_: 0)
+    assert coder.calls == 2 and orch.calls == 1  # one Sub-Agent (code, summary), no new decision
+    assert again["attempts"][str(lost)]["score"] == tree["attempts"][str(lost)]["score"]
+    # deeper: the two existing children keep their decisions, each gets two children
+    deeper = orc.collect_tree(orc.Config(**{**c.__dict__, "depth": 2}), orch, orc.RecipeCoder(), path,
+                              log=lambda *_: 0)
+    assert [n["depth"] for n in deeper["nodes"]] == [0, 1, 1, 2, 2, 2, 2] and orch.calls == 3
+    assert [n["decision"] for n in deeper["nodes"][:3]] == [n["decision"] for n in tree["nodes"]]
+    for n in deeper["nodes"][3:]:  # each grandchild's prompt state is its parent's path: the shared prefix
+        parent = deeper["nodes"][n["parent"]]
+        assert f"#{parent['calls'][0]['attempt']} parent #0" in parent["prompt"][1]["content"]
+
+
+# ------------------------------------------------------------------------------------------- small pieces
+
+def test_clip_keeps_first_and_last_tokens():
+    text = "".join(f"line {i}\n" for i in range(5000))  # ~ 39k characters, ~ 9.7k approximate tokens
+    clipped = orc.clip_tokens(text, 5000)
+    assert clipped.startswith(text[:10000]) and clipped.endswith(text[-10000:]) and "tokens cut" in clipped
+    assert orc.clip_tokens("short", 5000) == "short"
+    _, tok = orc.tiny_orchestrator([text[:3000]], vocab_size=300)
+    clipped = orc.clip_tokens(text, 200, tok)
+    head, tail = clipped.split("\n[... ")[0], clipped.rsplit("tokens cut ...]\n", 1)[1]
+    assert len(tok.encode(head)) <= 101 and len(tok.encode(tail)) <= 101 and text.startswith(head)
+
+
+def test_feedback_clips_the_whole_log_to_5k_tokens():
+    task = env.load_task(TASK)
+    run = env.run_script(task, "for i in range(8000):\n    print(f'line {i:05d}')\n", timeout=60)
+    assert len(run.output) < 10000  # env.py returns 4 KB of each end only
+    text = orc.feedback(run, task, 5000)
+    assert "line 00000" in text and "line 07999" in text and "tokens cut" in text
+    assert "line 00800" in text and "line 04000" not in text  # 2.5k tokens ~ 10k characters ~ 830 lines at each end
+    assert orc.count_tokens(text) < 5200
+
+
+def test_parse_decision():
+    ok = {"tool_calls": [{"name": "refine", "arguments": json.dumps({"parent": 1, "instruction": "x",
+                                                                     "references": [0, 1, 7]})}] * 3}
+    calls, finished = orc.parse_decision("```json\n" + json.dumps(ok) + "\n```", {0, 1}, 2)
+    assert not finished and calls == [{"parent": 1, "instruction": "x", "references": [0]}] * 2
+    assert orc.parse_decision('{"tool_calls": [{"name": "finish", "arguments": {}}]}', {0}, 2) == ([], True)
+    for bad, why in [("no json", "no JSON"), ('{"tool_calls": []}', "non-empty"),
+                     ('{"tool_calls": [{"name": "refine", "arguments": {"parent": 5, "instruction": "x"}}]}', "#5"),
+                     ('{"tool_calls": [{"name": "refine", "arguments": {"parent": 0}}]}', "instruction"),
+                     ('{"tool_calls": [{"name": "delete", "arguments": {}}]}', "unknown tool")]:
+        with pytest.raises(orc.ParseError, match=why):
+            orc.parse_decision(bad, {0}, 2)
+
+
+def test_sft_rows_keep_improving_attempts_only():
+    attempts = [{"id": 0, "parent": None, "score": 0.5, "messages": []},
+                {"id": 1, "parent": 0, "score": 0.4, "messages": [{"role": "user", "content": "1"}]},
+                {"id": 2, "parent": 0, "score": 0.6, "messages": [{"role": "user", "content": "2"}]},
+                {"id": 3, "parent": 2, "score": None, "messages": [{"role": "user", "content": "3"}]}]
+    assert orc.sft_rows(attempts, True) == [{"messages": [{"role": "user", "content": "2"}]}]
+    assert orc.sft_rows(attempts, False) == [{"messages": [{"role": "user", "content": "1"}]}]
+
+
+def test_cli_usage_errors_exit_2(capsys):
+    for argv in (["run", "--task", "no-such-task"], ["train", "--collector", "policy"],
+                 ["train", "--model", "/no/such/folder"], ["run", "--rounds", "x"]):
+        with pytest.raises(SystemExit) as e:
+            orc.main(argv)
+        assert e.value.code == 2
+    assert capsys.readouterr().err.count("error:") == 4
+
+
+@pytest.mark.slow
+def test_cli_train_offline_end_to_end(tmp_path):
+    import model
+    orc.main(["train", "--task", TASK, "--depth", "1", "--sub-iters", "1", "--out", str(tmp_path), "--lr", "1e-3"])
+    lm, tok = model.load(str(tmp_path / "train" / "ckpt-1"))
+    assert lm.config.num_hidden_layers == 2 and len(tok) > 256
+    tree = json.loads((tmp_path / "train" / "tree-0.json").read_text())
+    assert len(tree["nodes"]) == 3 and (tmp_path / "train" / "sft.jsonl").exists()
+    rows = [json.loads(line) for line in (tmp_path / "train" / "sft.jsonl").read_text().splitlines()]
+    assert all(r["messages"][0]["role"] == "system" and r["messages"][-1]["role"] == "assistant" for r in rows)
