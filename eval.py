@@ -1,0 +1,530 @@
+"""Evaluation as the papers report it: a scaffold with a policy, K seeded runs on each held-out task, and per task
+m_init, avg@K and best@K of the private score, the performance gain, HumanRank, the valid-submission rate, tokens and
+cost per trajectory; a JSON report, a Markdown table and (with matplotlib) the plots.
+
+Reading order: config -> the two metrics (`performance_gain`, `human_rank`) -> policies and backends -> one run per
+scaffold (MLAB research agent, Matryoshka, monolithic) -> the resumable run log -> aggregation -> report and plots ->
+command line.
+
+What comes from where:
+- Performance gain (ML-Agent, seed 000, "Testing"): Delta_r = beta * (m_avg@K - m_init) / m_init, beta = -1 when lower
+  is better, K = 8, m_init the starter script's score. We divide by |m_init| so the sign stays right for a negative
+  m_init (identical for the positive metrics of the built-in tasks). All scores here are PRIVATE-part scores: the
+  final train.py of every run is re-run in the sandbox (env.run_script, cached) and graded on the hidden rows.
+- HumanRank (Matryoshka, seed 001, App. A Eq. 5): s = 1 - p / N, p the leaderboard entries strictly better than the
+  submission, N the leaderboard size (the agent not counted); an invalid submission scores 0. The seed's review asks
+  for the tie rule: a tie is not "strictly better", so a submission tied with entry k ranks with it. The built-in
+  tasks' leaderboards are reference panels of scikit-learn pipelines (env.py), not human Kaggle entries.
+- Failed runs count (DESIGN.md). A run that crashes, or whose final train.py has no valid submission, keeps its place
+  among the K runs: it is invalid (valid rate; HumanRank 0, as MLE-bench gives an invalid submission no medal) and
+  scores FAILED_RUN_SCORE = m_init in avg@K and best@K, i.e. no improvement. The papers are silent here; our reason:
+  the MLAB workspace starts from a working starter, so "no improvement" is the neutral outcome of an attempt that
+  fails, as in MLAgentBench's success rate (Huang et al. 2023), which credits a run only when its final submission
+  beats the baseline. Dropping the run would reward failures; scoring it as the leaderboard's worst entry would
+  punish them by the spread of the leaderboard rather than by the task's baseline.
+- Where ML-Agent's test prompt has no injected ideas, the offline scripted expert needs an idea plan to do anything:
+  `--ideas sampled` (default) draws 1-3 ideas from the task's offline recipe pool per run, seeded by (seed, task, run)
+  and so the same for every policy; `--ideas none` is the paper's test prompt.
+- Sampling temperature 0.7 (the papers give none for testing; summarize_from_feedback_details samples at 0.7), so that
+  the K runs differ; each run seeds `random` and torch with its own seed.
+
+Matryoshka and the monolithic baseline run through orchestrator.py (run_matryoshka, run_monolithic) with its budgets
+(rounds x tool calls x Sub-Agent iterations); their submission is the best attempt by public score, which may be the
+starter, so their runs also record `valid_attempts`. Context growth is the Orchestrator's prompt per round against the
+monolithic chat's prompt per execution (seed 001, App. F). Besides agent, orchestrator and env (DESIGN.md), this file
+imports collect.py, a lower file, for the offline idea pools and its append-only JSONL helpers.
+
+Offline stand-ins (labelled in agent.py / orchestrator.py): the scripted expert, the scripted Orchestrator and the
+recipe Sub-Agent; `Edit Script (AI)` uses env.py's recipe editor for scripted and local-checkpoint policies (as
+ppo.py trains them) and the policy itself for endpoint models (MLAB).
+
+Run:  python eval.py      (offline, after collect/sft/ppo: scripted expert + runs/ckpt/sft + runs/ckpt/ppo if present,
+                           MLAB scaffold, held-out built-in tasks, K=2, 8 steps: a few minutes on 2 CPU cores)
+      python eval.py --k 8 --max-steps 15                            (the paper's K and step budget)
+      python eval.py --scaffold matryoshka monolithic --tasks wine   (Matryoshka against its monolithic baseline)
+      OPENAI_API_KEY=... python eval.py --policy gpt-4o-mini --price-in 0.15 --price-out 0.6 --split held-in
+Outputs under --out (default runs/eval): runs.jsonl (one finished run per line; a restart skips them), report.json,
+report.md, and gain_vs_cost.png, ppo_reward.png, context_growth.png when matplotlib is installed.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import os
+import random
+import re
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import agent
+import collect
+import env
+import orchestrator
+
+ROOT = env.ROOT
+SCAFFOLDS = ("mlab", "matryoshka", "monolithic")
+FAILED_RUN_SCORE = "m_init"  # what a run without a valid submission scores in avg@K / best@K (module docstring)
+
+
+@dataclass
+class Config:
+    scaffolds: list = field(default_factory=lambda: ["mlab"])  # mlab | matryoshka | monolithic
+    policies: list = field(default_factory=list)  # "scripted", checkpoint folders, endpoint models; [] = what exists
+    sub_agent: str | None = None  # Matryoshka's Sub-Agent backend; None: the policy itself
+    tasks: list = field(default_factory=list)  # built-in names or task folders; [] = the built-in tasks of `split`
+    split: str = "held-out"  # held-out | held-in | all
+    k: int = 2  # runs per task (paper: 8)
+    max_steps: int = 8  # MLAB steps per trajectory (paper: 15)
+    time_limit: float = 1800.0  # seconds per trajectory (paper: 30 minutes)
+    temperature: float = 0.7  # sampling temperature of the policy (papers silent; N-details: 0.7)
+    max_tokens: int | None = None  # tokens per response; None: MLAB 1024, Matryoshka 4096, <= 1/4 of a local context
+    ideas: str = "sampled"  # sampled: 1-3 recipe ideas in the first prompt (offline); none: the paper's test prompt
+    editor: str = "auto"  # auto | recipes | policy | an endpoint model: who executes Edit Script (AI)
+    base_url: str | None = None  # OpenAI-compatible endpoint (default $OPENAI_BASE_URL)
+    price_in: float = 0.0  # dollars per million prompt tokens (cost per trajectory)
+    price_out: float = 0.0  # dollars per million completion tokens
+    rounds: int = orchestrator.Config.rounds  # Matryoshka: Orchestrator rounds (monolithic: rounds x calls x iters)
+    calls: int = orchestrator.Config.calls  # Matryoshka: tool calls per round
+    sub_iters: int = orchestrator.Config.sub_iters  # Matryoshka: executions per Sub-Agent (seed: 10)
+    seed: int = 0  # base seed; run r of a task uses seed * 100003 + r
+    out: str = str(ROOT / "runs/eval")  # runs.jsonl, report.json, report.md, plots
+    ppo_log: str = str(ROOT / "runs/ppo/log.jsonl")  # ppo.py's log, one line per iteration (its "reward" field)
+    plots: bool = True  # write PNG plots when matplotlib is installed
+    threads: int = 1  # torch CPU threads of a local checkpoint (tiny-model decoding: fastest on 1 of 2 busy cores)
+
+# ============================================================================================== the two metrics
+
+
+def performance_gain(m_avg, m_init, higher_is_better) -> float:
+    """ML-Agent's Delta_r = beta * (m_avg - m_init) / |m_init|, beta = +1 if higher is better else -1."""
+    if m_init == 0:
+        raise ValueError("m_init is 0: the relative gain is undefined")
+    beta = 1.0 if higher_is_better else -1.0
+    return beta * (m_avg - m_init) / abs(m_init) + 0.0  # + 0.0: no "-0.00%" when nothing changed
+
+
+def human_rank(score, leaderboard_scores, higher_is_better) -> float:
+    """Matryoshka's HumanRank s = 1 - p / N: p entries strictly better than `score`, N entries; None (invalid) -> 0."""
+    board = [float(s) for s in leaderboard_scores]
+    if not board:
+        raise ValueError("an empty leaderboard has no HumanRank")
+    if score is None or (isinstance(score, float) and math.isnan(score)):
+        return 0.0
+    p = sum(s > score if higher_is_better else s < score for s in board)
+    return 1.0 - p / len(board)
+
+# ================================================================================================ policies
+
+
+def policy_label(name: str) -> str:
+    return Path(name).name if os.path.isdir(name) else name
+
+
+def policy_id(name: str) -> str:
+    """The policy as it is now: a checkpoint folder includes its files' sizes and times, so retraining invalidates."""
+    if not os.path.isdir(name):
+        return name
+    stamp = sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in Path(name).iterdir() if p.is_file())
+    return f"{Path(name).resolve()}@{hashlib.sha256(repr(stamp).encode()).hexdigest()[:12]}"
+
+
+def default_policies() -> list[str]:
+    """The scripted expert, and the quick pipeline's checkpoints where they exist."""
+    return ["scripted"] + [str(p) for p in (ROOT / "runs/ckpt/sft", ROOT / "runs/ckpt/ppo") if p.is_dir()]
+
+
+_BACKENDS: dict = {}  # built once: a local checkpoint loads once for all its runs and roles
+
+
+def get_backend(name: str, role: str, cfg: Config):
+    """role: "agent" (MLAB), "orchestrator" or "sub-agent" (Matryoshka; the monolithic coder is a sub-agent). Only
+    the offline stand-ins differ by role; a model serves every role from one backend."""
+    key = (name, role if name == "scripted" else "model")
+    if key not in _BACKENDS:
+        if os.path.isdir(name) and cfg.threads > 0:
+            import torch
+            torch.set_num_threads(cfg.threads)
+        if role == "agent":
+            b = agent.make_backend(name, cfg.base_url, cfg.price_in, cfg.price_out)
+        else:
+            b = orchestrator.make_backend(name, cfg.base_url, role, cfg.seed)
+            b.usage.price_in, b.usage.price_out = cfg.price_in, cfg.price_out
+        _BACKENDS[key] = b
+    return _BACKENDS[key]
+
+
+def make_editor(cfg: Config, policy: str, backend):
+    """Who executes Edit Script (AI): see Config.editor and the module docstring."""
+    if cfg.editor == "recipes" or (cfg.editor == "auto" and (policy == "scripted" or os.path.isdir(policy))):
+        return env.recipe_editor
+    return agent.LLMEditor(backend if cfg.editor in ("auto", "policy") else get_backend(cfg.editor, "agent", cfg))
+
+
+def usage_of(backends) -> dict:
+    """Summed usage counters of distinct backends (a snapshot; runs take differences)."""
+    seen = {id(b): b for b in backends}.values()
+    return {k: sum(getattr(b.usage, k) for b in seen) for k in ("calls", "prompt_tokens", "completion_tokens")} | \
+        {"cost": sum(b.usage.cost for b in seen)}
+
+
+def seed_everything(seed: int):
+    random.seed(seed)
+    if "torch" in sys.modules:  # a local checkpoint samples with torch's global generator
+        sys.modules["torch"].manual_seed(seed)
+
+# ================================================================================================ one run
+
+
+def starter_scores(task) -> dict:
+    """m_init: the starter train.py run once in the sandbox, its public and private scores."""
+    run = env.run_script(task, (task.public_dir / "train.py").read_text())
+    return {"status": run.status, "public": run.score, "private": run.test_score}
+
+
+def response_tokens(cfg: Config, scaffold: str, backend) -> int:
+    """The scaffold's own default (agent.run_episode: 1024; orchestrator.Config: 4096, whole scripts), at most a
+    quarter of a local model's context so that the prompt keeps the rest (the tiny models have 2048 positions)."""
+    n = cfg.max_tokens or (1024 if scaffold == "mlab" else orchestrator.Config.max_tokens)
+    lm = getattr(backend, "lm", None)
+    return min(n, lm.config.max_position_embeddings // 4) if lm is not None and not cfg.max_tokens else n
+
+
+def run_mlab(cfg: Config, policy: str, task, ideas) -> dict:
+    """ML-Agent's scaffold: agent.run_episode, then the final train.py graded on the private rows."""
+    backend = get_backend(policy, "agent", cfg)
+    editor = make_editor(cfg, policy, backend)
+    e = env.Env(task, editor=editor)
+    before = usage_of([backend, getattr(editor, "backend", backend)])
+    traj = agent.run_episode(e, backend, ideas, max_steps=cfg.max_steps, time_limit=cfg.time_limit,
+                             temperature=cfg.temperature, max_tokens=response_tokens(cfg, "mlab", backend))
+    after = usage_of([backend, getattr(editor, "backend", backend)])
+    others = {k: v for k, v in e.files.items() if k != "train.py"}
+    final = env.run_script(task, e.files["train.py"], files=others)  # cached when the agent ran it already
+    tok = getattr(backend, "tokenizer", None)
+    return {"submission": final.status, "public": final.score, "private": final.test_score,
+            "steps": len(traj.steps), "stopped": traj.stopped, **{k: after[k] - before[k] for k in after},
+            "context": [orchestrator.prompt_tokens(s.messages, tok) for s in traj.steps]}
+
+
+def run_hierarchical(cfg: Config, scaffold: str, policy: str, task, seed: int) -> dict:
+    """Matryoshka (the policy orchestrates, cfg.sub_agent or the policy codes) or its monolithic baseline (the policy
+    codes alone). The submission is the best attempt by public score, as orchestrator.py picks it; that may be the
+    starter (attempt 0), so `valid_attempts` counts the agent's own attempts with a valid submission."""
+    if scaffold == "matryoshka":
+        backends = [get_backend(policy, "orchestrator", cfg), get_backend(cfg.sub_agent or policy, "sub-agent", cfg)]
+        if hasattr(backends[0], "rng"):  # the scripted Orchestrator samples with its own generator: seed it per run
+            backends[0].rng.seed(seed)
+    else:
+        backends = [get_backend(policy, "sub-agent", cfg)]
+    ocfg = orchestrator.Config(task=str(task.dir), rounds=cfg.rounds, calls=cfg.calls, sub_iters=cfg.sub_iters,
+                               time_limit=cfg.time_limit, temperature=cfg.temperature, seed=seed,
+                               max_tokens=min(response_tokens(cfg, scaffold, b) for b in backends))
+    quiet = lambda *a, **k: None  # noqa: E731 - orchestrator.py logs each round; the eval prints one line per run
+    before = usage_of(backends)
+    if scaffold == "matryoshka":
+        res, role = orchestrator.run_matryoshka(ocfg, *backends, out=None, log=quiet), "orchestrator"
+    else:
+        res, role = orchestrator.run_monolithic(ocfg, *backends, out=None, log=quiet), "monolithic"
+    after = usage_of(backends)
+    context: dict = {}  # round -> the largest prompt of that role in it (re-asks make longer prompts)
+    for r in res["records"]:
+        if r["role"] == role:
+            context[r["round"]] = max(context.get(r["round"], 0), r["tokens"])
+    best = res["best"]
+    return {"submission": "success" if best["private"] is not None else "invalid_submission",
+            "public": best["public"], "private": best["private"], "steps": len(res["attempts"]) - 1,
+            "valid_attempts": sum(a["score"] is not None for a in res["attempts"][1:]),
+            "stopped": "finish" if res["finished"] else "budget", **{k: after[k] - before[k] for k in after},
+            "context": [context[k] for k in sorted(context)], "token_counter": res["token_counter"]}
+
+
+def run_one(cfg: Config, scaffold: str, policy: str, task, r: int) -> dict:
+    """One seeded run; an exception inside it is a failed run (recorded and counted), except an endpoint that
+    cannot serve us at all (agent.BackendError), which stops the evaluation so that a restart retries the run."""
+    seed = cfg.seed * 100003 + r
+    ideas = []
+    if scaffold == "mlab" and cfg.ideas == "sampled":  # the same draw for every policy: seeded by (seed, task, run)
+        ideas = collect.sample_ideas(collect.recipe_ideas(task.name), random.Random(f"{cfg.seed}:{task.name}:{r}"))
+    seed_everything(seed)
+    start = time.time()
+    row = {"scaffold": scaffold, "policy": policy_label(policy), "task": task.name, "run": r, "seed": seed,
+           "ideas": [list(i) for i in ideas]}
+    try:
+        out = run_mlab(cfg, policy, task, ideas) if scaffold == "mlab" else \
+            run_hierarchical(cfg, scaffold, policy, task, seed)
+        row.update(status="ok", error=None, **out)
+    except agent.BackendError:
+        raise
+    except Exception as e:  # noqa: BLE001 - the run failed; it counts as a failure, not dropped
+        row.update(status="failed", error=f"{type(e).__name__}: {e}".splitlines()[0][:500], submission="failed",
+                   public=None, private=None, steps=0, stopped="error", calls=0, prompt_tokens=0,
+                   completion_tokens=0, cost=0.0, context=[])
+    row["valid"] = row["submission"] == "success" and row["private"] is not None
+    row["seconds"] = time.time() - start
+    return row
+
+# ========================================================================================= the resumable run log
+
+
+def run_key(cfg: Config, scaffold: str, policy: str, task, r: int) -> str:
+    """Everything that changes a run's outcome; a finished run with this key is skipped on restart."""
+    what = {"scaffold": scaffold, "policy": policy_id(policy), "task": str(task.dir), "run": r, "seed": cfg.seed,
+            "max_steps": cfg.max_steps, "time_limit": cfg.time_limit, "temperature": cfg.temperature,
+            "max_tokens": cfg.max_tokens, "ideas": cfg.ideas, "editor": cfg.editor}
+    if scaffold != "mlab":
+        what.update(sub_agent=policy_id(cfg.sub_agent or policy), rounds=cfg.rounds, calls=cfg.calls,
+                    sub_iters=cfg.sub_iters)
+    return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:20]
+
+
+def read_runs(path: Path) -> dict:
+    """key -> the record of each finished run; collect.py's reader cuts a torn last line (a kill mid-write)."""
+    return {r["key"]: r for r in collect.read_jsonl(path, repair=True) if "key" in r}
+
+
+def write_atomic(path: Path, text: str):
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+# ================================================================================================ aggregation
+
+
+def _mean(xs):
+    xs = [x for x in xs if x is not None]
+    return sum(xs) / len(xs) if xs else None
+
+
+def task_summary(task, m_init: dict, runs: list[dict]) -> dict:
+    """avg@K, best@K, gains and HumanRank of one (scaffold, policy, task) from its K runs (failed ones included)."""
+    higher, board = task.higher_is_better, [s for _, s in task.leaderboard()]
+    init = m_init["private"]
+    scores = [r["private"] if r["valid"] else init for r in runs]  # FAILED_RUN_SCORE: a failed run scores m_init
+    avg = _mean(scores)
+    best = (max if higher else min)(scores) if scores and None not in scores else None
+
+    def gain(m):
+        try:
+            return performance_gain(m, init, higher) if m is not None and init is not None else None
+        except ValueError:
+            return None
+    ranks = [human_rank(r["private"] if r["valid"] else None, board, higher) for r in runs] if board else []
+    k = max(len(runs), 1)
+    return {"task": task.name, "metric": task.metric, "higher_is_better": higher, "runs": len(runs),
+            "m_init_public": m_init["public"], "m_init": init, "avg@K": avg, "best@K": best,
+            "gain_avg": gain(avg), "gain_best": gain(best), "human_rank_avg": _mean(ranks),
+            "human_rank_best": human_rank(best, board, higher) if board and best is not None else None,
+            "valid_rate": sum(r["valid"] for r in runs) / k, "failed": sum(r["status"] == "failed" for r in runs),
+            "tokens_per_traj": sum(r["prompt_tokens"] + r["completion_tokens"] for r in runs) / k,
+            "cost_per_traj": sum(r["cost"] for r in runs) / k, "seconds_per_traj": sum(r["seconds"] for r in runs) / k,
+            "steps_per_traj": sum(r["steps"] for r in runs) / k}
+
+
+def overall(rows: list[dict]) -> dict:
+    """The mean over tasks of each per-task number (the papers average per task, then over tasks)."""
+    keys = ("gain_avg", "gain_best", "human_rank_avg", "human_rank_best", "valid_rate", "tokens_per_traj",
+            "cost_per_traj", "seconds_per_traj", "steps_per_traj")
+    return {"tasks": len(rows), "runs": sum(r["runs"] for r in rows), "failed": sum(r["failed"] for r in rows),
+            **{k: _mean([r[k] for r in rows]) for k in keys}}
+
+# ============================================================================================= report and plots
+
+
+def _f(x, pct=False, digits=4):
+    if x is None:
+        return "-"
+    if pct:
+        return f"{100 * x:+.2f}%"
+    return f"{x:.0f}" if abs(x) >= 1e4 else f"{x:.{digits}f}"
+
+
+def markdown(report: dict) -> str:
+    c = report["config"]
+    lines = [f"# Evaluation: {', '.join(c['scaffolds'])} on {len(report['tasks'])} task(s), K = {c['k']}", "",
+             f"Private-part scores. Gain = beta (m - m_init) / |m_init| (ML-Agent); HumanRank = 1 - p/N against "
+             f"private/leaderboard.csv (Matryoshka); a failed run scores m_init in avg@K/best@K and HumanRank 0. "
+             f"MLAB steps {c['max_steps']}, ideas {c['ideas']}, temperature {c['temperature']}, seed {c['seed']}.", "",
+             "## Overall (mean over tasks)", "",
+             "| scaffold | policy | tasks | runs | failed | gain avg@K | gain best@K | HumanRank | valid | tokens/traj "
+             "| $/traj | s/traj |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for g in report["groups"]:
+        o = g["overall"]
+        lines.append(f"| {g['scaffold']} | {g['policy']} | {o['tasks']} | {o['runs']} | {o['failed']} | "
+                     f"{_f(o['gain_avg'], True)} | {_f(o['gain_best'], True)} | {_f(o['human_rank_avg'], digits=3)} | "
+                     f"{_f(o['valid_rate'], digits=2)} | {_f(o['tokens_per_traj'], digits=0)} | "
+                     f"{_f(o['cost_per_traj'])} | {_f(o['seconds_per_traj'], digits=1)} |")
+    lines += ["", "## Per task", "", "| scaffold | policy | task | metric | m_init | avg@K | best@K | gain avg@K | "
+              "gain best@K | HumanRank avg | HumanRank best | valid | runs |", "|" + "---|" * 13]
+    for g in report["groups"]:
+        for t in g["tasks"]:
+            lines.append(f"| {g['scaffold']} | {g['policy']} | {t['task']} | {t['metric']} "
+                         f"({'higher' if t['higher_is_better'] else 'lower'}) | {_f(t['m_init'])} | {_f(t['avg@K'])} | "
+                         f"{_f(t['best@K'])} | {_f(t['gain_avg'], True)} | {_f(t['gain_best'], True)} | "
+                         f"{_f(t['human_rank_avg'], digits=3)} | {_f(t['human_rank_best'], digits=3)} | "
+                         f"{_f(t['valid_rate'], digits=2)} | {t['runs']} |")
+    return "\n".join(lines) + "\n"
+
+
+def plots(report: dict, runs: list[dict], cfg: Config) -> list[str]:
+    """gain_vs_cost.png (ML-Agent Figure 2), ppo_reward.png, context_growth.png; [] without matplotlib."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return []
+    out, made = Path(cfg.out), []
+    groups = [g for g in report["groups"] if g["overall"]["gain_avg"] is not None]
+    if groups:  # cost per trajectory; offline every cost is 0, so tokens per trajectory stand in
+        by_cost = any(g["overall"]["cost_per_traj"] for g in groups)
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for g in groups:
+            x = g["overall"]["cost_per_traj" if by_cost else "tokens_per_traj"]
+            ax.scatter(x, 100 * g["overall"]["gain_avg"], s=60)
+            ax.annotate(f"{g['policy']} ({g['scaffold']})", (x, 100 * g["overall"]["gain_avg"]), fontsize=8,
+                        xytext=(4, 4), textcoords="offset points")
+        ax.set_xlabel("cost per trajectory ($)" if by_cost else "tokens per trajectory (all costs are 0)")
+        ax.set_ylabel("performance gain avg@K (%)")
+        ax.set_title("Performance gain against cost (ML-Agent Fig. 2)")
+        fig.tight_layout()
+        fig.savefig(out / "gain_vs_cost.png", dpi=120)
+        plt.close(fig)
+        made.append("gain_vs_cost.png")
+    log = [r for r in collect.read_jsonl(Path(cfg.ppo_log)) if "reward" in r and "iteration" in r]
+    if log:
+        fig, ax = plt.subplots(figsize=(6, 4))
+        ax.plot([r["iteration"] for r in log], [r["reward"] for r in log], marker="o", ms=3)
+        ax.set_xlabel("PPO iteration")
+        ax.set_ylabel("mean step reward")
+        ax.set_title(f"Step-wise PPO ({cfg.ppo_log})")
+        fig.tight_layout()
+        fig.savefig(out / "ppo_reward.png", dpi=120)
+        plt.close(fig)
+        made.append("ppo_reward.png")
+    curves: dict = {}  # (scaffold, policy) -> [tokens per round of each run]
+    for r in runs:
+        if r["context"]:
+            curves.setdefault((r["scaffold"], r["policy"]), []).append(r["context"])
+    if any(s != "mlab" for s, _ in curves):
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for (scaffold, policy), cs in sorted(curves.items()):
+            n = max(map(len, cs))
+            mean = [_mean([c[i] for c in cs if i < len(c)]) for i in range(n)]
+            ax.plot(range(1, n + 1), mean, marker="o", ms=3, label=f"{scaffold} ({policy})")
+        ax.set_xlabel("round (Matryoshka: Orchestrator round; monolithic: execution; MLAB: step)")
+        ax.set_ylabel("prompt tokens")
+        ax.set_title("Context growth: Orchestrator vs monolithic")
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(out / "context_growth.png", dpi=120)
+        plt.close(fig)
+        made.append("context_growth.png")
+    return made
+
+# ================================================================================================ evaluate
+
+
+def resolve_tasks(cfg: Config) -> list:
+    if cfg.tasks:
+        return [env.load_task(t) for t in cfg.tasks]
+    return [t for t in env.list_tasks() if cfg.split == "all" or t.split == cfg.split]
+
+
+def evaluate(cfg: Config, log=print) -> dict:
+    """Run what runs.jsonl does not hold yet, then write report.json, report.md and the plots; returns the report."""
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    tasks, policies = resolve_tasks(cfg), cfg.policies or default_policies()
+    path = out / "runs.jsonl"
+    done = read_runs(path)
+    m_init = {}
+    for task in tasks:
+        m_init[task.name] = starter_scores(task)
+        if m_init[task.name]["status"] != "success":
+            log(f"eval.py: the starter of {task.name} does not score ({m_init[task.name]['status']}); its gains are -")
+    keys = {(s, p, i, r): run_key(cfg, s, p, t, r) for s in cfg.scaffolds for p in policies
+            for i, t in enumerate(tasks) for r in range(cfg.k)}
+    todo = [job for job, key in keys.items() if key not in done]
+    log(f"eval.py: {len(keys)} runs ({len(keys) - len(todo)} already in {path}); policies "
+        f"{', '.join(map(policy_label, policies))}; tasks {', '.join(t.name for t in tasks)}")
+    for n, (scaffold, policy, i, r) in enumerate(todo, 1):
+        row = {"key": keys[scaffold, policy, i, r], **run_one(cfg, scaffold, policy, tasks[i], r)}
+        collect.append_line(path, row)  # one whole line, flushed: a kill loses at most this run
+        done[row["key"]] = row
+        log(f"[{n}/{len(todo)}] {scaffold} {row['policy']} {tasks[i].name} run {r}: "
+            + (f"private {_f(row['private'])}" if row["valid"] else f"INVALID ({row['error'] or row['submission']})")
+            + f", {row['steps']} steps, {row['prompt_tokens'] + row['completion_tokens']} tokens, "
+              f"{row['seconds']:.1f}s")
+    runs = [done[key] for key in keys.values()]
+    groups = []
+    for scaffold in cfg.scaffolds:
+        for policy in policies:
+            rows = [task_summary(t, m_init[t.name], [done[keys[scaffold, policy, i, r]] for r in range(cfg.k)])
+                    for i, t in enumerate(tasks)]
+            groups.append({"scaffold": scaffold, "policy": policy_label(policy), "policy_path": policy,
+                           "overall": overall(rows), "tasks": rows})
+    report = {"config": asdict(cfg) | {"policies": policies}, "failed_run_score": FAILED_RUN_SCORE,
+              "tasks": {t.name: {"split": t.split, "metric": t.metric, "higher_is_better": t.higher_is_better,
+                                 "m_init": m_init[t.name], "leaderboard_size": len(t.leaderboard())} for t in tasks},
+              "groups": groups, "runs": [{k: v for k, v in x.items() if k != "context"} for x in runs]}
+    write_atomic(out / "report.json", json.dumps(report, indent=1))
+    write_atomic(out / "report.md", markdown(report))
+    report["plots"] = plots(report, runs, cfg) if cfg.plots else []
+    return report
+
+# ================================================================================================ command line
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # usage errors: one line, exit 2
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def main(argv=None):
+    d = Config()
+    p = _Parser(prog="eval.py", description="Evaluate agents on held-out tasks: gain avg@K/best@K, HumanRank, cost.")
+    p.add_argument("--scaffold", nargs="+", choices=SCAFFOLDS, default=d.scaffolds, dest="scaffolds")
+    p.add_argument("--policy", nargs="+", default=d.policies, dest="policies",
+                   help="'scripted', checkpoint folders, endpoint models (default: scripted + runs/ckpt/{sft,ppo})")
+    p.add_argument("--sub-agent", help="Matryoshka's Sub-Agent (default: the policy itself)")
+    p.add_argument("--tasks", nargs="+", default=d.tasks, help="built-in task names or task folders")
+    p.add_argument("--split", choices=("held-out", "held-in", "all"), default=d.split)
+    for flag, typ in [("k", int), ("max-steps", int), ("time-limit", float), ("temperature", float),
+                      ("max-tokens", int), ("price-in", float), ("price-out", float), ("rounds", int), ("calls", int),
+                      ("sub-iters", int), ("seed", int), ("threads", int)]:
+        p.add_argument(f"--{flag}", type=typ, default=getattr(d, flag.replace("-", "_")))
+    p.add_argument("--ideas", choices=("sampled", "none"), default=d.ideas)
+    p.add_argument("--editor", default=d.editor, help="auto | recipes | policy | an endpoint model name")
+    p.add_argument("--base-url", help="OpenAI-compatible endpoint (default: $OPENAI_BASE_URL)")
+    p.add_argument("--out", default=d.out)
+    p.add_argument("--ppo-log", default=d.ppo_log)
+    p.add_argument("--no-plots", dest="plots", action="store_false")
+    args = p.parse_args(argv)
+    cfg = Config(**vars(args))
+    for name in ("k", "max_steps", "max_tokens", "rounds", "calls", "sub_iters"):
+        if getattr(cfg, name) is not None and getattr(cfg, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be at least 1")
+    if cfg.time_limit <= 0 or cfg.temperature < 0:
+        p.error("--time-limit must be positive and --temperature not negative")
+    for name in cfg.policies + [cfg.sub_agent or "scripted"]:
+        if re.match(r"^(\.{0,2}/|runs/)", name) and not os.path.isdir(name):
+            p.error(f"no checkpoint folder {name!r}")
+    try:
+        resolve_tasks(cfg)
+    except env.TaskError as e:
+        p.error(str(e))
+    try:
+        report = evaluate(cfg)
+    except agent.BackendError as e:
+        sys.exit(f"eval.py: {e}")
+    print(markdown(report))
+    print(f"wrote {Path(cfg.out) / 'report.json'}, {Path(cfg.out) / 'report.md'}"
+          + "".join(f", {Path(cfg.out) / name}" for name in report["plots"]))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,628 @@
+"""Step-wise PPO of ML-Agent (seed 000, "Step-wise RL paradigm"): an actor, a critic and a frozen reference, trained on
+states sampled from the expert's state distribution d^{pi_e} (runs/data/states.jsonl, written by collect.py).
+
+J_step(theta) = E_{s ~ d^{pi_e}, a ~ pi_theta(.|s)} [R(s, a)]: each iteration samples expert states, lets the policy
+take ONE action in each, restores the environment of each state, executes the action in the sandbox, scores it with
+reward.py, and makes a PPO update. The six steps of an iteration are numbered in `train` below. The PPO details follow
+"The N Implementation Details of RLHF with PPO" (Huang et al. 2024, summarize_from_feedback_details) and CleanRL:
+left-padded prompts, log-probs under temperature-scaled logits (recomputed by a forward pass after generation), a
+per-token KL penalty to the frozen reference inside the reward, the scalar reward on the last response token, GAE with
+gamma 1 and lambda 0.95, advantages whitened over valid tokens, clipped policy and value losses, no dropout (model.py
+has none).
+
+How this departs from the paper and the references:
+- The paper gives the learning rates (actor 1e-6, critic 1e-5) and "1 epoch" over 10k states, trained for 39 steps
+  (Figure 3), i.e. about 256 states per step; the CPU default here is 16 states per iteration. Everything else (batch,
+  temperature, KL coefficient, clip ranges) is silent in the paper and taken from summarize_from_feedback_details /
+  OpenRLHF, cited on each field of `Config`.
+- The critic is a separate copy of the policy with a scalar value head (as OpenRLHF's critic; the paper's Appendix
+  C.1 is not in the seed text); the N-details initialise it from the reward model, which this task does not have.
+- The masks come from the lengths of prompts and responses, not from `ids != pad`, so the pad token may equal EOS
+  (it does in Qwen's and the tiny tokenizers); the N-details' "pad distinct from EOS" guards against that comparison.
+- `Edit Script (AI)` is executed by env.py's offline recipe editor unless `--editor` names an endpoint model.
+- `--episodic` is the paper's ablation "episode-wise RL": the policy rolls out whole trajectories from the task start
+  (env reset, agent.build_messages with the ideas of an expert's first step), rewards on each step's last token, GAE
+  running across the steps of an episode; same number of actions per iteration as the step-wise run.
+- `--lora-rank r` trains low-rank adapters (Hu et al. 2021, arXiv:2106.09685) on the actor's and critic's linear
+  layers instead of all weights; the reference is then the actor with its adapters switched off (no third copy).
+
+Run:  python collect.py && python sft.py && python ppo.py                 (tiny model, offline, minutes)
+      python ppo.py --model runs/ckpt/sft --batch-size 256 --max-new-tokens 1024   (one GPU node)
+      python ppo.py --episodic                                           (the episode-wise ablation)
+Outputs: runs/ckpt/ppo (Hugging Face folder of the actor; trainer_state/ holds the critic, optimizers and progress
+for resume), runs/ppo/log.jsonl (one line per iteration).
+"""
+import argparse
+import dataclasses
+import json
+import math
+import os
+import random
+import shutil
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import torch
+from torch import nn
+
+import agent
+import env
+import model
+from reward import RewardConfig, reward
+
+ROOT = env.ROOT  # default paths live under the project's runs/, wherever ppo.py is started from
+
+
+@dataclasses.dataclass
+class Config:
+    model: str = str(ROOT / "runs/ckpt/sft")  # the policy to start from, folder or hub id (ML-Agent: the SFT model)
+    states: str = str(ROOT / "runs/data/states.jsonl")  # the states pool d^{pi_e} (collect.py)
+    out: str = str(ROOT / "runs/ckpt/ppo")    # the actor (Hugging Face folder) + trainer_state/; resume point
+    log: str = str(ROOT / "runs/ppo/log.jsonl")  # one JSON line per iteration
+    seed: int = 0                            # seeds the state order, sampling and the value head
+    epochs: float = 1.0                      # passes over the states pool (paper: 1 epoch)
+    iterations: int = 0                      # if > 0, stop after this many iterations instead
+    batch_size: int = 16                     # states (actions) per iteration (paper ~256: 10k states / 39 steps)
+    num_minibatches: int = 2                 # PPO minibatches per iteration (N-details: 1)
+    micro_batch: int = 4                     # rows per forward pass (gradient accumulation inside a minibatch)
+    update_epochs: int = 1                   # PPO epochs over each batch (OpenRLHF examples: 1; N-details: 4)
+    actor_lr: float = 1e-6                   # paper (seed 000, "Training")
+    critic_lr: float = 1e-5                  # paper (seed 000, "Training")
+    adam_eps: float = 1e-5                   # N-details (TF Adam's 1e-5)
+    max_grad_norm: float = 1.0               # OpenRLHF default
+    max_new_tokens: int = 400                # tokens per action (the scripted expert's responses: <= ~400 tiny tokens)
+    temperature: float = 0.7                 # N-details (summarize_from_feedback_details): 0.7
+    kl_coef: float = 0.05                    # N-details: per-token KL penalty coefficient 0.05
+    gamma: float = 1.0                       # N-details / DESIGN.md: no discount
+    lam: float = 0.95                        # GAE lambda (N-details)
+    clip_coef: float = 0.2                   # PPO ratio clip (Schulman et al. 2017; N-details)
+    vf_clip: float = 0.2                     # value clip around the rollout values (N-details cliprange_value)
+    workers: int = 4                         # sandboxes executing actions in parallel (threads over subprocesses)
+    episodic: bool = False                   # the ablation: whole episodes from the task start
+    episode_steps: int = 4                   # steps per episode in --episodic (paper's trajectories: 15)
+    save_every: int = 5                      # checkpoint every N iterations (and at the end)
+    editor: str = "recipes"                  # "recipes" (offline stand-in) or an endpoint model for Edit Script (AI)
+    device: str | None = None                # default: cuda if available
+    lora_rank: int = 0                       # > 0: train rank-r adapters instead of all weights
+    lora_alpha: float = 16.0                 # adapter scale alpha / r (Hu et al. 2021)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Models: the actor is model.Qwen; the critic is a Qwen with a scalar value head; optional hand-written LoRA
+
+class Critic(nn.Module):
+    """V(s_t) for every response token: a Qwen backbone (initialised from the policy) and a linear value head."""
+
+    def __init__(self, backbone, seed=0):
+        super().__init__()
+        self.backbone = backbone
+        C = backbone.config.hidden_size
+        self.head = nn.Linear(C, 1).to(backbone.lm_head.weight.device)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)  # N-details layer_init of the scalar head: std 1/sqrt(C + 1), bias 0
+            nn.init.normal_(self.head.weight, std=1 / math.sqrt(C + 1))
+        nn.init.zeros_(self.head.bias)
+
+    def forward(self, ids, attn, start):  # ids, attn (B, T) -> values of the tokens at positions start.. (B, T - start)
+        h = self.backbone.hidden(ids, attn)[:, start - 1:-1]  # the state before token t is the output at t - 1
+        return self.head(h.to(self.head.weight.dtype)).squeeze(-1)
+
+
+class LoRALinear(nn.Module):
+    """y = W x + (alpha / r) B A x with W frozen, A ~ N(0, 1/r) and B = 0 so training starts at the base model."""
+
+    def __init__(self, base, rank, alpha):
+        super().__init__()
+        self.base, self.scale, self.enabled = base, alpha / rank, True
+        self.A = nn.Parameter(torch.randn(rank, base.in_features, device=base.weight.device) / rank)
+        self.B = nn.Parameter(torch.zeros(base.out_features, rank, device=base.weight.device))
+
+    def forward(self, x):
+        y = self.base(x)
+        return y + self.scale * (x.to(self.A.dtype) @ self.A.T @ self.B.T).to(y.dtype) if self.enabled else y
+
+    def merged(self):  # W + scale * B A, for a checkpoint that any loader reads
+        return self.base.weight + (self.scale * self.B @ self.A).to(self.base.weight.dtype)
+
+
+def add_lora(lm, rank, alpha):
+    """Freeze `lm` and wrap every linear layer of its blocks (attention and MLP) with an adapter."""
+    lm.requires_grad_(False)
+    for block in lm.model.layers:
+        for parent in (block.self_attn, block.mlp):
+            for name, child in list(parent.named_children()):
+                if isinstance(child, nn.Linear):
+                    setattr(parent, name, LoRALinear(child, rank, alpha))
+
+
+def set_lora(lm, enabled):  # adapters off: the frozen base, which is the reference policy
+    for m in lm.modules():
+        if isinstance(m, LoRALinear):
+            m.enabled = enabled
+
+
+def save_actor(lm, tokenizer, path):
+    """The actor as a Hugging Face folder; with LoRA, a copy of the base with the adapters merged in."""
+    if not any(isinstance(m, LoRALinear) for m in lm.modules()):
+        return model.save(lm, tokenizer, path)
+    with torch.device("meta"):
+        plain = model.Qwen(lm.config)
+    plain = plain.to_empty(device=lm.lm_head.weight.device).to(lm.lm_head.weight.dtype)
+    plain.tie_weights()
+    weights = {}
+    for name, m in lm.named_modules():
+        if isinstance(m, LoRALinear):
+            weights[name + ".weight"] = m.merged()
+            if m.base.bias is not None:
+                weights[name + ".bias"] = m.base.bias
+    for k, v in lm.state_dict().items():
+        if ".A" not in k and ".B" not in k and ".base." not in k:
+            weights[k] = v
+    plain.load_state_dict(weights)
+    plain.stop_token_ids = lm.stop_token_ids
+    model.save(plain, tokenizer, path)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# PPO arithmetic (pure functions on tensors; tests/test_ppo.py checks each against a hand computation)
+
+def response_logprobs(lm, ids, attn, start, temperature, vocab):
+    """log pi(token_t | tokens_<t) of the tokens at positions start.. under softmax(logits / T), the distribution
+    model.generate samples from (N-details: the temperature must be applied in training too). -> (B, T - start)"""
+    h = lm.hidden(ids, attn)[:, start - 1:-1]  # (B, R, C): the lm_head only where response tokens are predicted
+    logits = lm.lm_head(h).float()[..., :vocab] / temperature  # (B, R, V')
+    return torch.log_softmax(logits, -1).gather(-1, ids[:, start:, None]).squeeze(-1)
+
+
+def token_rewards(scores, logprobs, ref_logprobs, mask, kl_coef):
+    """The N-details reward: -kl_coef * (log pi - log pi_ref) on every response token, plus the scalar score on the
+    last one. scores (B,); logprobs, ref_logprobs, mask (B, R) -> rewards (B, R), kl (B, R)."""
+    kl = (logprobs - ref_logprobs) * mask
+    rewards = -kl_coef * kl
+    last = (mask.sum(1).long() - 1).clamp(min=0)  # index of each response's last token
+    rewards[torch.arange(len(scores), device=scores.device), last] += scores
+    return rewards, kl
+
+
+def gae(rewards, values, mask, gamma, lam, next_value=None, next_adv=None):
+    """Generalised advantage estimation (Schulman et al. 2016) along the response tokens, right to left.
+    rewards, values, mask (B, R); next_value, next_adv (B,): V and A of the state after the response (0 when the
+    step ends the episode; in --episodic the next step's first token). Positions past a response's end are skipped,
+    carrying the bootstrap through them. -> advantages, returns (B, R)."""
+    B, R = rewards.shape
+    nv = torch.zeros(B, device=rewards.device) if next_value is None else next_value.clone()
+    last = torch.zeros(B, device=rewards.device) if next_adv is None else next_adv.clone()
+    adv = torch.zeros_like(rewards)
+    for t in reversed(range(R)):
+        m = mask[:, t].bool()
+        delta = rewards[:, t] + gamma * nv - values[:, t]
+        last = torch.where(m, delta + gamma * lam * last, last)
+        nv = torch.where(m, values[:, t], nv)
+        adv[:, t] = last * m
+    return adv, (adv + values) * mask
+
+
+def gae_rows(rewards, values, mask, nxt, gamma, lam):
+    """GAE for a batch whose row r continues in row nxt[r] (the same episode's next step; -1: the episode ends
+    there). Rows are processed by the number of steps after them, so each bootstrap is known when needed; with
+    every nxt = -1 (step-wise) this is one call of `gae`. -> advantages, returns (B, R)."""
+    depth = [0] * len(nxt)
+    for r in sorted(range(len(nxt)), key=lambda r: -r):  # a successor always comes later in the batch
+        depth[r] = 0 if nxt[r] < 0 else depth[nxt[r]] + 1
+    adv, ret = torch.zeros_like(rewards), torch.zeros_like(rewards)
+    for d in range(max(depth) + 1):
+        idx = [r for r in range(len(nxt)) if depth[r] == d]
+        succ = torch.tensor([max(nxt[r], 0) for r in idx], device=rewards.device)
+        has = torch.tensor([nxt[r] >= 0 for r in idx], device=rewards.device)
+        nv = torch.where(has, values[succ, 0], 0.0)  # V and A of the next step's first token
+        na = torch.where(has, adv[succ, 0], 0.0)
+        adv[idx], ret[idx] = gae(rewards[idx], values[idx], mask[idx], gamma, lam, nv, na)
+    return adv, ret
+
+
+def masked_mean(x, mask):
+    return (x * mask).sum() / mask.sum().clamp(min=1)
+
+
+def whiten(x, mask, eps=1e-8):
+    """Zero mean, unit variance over the valid tokens only (as TRL's masked_whiten, with the unbiased variance)."""
+    mean = masked_mean(x, mask)
+    n = mask.sum()
+    var = ((x - mean) ** 2 * mask).sum() / (n - 1).clamp(min=1)
+    return (x - mean) * torch.rsqrt(var + eps) * mask
+
+
+def policy_loss(logprobs, old_logprobs, advantages, mask, clip_coef, denom=None):
+    """The clipped surrogate (PPO, Schulman et al. 2017, eq. 7): max(-A r, -A clip(r, 1-eps, 1+eps)) summed over
+    valid tokens / denom (default: their number). -> loss, clip fraction, ratio (B, R)."""
+    ratio = torch.exp(logprobs - old_logprobs)
+    losses = torch.max(-advantages * ratio, -advantages * ratio.clamp(1 - clip_coef, 1 + clip_coef))
+    denom = mask.sum() if denom is None else denom
+    clipped = ((ratio - 1).abs() > clip_coef).float()
+    return (losses * mask).sum() / denom, (clipped * mask).sum() / denom, ratio
+
+
+def value_loss(values, old_values, returns, mask, vf_clip, denom=None):
+    """0.5 * max((V - G)^2, (V_clipped - G)^2), V_clipped = V_old + clip(V - V_old, -c, c) (N-details)."""
+    clipped = old_values + (values - old_values).clamp(-vf_clip, vf_clip)
+    losses = 0.5 * torch.max((values - returns) ** 2, (clipped - returns) ** 2)
+    denom = mask.sum() if denom is None else denom
+    return (losses * mask).sum() / denom
+
+
+def explained_variance(values, returns, mask):
+    var = lambda x: masked_mean((x - masked_mean(x, mask)) ** 2, mask)
+    return float(1 - var(returns - values) / var(returns).clamp(min=1e-12))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Batches: left-padded prompts followed by right-padded responses, (B, P + R)
+
+def make_batch(prompts, responses, pad, device):
+    """ids, attention mask (1 on prompt and response tokens), response mask (B, R), and P = the prompt width."""
+    P, R = max(map(len, prompts)), max(max(map(len, responses)), 1)
+    B = len(prompts)
+    ids = torch.full((B, P + R), pad, dtype=torch.long)
+    attn = torch.zeros(B, P + R, dtype=torch.long)
+    for b, (p, r) in enumerate(zip(prompts, responses)):
+        ids[b, P - len(p):P], ids[b, P:P + len(r)] = torch.tensor(p), torch.tensor(r, dtype=torch.long)
+        attn[b, P - len(p):P + len(r)] = 1
+    return ids.to(device), attn.to(device), attn[:, P:].float().to(device), P
+
+
+def rows(ids, attn, P, idx):
+    """Rows idx of the batch with the columns only padding in all of them cut away -> ids, attn, new P."""
+    a = attn[idx]
+    used = a.any(0).nonzero().flatten()
+    lo, hi = min(int(used[0]), P - 1), max(int(used[-1]) + 1, P + 1)
+    return ids[idx, lo:hi], a[:, lo:hi], P - lo
+
+
+def autocast(device):  # bf16 matmuls on CUDA, fp32 master weights (an lr of 1e-6 vanishes in bf16 weights)
+    return torch.autocast("cuda", torch.bfloat16) if device.type == "cuda" else torch.autocast("cpu", enabled=False)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Acting: generation (step 2) and execution in the sandboxes (step 3)
+
+def generate(lm, tokenizer, messages, cfg, device):
+    """One sampled response per prompt: token ids, their generation log-probs, decoded texts."""
+    room = max(lm.config.max_position_embeddings - cfg.max_new_tokens, 1)  # as agent.LocalBackend: keep the end
+    prompts = [tokenizer.encode(tokenizer.apply_chat_template(m))[-room:] for m in messages]
+    stops = [i for i in dict.fromkeys([*lm.stop_token_ids, tokenizer.eos_token_id, tokenizer.im_end_id])
+             if i is not None]
+    tokens, logprobs = [], []
+    for i in range(0, len(prompts), cfg.micro_batch * 4):  # generation chunks: the KV cache bounds memory
+        with autocast(device):
+            g = lm.generate(prompts[i:i + cfg.micro_batch * 4], cfg.max_new_tokens, cfg.temperature,
+                            stop_token_ids=stops, pad_token_id=tokenizer.pad_token_id)
+        tokens += g.tokens
+        logprobs += g.logprobs
+    texts = [tokenizer.decode(t, skip_special_tokens=True) for t in tokens]
+    return prompts, tokens, logprobs, texts
+
+
+def execute(e, text, m_init, m_best, higher, reward_config):
+    """Parse and run one action in env `e` (already in its state) -> {kind, reward, m_prev, m_new, done, obs}."""
+    try:
+        action, action_input = agent.parse_response(text)
+    except agent.ParseError as err:  # unparsable, unknown action or bad JSON: invalid (R_format)
+        result = env.StepResult(f"Invalid response ({err}); nothing was done.", "invalid", e.metric, e.metric)
+    else:
+        result = e.step(action, action_input)
+    r = reward(result.kind, result.metric_prev, result.metric_new, m_init, m_best, higher, reward_config)
+    return {"kind": result.kind, "reward": r, "m_prev": result.metric_prev, "m_new": result.metric_new,
+            "done": result.done, "observation": result.observation}
+
+
+def make_env(task, task_dir, editor):
+    return env.Env(task if task in env.BUILTIN_TASKS else task_dir, editor=editor)
+
+
+def step_rollout(states, lm, tokenizer, cfg, pool, editor, device, timer):
+    """Steps 2-3, step-wise: one action per expert state, executed from the restored state."""
+    prompts, tokens, gen_lp, texts = generate(lm, tokenizer, [s["messages"] for s in states], cfg, device)
+    timer("generate")
+
+    def run(i):
+        s = states[i]
+        e = make_env(s["task"], s["task_dir"], editor)
+        e.restore(s["snapshot"])  # the environment exactly as the expert found it at s_t
+        return execute(e, texts[i], s["m_init"], s["m_best"], s["higher_is_better"], RewardConfig())
+
+    outcomes = list(pool.map(run, range(len(states))))
+    timer("execute")
+    return prompts, tokens, gen_lp, outcomes, [-1] * len(states)
+
+
+def episode_rollout(starts, lm, tokenizer, cfg, pool, editor, device, timer):
+    """Steps 2-3, episode-wise (--episodic): whole episodes from the task start, all episodes acting in one batch per
+    step. Returns rows in step order and, per row, the row of the same episode's next step (-1 at the end)."""
+    envs = [make_env(s["task"], s["task_dir"], editor) for s in starts]
+    problems = list(pool.map(lambda e: e.reset(), envs))  # reset runs the starter script (cached)
+    timer("execute")
+    histories, alive = [[] for _ in starts], list(range(len(starts)))
+    prompts, tokens, gen_lp, outcomes, episode = [], [], [], [], []
+    for _ in range(cfg.episode_steps):
+        if not alive:
+            break
+        msgs = [agent.build_messages(problems[i], histories[i], [tuple(x) for x in starts[i]["ideas"]])
+                for i in alive]
+        p, t, lp, texts = generate(lm, tokenizer, msgs, cfg, device)
+        timer("generate")
+        res = list(pool.map(lambda j: execute(envs[alive[j]], texts[j], envs[alive[j]].m_init, envs[alive[j]].m_best,
+                                              envs[alive[j]].task.higher_is_better, RewardConfig()), range(len(alive))))
+        timer("execute")
+        for j, i in enumerate(alive):
+            histories[i].append((texts[j], res[j]["observation"]))
+        prompts, tokens, gen_lp, outcomes, episode = (prompts + p, tokens + t, gen_lp + lp, outcomes + res,
+                                                       episode + alive)
+        alive = [i for j, i in enumerate(alive) if not res[j]["done"]]
+    nxt = [next((k for k in range(r + 1, len(episode)) if episode[k] == episode[r]), -1) for r in range(len(episode))]
+    return prompts, tokens, gen_lp, outcomes, nxt
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The update (step 6)
+
+def forward_scores(actor, critic, ref, ids, attn, P, cfg, device, vocab):
+    """No-grad rollout forward in micro-batches -> logprobs, ref_logprobs, values (B, R)."""
+    B, R = ids.shape[0], ids.shape[1] - P
+    out = [torch.zeros(B, R, device=device) for _ in range(3)]
+    with torch.no_grad(), autocast(device):
+        for idx in torch.arange(B, device=device).split(cfg.micro_batch):
+            i, a, p = rows(ids, attn, P, idx)
+            n = i.shape[1] - p
+            out[0][idx, :n] = response_logprobs(actor, i, a, p, cfg.temperature, vocab)
+            if ref is None:  # LoRA: the reference is the actor without its adapters
+                set_lora(actor, False)
+                out[1][idx, :n] = response_logprobs(actor, i, a, p, cfg.temperature, vocab)
+                set_lora(actor, True)
+            else:
+                out[1][idx, :n] = response_logprobs(ref, i, a, p, cfg.temperature, vocab)
+            out[2][idx, :n] = critic(i, a, p).float()
+    return out
+
+
+def ppo_update(actor, critic, opt_a, opt_c, data, cfg, device, vocab, gen):
+    """Clipped policy and value losses over minibatches and epochs. data: ids, attn, P, mask, logprobs, values,
+    advantages, returns. Returns the mean statistics and max|ratio - 1| of the first minibatch of the first epoch."""
+    ids, attn, P, mask = data["ids"], data["attn"], data["P"], data["mask"]
+    B = ids.shape[0]
+    mb_size = max(B // cfg.num_minibatches, 1)
+    stats, first_ratio = [], None
+    for _ in range(cfg.update_epochs):
+        perm = torch.randperm(B, generator=gen).to(device)
+        for mb in perm.split(mb_size):
+            denom = mask[mb].sum().clamp(min=1)  # the masked mean over the whole minibatch, summed over micro-batches
+            s = dict(pg_loss=0.0, vf_loss=0.0, clipfrac=0.0, approx_kl=0.0)
+            for idx in mb.split(cfg.micro_batch):
+                i, a, p = rows(ids, attn, P, idx)
+                n, m = i.shape[1] - p, mask[idx, :i.shape[1] - p]
+                with autocast(device):
+                    lp = response_logprobs(actor, i, a, p, cfg.temperature, vocab)
+                    pg, cf, ratio = policy_loss(lp, data["logprobs"][idx, :n], data["advantages"][idx, :n], m,
+                                                cfg.clip_coef, denom)
+                    pg.backward()
+                    v = critic(i, a, p).float()
+                    vf = value_loss(v, data["values"][idx, :n], data["returns"][idx, :n], m, cfg.vf_clip, denom)
+                    vf.backward()
+                if not stats:  # the first minibatch of the first epoch: the policy has not moved yet
+                    dev = float(((ratio.detach() - 1).abs() * m).max())
+                    first_ratio = dev if first_ratio is None else max(first_ratio, dev)
+                s["pg_loss"] += float(pg.detach())
+                s["vf_loss"] += float(vf.detach())
+                s["clipfrac"] += float(cf)
+                s["approx_kl"] += float((0.5 * (lp.detach() - data["logprobs"][idx, :n]) ** 2 * m).sum() / denom)
+            for net, opt in ((actor, opt_a), (critic, opt_c)):
+                nn.utils.clip_grad_norm_([q for q in net.parameters() if q.requires_grad], cfg.max_grad_norm)
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+            stats.append(s)
+    mean = {k: sum(s[k] for s in stats) / len(stats) for k in stats[0]}
+    return {**mean, "ratio_first_minibatch_max_dev": first_ratio}
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Checkpoints: the actor as a Hugging Face folder; trainer_state/ beside it (vLLM globs *.safetensors of the folder
+# only, so the critic's file does not confuse it); written to <out>.tmp, then swapped in
+
+def save_checkpoint(cfg, actor, tokenizer, critic, opt_a, opt_c, progress):
+    tmp, old = cfg.out + ".tmp", cfg.out + ".old"
+    shutil.rmtree(tmp, ignore_errors=True)
+    save_actor(actor, tokenizer, tmp)
+    os.makedirs(os.path.join(tmp, "trainer_state"))
+    trainable = lambda net: {k: v for k, v in net.state_dict().items()
+                             if not cfg.lora_rank or k.startswith("head.") or ".A" in k or ".B" in k}
+    torch.save({"critic": trainable(critic), "actor_lora": trainable(actor) if cfg.lora_rank else None,
+                "opt_actor": opt_a.state_dict(), "opt_critic": opt_c.state_dict(), "progress": progress},
+               os.path.join(tmp, "trainer_state", "state.pt"))
+    with open(os.path.join(tmp, "trainer_state", "progress.json"), "w") as f:
+        json.dump({**progress, "config": dataclasses.asdict(cfg)}, f, indent=1)
+    if os.path.exists(cfg.out):
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(cfg.out, old)
+    os.replace(tmp, cfg.out)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def find_resume(out):
+    """The folder of the last complete checkpoint (a kill between the two renames leaves it at <out>.old)."""
+    for folder in (out, out + ".old"):
+        if os.path.exists(os.path.join(folder, "trainer_state", "state.pt")):
+            return folder
+    return None
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Training
+
+def load_states(path):
+    with open(path, encoding="utf-8") as f:
+        states = [json.loads(line) for line in f if line.strip()]
+    if not states:
+        raise ValueError(f"{path} holds no states; run collect.py first")
+    return states
+
+
+def train(cfg):
+    device = torch.device(cfg.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    torch.manual_seed(cfg.seed)  # the adapters' initialisation
+    states = load_states(cfg.states)
+    resume = find_resume(cfg.out)
+    st = torch.load(os.path.join(resume, "trainer_state", "state.pt"), map_location=device, weights_only=False) \
+        if resume else None
+    progress = st["progress"] if st else {"iteration": 0, "init_model": cfg.model}
+    if resume:
+        print(f"ppo.py: resuming from {resume} at iteration {progress['iteration']}")
+
+    # the models: actor (trainable, fp32 master weights), frozen reference, critic initialised from the policy
+    init = progress["init_model"]
+    actor, tokenizer = model.load(resume if resume and not cfg.lora_rank else init, device, torch.float32)
+    critic = Critic(model.load(init, device, torch.float32)[0], cfg.seed)
+    ref = None
+    if cfg.lora_rank:
+        add_lora(actor, cfg.lora_rank, cfg.lora_alpha)
+        add_lora(critic.backbone, cfg.lora_rank, cfg.lora_alpha)
+    else:
+        ref = model.load(init, device, torch.float32)[0].requires_grad_(False)
+    vocab = actor.sample_vocab_size
+    opt_a = torch.optim.AdamW([p for p in actor.parameters() if p.requires_grad], lr=cfg.actor_lr, eps=cfg.adam_eps,
+                              weight_decay=0.0)
+    opt_c = torch.optim.AdamW([p for p in critic.parameters() if p.requires_grad], lr=cfg.critic_lr,
+                              eps=cfg.adam_eps, weight_decay=0.0)
+    if st:
+        critic.load_state_dict(st["critic"], strict=not cfg.lora_rank)
+        if cfg.lora_rank:
+            actor.load_state_dict(st["actor_lora"], strict=False)
+        opt_a.load_state_dict(st["opt_actor"])
+        opt_c.load_state_dict(st["opt_critic"])
+    for s in {s["task"]: s for s in states}.values():  # built-in tasks are prepared here, not racing in threads
+        make_env(s["task"], s["task_dir"], None)
+    editor = env.recipe_editor if cfg.editor == "recipes" else agent.LLMEditor(agent.make_backend(cfg.editor))
+
+    # the schedule: the states pool shuffled once per epoch; an iteration takes the next batch_size states
+    starts = [s for s in states if s["step"] == 0] or states
+    per_epoch = max(len(states) // cfg.batch_size, 1)
+    total = cfg.iterations or max(math.ceil(cfg.epochs * per_epoch), 1)
+    os.makedirs(os.path.dirname(cfg.log) or ".", exist_ok=True)
+    pool = ThreadPoolExecutor(cfg.workers)
+    for it in range(progress["iteration"], total):
+        t0 = last = time.time()
+        times = {"generate": 0.0, "execute": 0.0, "update": 0.0}
+
+        def timer(name):
+            nonlocal last
+            times[name] += time.time() - last
+            last = time.time()
+
+        # 1. sample a batch of states from d^{pi_e}: the pool shuffled per epoch (seeded, so a resumed run agrees)
+        epoch, k = divmod(it, per_epoch)
+        order = list(range(len(states)))
+        random.Random(f"{cfg.seed}:{epoch}").shuffle(order)
+        rng = random.Random(f"{cfg.seed}:{it}")
+        torch.manual_seed(cfg.seed * 100003 + it)  # the sampling of step 2
+        if cfg.episodic:  # the ablation: episodes from task starts, batch_size actions in all
+            batch = [rng.choice(starts) for _ in range(max(cfg.batch_size // cfg.episode_steps, 1))]
+            # 2.-3. the policy acts for whole episodes; each action is executed in its episode's sandbox
+            prompts, tokens, gen_lp, outcomes, nxt = episode_rollout(batch, actor, tokenizer, cfg, pool, editor,
+                                                                     device, timer)
+        else:
+            batch = [states[i] for i in order[k * cfg.batch_size:(k + 1) * cfg.batch_size]]
+            # 2. the policy generates one action per state (batched, left-padded, KV cache, log-probs kept)
+            # 3. each environment restores its state and executes the action, several sandboxes in parallel
+            prompts, tokens, gen_lp, outcomes, nxt = step_rollout(batch, actor, tokenizer, cfg, pool, editor,
+                                                                  device, timer)
+
+        # 4. reward.py's score on the last token, the KL penalty to the frozen reference on every token
+        ids, attn, mask, P = make_batch(prompts, tokens, tokenizer.pad_token_id, device)
+        logprobs, ref_logprobs, values = forward_scores(actor, critic, ref, ids, attn, P, cfg, device, vocab)
+        logprobs, ref_logprobs, values = logprobs * mask, ref_logprobs * mask, values * mask
+        gen_gap = max((abs(a - b) for row, lps in enumerate(gen_lp) for a, b in
+                       zip(lps, logprobs[row, :len(lps)].tolist())), default=0.0)  # generate vs training forward
+        scores = torch.tensor([o["reward"] for o in outcomes], device=device)
+        rewards, kl = token_rewards(scores, logprobs, ref_logprobs, mask, cfg.kl_coef)
+
+        # 5. the critic's values; GAE (gamma 1, lambda 0.95), in --episodic across the steps of an episode;
+        #    advantages whitened over the valid tokens
+        advantages, returns = gae_rows(rewards, values, mask, nxt, cfg.gamma, cfg.lam)
+        advantages = whiten(advantages, mask)
+        ev = explained_variance(values, returns, mask)
+
+        # 6. clipped policy and value losses over minibatches and epochs
+        data = dict(ids=ids, attn=attn, P=P, mask=mask, logprobs=logprobs, values=values, advantages=advantages,
+                    returns=returns)
+        upd = ppo_update(actor, critic, opt_a, opt_c, data, cfg, device, vocab,
+                         torch.Generator().manual_seed(cfg.seed * 100003 + it))
+        timer("update")
+
+        # log: the reward and its breakdown, metric change, KL, PPO statistics, time split
+        kinds = [o["kind"] for o in outcomes]
+        edits = [o for o in outcomes if o["kind"] == "edit" and o["m_new"] is not None and o["m_prev"] is not None]
+        log = {"iteration": it + 1, "states": len(outcomes), "reward": float(scores.mean()),
+               **{f"frac_{k}": kinds.count(k) / len(kinds) for k in ("invalid", "error", "corner", "neutral", "edit")},
+               "frac_final": kinds.count("final") / len(kinds),
+               "frac_improved": sum(o["reward"] > 0 for o in edits) / len(kinds),
+               "metric_change": sum(o["m_new"] - o["m_prev"] for o in edits) / len(edits) if edits else 0.0,
+               "kl": float(kl.sum(1).mean()), "response_tokens": float(mask.sum(1).mean()),
+               "explained_variance": ev, "generate_vs_forward_logprob_gap": gen_gap, **upd,
+               "time_generate": times["generate"], "time_execute": times["execute"], "time_update": times["update"],
+               "time_total": time.time() - t0}
+        print(f"it {it + 1}/{total} reward {log['reward']:+.3f} (invalid {log['frac_invalid']:.2f} error "
+              f"{log['frac_error']:.2f} corner {log['frac_corner']:.2f} neutral {log['frac_neutral']:.2f} edit "
+              f"{log['frac_edit']:.2f} improved {log['frac_improved']:.2f}) dmetric {log['metric_change']:+.4f} "
+              f"kl {log['kl']:.4f} clip {log['clipfrac']:.3f} vf {log['vf_loss']:.4f} ev {ev:+.2f} | gen "
+              f"{times['generate']:.1f}s exec {times['execute']:.1f}s update {times['update']:.1f}s", flush=True)
+        with open(cfg.log, "a", encoding="utf-8") as f:
+            f.write(json.dumps(log) + "\n")
+        progress["iteration"] = it + 1
+        if (it + 1) % cfg.save_every == 0 or it + 1 == total:
+            save_checkpoint(cfg, actor, tokenizer, critic, opt_a, opt_c, progress)
+    pool.shutdown()
+    return progress
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Command line
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # usage errors: one line, exit status 2
+        print(f"{self.prog}: error: {message}", file=sys.stderr)
+        sys.exit(2)
+
+
+def main(argv=None):
+    p = _Parser(prog="ppo.py", description="Step-wise PPO (ML-Agent) over the expert states pool.")
+    for f in dataclasses.fields(Config):
+        flag = "--" + f.name.replace("_", "-")
+        if f.type is bool:
+            p.add_argument(flag, action="store_true")
+        else:
+            kind = {int: int, float: float}.get(f.type, str)
+            p.add_argument(flag, type=kind, default=f.default)
+    cfg = Config(**vars(p.parse_args(argv)))
+    for name in ("batch_size", "num_minibatches", "micro_batch", "update_epochs", "max_new_tokens", "workers",
+                 "episode_steps", "save_every"):
+        if getattr(cfg, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be at least 1")
+    if cfg.temperature <= 0 or cfg.epochs <= 0 or cfg.lora_rank < 0 or cfg.iterations < 0:
+        p.error("need --temperature > 0, --epochs > 0, --lora-rank >= 0, --iterations >= 0")
+    if not os.path.exists(cfg.states):
+        p.error(f"no states pool at {cfg.states}; run collect.py first or pass --states")
+    if not find_resume(cfg.out) and not os.path.isdir(cfg.model):
+        if cfg.model == Config.model:
+            p.error(f"no model at {cfg.model}; run sft.py first or pass --model")
+        try:
+            model.resolve(cfg.model)
+        except (OSError, ValueError) as e:
+            p.error(str(e))
+    try:
+        train(cfg)
+    except (OSError, ValueError, env.TaskError) as e:
+        print(f"ppo.py: error: {e}", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,240 @@
+"""Tests for eval.py: the two metrics, the failed-run accounting, the resumable run log, end to end.
+
+- performance_gain and human_rank on hand-computed cases: higher and lower is better, ties, invalid submissions;
+- a (scaffold, policy, task) summary with a failed run: it stays among the K runs and scores m_init / HumanRank 0;
+- runs that crash, and runs whose final train.py writes no submission, are recorded and counted, not dropped;
+- runs.jsonl: a torn last line (a kill mid-write) is cut off and the complete lines are kept;
+- `eval.py` end to end with the scripted agent on one task, K = 2 (subprocess): the report's fields agree with the
+  runs and with a fresh sandbox run of the starter; a rerun skips both finished runs;
+- the plots (only where matplotlib is installed); usage errors exit 2 with one line.
+"""
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+import agent
+import env
+import eval as ev
+
+ROOT = Path(ev.__file__).resolve().parent
+
+# ----------------------------------------------------------------------------------------------- performance gain
+
+
+def test_performance_gain_hand_computed():
+    # higher is better: (0.9 - 0.8) / 0.8 = +0.125; a drop to 0.7 is -0.125
+    assert ev.performance_gain(0.9, 0.8, True) == pytest.approx(0.125)
+    assert ev.performance_gain(0.7, 0.8, True) == pytest.approx(-0.125)
+    # lower is better (beta = -1): RMSE 50 -> 45 is -1 * (45 - 50) / 50 = +0.1; 50 -> 60 is -0.2
+    assert ev.performance_gain(45.0, 50.0, False) == pytest.approx(0.1)
+    assert ev.performance_gain(60.0, 50.0, False) == pytest.approx(-0.2)
+    # no change is exactly zero in both directions (no -0.0)
+    assert math.copysign(1.0, ev.performance_gain(0.5, 0.5, False)) == 1.0
+    with pytest.raises(ValueError, match="undefined"):
+        ev.performance_gain(0.1, 0.0, True)
+
+# ---------------------------------------------------------------------------------------------------- HumanRank
+
+
+@pytest.mark.parametrize("score, expected", [
+    (0.95, 1.0),   # better than all 4: p = 0
+    (0.85, 0.75),  # below 0.9 only: p = 1, 1 - 1/4
+    (0.8, 0.75),   # tied with both 0.8 entries: ties are not strictly better, p = 1
+    (0.75, 0.25),  # below 0.9, 0.8, 0.8: p = 3
+    (0.5, 0.0),    # below all: p = 4
+    (None, 0.0),   # invalid submission
+    (float("nan"), 0.0),
+])
+def test_human_rank_higher_is_better(score, expected):
+    assert ev.human_rank(score, [0.9, 0.8, 0.8, 0.7], True) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("score, expected", [
+    (5.0, 1.0),    # lower than every entry
+    (20.0, 0.75),  # tie with both 20s, only 10 strictly better: p = 1
+    (25.0, 0.25),  # 10, 20, 20 are better: p = 3
+    (31.0, 0.0),
+    (None, 0.0),
+])
+def test_human_rank_lower_is_better(score, expected):
+    assert ev.human_rank(score, [30.0, 20.0, 10.0, 20.0], False) == pytest.approx(expected)
+
+
+def test_human_rank_empty_leaderboard_is_an_error():
+    with pytest.raises(ValueError):
+        ev.human_rank(0.5, [], True)
+
+# ------------------------------------------------------------------------------------------- failed-run accounting
+
+
+def _row(private, valid, status="ok", tokens=0):
+    return {"private": private, "valid": valid, "status": status, "prompt_tokens": tokens, "completion_tokens": 0,
+            "cost": 0.0, "seconds": 1.0, "steps": 3}
+
+
+def test_task_summary_counts_a_failed_run_as_m_init_and_rank_zero():
+    board = [("a", 30.0), ("b", 35.0), ("c", 45.0), ("d", 60.0)]  # lower is better
+    task = SimpleNamespace(name="t", metric="rmse", higher_is_better=False, leaderboard=lambda: board)
+    runs = [_row(40.0, True, tokens=100), _row(None, False, "failed"), _row(None, False)]  # crash + invalid
+    s = ev.task_summary(task, {"public": 52.0, "private": 50.0}, runs)
+    assert s["runs"] == 3 and s["failed"] == 1
+    assert s["avg@K"] == pytest.approx((40.0 + 50.0 + 50.0) / 3)  # failed runs score m_init = 50
+    assert s["best@K"] == pytest.approx(40.0)
+    assert s["gain_avg"] == pytest.approx(-(46.6666667 - 50.0) / 50.0)
+    assert s["gain_best"] == pytest.approx(0.2)
+    assert s["human_rank_avg"] == pytest.approx((0.5 + 0.0 + 0.0) / 3)  # 40: p = 2 of 4; invalid: 0
+    assert s["human_rank_best"] == pytest.approx(0.5)
+    assert s["valid_rate"] == pytest.approx(1 / 3)
+    assert s["tokens_per_traj"] == pytest.approx(100 / 3)  # the failed runs stay in the denominator
+
+
+class _NoSubmission:
+    """A policy whose one edit rewrites train.py into a script without a submission, then gives its final answer."""
+
+    def __init__(self):
+        self.usage = agent.Usage()
+
+    def chat(self, messages, n=1, temperature=0.0, max_tokens=1024, stop=None):
+        text = messages[-1]["content"]
+        if "Change it as this instruction says" in text:  # the LLM editor's request
+            out = "```python\nprint('trained, but no submission.csv')\n```"
+        elif "Observation:" in text:  # after the edit
+            out = ("Reflection: r\nResearch Plan and Status: 1. edit [done]\nFact Check: none\nThought: t\n"
+                   'Action: Final Answer\nAction Input: {"final_answer": "done"}')
+        else:
+            out = ("Reflection: r\nResearch Plan and Status: 1. edit [in progress]\nFact Check: none\nThought: t\n"
+                   'Action: Edit Script (AI)\nAction Input: {"script_name": "train.py", "edit_instruction": "drop '
+                   'the submission", "save_name": "train.py"}')
+        c = agent.Completion([out] * n, prompt_tokens=10, completion_tokens=5)
+        self.usage.add(c, 0.0)
+        return c
+
+
+class _Crash:
+    usage = agent.Usage()
+
+    def chat(self, *a, **k):
+        raise RuntimeError("the policy fell over")
+
+
+def test_failing_runs_are_recorded_and_counted(tmp_path, monkeypatch):
+    backends = {"nosub": _NoSubmission(), "crash": _Crash()}
+    monkeypatch.setattr(ev, "get_backend", lambda name, role, cfg: backends[name])
+    cfg = ev.Config(policies=["nosub", "crash"], tasks=["wine"], k=2, max_steps=4, editor="policy",
+                    out=str(tmp_path), plots=False)
+    report = ev.evaluate(cfg, log=lambda *a: None)
+    rows = [json.loads(line) for line in (tmp_path / "runs.jsonl").read_text().splitlines()]
+    assert len(rows) == 4  # 2 policies x K = 2: nothing dropped
+    nosub = [r for r in rows if r["policy"] == "nosub"]
+    assert all(r["status"] == "ok" and r["submission"] == "invalid_submission" and not r["valid"] for r in nosub)
+    assert all(r["prompt_tokens"] > 0 for r in nosub)  # agent + editor calls are counted per trajectory
+    crash = [r for r in rows if r["policy"] == "crash"]
+    assert all(r["status"] == "failed" and "fell over" in r["error"] for r in crash)
+    m_init = report["tasks"]["wine"]["m_init"]["private"]
+    for g in report["groups"]:
+        t = g["tasks"][0]
+        assert t["runs"] == 2 and t["valid_rate"] == 0.0
+        assert t["avg@K"] == pytest.approx(m_init) and t["gain_avg"] == 0.0 and t["human_rank_avg"] == 0.0
+    assert [g["tasks"][0]["failed"] for g in report["groups"]] == [0, 2]
+
+def test_matryoshka_and_monolithic_runs_record_scores_and_context(tmp_path):
+    cfg = ev.Config(scaffolds=["matryoshka", "monolithic"], policies=["scripted"], tasks=["wine"], k=1, rounds=2,
+                    calls=1, sub_iters=2, out=str(tmp_path), plots=False)
+    report = ev.evaluate(cfg, log=lambda *a: None)
+    rows = {r["scaffold"]: r for r in report["runs"]}
+    full = {r["scaffold"]: r for r in ev.read_runs(tmp_path / "runs.jsonl").values()}  # with the context lists
+    assert set(rows) == {"matryoshka", "monolithic"} and all(r["status"] == "ok" for r in rows.values())
+    assert len(full["matryoshka"]["context"]) == rows["matryoshka"]["steps"] == 2  # one Orchestrator prompt a round
+    mono = full["monolithic"]["context"]
+    assert len(mono) >= 2 and all(b > a for a, b in zip(mono, mono[1:]))  # the monolithic chat only grows
+    assert all(r["valid_attempts"] <= r["steps"] and r["private"] is not None for r in rows.values())
+
+# -------------------------------------------------------------------------------------------------- the run log
+
+
+def test_read_runs_cuts_a_torn_last_line(tmp_path):
+    path = tmp_path / "runs.jsonl"
+    ev.collect.append_line(path, {"key": "a", "x": 1})
+    ev.collect.append_line(path, {"key": "b", "x": 2})
+    with open(path, "a") as f:
+        f.write('{"key": "c", "x"')  # killed mid-write
+    assert set(ev.read_runs(path)) == {"a", "b"}
+    assert path.read_text().endswith("\n")  # the next append starts on a fresh line
+    ev.collect.append_line(path, {"key": "c", "x": 3})
+    assert ev.read_runs(path)["c"]["x"] == 3
+
+# ----------------------------------------------------------------------------------------------------- end to end
+
+
+def _eval(*args, cwd=ROOT):
+    return subprocess.run([sys.executable, str(ROOT / "eval.py"), *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=600)
+
+
+@pytest.mark.slow
+def test_end_to_end_scripted_k2_and_resume(tmp_path):
+    args = ["--policy", "scripted", "--tasks", "wine", "--k", "2", "--max-steps", "6", "--out", str(tmp_path),
+            "--no-plots"]
+    first = _eval(*args)
+    assert first.returncode == 0, first.stderr
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert (tmp_path / "report.md").read_text().count("| mlab | scripted | wine |") == 1
+    runs = [json.loads(line) for line in (tmp_path / "runs.jsonl").read_text().splitlines()]
+    assert [r["run"] for r in runs] == [0, 1] and len({r["seed"] for r in runs}) == 2
+    task = env.load_task("wine")
+    starter = env.run_script(task, (task.public_dir / "train.py").read_text())
+    assert report["tasks"]["wine"]["m_init"]["private"] == pytest.approx(starter.test_score)
+    (g,) = report["groups"]
+    t = g["tasks"][0]
+    for key in ("m_init", "avg@K", "best@K", "gain_avg", "gain_best", "human_rank_avg", "human_rank_best",
+                "valid_rate", "tokens_per_traj", "cost_per_traj"):
+        assert t[key] is not None, key
+    scores = [r["private"] if r["valid"] else starter.test_score for r in runs]
+    assert t["runs"] == 2 and t["avg@K"] == pytest.approx(sum(scores) / 2) and t["best@K"] == pytest.approx(min(scores))
+    assert t["gain_avg"] == pytest.approx(ev.performance_gain(t["avg@K"], starter.test_score, False))
+    board = [s for _, s in task.leaderboard()]
+    assert t["human_rank_best"] == pytest.approx(ev.human_rank(t["best@K"], board, False))
+    assert g["overall"]["gain_avg"] == pytest.approx(t["gain_avg"])
+    # each run's final train.py was graded on the private rows; the scripted expert's runs are valid
+    assert all(r["valid"] and r["steps"] >= 1 and len(r["context"]) == r["steps"] for r in runs)
+
+    second = _eval(*args)
+    assert second.returncode == 0, second.stderr
+    assert "2 already in" in second.stdout and "[1/" not in second.stdout
+    assert len((tmp_path / "runs.jsonl").read_text().splitlines()) == 2
+    again = json.loads((tmp_path / "report.json").read_text())
+    assert again["groups"] == report["groups"]
+
+
+def test_plots_where_matplotlib_is_installed(tmp_path):
+    pytest.importorskip("matplotlib")
+    log = tmp_path / "log.jsonl"
+    log.write_text("".join(json.dumps({"iteration": i, "reward": -1 + i / 10}) + "\n" for i in range(1, 6)))
+    cfg = ev.Config(out=str(tmp_path), ppo_log=str(log))
+    group = lambda s: {"scaffold": s, "policy": "p", "overall": {"gain_avg": 0.1, "cost_per_traj": 0.0,  # noqa: E731
+                                                                "tokens_per_traj": 100.0}}
+    runs = [{"scaffold": "matryoshka", "policy": "p", "context": [10, 12, 14]},
+            {"scaffold": "monolithic", "policy": "p", "context": [10, 30, 60, 100]}]
+    made = ev.plots({"groups": [group("matryoshka"), group("monolithic")]}, runs, cfg)
+    assert made == ["gain_vs_cost.png", "ppo_reward.png", "context_growth.png"]
+    assert all((tmp_path / m).stat().st_size > 1000 for m in made)
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--k", "0"], "--k must be at least 1"),
+    (["--tasks", "no-such-task"], "unknown task"),
+    (["--policy", "runs/no-such-ckpt"], "no checkpoint folder"),
+    (["--scaffold", "swarm"], "invalid choice"),
+])
+def test_usage_errors_exit_2_with_one_line(tmp_path, args, words):
+    out = _eval(*args, "--out", str(tmp_path))
+    assert out.returncode == 2
+    assert words in out.stderr and len(out.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "runs.jsonl").exists()

@@ -1,0 +1,314 @@
+"""Tests for ppo.py: the PPO arithmetic against hand computations, the rollout plumbing, and a tiny end-to-end run.
+
+- GAE (gamma 1, lambda 0.95) equals a hand-worked example and a direct loop, padding included; across the steps of an
+  episode (--episodic) it equals GAE over the concatenated steps;
+- the per-token KL penalty and the score on the last token match a hand computation; the KL is exactly zero when the
+  policy and the reference are the same model;
+- the clipped policy loss, clip fraction and clipped value loss equal hand-computed numbers; whitening gives zero mean
+  and unit variance over valid tokens only;
+- log-probs recomputed by a forward pass under logits / T equal generate's for left-padded prompts of different
+  lengths (and differ under another temperature, so the check can fail);
+- the ratio is 1 on the first minibatch of the first epoch, and not 1 afterwards;
+- executing the expert's own response from a restored state reproduces the expert's outcome and reward;
+- --episodic: each episode's prompts carry its history, and each row links to its episode's next step;
+- LoRA adapters start at the base model, switch off to the reference, and save merged into a loadable folder;
+- `ppo.py` as a subprocess: one iteration on a tiny model and a states pool built here from one built-in task writes a
+  checkpoint model.py loads, a critic state and a log line; a second call resumes; usage errors exit 2.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import collect
+import env
+import model
+import ppo
+
+ROOT = Path(ppo.__file__).resolve().parent
+
+
+# ------------------------------------------------------------------------------------------------ GAE
+
+def direct_gae(rewards, values, gamma, lam):
+    """The textbook recursion on one unpadded sequence, in plain Python."""
+    adv, last = [0.0] * len(rewards), 0.0
+    for t in reversed(range(len(rewards))):
+        next_v = values[t + 1] if t + 1 < len(values) else 0.0
+        last = rewards[t] + gamma * next_v - values[t] + gamma * lam * last
+        adv[t] = last
+    return adv
+
+
+def test_gae_hand_worked_example_with_padding():
+    rewards = torch.tensor([[0.0, 0.0, 1.0], [0.5, -1.0, 9.0]])
+    values = torch.tensor([[0.5, 0.2, 0.4], [0.1, 0.3, 7.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])  # the 9 and the 7 sit past the second response's end
+    adv, ret = ppo.gae(rewards, values, mask, 1.0, 0.95)
+    # row 0: A2 = 1 - 0.4 = 0.6; A1 = (0 + 0.4 - 0.2) + 0.95 * 0.6 = 0.77; A0 = (0.2 - 0.5) + 0.95 * 0.77 = 0.4315
+    # row 1: A1 = -1 - 0.3 = -1.3; A0 = (0.5 + 0.3 - 0.1) + 0.95 * -1.3 = -0.535
+    want = torch.tensor([[0.4315, 0.77, 0.6], [-0.535, -1.3, 0.0]])
+    assert torch.allclose(adv, want, atol=1e-6)
+    assert torch.allclose(ret, torch.tensor([[0.9315, 0.97, 1.0], [-0.435, -1.0, 0.0]]), atol=1e-6)
+
+
+def test_gae_equals_direct_loop_on_random_rows():
+    g = torch.Generator().manual_seed(0)
+    B, R = 5, 9
+    rewards, values = torch.randn(B, R, generator=g), torch.randn(B, R, generator=g)
+    lengths = [9, 1, 4, 7, 3]
+    mask = torch.tensor([[1.0] * n + [0.0] * (R - n) for n in lengths])
+    for gamma, lam in ((1.0, 0.95), (0.9, 0.5)):
+        adv, _ = ppo.gae(rewards, values, mask, gamma, lam)
+        for b, n in enumerate(lengths):
+            want = direct_gae(rewards[b, :n].tolist(), values[b, :n].tolist(), gamma, lam)
+            assert torch.allclose(adv[b, :n], torch.tensor(want), atol=1e-5)
+            assert not adv[b, n:].any()
+
+
+def test_episodic_gae_runs_across_the_steps_of_an_episode():
+    g = torch.Generator().manual_seed(1)
+    rewards, values = torch.randn(3, 4, generator=g), torch.randn(3, 4, generator=g)
+    mask = torch.tensor([[1.0, 1.0, 0.0, 0.0], [1.0, 1.0, 1.0, 1.0], [1.0, 1.0, 1.0, 0.0]])
+    nxt = [2, -1, -1]  # row 0 is step 0 of an episode whose step 1 is row 2; row 1 is a one-step episode
+    adv, _ = ppo.gae_rows(rewards, values, mask, nxt, 1.0, 0.95)
+    joined_r = rewards[0, :2].tolist() + rewards[2, :3].tolist()
+    joined_v = values[0, :2].tolist() + values[2, :3].tolist()
+    want = direct_gae(joined_r, joined_v, 1.0, 0.95)
+    assert torch.allclose(torch.cat([adv[0, :2], adv[2, :3]]), torch.tensor(want), atol=1e-5)
+    assert torch.allclose(adv[1], torch.tensor(direct_gae(rewards[1].tolist(), values[1].tolist(), 1.0, 0.95)),
+                          atol=1e-5)
+    alone, _ = ppo.gae_rows(rewards, values, mask, [-1, -1, -1], 1.0, 0.95)
+    assert not torch.allclose(alone[0], adv[0])  # the bootstrap from the next step matters
+
+
+# ------------------------------------------------------------------------------------------ rewards and losses
+
+def test_token_rewards_kl_penalty_and_score_on_last_token():
+    logprobs = torch.tensor([[-1.0, -2.0, 0.0]])
+    ref = torch.tensor([[-1.5, -2.0, 0.0]])
+    mask = torch.tensor([[1.0, 1.0, 0.0]])
+    rewards, kl = ppo.token_rewards(torch.tensor([1.0]), logprobs, ref, mask, 0.1)
+    assert torch.allclose(kl, torch.tensor([[0.5, 0.0, 0.0]]))
+    assert torch.allclose(rewards, torch.tensor([[-0.05, 1.0, 0.0]]))  # -0.1 * 0.5; the score on token 2 of 2
+
+
+def test_policy_and_value_losses_equal_hand_computed_numbers():
+    old = torch.zeros(2, 3)
+    new = torch.tensor([[math.log(1.5), math.log(0.5), 0.3], [math.log(1.1), 0.0, 0.0]])
+    adv = torch.tensor([[1.0, -2.0, 5.0], [2.0, 0.0, 0.0]])
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
+    loss, clipfrac, ratio = ppo.policy_loss(new, old, adv, mask, 0.2)
+    # ratio 1.5, A=1: max(-1.5, -1.2) = -1.2 | ratio 0.5, A=-2: max(1.0, 1.6) = 1.6 | ratio 1.1, A=2: -2.2
+    assert float(loss) == pytest.approx((-1.2 + 1.6 - 2.2) / 3, abs=1e-6)
+    assert float(clipfrac) == pytest.approx(2 / 3)
+    assert float(ratio[0, 0]) == pytest.approx(1.5)
+    values, old_values = torch.tensor([[1.0, 0.6]]), torch.tensor([[0.5, 0.5]])
+    returns, vmask = torch.tensor([[2.0, 0.0]]), torch.ones(1, 2)
+    vf = ppo.value_loss(values, old_values, returns, vmask, 0.2)
+    # token 1: V_clip = 0.7; max((1 - 2)^2, (0.7 - 2)^2) = 1.69 -> 0.845; token 2: V_clip = 0.6 -> 0.5 * 0.36 = 0.18
+    assert float(vf) == pytest.approx((0.845 + 0.18) / 2, abs=1e-6)
+    assert float(ppo.value_loss(values, old_values, returns, vmask, 10.0)) == pytest.approx((0.5 + 0.18) / 2)
+
+
+def test_whiten_over_valid_tokens_only():
+    x = torch.tensor([[1.0, 2.0, 3.0], [4.0, 100.0, -50.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0]])
+    w = ppo.whiten(x, mask)
+    valid = w[mask.bool()]
+    assert float(valid.mean()) == pytest.approx(0.0, abs=1e-6)
+    assert float(valid.std()) == pytest.approx(1.0, abs=1e-4)  # unbiased, as masked_whiten
+    assert w[1, 1] == 0 and w[1, 2] == 0
+    assert float(w[0, 0]) == pytest.approx((1 - 2.5) / math.sqrt(5 / 3), abs=1e-4)
+
+
+# ------------------------------------------------------------------------------------------ the tiny model
+
+@pytest.fixture(scope="module")
+def tiny():
+    torch.manual_seed(0)
+    tok = model.train_tokenizer(["Thought: list the files.\nAction: List Files\nAction Input: {}"] * 4, 300)
+    lm = model.Qwen(model.tiny_config(vocab_size=len(tok))).eval()
+    return lm, tok
+
+
+def rollout(lm, temperature=0.7, seed=0):
+    prompts = [[5, 6, 7, 8, 9, 10, 11], [12, 13], [14, 15, 16, 17]]  # different lengths: left padding
+    g = torch.Generator().manual_seed(seed)
+    gen = lm.generate(prompts, max_new_tokens=6, temperature=temperature, generator=g, stop_token_ids=[3])
+    return prompts, gen
+
+
+def test_recomputed_logprobs_equal_generation_logprobs(tiny):
+    lm, _ = tiny
+    prompts, gen = rollout(lm, temperature=0.7)
+    ids, attn, mask, P = ppo.make_batch(prompts, gen.tokens, 0, "cpu")
+    with torch.no_grad():
+        lp = ppo.response_logprobs(lm, ids, attn, P, 0.7, lm.sample_vocab_size)
+        other = ppo.response_logprobs(lm, ids, attn, P, 1.0, lm.sample_vocab_size)
+    for b, want in enumerate(gen.logprobs):
+        assert torch.allclose(lp[b, :len(want)], torch.tensor(want), atol=1e-5)
+        assert not torch.allclose(other[b, :len(want)], torch.tensor(want), atol=1e-3)
+    assert mask.sum(1).tolist() == [len(t) for t in gen.tokens]
+
+
+def test_kl_is_zero_when_policy_equals_reference(tiny):
+    lm, _ = tiny
+    prompts, gen = rollout(lm, seed=1)
+    ids, attn, mask, P = ppo.make_batch(prompts, gen.tokens, 0, "cpu")
+    critic = ppo.Critic(copy.deepcopy(lm))
+    cfg = ppo.Config(micro_batch=2, temperature=0.7)
+    lp, ref_lp, values = ppo.forward_scores(lm, critic, copy.deepcopy(lm), ids, attn, P, cfg, torch.device("cpu"),
+                                            lm.sample_vocab_size)
+    _, kl = ppo.token_rewards(torch.zeros(3), lp * mask, ref_lp * mask, mask, 0.05)
+    assert (kl == 0).all() and (lp * mask).abs().sum() > 0 and values.shape == mask.shape
+
+
+def test_ratio_is_one_on_the_first_minibatch_only(tiny):
+    lm, _ = tiny
+    actor, ref = copy.deepcopy(lm), copy.deepcopy(lm)
+    critic = ppo.Critic(copy.deepcopy(lm))
+    prompts, gen = rollout(actor, seed=2)
+    ids, attn, mask, P = ppo.make_batch(prompts * 2, gen.tokens * 2, 0, "cpu")
+    cfg = ppo.Config(micro_batch=2, num_minibatches=3, update_epochs=2, actor_lr=1e-2, critic_lr=1e-2)
+    dev = torch.device("cpu")
+    lp, ref_lp, values = (x * mask for x in ppo.forward_scores(actor, critic, ref, ids, attn, P, cfg, dev, 512))
+    rewards, _ = ppo.token_rewards(torch.tensor([1.0, -1.0, 0.0] * 2), lp, ref_lp, mask, cfg.kl_coef)
+    adv, ret = ppo.gae(rewards, values, mask, 1.0, 0.95)
+    data = dict(ids=ids, attn=attn, P=P, mask=mask, logprobs=lp, values=values, advantages=ppo.whiten(adv, mask),
+                returns=ret)
+    opt_a = torch.optim.AdamW(actor.parameters(), lr=cfg.actor_lr)
+    opt_c = torch.optim.AdamW(critic.parameters(), lr=cfg.critic_lr)
+    stats = ppo.ppo_update(actor, critic, opt_a, opt_c, data, cfg, dev, 512, torch.Generator().manual_seed(0))
+    assert stats["ratio_first_minibatch_max_dev"] < 1e-5
+    assert stats["approx_kl"] > 0  # later minibatches see a moved policy: the ratio is not 1 there
+    with torch.no_grad():
+        after = ppo.response_logprobs(actor, ids, attn, P, cfg.temperature, 512)
+    assert ((after - lp).abs() * mask).max() > 1e-3
+
+
+def test_lora_starts_at_the_base_switches_off_to_it_and_saves_merged(tiny, tmp_path):
+    lm, tok = tiny
+    ids = torch.tensor([[5, 6, 7, 8]])
+    with torch.no_grad():
+        base = lm(ids)
+        lora = copy.deepcopy(lm)
+        ppo.add_lora(lora, rank=2, alpha=4.0)
+        assert torch.equal(lora(ids), base)  # B = 0: training starts at the base model
+        trainable = [n for n, p in lora.named_parameters() if p.requires_grad]
+        assert trainable and all(n.endswith((".A", ".B")) for n in trainable)
+        for m in lora.modules():
+            if isinstance(m, ppo.LoRALinear):
+                m.B.normal_(std=0.1)
+        moved = lora(ids)
+        assert not torch.allclose(moved, base, atol=1e-4)
+        ppo.set_lora(lora, False)  # the reference policy under --lora-rank
+        assert torch.equal(lora(ids), base)
+        ppo.set_lora(lora, True)
+        ppo.save_actor(lora, tok, tmp_path / "merged")
+        loaded, _ = model.load(tmp_path / "merged", "cpu")
+        assert torch.allclose(loaded(ids), moved, atol=1e-4)
+
+
+# ------------------------------------------------------------------------------------------ states and the CLI
+
+@pytest.fixture(scope="module")
+def pool(tmp_path_factory):
+    """A states pool from one short scripted trajectory on a built-in task, and a tiny checkpoint trained on it."""
+    out = tmp_path_factory.mktemp("ppo")
+    traj = collect.rollout({"id": "digits-0000", "task": "digits", "ideas": [["model", "Use a random forest."]],
+                            "expert": "scripted", "base_url": None, "prices": (0.0, 0.0), "max_steps": 3,
+                            "time_limit": 600.0})
+    states = list(collect.state_rows([traj]))
+    collect.write_atomic(out / "states.jsonl", states)
+    tok = model.train_tokenizer([m["content"] for s in states for m in s["messages"]], 512)
+    torch.manual_seed(0)
+    model.save(model.Qwen(model.tiny_config(vocab_size=len(tok))), tok, out / "tiny")
+    return out, traj, states
+
+
+def test_expert_response_from_restored_state_reproduces_its_reward(pool):
+    _, traj, states = pool
+    for step, state in zip(traj["steps"], states):
+        e = ppo.make_env(state["task"], state["task_dir"], env.recipe_editor)
+        e.restore(state["snapshot"])
+        got = ppo.execute(e, step["response"], state["m_init"], state["m_best"], state["higher_is_better"],
+                          ppo.RewardConfig())
+        assert (got["kind"], got["reward"]) == (step["kind"], pytest.approx(step["reward"]))
+    e = ppo.make_env(states[0]["task"], states[0]["task_dir"], env.recipe_editor)
+    e.restore(states[0]["snapshot"])
+    bad = ppo.execute(e, "no format at all", 0.5, 0.9, True, ppo.RewardConfig())
+    assert (bad["kind"], bad["reward"]) == ("invalid", -1.0)
+
+
+LIST = ("Reflection: none\nResearch Plan and Status: 1. look [in progress]\nFact Check: none\nThought: look\n"
+        "Action: List Files\nAction Input: {\"dir_path\": \".\"}")
+
+
+def test_episodic_rollout_links_the_steps_of_each_episode(pool, monkeypatch):
+    _, _, states = pool
+    seen = []
+
+    def fake_generate(lm, tokenizer, messages, cfg, device):  # the policy always lists the files
+        seen.append(messages)
+        return [[1, 2]] * len(messages), [[4, 5, 6]] * len(messages), [[-0.1] * 3] * len(messages), \
+            [LIST] * len(messages)
+
+    monkeypatch.setattr(ppo, "generate", fake_generate)
+    cfg = ppo.Config(episode_steps=2)
+    with ppo.ThreadPoolExecutor(2) as pool_:
+        _, tokens, _, outcomes, nxt = ppo.episode_rollout([states[0], states[0]], None, None, cfg, pool_,
+                                                          env.recipe_editor, "cpu", lambda name: None)
+    assert nxt == [2, 3, -1, -1] and len(tokens) == 4  # rows in step order: episode 0 and 1 at step 0, then step 1
+    assert [o["kind"] for o in outcomes] == ["neutral"] * 4 and all(o["reward"] == 0 for o in outcomes)
+    assert "Now let's start" in seen[0][0][1]["content"]  # the task start, with the expert's first-step ideas
+    assert states[0]["ideas"][0][1] in seen[0][0][1]["content"]
+    assert "Step 0:" in seen[1][0][1]["content"] and "train.py" in seen[1][0][1]["content"]  # the observation
+
+
+def run_ppo(*args, cwd):
+    return subprocess.run([sys.executable, str(ROOT / "ppo.py"), *map(str, args)], capture_output=True, text=True,
+                          cwd=cwd, timeout=300)
+
+
+@pytest.mark.slow
+def test_ppo_end_to_end_writes_a_loadable_checkpoint_and_resumes(pool):
+    out, _, states = pool
+    common = ["--model", out / "tiny", "--states", out / "states.jsonl", "--out", out / "ckpt", "--log",
+              out / "log.jsonl", "--batch-size", 2, "--num-minibatches", 2, "--micro-batch", 1, "--max-new-tokens",
+              8, "--workers", 2, "--actor-lr", 1e-3]
+    r = run_ppo(*common, "--iterations", 1, cwd=out)
+    assert r.returncode == 0, r.stderr
+    lines = (out / "log.jsonl").read_text().splitlines()
+    log = json.loads(lines[-1])
+    assert len(lines) == 1 and log["iteration"] == 1 and log["states"] == 2 and -1 <= log["reward"] <= 1
+    assert log["ratio_first_minibatch_max_dev"] < 1e-5 and log["generate_vs_forward_logprob_gap"] < 1e-4
+    assert "it 1/1 reward" in r.stdout
+    lm, _ = model.load(out / "ckpt", "cpu")
+    base, _ = model.load(out / "tiny", "cpu")
+    assert any((a - b).abs().max() > 0 for a, b in zip(lm.parameters(), base.parameters()))  # the actor moved
+    state = torch.load(out / "ckpt" / "trainer_state" / "state.pt", weights_only=False)
+    assert "head.weight" in state["critic"] and state["progress"]["iteration"] == 1
+    r = run_ppo(*common, "--iterations", 2, cwd=out)
+    assert r.returncode == 0, r.stderr
+    assert "resuming" in r.stdout and "it 2/2" in r.stdout and "it 1/2" not in r.stdout
+    assert [json.loads(x)["iteration"] for x in (out / "log.jsonl").read_text().splitlines()] == [1, 2]
+
+
+@pytest.mark.parametrize("args", [["--model", "/no/such/folder"], ["--states", "/no/such/states.jsonl"],
+                                  ["--batch-size", "0"], ["--temperature", "0"], ["--bogus", "1"]])
+def test_usage_errors_exit_2_with_one_line(args, pool, tmp_path, capsys):
+    out, _, _ = pool
+    base = {"--model": str(out / "tiny"), "--states": str(out / "states.jsonl"), "--out": str(tmp_path / "o")}
+    base.update(dict(zip(args[::2], args[1::2])))
+    with pytest.raises(SystemExit) as exit_:
+        ppo.main([x for kv in base.items() for x in kv])  # each is caught before any model is loaded
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and len(err.strip().splitlines()) == 1 and "ppo.py: error" in err
