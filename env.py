@@ -1,7 +1,8 @@
 """The ML task world the agents act on: tasks, grading, the sandbox that runs agent code, and the agent's actions.
 
 Reading order: metrics -> the task folder (Task, load_task, grade) -> built-in tasks (data, starter scripts, reference
-leaderboards, prepare) -> the sandbox (run_script) -> offline recipes for `Edit Script (AI)` -> actions and Env -> CLI.
+leaderboards, prepare) -> MLE-bench competitions (import_mlebench) -> the sandbox (run_script) -> offline recipes for
+`Edit Script (AI)` -> actions and Env -> CLI.
 
 What comes from where, and how this departs from it:
 - The action set, its JSON arguments and the wording of observations follow MLAgentBench (Huang et al., 2023;
@@ -13,7 +14,8 @@ What comes from where, and how this departs from it:
 - A task folder is MLE-bench-like (`public/` what the agent sees, `private/answers.csv` the hidden test answers with a
   `part` column: the Kaggle public/private split of the test rows). Built-in tasks are made from scikit-learn's shipped
   datasets or generated, with fixed seeds; their `private/leaderboard.csv` is a *reference panel* of scikit-learn
-  pipelines scored on the private part, not human Kaggle entries.
+  pipelines scored on the private part, not human Kaggle entries. An MLE-bench competition becomes such a folder with
+  `import_mlebench` (its section says what carries over and what does not).
 - `Edit Script (AI)` takes any editor `(instruction, code) -> code`; `recipe_editor` is an offline stand-in that only
   knows the recipes below for the built-in starter scripts (an LLM editor from agent.py replaces it when configured).
 
@@ -27,6 +29,8 @@ The sandbox (`run_script`) treats agent code as untrusted. It protects against:
   also catches daemons that left the group with setsid; rlimits on CPU time, file size, open files, processes (per
   uid, as root), core dumps (0) and, for CPU-only runs, address space;
 - floods: output goes to a log file on disk capped by RLIMIT_FSIZE; the caller gets its head and tail;
+- links planted for the root parent: the submission and the outputs a caller keeps (`keep`) must be plain files in
+  the work folder, so neither the grader nor the copy follows a symlink to `private/`;
 - the network: a new, empty network namespace (`unshare(CLONE_NEWNET)`) where the kernel allows it.
 It does NOT protect against: kernel exploits (same kernel, no seccomp filter), reading world-readable files
 elsewhere on the machine, filling the disk with many files below the size limit, using the GPU (not isolated) or
@@ -36,6 +40,8 @@ When the Python interpreter lives under a folder the sandbox uid cannot enter (e
 private mount namespace in which that folder is covered by an empty tmpfs with only the interpreter bound back in.
 
 Run:  python env.py list | python env.py prepare | python env.py run --task digits --script my_train.py
+      python env.py import-mlebench --prepared ~/.cache/mle-bench/data/ID/prepared --out runs/tasks-mle/ID
+          --metric accuracy --leaderboard mle-bench/mlebench/competitions/ID/leaderboard.csv
 """
 from __future__ import annotations
 
@@ -113,18 +119,27 @@ def _log_loss(y, p) -> float:
 
 @dataclass(frozen=True)
 class Metric:
-    fn: Callable
+    fn: Callable  # (truth, prediction) -> score
     higher_is_better: bool
     kind: str  # "label" (class labels), "probability" (values in [0, 1]) or "value" (any finite number)
+    label: str  # the name a starter script prints
+    sklearn: str  # the same metric in scikit-learn, as a starter script computes it on its validation rows
+    scoring: str  # scikit-learn's scorer name (the grid-search recipe)
 
 
 METRICS = {
-    "accuracy": Metric(lambda y, p: float(np.mean(y == p)), True, "label"),
-    "f1_macro": Metric(_f1_macro, True, "label"),
-    "roc_auc": Metric(_roc_auc, True, "probability"),
-    "log_loss": Metric(_log_loss, False, "probability"),
-    "mae": Metric(lambda y, p: float(np.mean(np.abs(y - p))), False, "value"),
-    "rmse": Metric(lambda y, p: float(np.sqrt(np.mean((y - p) ** 2))), False, "value"),
+    "accuracy": Metric(lambda y, p: float(np.mean(y == p)), True, "label", "accuracy",
+                       "accuracy_score(y_val, model.predict(X_val))", "accuracy"),
+    "f1_macro": Metric(_f1_macro, True, "label", "macro-F1",
+                       "f1_score(y_val, model.predict(X_val), average='macro')", "f1_macro"),
+    "roc_auc": Metric(_roc_auc, True, "probability", "ROC AUC",
+                      "roc_auc_score(y_val, model.predict_proba(X_val)[:, 1])", "roc_auc"),
+    "log_loss": Metric(_log_loss, False, "probability", "log-loss", "log_loss(y_val, model.predict_proba(X_val))",
+                       "neg_log_loss"),
+    "mae": Metric(lambda y, p: float(np.mean(np.abs(y - p))), False, "value", "MAE",
+                  "mean_absolute_error(y_val, model.predict(X_val))", "neg_mean_absolute_error"),
+    "rmse": Metric(lambda y, p: float(np.sqrt(np.mean((y - p) ** 2))), False, "value", "RMSE",
+                   "root_mean_squared_error(y_val, model.predict(X_val))", "neg_root_mean_squared_error"),
 }
 
 # ========================================================================================= the task folder
@@ -229,8 +244,9 @@ class Grade:
 
 def _check_submission(task: Task, path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(truth, prediction, is_public) aligned by id; raises ValueError with the reason a submission is rejected."""
-    if not path.is_file():
-        raise ValueError(f"no submission: {path.name} does not exist (the script must write submission.csv)")
+    if path.is_symlink() or not path.is_file():  # the grader runs as root: a link could lead it to private/
+        raise ValueError(f"no submission: {path.name} does not exist or is not a plain file (the script must write "
+                         f"submission.csv)")
     try:
         sub = pd.read_csv(path)
     except Exception as e:  # noqa: BLE001 - any parse failure is the submission's fault
@@ -447,21 +463,6 @@ model.fit(X, y)
 submission.to_csv("submission.csv", index=False)
 '''
 
-# metric -> (import, validation expression, label printed, scikit-learn scorer name used by recipes)
-METRIC_CODE = {
-    "accuracy": ("from sklearn.metrics import accuracy_score", "accuracy_score(y_val, model.predict(X_val))",
-                 "accuracy", "accuracy"),
-    "f1_macro": ("from sklearn.metrics import f1_score", "f1_score(y_val, model.predict(X_val), average='macro')",
-                 "macro-F1", "f1_macro"),
-    "roc_auc": ("from sklearn.metrics import roc_auc_score", "roc_auc_score(y_val, model.predict_proba(X_val)[:, 1])",
-                "ROC AUC", "roc_auc"),
-    "log_loss": ("from sklearn.metrics import log_loss", "log_loss(y_val, model.predict_proba(X_val))",
-                 "log-loss", "neg_log_loss"),
-    "mae": ("from sklearn.metrics import mean_absolute_error", "mean_absolute_error(y_val, model.predict(X_val))",
-            "MAE", "neg_mean_absolute_error"),
-    "rmse": ("from sklearn.metrics import root_mean_squared_error",
-             "root_mean_squared_error(y_val, model.predict(X_val))", "RMSE", "neg_root_mean_squared_error"),
-}
 PLAIN_X = 'X = train.drop(columns=["id", "{target}"])\nX_test = test.drop(columns=["id"])'
 SUBMIT_LABEL = 'submission = pd.DataFrame({{"id": test["id"], "{target}": model.predict(X_test)}})'
 SUBMIT_PROBA = 'submission = pd.DataFrame({{"id": test["id"], "{target}": model.predict_proba(X_test)[:, 1]}})'
@@ -497,14 +498,15 @@ class TaskSpec:
         return [f"class_{c}" for c in range(3)] if self.submit == SUBMIT_CLASSES else [self.target]
 
     def starter(self) -> str:
-        imp, score, label, _ = METRIC_CODE[self.metric]
+        metric = METRICS[self.metric]
+        imp = f"from sklearn.metrics import {metric.sklearn.split('(')[0]}"
         split = "random_state=0" + (", stratify=y" if self.kind == "classification" else "")
         if self.modality == "time series":
             split = "shuffle=False"  # train.csv is in time order: validate on its latest days
-        return STARTER.format(name=self.name, baseline=self.baseline, label=label, target=self.target,
+        return STARTER.format(name=self.name, baseline=self.baseline, label=metric.label, target=self.target,
                               imports="\n".join(sorted({imp, *self.model[0].splitlines()})),
                               data=self.data.replace("{target}", self.target), model=self.model[1], split=split,
-                              score=score, submit=self.submit.format(target=self.target))
+                              score=metric.sklearn, submit=self.submit.format(target=self.target))
 
 
 CHURN_DATA = '''X = train.drop(columns=["id", "churn"])
@@ -578,6 +580,15 @@ BUILTIN_TASKS: dict[str, TaskSpec] = {s.name: s for s in [
              "one-hot neighborhoods and ridge regression", RIDGE, data=HOUSE_DATA),
 ]}
 
+# The agent's description.md: the problem and the files, then the evaluation and rules that every task shares.
+EVALUATION = """
+## Evaluation
+Metric: **{metric}** ({direction} is better), computed on the test rows. As on Kaggle, the test rows are split into a
+public part (its score may be reported while you work) and a private part used only for the final evaluation.
+
+## Rules
+The script runs in a sandbox with no network and a {time_limit:g} s time limit; only the files above are available.
+"""
 DESCRIPTION = """# {title}
 
 {about}
@@ -588,14 +599,7 @@ DESCRIPTION = """# {title}
 - `sample_submission.csv`: the format to write ({submission}).
 - `train.py`: a plain baseline ({baseline}). It is the starting point: improve it. It prints its validation score
   and must write `submission.csv` into the working directory.
-
-## Evaluation
-Metric: **{metric}** ({direction} is better), computed on the test rows. As on Kaggle, the test rows are split into a
-public part (its score may be reported while you work) and a private part used only for the final evaluation.
-
-## Rules
-The script runs in a sandbox with no network and a {time_limit:g} s time limit; only the files above are available.
-"""
+""" + EVALUATION
 
 
 def _columns(columns) -> str:
@@ -690,8 +694,15 @@ def _leaderboard(spec: TaskSpec, train, test, answers) -> pd.DataFrame:
     return board.sort_values("score", ascending=not metric.higher_is_better, kind="stable")
 
 
-def _build(spec: TaskSpec, folder: Path):
-    """Write one task folder: split the rows, the answers with their public/private part, starter, leaderboard."""
+def _parts(n: int, public_fraction=0.5, seed=0) -> np.ndarray:
+    """The Kaggle split of n test rows, seeded: a random `public_fraction` of them is "public", the rest "private"."""
+    rng = np.random.default_rng(seed)
+    return np.where(rng.permutation(n) < int(n * public_fraction), "public", "private")
+
+
+def _make(spec: TaskSpec) -> dict:
+    """One built-in task's files: split the rows, the answers with their public/private part, starter, leaderboard."""
+    metric = METRICS[spec.metric]
     df = spec.load()
     if spec.modality == "time series":  # the test rows are the last 120 days, kept in time order
         cut = sorted(df["date"].unique())[-120]
@@ -704,8 +715,7 @@ def _build(spec: TaskSpec, folder: Path):
         strat = df[spec.target] if spec.kind == "classification" else None
         train, test = train_test_split(df, test_size=spec.test_fraction, random_state=0, stratify=strat)
         train, test = train.sort_values("id"), test.sort_values("id")
-    rng = np.random.default_rng(0)
-    part = np.where(rng.permutation(len(test)) < len(test) // 2, "public", "private")
+    part = _parts(len(test))
     if spec.submit == SUBMIT_CLASSES:
         answers = pd.get_dummies(test[spec.target]).astype(int).set_axis(spec.target_columns, axis=1)
     else:
@@ -714,21 +724,12 @@ def _build(spec: TaskSpec, folder: Path):
     test_x = test.drop(columns=[spec.target])
     board = _leaderboard(spec, train, test_x, answers)
     y = train[spec.target]
-    default = (y.mode()[0] if METRICS[spec.metric].kind == "label" else y.mean()) if spec.submit == SUBMIT_LABEL \
-        else None
-    sample = pd.DataFrame({"id": test["id"]})
-    for c in spec.target_columns:
-        sample[c] = default if default is not None else (
-            round(y.mean(), 4) if spec.submit == SUBMIT_PROBA else round(1 / len(spec.target_columns), 4))
-    (folder / "public").mkdir(parents=True)
-    (folder / "private").mkdir(mode=0o700)
-    train.to_csv(folder / "public" / "train.csv", index=False)
-    test_x.to_csv(folder / "public" / "test.csv", index=False)
-    sample.to_csv(folder / "public" / "sample_submission.csv", index=False)
-    (folder / "public" / "train.py").write_text(spec.starter())
-    answers.to_csv(folder / "private" / "answers.csv", index=False)
-    board.to_csv(folder / "private" / "leaderboard.csv", index=False)
-    metric = METRICS[spec.metric]
+    if spec.submit == SUBMIT_CLASSES:
+        default = round(1 / len(spec.target_columns), 4)  # uniform class probabilities
+    elif spec.submit == SUBMIT_PROBA:
+        default = round(y.mean(), 4)  # the base rate
+    else:
+        default = y.mode()[0] if metric.kind == "label" else y.mean()
     info = {"name": spec.name, "title": spec.title, "metric": spec.metric, "higher_is_better": metric.higher_is_better,
             "id_column": "id", "target_columns": spec.target_columns, "best_score": float(board["score"].iloc[0]),
             "best_public_score": float(board["public_score"].max() if metric.higher_is_better
@@ -737,11 +738,38 @@ def _build(spec: TaskSpec, folder: Path):
             "public_fraction": round(float(np.mean(part == "public")), 4), "version": TASKS_VERSION,
             "leaderboard": "reference panel of scikit-learn pipelines scored on the private part, "
                            "not human Kaggle entries"}
-    (folder / "task.json").write_text(json.dumps(info, indent=2) + "\n")
-    (folder / "description.md").write_text(DESCRIPTION.format(
+    description = DESCRIPTION.format(
         title=spec.title, about=spec.about, n_train=len(train), n_test=len(test), columns=_columns(train.columns),
         submission=_columns(["id", *spec.target_columns]), baseline=spec.baseline, time_limit=spec.time_limit,
-        metric=spec.metric, direction="higher" if metric.higher_is_better else "lower"))
+        metric=spec.metric, direction="higher" if metric.higher_is_better else "lower")
+    sample = pd.DataFrame({"id": test["id"], **dict.fromkeys(spec.target_columns, default)})
+    return {"public/train.csv": train, "public/test.csv": test_x, "public/sample_submission.csv": sample,
+            "public/train.py": spec.starter(), "private/answers.csv": answers, "private/leaderboard.csv": board,
+            "task.json": info, "description.md": description}
+
+
+def _write_task(folder: Path, files: dict):
+    """Write a task folder from {relative path: DataFrame (CSV) | dict (JSON) | text | folder to copy}, private/
+    root-only; it is built next to `folder` and swapped in by two renames, so no reader sees half a folder."""
+    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
+    try:
+        (tmp / "task" / "private").mkdir(parents=True, mode=0o700)
+        for name, content in files.items():
+            path = tmp / "task" / name
+            path.parent.mkdir(parents=True, exist_ok=True)
+            if isinstance(content, pd.DataFrame):
+                content.to_csv(path, index=False)
+            elif isinstance(content, dict):
+                path.write_text(json.dumps(content, indent=2) + "\n")
+            elif isinstance(content, Path):
+                shutil.copytree(content, path, dirs_exist_ok=True)
+            else:
+                path.write_text(content)
+        if folder.exists():
+            os.replace(folder, tmp / "old")
+        os.replace(tmp / "task", folder)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def prepare(names=None, root=TASKS_DIR, force=False) -> list[Path]:
@@ -758,14 +786,7 @@ def prepare(names=None, root=TASKS_DIR, force=False) -> list[Path]:
             try:
                 fcntl.flock(lock, fcntl.LOCK_EX)
                 if force or not _current(folder):
-                    tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=root))
-                    try:
-                        _build(BUILTIN_TASKS[name], tmp / "task")
-                        if folder.exists():
-                            os.replace(folder, tmp / "old")  # swap by two renames: never a half-written folder
-                        os.replace(tmp / "task", folder)
-                    finally:
-                        shutil.rmtree(tmp, ignore_errors=True)
+                    _write_task(folder, _make(BUILTIN_TASKS[name]))
             finally:
                 os.close(lock)
         paths.append(folder)
@@ -777,6 +798,113 @@ def _current(folder: Path) -> bool:
         return json.loads((folder / "task.json").read_text()).get("version") == TASKS_VERSION
     except (OSError, json.JSONDecodeError):
         return False
+
+# ================================================================================== MLE-bench competitions
+# MLE-bench (Chan et al., 2024; github.com/openai/mle-bench) prepares a Kaggle competition into
+# <data>/<id>/prepared/public/ (train.csv, test.csv, sample_submission.csv, description.md: what the agent sees)
+# and prepared/private/test.csv (the answers); Kaggle's leaderboard is mlebench/competitions/<id>/leaderboard.csv
+# (a `score` column, best first). Departures: MLE-bench grades the whole test set with the competition's own
+# grade.py; here the test rows get a seeded public/private split, as Kaggle had, and grading uses one of METRICS (a
+# competition's own metric code is out of scope), so only competitions with CSV data and one of these metrics fit.
+
+GENERIC_BASELINE = '''"""Generic baseline of an imported MLE-bench task: it writes sample_submission.csv unchanged.
+
+A placeholder that makes a valid submission, not a model: it is the starting point to replace.
+"""
+import pandas as pd
+
+submission = pd.read_csv("sample_submission.csv")
+print(f"{len(submission)} rows of sample_submission.csv written unchanged to submission.csv")
+submission.to_csv("submission.csv", index=False)
+'''
+MLEBENCH_DESCRIPTION = """# {title}
+
+{about}
+
+## Files
+The competition's files ({files}) are in the working directory, with `train.py`: {baseline}. The script must write
+`submission.csv` in the format of `sample_submission.csv` ({submission}).
+""" + EVALUATION
+
+
+def import_mlebench(prepared, out, metric: str, leaderboard=None, id_column=None, higher_is_better=None,
+                    starter=None, name=None, split="held-out", time_limit=600.0, public_fraction=0.5,
+                    seed=0) -> Path:
+    """Write a task folder at `out` from an MLE-bench prepared competition (`<data>/<id>/prepared`, or its parent)."""
+    prepared, out = Path(prepared), Path(out)
+    prepared = prepared / "prepared" if (prepared / "prepared").is_dir() else prepared
+    missing = [f for f in ("public/train.csv", "public/test.csv", "public/sample_submission.csv", "private/test.csv")
+               if not (prepared / f).is_file()]
+    if missing:
+        raise TaskError(f"{prepared}: not an MLE-bench prepared competition with CSV data (missing "
+                        f"{', '.join(missing)})")
+    if leaderboard is not None and not Path(leaderboard).is_file():
+        raise TaskError(f"no such leaderboard: {leaderboard}")
+    if metric not in METRICS:
+        raise TaskError(f"unknown metric {metric!r}: env.py grades with {', '.join(METRICS)} (a competition's own "
+                        f"metric code is out of scope)")
+    m = METRICS[metric]
+    direction = "higher" if m.higher_is_better else "lower"
+    if higher_is_better not in (None, m.higher_is_better):
+        raise TaskError(f"{metric}: {direction} is better, not the direction given")
+    if out.exists() and not (out / "task.json").is_file():
+        raise TaskError(f"{out} exists and is not a task folder: choose a new --out")
+    sample = pd.read_csv(prepared / "public" / "sample_submission.csv")
+    id_column = id_column or sample.columns[0]
+    targets = [c for c in sample.columns if c != id_column]
+    truth = pd.read_csv(prepared / "private" / "test.csv")
+    missing = [c for c in (id_column, *targets) if c not in truth.columns or c not in sample.columns]
+    if missing or not targets or len(truth) != len(sample):
+        raise TaskError(f"{prepared}: private/test.csv ({len(truth)} rows) must hold the id column and the target "
+                        f"column(s) of sample_submission.csv ({len(sample)} rows); missing: {missing or 'none'}")
+    answers = truth[[id_column, *targets]].assign(part=_parts(len(truth), public_fraction, seed))
+    if leaderboard is not None:
+        board = pd.read_csv(leaderboard)
+        if "score" not in board or board["score"].isna().all():
+            raise TaskError(f"{leaderboard}: no `score` column with values")
+        board = board.dropna(subset=["score"])
+        # MLE-bench reads the direction off the leaderboard, best first (mlebench/grade_helpers.py, is_lower_better)
+        if (board["score"].iloc[0] - board["score"].iloc[-1]) * (1 if m.higher_is_better else -1) < 0:
+            raise TaskError(f"{leaderboard} ranks the other way round from {metric} ({direction} is better): "
+                            f"is {metric} the competition's metric?")
+        teams = board["teamId"].tolist() if "teamId" in board else range(1, len(board) + 1)  # MLE-bench drops names
+        board = pd.DataFrame({"entry": [f"team {t}" for t in teams], "score": board["score"].to_numpy(float)})
+        board = board.sort_values("score", ascending=not m.higher_is_better, kind="stable")
+        best = float(board["score"].iloc[0])
+    else:  # no leaderboard: the best score is the perfect one, the answers graded against themselves
+        values = answers[targets].to_numpy()
+        try:
+            values = _labels(values[:, 0]) if m.kind == "label" else values.astype(float).squeeze()
+        except ValueError:
+            raise TaskError(f"{prepared}: the answers are not numbers, as {metric} needs") from None
+        best = m.fn(values, values)
+    name = name or (prepared.parent.name if prepared.name == "prepared" else prepared.name)
+    about = prepared / "public" / "description.md"
+    info = {"name": name, "title": name, "metric": metric, "higher_is_better": m.higher_is_better,
+            "id_column": id_column, "target_columns": targets, "best_score": best, "time_limit": float(time_limit),
+            "split": split, "source": f"MLE-bench prepared competition {prepared.resolve()}",
+            "public_fraction": public_fraction, "split_seed": seed,
+            "leaderboard": "MLE-bench's copy of the Kaggle leaderboard: scored by the competition's own metric on "
+                           "Kaggle's test rows, not on these" if leaderboard is not None else
+                           "none: best_score is the perfect score"}
+    baseline = "the starter script given at import" if starter else \
+        "a generic baseline that writes sample_submission.csv unchanged (a placeholder, not a model: replace it)"
+    description = MLEBENCH_DESCRIPTION.format(
+        title=name, about=about.read_text().strip() if about.is_file() else f"MLE-bench competition {name}.",
+        files=_columns(sorted(p.name for p in (prepared / "public").iterdir())), baseline=baseline,
+        submission=_columns(sample.columns), metric=metric, direction=direction, time_limit=time_limit)
+    files = {"public": prepared / "public", "public/train.py": Path(starter).read_text() if starter
+             else GENERIC_BASELINE, "private/answers.csv": answers, "task.json": info, "description.md": description}
+    if leaderboard is not None:
+        files["private/leaderboard.csv"] = board
+    out.parent.mkdir(parents=True, exist_ok=True)
+    _write_task(out, files)
+    task = load_task(out)
+    check = grade(task, task.public_dir / "sample_submission.csv")
+    if not check.valid:
+        shutil.rmtree(out)
+        raise TaskError(f"sample_submission.csv does not grade under {metric}: {check.error}")
+    return out
 
 # ============================================================================================= the sandbox
 
@@ -809,6 +937,7 @@ class RunResult:
     cached: bool = False
     error: str | None = None  # the grader's message for invalid_submission
     isolation: str = ""  # what the sandbox applied on this machine
+    kept: dict[str, str] = field(default_factory=dict)  # output name -> path of its copy (run_script's `keep`)
 
 
 def _os_call(ret: int, what: str):
@@ -973,28 +1102,37 @@ def _task_hash(task: Task) -> str:
 
 
 def run_script(task, code: str, timeout=None, cache=True, files: dict[str, str] | None = None, *,
-               script="train.py", memory_limit: int | None = MEMORY_LIMIT) -> RunResult:
+               script="train.py", memory_limit: int | None = MEMORY_LIMIT, keep=()) -> RunResult:
     """Run `code` as `script` (train.py) in a fresh sandbox holding a copy of public/ and the extra `files`.
-    `memory_limit=None` lifts the address-space limit (GPU runs: CUDA maps far more virtual memory)."""
+    `memory_limit=None` lifts the address-space limit (GPU runs: CUDA maps far more virtual memory).
+    `keep` names outputs of the run (e.g. "submission.csv") to copy out of the work folder before it is deleted:
+    next to the log, or into the cache entry when the result is cached (a cache hit hands back those copies)."""
     task = load_task(task)
     timeout = float(timeout or task.time_limit)
     files = {_workspace_path(k): v for k, v in {**(files or {}), script: code}.items()}
+    keep = sorted({_workspace_path(k) for k in keep})
     key = hashlib.sha256(json.dumps([task.name, _task_hash(task), _workspace_path(script), sorted(files.items()),
-                                     timeout, memory_limit, FILE_SIZE_LIMIT]).encode()).hexdigest()
+                                     timeout, memory_limit, FILE_SIZE_LIMIT, *([keep] if keep else [])]).encode()
+                         ).hexdigest()  # `keep` joins the key only when given: runs without it share the old entries
     cached = CACHE_DIR / f"{key}.json"
     if cache and cached.exists():
         return RunResult(**{**json.loads(cached.read_text()), "cached": True})
-    result = _run(task, files, _workspace_path(script), timeout, memory_limit)
+    result = _run(task, files, _workspace_path(script), timeout, memory_limit, keep)
     if cache and result.status not in CACHE_SKIP:
         CACHE_DIR.mkdir(parents=True, exist_ok=True)
         os.chmod(CACHE_DIR, 0o700)  # results hold private scores: root-only, like private/
+        if result.kept:  # one folder per run, renamed whole: a reader sees all kept files of an entry or none
+            folder = CACHE_DIR / f"{key}.{Path(result.log_path).stem}.kept"
+            shutil.move(Path(result.log_path).with_suffix(".kept"), folder)
+            result.kept = {name: str(folder / name) for name in result.kept}
         tmp = CACHE_DIR / f".{key}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
         tmp.write_text(json.dumps(asdict(result)))
         os.replace(tmp, cached)  # atomic: a reader sees no file or the whole file
     return result
 
 
-def _run(task: Task, files: dict[str, str], script: str, timeout: float, memory_limit: int | None) -> RunResult:
+def _run(task: Task, files: dict[str, str], script: str, timeout: float, memory_limit: int | None,
+         keep: list[str]) -> RunResult:
     iso, stage = _isolation()
     uid, lock = _claim_uid() if iso.uid else (None, None)
     LOG_DIR.mkdir(parents=True, exist_ok=True)
@@ -1049,6 +1187,13 @@ def _run(task: Task, files: dict[str, str], script: str, timeout: float, memory_
             g = grade(task, work / "submission.csv")
             result.status = "success" if g.valid else "invalid_submission"
             result.score, result.test_score, result.error = g.public, g.private, g.error
+        for name in keep:  # plain files inside the work folder only: the copy runs as root, so no links followed
+            path = work / name
+            if not path.is_symlink() and path.is_file() and path.resolve().is_relative_to(work.resolve()):
+                copy = log_path.with_suffix(".kept") / name
+                copy.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(path, copy)
+                result.kept[name] = str(copy)
         return result
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -1078,10 +1223,10 @@ class Recipe:
     replace: str | None = None  # regex of the block line to replace
 
 
-CLASSIFY = ("digits", "breast-cancer", "churn", "wine")
-REGRESS = ("diabetes", "sales", "house-prices")
+TEXT = tuple(n for n, s in BUILTIN_TASKS.items() if s.modality == "text")
+CLASSIFY = tuple(n for n, s in BUILTIN_TASKS.items() if s.kind == "classification" and n not in TEXT)
+REGRESS = tuple(n for n, s in BUILTIN_TASKS.items() if s.kind == "regression")
 NUMERIC = CLASSIFY + REGRESS
-TEXT = ("reviews",)
 SCALER = "from sklearn.preprocessing import StandardScaler"
 PIPE = "from sklearn.pipeline import make_pipeline"
 MODEL_LINE = r"model = .*"
@@ -1216,7 +1361,7 @@ def recipes_for(task_name: str) -> list[Recipe]:
 def _apply(recipe: Recipe, code: str, task: str) -> str:
     spec = BUILTIN_TASKS[task]
     clf = spec.kind == "classification"
-    fill = dict(kind="Classifier" if clf else "Regressor", scoring=METRIC_CODE[spec.metric][3],
+    fill = dict(kind="Classifier" if clf else "Regressor", scoring=METRICS[spec.metric].scoring,
                 selector="f_classif" if clf else "f_regression", voting=', voting="soft"' if clf else "")
     lines = code.splitlines()
     marker = f"# --- {recipe.section} ---"
@@ -1380,6 +1525,11 @@ class Env:
         public = self.task.public_dir / path
         return public.read_text(errors="replace") if public.is_file() else None
 
+    def _save(self, path: str, text: str):
+        """Write a workspace script, remembering what it replaced for Undo Edit Script."""
+        self.history.append({"script": path, "content": self.files.get(path), "metric": self.metric})
+        self.files[path] = text
+
     def _run(self, script: str) -> RunResult:
         others = {k: v for k, v in self.files.items() if k != script}
         return run_script(self.task, self.files[script], timeout=self.timeout, cache=self.cache, files=others,
@@ -1445,8 +1595,7 @@ class Env:
             new = self.editor(str(edit_instruction), old)
         except Exception as e:  # noqa: BLE001 - any editor failure is an edit that cannot be applied
             return self._result(f"EnvError: the edit could not be applied: {e}", "error")
-        self.history.append({"script": save, "content": self.files.get(save), "metric": self.metric})
-        self.files[save] = new
+        self._save(save, new)
         diff = "".join(difflib.unified_diff(old.splitlines(True), new.splitlines(True), source, save))
         observation = (f"The edited file is saved to {save}. Here is the diff, please check if the edit is correct "
                        f"and desirable:\n\n{diff}")
@@ -1491,8 +1640,7 @@ class Env:
         src, dst = self._path(source), self._path(destination)
         if src not in self.files:
             return self._result(f"EnvError: cannot copy {source}: only scripts of the workspace can be copied", "error")
-        self.history.append({"script": dst, "content": self.files.get(dst), "metric": self.metric})
-        self.files[dst] = self.files[src]
+        self._save(dst, self.files[src])
         return self._result(f"File {src} copied to {dst}", "neutral")
 
     def _final_answer(self, final_answer):
@@ -1519,6 +1667,20 @@ def main(argv=None):
     run.add_argument("--script", required=True, help="the Python file to run")
     run.add_argument("--timeout", type=float, help="wall-clock limit in seconds (default: the task's)")
     run.add_argument("--no-cache", action="store_true", help="run even when an identical run is cached")
+    imp = sub.add_parser("import-mlebench", help="make a task folder from an MLE-bench prepared competition")
+    imp.add_argument("--prepared", required=True, help="<data>/<competition id>/prepared, holding public/ and private/")
+    imp.add_argument("--out", required=True, help="the task folder to write")
+    imp.add_argument("--metric", required=True, help=f"the competition's metric, one of: {', '.join(METRICS)}")
+    imp.add_argument("--leaderboard", help="mlebench/competitions/<id>/leaderboard.csv (a `score` column)")
+    imp.add_argument("--id-column", help="default: the first column of sample_submission.csv")
+    imp.add_argument("--higher-is-better", dest="higher", action="store_const", const=True,
+                     help="a check: must agree with the metric")
+    imp.add_argument("--lower-is-better", dest="higher", action="store_const", const=False)
+    imp.add_argument("--starter", help="the starting train.py (default: a generic baseline that copies "
+                     "sample_submission.csv)")
+    imp.add_argument("--name", help="the task name (default: the competition id)")
+    imp.add_argument("--split", choices=("held-in", "held-out"), default="held-out")
+    imp.add_argument("--time-limit", type=float, default=600.0, help="seconds per run of the agent's script")
     args = parser.parse_args(argv)
     try:
         if args.command == "list":
@@ -1531,6 +1693,11 @@ def main(argv=None):
             for path in prepare(args.names or None, force=args.force):
                 print(path)
             print(f"prepared in {time.time() - start:.1f}s", file=sys.stderr)
+        elif args.command == "import-mlebench":
+            if args.starter and not Path(args.starter).is_file():
+                parser.error(f"no such starter script: {args.starter}")
+            print(import_mlebench(args.prepared, args.out, args.metric, args.leaderboard, args.id_column, args.higher,
+                                  args.starter, args.name, args.split, args.time_limit))
         else:
             script = Path(args.script)
             if not script.is_file():

@@ -441,6 +441,36 @@ def test_cache_is_per_task(digits, wine):
     assert run(wine, code, cache=True).cached is False
 
 
+def test_keep_copies_named_outputs_next_to_the_log(digits):
+    code = COPY_SAMPLE + ('import os\nos.makedirs("out")\nopen("out/notes.txt", "w").write("NOTES-OK")\n'
+                          'os.symlink(os.path.abspath("train.csv"), "link.csv")\nos.symlink("/etc", "etc")\n')
+    r = run(digits, code, keep=("submission.csv", "out/notes.txt", "link.csv", "etc/hostname", "none.txt"))
+    assert r.status == "success", r.output
+    assert sorted(r.kept) == ["out/notes.txt", "submission.csv"]  # links and missing files are not kept
+    assert Path(r.kept["out/notes.txt"]).read_text() == "NOTES-OK"
+    assert Path(r.kept["submission.csv"]).read_bytes() == (digits.public_dir / "sample_submission.csv").read_bytes()
+    assert Path(r.kept["submission.csv"]).parent.parent == Path(r.log_path).parent  # next to the log
+
+
+def test_keep_survives_a_cache_hit(digits):
+    code = f"# nonce {uuid.uuid4().hex}\nimport random\nopen('model.txt', 'w').write(str(random.random()))\n" \
+        + COPY_SAMPLE
+    first = run(digits, code, cache=True, keep=("model.txt",))
+    second = run(digits, code, cache=True, keep=("model.txt",))
+    assert (first.cached, second.cached) == (False, True)
+    assert second.kept == first.kept and Path(second.kept["model.txt"]).read_text() == \
+        Path(first.kept["model.txt"]).read_text()
+    assert float(Path(second.kept["model.txt"]).read_text()) < 1  # the run's own output...
+    assert Path(second.kept["model.txt"]).parent.parent == env.CACHE_DIR  # ...stored with the cache entry
+    plain = run(digits, code, cache=True)  # without keep: its own entry, not one without the kept file
+    assert plain.kept == {}
+
+
+def test_symlinked_submission_is_rejected(digits):
+    r = run(digits, 'import os\nos.symlink(os.path.abspath("sample_submission.csv"), "submission.csv")\n')
+    assert r.status == "invalid_submission" and "plain file" in r.error
+
+
 # ======================================================================================================= run statuses
 
 def test_success_has_public_and_private_scores(digits):
@@ -954,6 +984,91 @@ def test_every_recipe_runs_and_scores(name):
     assert failures == []
 
 
+# ====================================================================================================== MLE-bench import
+
+def _mlebench(root: Path, n_train=120, n_test=60) -> tuple[Path, Path]:
+    """A small competition laid out as MLE-bench prepares it (spaceship-titanic-like: string ids, boolean target):
+    <data>/<id>/prepared/{public,private}, and a Kaggle leaderboard as MLE-bench keeps it (best first)."""
+    import pandas as pd
+    rows = pd.DataFrame({"PassengerId": [f"{i:04d}_01" for i in range(n_train + n_test)],
+                         "Age": [(7 * i) % 80 for i in range(n_train + n_test)],
+                         "Transported": [(7 * i) % 80 > 30 for i in range(n_train + n_test)]})
+    train, test = rows[:n_train], rows[n_train:]
+    public, private = root / "data" / "tiny-titanic" / "prepared" / "public", \
+        root / "data" / "tiny-titanic" / "prepared" / "private"
+    public.mkdir(parents=True)
+    private.mkdir()
+    train.to_csv(public / "train.csv", index=False)
+    test.drop(columns=["Transported"]).to_csv(public / "test.csv", index=False)
+    test[["PassengerId"]].assign(Transported=False).to_csv(public / "sample_submission.csv", index=False)
+    (public / "description.md").write_text("# Tiny Titanic\n\nPredict `Transported` from `Age`.\n")
+    test.to_csv(private / "test.csv", index=False)  # MLE-bench keeps the whole test rows, features too
+    board = root / "leaderboard.csv"
+    pd.DataFrame({"scoreNullable": ["0.81", "0.8", "", "0.5"], "teamId": [11, 12, 13, 14],
+                  "hasTeamName": True, "submissionDate": "2022-04-01", "score": [0.81, 0.80, None, 0.50],
+                  "hasScore": [True, True, False, True]}).to_csv(board, index=False)
+    return public.parent, board
+
+
+def test_import_mlebench_makes_a_task_that_grades(tmp_path):
+    prepared, board = _mlebench(tmp_path)
+    out = env.import_mlebench(prepared, tmp_path / "task", "accuracy", leaderboard=board)
+    task = env.load_task(out)  # validates the folder
+    assert (task.name, task.id_column, task.target_columns) == ("tiny-titanic", "PassengerId", ["Transported"])
+    assert task.best_score == 0.81 and task.leaderboard()[0] == ("team 11", 0.81)
+    assert len(task.leaderboard()) == 3  # the entry without a score is dropped
+    assert oct(task.private_dir.stat().st_mode & 0o777) == "0o700"
+    assert "Predict `Transported` from `Age`." in task.description
+    answers = read_csv(task.private_dir / "answers.csv")
+    parts = [a["part"] for a in answers]
+    assert 0 < parts.count("public") < len(parts)
+    write_csv(tmp_path / "perfect.csv", answers, ["PassengerId", "Transported"])
+    g = env.grade(task, tmp_path / "perfect.csv")
+    assert (g.valid, g.public, g.private) == (True, 1.0, 1.0), g.error
+    again = env.import_mlebench(prepared, tmp_path / "again", "accuracy", leaderboard=board)
+    assert (again / "private" / "answers.csv").read_bytes() == (out / "private" / "answers.csv").read_bytes()
+
+
+def test_import_mlebench_generic_baseline_sets_m_init(tmp_path):
+    prepared, board = _mlebench(tmp_path)
+    task = env.load_task(env.import_mlebench(prepared, tmp_path / "task", "accuracy", leaderboard=board))
+    e = env.Env(task, cache=False)
+    e.reset()
+    sample = env.grade(task, task.public_dir / "sample_submission.csv")
+    assert e.m_init == sample.public and e.m_best == 0.81  # the baseline submits sample_submission.csv as it is
+
+
+def test_import_mlebench_starter_and_no_leaderboard(tmp_path):
+    prepared, _ = _mlebench(tmp_path)
+    script = tmp_path / "my_train.py"
+    script.write_text(COPY_SAMPLE)
+    task = env.load_task(env.import_mlebench(prepared, tmp_path / "task", "roc_auc", starter=script, name="tt"))
+    assert task.name == "tt" and starter(task) == COPY_SAMPLE
+    assert task.best_score == 1.0 and task.leaderboard() == []  # without a leaderboard: the perfect score
+
+
+@pytest.mark.parametrize("kw, words", [
+    (dict(metric="rmse"), ("other way", "rmse")),  # a leaderboard ranked best-first disagrees with lower-is-better
+    (dict(metric="accuracy", higher_is_better=False), ("higher is better",)),
+    (dict(metric="mean_average_precision"), ("unknown metric", "accuracy", "rmse")),
+])
+def test_import_mlebench_rejects_a_wrong_metric(tmp_path, kw, words):
+    prepared, board = _mlebench(tmp_path)
+    with pytest.raises(env.TaskError) as e:
+        env.import_mlebench(prepared, tmp_path / "task", leaderboard=board, **kw)
+    assert all(w in str(e.value) for w in words) and "\n" not in str(e.value), str(e.value)
+    assert not (tmp_path / "task").exists()
+
+
+def test_import_mlebench_will_not_replace_another_folder(tmp_path):
+    prepared, board = _mlebench(tmp_path)
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "keep.txt").write_text("x")
+    with pytest.raises(env.TaskError):
+        env.import_mlebench(prepared, tmp_path / "mine", "accuracy", leaderboard=board)
+    assert (tmp_path / "mine" / "keep.txt").read_text() == "x"
+
+
 # ======================================================================================================= command line
 
 def _cli(*args, timeout=120):
@@ -993,3 +1108,19 @@ def test_cli_missing_script_exits_2(tmp_path):
     out = _cli("run", "--task", "digits", "--script", str(tmp_path / "missing.py"))
     assert out.returncode == 2
     assert len(out.stderr.strip().splitlines()) == 1, out.stderr
+
+
+def test_cli_import_mlebench(tmp_path):
+    prepared, board = _mlebench(tmp_path)
+    out = _cli("import-mlebench", "--prepared", str(prepared), "--out", str(tmp_path / "task"), "--metric", "accuracy",
+               "--leaderboard", str(board), "--higher-is-better")
+    assert out.returncode == 0, out.stderr
+    assert env.load_task(out.stdout.strip()).best_score == 0.81
+
+
+def test_cli_import_mlebench_wrong_metric_exits_2(tmp_path):
+    prepared, board = _mlebench(tmp_path)
+    out = _cli("import-mlebench", "--prepared", str(prepared), "--out", str(tmp_path / "task"), "--metric", "bleu",
+               "--leaderboard", str(board))
+    assert out.returncode == 2
+    assert len(out.stderr.strip().splitlines()) == 1 and "accuracy" in out.stderr, out.stderr
