@@ -1,0 +1,126 @@
+"""Training benchmarks (not collected by pytest): one function per part, chosen with --part sft|ppo|all.
+
+sft: tokens/s of sft.py's optimizer step (SFTModel: hidden states, lm_head only at trained positions, masked
+cross-entropy, backward, clip, AdamW) against a plain `transformers` training step (Qwen*ForCausalLM(input_ids,
+labels=labels).loss, backward, clip, AdamW) on the same weights and the same batch, measured in the same run,
+interleaved, best of --repeats. The batch imitates SFT data: the first 90% of every sequence is prompt (label -100).
+On CUDA both sides run under bf16 autocast with fp32 weights, as sft.py does; --gpu-model also measures a real
+checkpoint (e.g. Qwen/Qwen2.5-0.5B-Instruct) with peak memory.
+
+  python tests/bench_train.py --part sft                      # CPU: a 4-layer, 256-wide Qwen3
+  python tests/bench_train.py --part sft --hidden 896 --layers 24 --vocab 151936 --seq 1024 --batch 4
+"""
+import argparse
+import os
+import sys
+import tempfile
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import model  # noqa: E402
+import sft  # noqa: E402
+
+
+def sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def sft_batch(vocab, batch, seq, device, prompt_share=0.9):
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, vocab, (batch, seq), generator=g)
+    labels = ids.clone()
+    labels[:, :int(prompt_share * seq)] = sft.IGNORE
+    return ids.to(device), labels.to(device)
+
+
+def bench_sft(a):
+    import transformers
+    device = torch.device(a.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    with tempfile.TemporaryDirectory() as folder:
+        if a.model:  # a real checkpoint
+            folder = model.resolve(a.model)
+            cfg = model.load(folder, "cpu", torch.float32)[0].config
+        else:
+            heads = max(4, a.hidden // 64)
+            cfg = model.tiny_config("qwen3", vocab_size=a.vocab, hidden_size=a.hidden, intermediate_size=3 * a.hidden,
+                                    num_hidden_layers=a.layers, num_attention_heads=heads,
+                                    num_key_value_heads=heads // 2, head_dim=a.hidden // heads,
+                                    max_position_embeddings=max(2048, a.seq))
+            torch.manual_seed(0)
+            tok = model.train_tokenizer(["hello world"], 300)
+            model.save(model.Qwen(cfg), tok, folder)
+        ours, _ = model.load(folder, device, torch.float32)
+        ours.train()
+        kw = {"dtype" if int(transformers.__version__.split(".")[0]) >= 5 else "torch_dtype": torch.float32}
+        hf = transformers.AutoModelForCausalLM.from_pretrained(folder, **kw).to(device).train()
+    ids, labels = sft_batch(cfg.vocab_size, a.batch, a.seq, device)
+    net = sft.SFTModel(ours)
+    opt_ours = torch.optim.AdamW(net.parameters(), lr=1e-5)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt_ours, lambda s: 1.0)
+    opt_hf = torch.optim.AdamW(hf.parameters(), lr=1e-5)
+    args = sft.Args(micro_batch=a.batch, grad_clip=1.0)
+    examples = [(x.tolist(), y.tolist()) for x, y in zip(ids.cpu(), labels.cpu())]
+
+    def step_ours():
+        sft.optimizer_step(net, opt_ours, sched, [examples], 0, device, args, 1)
+
+    def step_hf():
+        with sft.autocast(device):
+            loss = hf(input_ids=ids, labels=labels).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(hf.parameters(), 1.0)
+        opt_hf.step()
+        opt_hf.zero_grad(set_to_none=True)
+
+    best = {"ours": float("inf"), "transformers": float("inf")}
+    peak = {}
+    for name, fn in (("ours", step_ours), ("transformers", step_hf)):  # warm up (allocations, AdamW state)
+        fn()
+    for _ in range(a.repeats):
+        for name, fn in (("ours", step_ours), ("transformers", step_hf)):
+            if device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats()
+            sync(device)
+            t = time.perf_counter()
+            for _ in range(a.steps):
+                fn()
+            sync(device)
+            best[name] = min(best[name], (time.perf_counter() - t) / a.steps)
+            if device.type == "cuda":
+                peak[name] = torch.cuda.max_memory_allocated() / 2**30
+    n = a.batch * a.seq
+    params = sum(p.numel() for p in ours.parameters()) / 1e6
+    print(f"sft step on {device}, {params:.1f}M params, batch {a.batch} x {a.seq} tokens (90% prompt), "
+          f"best of {a.repeats} x {a.steps} steps, {torch.get_num_threads()} threads")
+    for name in best:
+        mem = f", peak {peak[name]:.2f} GiB" if name in peak else ""
+        print(f"  {name:12s} {n / best[name]:10.0f} tokens/s{mem}")
+    print(f"  ratio ours / transformers: {best['transformers'] / best['ours']:.2f}x tokens/s")
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--part", choices=["sft", "ppo", "all"], default="all")
+    p.add_argument("--model", default=None, help="a real checkpoint folder or hub id instead of a random model")
+    p.add_argument("--hidden", type=int, default=256)
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--vocab", type=int, default=8192)
+    p.add_argument("--seq", type=int, default=512)
+    p.add_argument("--batch", type=int, default=4)
+    p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--threads", type=int, default=0)
+    p.add_argument("--device", default=None)
+    a = p.parse_args()
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    parts = {"sft": [bench_sft], "ppo": [], "all": [bench_sft]}  # the PPO section adds bench_ppo here
+    for fn in parts[a.part]:
+        fn(a)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,291 @@
+"""Tests for sft.py: the assistant-only labels, the masked loss, accumulation, checkpoints, resume, DDP, the CLI.
+
+Everything runs on CPU with tiny models and chat data built here (a toy "calculator agent"), nothing from runs/:
+- ChatML labels: the three encoded pieces per message concatenate to the encoding of the whole rendered
+  conversation, the trained tokens decode to exactly each assistant content + <|im_end|>, and the first trained
+  token follows the generation prompt `<|im_start|>assistant\\n` (also with two assistant turns);
+- the masked loss equals a hand computation from the full logits (right padding changes nothing);
+- one optimizer step over two micro-batches equals one step over their union (loss averaged over all trained tokens);
+- gradient checkpointing gives the same gradients;
+- the loss falls when overfitting a tiny set; a checkpoint reloads (model.load) to the same logits;
+- resume from the epoch-1 checkpoint ends with the same weights as the uninterrupted run;
+- 2-process DDP on gloo: both ranks end with identical weights, equal to a 1-process run with the same global batch;
+- `sft.py` as a subprocess from scratch (checkpoint loads with model.py, parse rate printed); usage errors exit 2.
+"""
+import json
+import os
+import random
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+import model
+import sft
+
+ROOT = Path(__file__).resolve().parent.parent
+torch.set_num_threads(1)  # tiny models: one thread is fastest, and far faster on a shared, busy machine
+SYSTEM = "You are a calculator agent. Respond with Thought, Action and Action Input."
+
+
+def conversation(rng, turns=1):
+    msgs = [{"role": "system", "content": SYSTEM}]
+    for _ in range(turns):
+        a, b = rng.randint(0, 99), rng.randint(0, 99)
+        op = rng.choice(["Add", "Multiply"])
+        msgs += [{"role": "user", "content": f"Please {op.lower()} {a} and {b}."},
+                 {"role": "assistant", "content": f"Thought: I {op.lower()} them.\nAction: {op}\n"
+                                                  f"Action Input: {{\"a\": {a}, \"b\": {b}}}"}]
+    return msgs
+
+
+@pytest.fixture(scope="module")
+def chats():
+    rng = random.Random(0)
+    return [conversation(rng) for _ in range(24)]
+
+
+@pytest.fixture(scope="module")
+def tok(chats):
+    return model.train_tokenizer([f"{m['role']}\n{m['content']}\n" for c in chats for m in c], 320)
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tok, tmp_path_factory):
+    """A random tiny checkpoint (fp32) on disk, so every run starts from the same weights."""
+    torch.manual_seed(0)
+    lm = model.Qwen(model.tiny_config("qwen3", vocab_size=len(tok), hidden_size=32, intermediate_size=64,
+                                      head_dim=8, eos_token_id=tok.im_end_id))
+    path = tmp_path_factory.mktemp("tiny")
+    model.save(lm, tok, str(path))
+    return str(path)
+
+
+def write_jsonl(path, chats):
+    with open(path, "w") as f:
+        for c in chats:
+            f.write(json.dumps({"messages": c}) + "\n")
+    return str(path)
+
+
+def args(tmp_path, data, **kw):
+    base = dict(data=data, out=str(tmp_path / "out"), epochs=2, lr=1e-3, batch_size=4, micro_batch=2, eval_parse=0,
+                scratch_hidden=32, scratch_vocab=320, threads=1)
+    return sft.Args(**{**base, **kw})
+
+
+def weights(lm):
+    return {k: v.detach().clone() for k, v in lm.state_dict().items()}
+
+# ------------------------------------------------------------------------------------------------ labels and loss
+
+
+@pytest.mark.parametrize("turns", [1, 2])
+def test_labels_cover_assistant_content_and_im_end_only(tok, turns):
+    msgs = conversation(random.Random(turns), turns)
+    ids, labels = sft.encode_chat(tok, msgs)
+    assert ids == tok.encode(tok.apply_chat_template(msgs, add_generation_prompt=False))  # ChatML boundaries agree
+    trained = [i for i, y in enumerate(labels) if y != sft.IGNORE]
+    assert all(labels[i] == ids[i] for i in trained)
+    spans, start = [], None  # contiguous trained spans, one per assistant turn
+    for i in range(len(ids) + 1):
+        on = i < len(ids) and labels[i] != sft.IGNORE
+        if on and start is None:
+            start = i
+        if not on and start is not None:
+            spans.append((start, i))
+            start = None
+    answers = [m["content"] for m in msgs if m["role"] == "assistant"]
+    assert [tok.decode(ids[a:b]) for a, b in spans] == [a + "<|im_end|>" for a in answers]
+    first = len(tok.encode(tok.apply_chat_template(msgs[:2])))  # the prompt up to `<|im_start|>assistant\n`
+    assert spans[0][0] == first and ids[spans[0][1] - 1] == tok.im_end_id
+
+
+def test_masked_loss_equals_hand_computation(tok, tiny_dir, chats):
+    lm, _ = model.load(tiny_dir, "cpu")
+    net = sft.SFTModel(lm)
+    batch = [sft.encode_chat(tok, c) for c in chats[:3]]
+    batch[1] = (batch[1][0][:-5], batch[1][1][:-5])  # different lengths: right padding in the batch
+    ids, labels = sft.collate(batch, tok.pad_token_id, torch.device("cpu"))
+    loss, n = net(ids, labels)
+    with torch.no_grad():
+        logp = torch.log_softmax(lm(ids), -1)  # (B, T, V)
+    want, count = 0.0, 0
+    for b in range(ids.shape[0]):
+        for t in range(1, ids.shape[1]):
+            if labels[b, t] != -100:
+                want -= logp[b, t - 1, labels[b, t]].item()
+                count += 1
+    assert n.item() == count == sum(sum(y != -100 for y in lab[1:]) for _, lab in batch)
+    assert loss.item() == pytest.approx(want, rel=1e-5)
+    alone = sum(net(*sft.collate([x], tok.pad_token_id, torch.device("cpu")))[0].item() for x in batch)
+    assert loss.item() == pytest.approx(alone, rel=1e-5)  # padding does not change any sequence's loss
+
+
+def _one_step(tiny_dir, batches, tok, checkpointing=False):
+    lm, _ = model.load(tiny_dir, "cpu")
+    if checkpointing:
+        sft.enable_grad_checkpointing(lm)
+    net = sft.SFTModel(lm)
+    opt = torch.optim.SGD(net.parameters(), lr=0.5)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+    a = sft.Args(grad_clip=0.0)
+    loss, n, _ = sft.optimizer_step(net, opt, sched, batches, tok.pad_token_id, torch.device("cpu"), a, 1)
+    return loss, n, weights(lm)
+
+
+def test_accumulation_averages_over_all_trained_tokens(tok, tiny_dir, chats):
+    ex = [sft.encode_chat(tok, c) for c in chats[:3]]
+    ex[0] = (ex[0][0] + ex[0][0], ex[0][1] + ex[0][1])  # one sequence with twice the trained tokens
+    loss1, n1, w1 = _one_step(tiny_dir, [[ex[0]], [ex[1], ex[2]]], tok)
+    loss2, n2, w2 = _one_step(tiny_dir, [ex], tok)
+    assert n1 == n2 and loss1 == pytest.approx(loss2, rel=1e-5)
+    w0 = weights(model.load(tiny_dir, "cpu")[0])
+    assert any(not torch.equal(w0[k], w1[k]) for k in w0)
+    for k in w1:
+        torch.testing.assert_close(w1[k], w2[k], rtol=1e-5, atol=1e-6)
+
+
+def test_gradient_checkpointing_gives_the_same_step(tok, tiny_dir, chats):
+    batch = [[sft.encode_chat(tok, c) for c in chats[:2]]]
+    _, _, plain = _one_step(tiny_dir, batch, tok)
+    _, _, ckpt = _one_step(tiny_dir, batch, tok, checkpointing=True)
+    for k in plain:
+        torch.testing.assert_close(plain[k], ckpt[k], rtol=1e-5, atol=1e-6)
+
+
+def test_lr_schedule_warms_up_then_decays_to_zero():
+    f = [sft.lr_factor(s, 3, 20) for s in range(21)]
+    assert f[0] < f[1] < f[2] < f[3] == 1.0
+    assert all(a >= b for a, b in zip(f[3:], f[4:])) and f[20] == pytest.approx(0.0, abs=1e-12)
+
+
+def test_micro_batches_are_deterministic_length_buckets():
+    lengths = [random.Random(1).randint(1, 500) for _ in range(64)] + list(range(64))
+    a, b = sft.micro_batches(lengths, 4, 0, 3), sft.micro_batches(lengths, 4, 0, 3)
+    assert a == b != sft.micro_batches(lengths, 4, 0, 4)
+    assert sorted(i for mb in a for i in mb) == list(range(len(lengths)))
+    spread = sum(max(lengths[i] for i in mb) - min(lengths[i] for i in mb) for mb in a)
+    shuffled = list(range(len(lengths)))
+    random.Random(0).shuffle(shuffled)
+    naive = sum(max(lengths[i] for i in shuffled[j:j + 4]) - min(lengths[i] for i in shuffled[j:j + 4])
+                for j in range(0, len(shuffled), 4))
+    assert spread < naive / 2  # bucketing pads far less than random batches
+
+# ------------------------------------------------------------------------------------------- training runs
+
+
+def test_loss_falls_when_overfitting_and_checkpoint_reloads(tmp_path, chats, tiny_dir):
+    data = write_jsonl(tmp_path / "d.jsonl", chats[:4])
+    summary, lm = sft.train(args(tmp_path, data, model=tiny_dir, epochs=40, lr=1e-2, heldout=0.0))
+    log = [json.loads(line) for line in open(tmp_path / "out" / "log.jsonl")]
+    assert len(log) == summary["steps"] == 40
+    assert log[-1]["loss"] < 0.3 * log[0]["loss"]
+    ckpt = tmp_path / "out" / f"checkpoint-{summary['steps']}"
+    ids = torch.tensor([sft.encode_chat(model.load(tiny_dir)[1], chats[0])[0]])
+    with torch.no_grad():
+        want = lm(ids)
+        for path in (ckpt, tmp_path / "out"):  # the epoch checkpoint and the final folder at --out
+            got = model.load(str(path), "cpu")[0](ids)
+            torch.testing.assert_close(got, want, rtol=0, atol=0)
+    assert not list((tmp_path / "out").glob("*.tmp"))  # the atomic writes left nothing behind
+
+
+def test_resume_ends_with_the_uninterrupted_weights(tmp_path, chats):
+    data = write_jsonl(tmp_path / "d.jsonl", chats[:12])
+    full, lm_full = sft.train(args(tmp_path, data, epochs=3, out=str(tmp_path / "a")))  # from scratch
+    first = sorted((tmp_path / "a").glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))[0]
+    done = int(first.name.split("-")[1])
+    again, lm_again = sft.train(args(tmp_path, data, epochs=3, out=str(tmp_path / "b"), resume=str(first)))
+    log = [json.loads(line) for line in open(tmp_path / "b" / "log.jsonl")]
+    assert log[0]["step"] == done + 1 and again["steps"] == full["steps"] > done
+    assert again["heldout_loss"] == pytest.approx(full["heldout_loss"], rel=1e-5)
+    w_full, w_again = weights(lm_full), weights(lm_again)
+    for k in w_full:
+        torch.testing.assert_close(w_again[k], w_full[k], rtol=1e-5, atol=1e-6)
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _ddp_worker(rank, world, port, a, out):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
+                      LOCAL_RANK=str(rank))
+    torch.set_num_threads(1)
+    _, lm = sft.train(a)
+    if not a.fsdp:  # under FSDP each rank holds shards; rank 0 wrote the gathered checkpoint
+        torch.save(weights(lm), os.path.join(out, f"rank{rank}.pt"))
+
+
+def test_ddp_gloo_two_processes_match_one(tmp_path, chats, tiny_dir):
+    data = write_jsonl(tmp_path / "d.jsonl", chats[:13])  # 12 train: 3 steps of 4 micro-batches, split 2 + 2
+    a = args(tmp_path, data, model=tiny_dir, epochs=1, micro_batch=1, batch_size=4, out=str(tmp_path / "ddp"))
+    mp.spawn(_ddp_worker, args=(2, _free_port(), a, str(tmp_path)), nprocs=2, join=True)
+    w0, w1 = (torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1))
+    _, single = sft.train(args(tmp_path, data, model=tiny_dir, epochs=1, micro_batch=1, batch_size=4,
+                               out=str(tmp_path / "one")))
+    start = weights(model.load(tiny_dir, "cpu")[0])
+    ws = weights(single)
+    for k in w0:
+        assert torch.equal(w0[k], w1[k]), k  # DDP keeps the replicas identical
+        torch.testing.assert_close(w0[k], ws[k], rtol=1e-4, atol=1e-6)  # same global batch, same update
+    assert any(not torch.equal(w0[k], start[k]) for k in w0)
+    assert model.load(str(tmp_path / "ddp"), "cpu")  # rank 0 wrote the checkpoint
+
+
+@pytest.mark.slow
+def test_fsdp_gloo_two_processes_match_one_and_resume(tmp_path, chats, tiny_dir):
+    data = write_jsonl(tmp_path / "d.jsonl", chats[:13])
+    kw = dict(model=tiny_dir, epochs=2, micro_batch=1, batch_size=4)
+    a = args(tmp_path, data, fsdp=True, out=str(tmp_path / "fsdp"), **kw)
+    mp.spawn(_ddp_worker, args=(2, _free_port(), a, str(tmp_path)), nprocs=2, join=True)
+    _, single = sft.train(args(tmp_path, data, out=str(tmp_path / "one"), **kw))
+    ws = weights(single)
+    resume = str(tmp_path / "fsdp" / "checkpoint-3")  # the end of epoch 1
+    b = args(tmp_path, data, fsdp=True, out=str(tmp_path / "again"), resume=resume, **kw)
+    mp.spawn(_ddp_worker, args=(2, _free_port(), b, str(tmp_path)), nprocs=2, join=True)
+    for out in ("fsdp", "again"):  # the gathered checkpoint; the run resumed with the gathered optimizer state
+        w = weights(model.load(str(tmp_path / out), "cpu")[0])
+        for k in ws:
+            torch.testing.assert_close(w[k], ws[k], rtol=1e-4, atol=1e-6)
+
+# ------------------------------------------------------------------------------------------- command line
+
+
+def run_cli(*argv, cwd=ROOT):
+    return subprocess.run([sys.executable, str(ROOT / "sft.py"), *argv], capture_output=True, text=True, cwd=cwd,
+                          timeout=300)
+
+
+def test_cli_from_scratch_writes_a_checkpoint_model_py_loads(tmp_path, chats):
+    data = write_jsonl(tmp_path / "d.jsonl", chats)
+    out = tmp_path / "ckpt"
+    r = run_cli("--data", data, "--out", str(out), "--epochs", "2", "--threads", "1", "--scratch-hidden", "32",
+                "--scratch-vocab", "320", "--eval-parse", "3", "--max-new-tokens", "16", "--heldout", "0.25")
+    assert r.returncode == 0, r.stderr
+    assert "held-out parse rate" in r.stdout
+    summary = json.loads(r.stdout.strip().splitlines()[-1])
+    assert summary["parse_states"] == 3 and 0 <= summary["parse_rate"] <= 1
+    assert summary["lr"] == 3e-3 and summary["batch_size"] == 2  # the from-scratch defaults
+    lm, tok = model.load(str(out), "cpu")
+    assert lm.config.vocab_size == len(tok) and tok.im_end_id in lm.stop_token_ids
+    assert len(list(out.glob("checkpoint-*"))) == 2
+
+
+def test_cli_usage_errors_exit_2(tmp_path):
+    for argv in (["--data", str(tmp_path / "missing.jsonl")], ["--batch-size", "0"], ["--bogus"],
+                 ["--resume", str(tmp_path)], ["--heldout", "1.5"]):
+        r = run_cli(*argv, cwd=tmp_path)
+        assert r.returncode == 2, (argv, r.stderr)
+        assert len(r.stderr.strip().splitlines()) == 1 and "error" in r.stderr
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "no messages"}\n')
+    r = run_cli("--data", str(bad), "--out", str(tmp_path / "o"), cwd=tmp_path)
+    assert r.returncode == 2 and "expected" in r.stderr and len(r.stderr.strip().splitlines()) == 1
