@@ -8,19 +8,24 @@ On CUDA both sides run under bf16 autocast with fp32 weights, as sft.py does; --
 checkpoint (e.g. Qwen/Qwen2.5-0.5B-Instruct) with peak memory.
 
   python tests/bench_train.py --part sft                      # CPU: a 4-layer, 256-wide Qwen3
+  python tests/bench_train.py --part ppo                      # the time split of one PPO iteration (tiny model)
   python tests/bench_train.py --part sft --hidden 896 --layers 24 --vocab 151936 --seq 1024 --batch 4
 """
 import argparse
+import json
 import os
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import model  # noqa: E402
 import sft  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def sync(device):
@@ -101,6 +106,60 @@ def bench_sft(a):
     print(f"  ratio ours / transformers: {best['transformers'] / best['ours']:.2f}x tokens/s")
 
 
+def bench_ppo(args):
+    """The time split of one PPO iteration on the tiny model (CPU): generating, executing in the sandboxes, and
+    updating (the scoring forwards of actor, reference and critic, GAE, and the PPO minibatches), each as a share of
+    the iteration; and the update against the named baseline "plain step": one forward+backward of the same model
+    over the same token count, timed in this run (PPO does 3 no-grad forwards and 2 forward+backwards per token)."""
+    import shutil
+    import tempfile
+    import time as time_
+
+    import torch
+
+    import collect
+    import model
+    import ppo
+
+    tmp = Path(tempfile.mkdtemp(prefix="bench_ppo_"))
+    states_path = ROOT / "runs" / "data" / "states.jsonl"
+    if not states_path.exists():  # one short scripted trajectory on a built-in task
+        traj = collect.rollout({"id": "digits-0000", "task": "digits", "ideas": [], "expert": "scripted",
+                                "base_url": None, "prices": (0.0, 0.0), "max_steps": 4, "time_limit": 600.0})
+        states_path = tmp / "states.jsonl"
+        collect.write_atomic(states_path, collect.state_rows([traj]))
+    states = [json.loads(line) for line in states_path.read_text().splitlines()]
+    policy = ROOT / "runs" / "ckpt" / "sft"  # the SFT model acts validly, so the sandboxes get real work
+    if not (policy / "config.json").exists():  # else a random tiny model: every action is invalid
+        tok = model.train_tokenizer([m["content"] for s in states[:50] for m in s["messages"]], 1024)
+        torch.manual_seed(0)
+        policy = tmp / "tiny"
+        model.save(model.Qwen(model.tiny_config(vocab_size=len(tok))), tok, policy)
+    cfg = ppo.Config(model=str(policy), states=str(states_path), out=str(tmp / "ckpt"),
+                     log=str(tmp / "log.jsonl"), iterations=1, batch_size=args.ppo_batch,
+                     max_new_tokens=args.ppo_new_tokens, device="cpu")
+    ppo.train(cfg)
+    log = json.loads((tmp / "log.jsonl").read_text().splitlines()[-1])
+
+    # the baseline: one plain forward+backward of the same model over as many tokens as the iteration trained on
+    lm, tok = model.load(str(policy), "cpu", torch.float32)
+    prompt_tokens = min(len(tok.encode(tok.apply_chat_template(s["messages"]))) for s in states[:args.ppo_batch])
+    T = min(prompt_tokens, lm.config.max_position_embeddings - cfg.max_new_tokens) + int(log["response_tokens"])
+    ids = torch.randint(0, len(tok), (cfg.micro_batch, T))
+    start = time_.perf_counter()
+    for _ in range(max(args.ppo_batch // cfg.micro_batch, 1)):
+        lm(ids)[:, -int(log["response_tokens"]) - 1:].float().logsumexp(-1).mean().backward()
+    plain = time_.perf_counter() - start
+    total = log["time_total"]
+    print(f"ppo: one iteration of {policy}, {log['states']} states, {log['response_tokens']:.0f} response tokens per state, "
+          f"{total:.1f}s")
+    for name in ("generate", "execute", "update"):
+        print(f"  {name:<9}{log['time_' + name]:7.1f}s  {100 * log['time_' + name] / total:5.1f}% of the iteration")
+    print(f"  update / plain step (one forward+backward over the same tokens, {plain:.1f}s): "
+          f"{log['time_update'] / plain:.2f}x  (PPO: 3 no-grad forwards + 2 forward+backwards, padding masks)")
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--part", choices=["sft", "ppo", "all"], default="all")
@@ -114,10 +173,12 @@ def main():
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--threads", type=int, default=0)
     p.add_argument("--device", default=None)
+    p.add_argument("--ppo-batch", type=int, default=8, help="states in the one PPO iteration timed by --part ppo")
+    p.add_argument("--ppo-new-tokens", type=int, default=256, help="max new tokens per action in that iteration")
     a = p.parse_args()
     if a.threads:
         torch.set_num_threads(a.threads)
-    parts = {"sft": [bench_sft], "ppo": [], "all": [bench_sft]}  # the PPO section adds bench_ppo here
+    parts = {"sft": [bench_sft], "ppo": [bench_ppo], "all": [bench_sft, bench_ppo]}
     for fn in parts[a.part]:
         fn(a)
 
