@@ -29,9 +29,9 @@ Where the seed is silent (our choices):
 - The monolithic baseline (MLE-Dojo's agent, as the paper adapts it) keeps its whole history in one chat, under the
   same wall clock and at most as many executions as the Matryoshka run may spend (rounds x calls x iterations).
 - Feedback clips the run's whole log (read from RunResult.log_path; env.py's `output` holds only 4 KB of each end).
-- The best attempt keeps its script with its public and private scores; env.run_script does not hand back the
-  submission file, and rerunning the script rewrites it. Matryoshka runs and trees resume from their JSON; the
-  monolithic run does not.
+- Each attempt keeps its best script, its public and private scores and a copy of that run's submission.csv
+  (env.run_script(keep=...)); the command line copies the best attempt's file to best_submission.csv, the file a
+  competition takes. Matryoshka runs and trees resume from their JSON; the monolithic run does not.
 - OFFLINE STAND-INS, used when no endpoint or checkpoint is configured: `ScriptedOrchestrator` (expands the best
   attempts with untried built-in recipe ideas, two calls per round; samples when temperature > 0) and `RecipeCoder`
   (a Sub-Agent that applies env.py's recipe for its instruction). They write the same JSON and ```python messages an
@@ -143,6 +143,7 @@ class Attempt:
     round: int = 0
     started: float = 0.0
     ended: float = 0.0
+    submission: str = ""  # path of the copy of its best run's submission.csv ("" without a valid run)
 
 
 def signed(score, higher: bool) -> float:
@@ -356,7 +357,7 @@ def code_loop(task, backend, messages, max_iters: int, cfg: Config, deadline: fl
             break
         iters, last = iters + 1, value
         timeout = min(cfg.script_timeout or task.time_limit, max(deadline - time.time(), 1.0))
-        run = env.run_script(task, value, timeout=timeout)
+        run = env.run_script(task, value, timeout=timeout, keep=("submission.csv",))
         status = "success" if best_run or run.status == "success" else run.status
         if run.status == "success" and (best_run is None or signed(run.score, higher) > signed(best_run.score, higher)):
             best, best_run = value, run
@@ -374,7 +375,8 @@ def code_loop(task, backend, messages, max_iters: int, cfg: Config, deadline: fl
         except ParseError:
             pass
     return dict(code=best if best is not None else last, run=best_run, summary=summary or {}, messages=messages,
-                iterations=iters, errors=list(dict.fromkeys(errors)), status=status)
+                iterations=iters, errors=list(dict.fromkeys(errors)), status=status,
+                submission=best_run.kept.get("submission.csv", "") if best_run else "")
 
 
 class Tool:
@@ -401,16 +403,17 @@ class Tool:
         summary["errors"] = "; ".join(out["errors"]) or summary["errors"] or "none"
         return Attempt(attempt_id, parent.id, call["instruction"], call["references"], run.score if run else None,
                        run.test_score if run else None, out["status"], summary, out["code"] or parent.code,
-                       out["messages"], out["iterations"], rnd, started, time.time())
+                       out["messages"], out["iterations"], rnd, started, time.time(), out["submission"])
 
 
 def starter_attempt(task, cfg: Config) -> Attempt:
     code = (task.public_dir / "train.py").read_text()
-    run = env.run_script(task, code, timeout=cfg.script_timeout or task.time_limit)
+    run = env.run_script(task, code, timeout=cfg.script_timeout or task.time_limit, keep=("submission.csv",))
     summary = {"approach": "the task's starter script", "changed": "nothing", "result":
                f"public score {_fmt(run.score)}", "errors": "none" if run.status == "success" else error_line(run),
                "next": "improve the data, the model or the training"}
-    return Attempt(0, None, "", [], run.score, run.test_score, run.status, summary, code)
+    return Attempt(0, None, "", [], run.score, run.test_score, run.status, summary, code,
+                   submission=run.kept.get("submission.csv", "") if run.status == "success" else "")
 
 # ================================================================================ offline stand-ins (clearly labelled)
 
@@ -579,7 +582,8 @@ def _result(task, attempts, records, finished, seconds) -> dict:
     counters = "; ".join(sorted({f"{r['role']}: {r['counter']}" for r in records}))  # how tokens were counted
     return {"task": task.name, "attempts": [asdict(a) for a in attempts], "records": records, "finished": finished,
             "seconds": seconds, "token_counter": counters, "best": {"id": best.id, "public": best.score,
-                                                                    "private": best.private, "code": best.code}}
+                                                                    "private": best.private, "code": best.code,
+                                                                    "submission": best.submission}}
 
 
 def run_matryoshka(cfg: Config, orch, sub, out: Path | None = None, resume=True, log=print) -> dict:
@@ -629,7 +633,7 @@ def run_monolithic(cfg: Config, coder, out: Path | None = None, log=print) -> di
     attempts = [starter, Attempt(1, 0, "monolithic", [], run.score if run else None, run.test_score if run else None,
                                  res["status"], {k: res["summary"].get(k, "") for k in SUMMARY_KEYS},
                                  res["code"] or starter.code, res["messages"], res["iterations"], 1, started,
-                                 time.time())]
+                                 time.time(), res["submission"])]
     result = _result(task, attempts, records, True, time.time() - started)
     log(f"monolithic: {res['iterations']} executions, best {_fmt(result['best']['public'])}, last prompt "
         f"{records[-1]['tokens'] if records else 0} tokens")
@@ -966,6 +970,9 @@ def main(argv=None):
     print(f"best attempt #{best['id']}: public {_fmt(best['public'])}, private {_fmt(best['private'])}; "
           f"{len(res['attempts'])} attempts in {res['seconds']:.0f} s; saved under {out}")
     (out / ("best_monolithic.py" if args.monolithic else "best_train.py")).write_text(best["code"])
+    if best.get("submission") and os.path.exists(best["submission"]):  # what a competition takes
+        shutil.copyfile(best["submission"], out / ("best_monolithic_submission.csv" if args.monolithic
+                                                   else "best_submission.csv"))
     if not args.monolithic:  # the Sub-Agents' successful trajectories, for sft.py
         write_jsonl(out / "sft.jsonl", sft_rows(res["attempts"], env.load_task(cfg.task).higher_is_better))
 

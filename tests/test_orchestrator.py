@@ -4,7 +4,8 @@
 - the ranking loss equals DPO's formula for two children, a hand computation for three, skips ties;
 - one gradient step on a tiny model raises the winner's log-ratio and the margin;
 - a scripted run: every stand-in message goes through the real parsers, the Orchestrator's prompt grows by a bounded
-  amount per attempt while the monolithic agent's grows much faster; the best attempt is tracked; runs resume;
+  amount per attempt while the monolithic agent's grows much faster; the best attempt and its submission file are
+  tracked; runs resume;
 - the tool calls of one round run in parallel; a Sub-Agent that always crashes stops at its iteration limit;
 - tree save and resume; long environment output keeps its head and tail; SFT export; command-line errors.
 """
@@ -116,6 +117,10 @@ def test_scripted_run_bounded_orchestrator_vs_growing_monolith_and_resume(tmp_pa
     best = max(attempts, key=lambda a: a["score"])
     assert res["best"]["public"] == best["score"] and res["best"]["private"] == best["private"] is not None
     assert res["best"]["code"] == best["code"] and "Starter script" in best["code"]
+    for a in attempts:  # each attempt keeps its best run's submission.csv, which grades to the scores it reports
+        g = env.grade(TASK, a["submission"])
+        assert g.valid and (g.public, g.private) == pytest.approx((a["score"], a["private"]))
+    assert res["best"]["submission"] == best["submission"]
     orch = [r["tokens"] for r in res["records"] if r["role"] == "orchestrator"]
     assert len(orch) == 2 and 0 < orch[1] - orch[0] <= 2 * 150  # at most ~150 tokens per attempt, no code or logs
     for a in attempts[1:]:  # the Orchestrator's prompt never holds code
@@ -346,3 +351,12 @@ def test_cli_train_offline_end_to_end(tmp_path):
     assert len(tree["nodes"]) == 3 and (tmp_path / "train" / "sft.jsonl").exists()
     rows = [json.loads(line) for line in (tmp_path / "train" / "sft.jsonl").read_text().splitlines()]
     assert all(r["messages"][0]["role"] == "system" and r["messages"][-1]["role"] == "assistant" for r in rows)
+
+
+def test_cli_run_writes_the_best_script_and_its_submission(tmp_path, capsys):
+    orc.main(["run", "--task", TASK, "--rounds", "1", "--sub-iters", "1", "--out", str(tmp_path)])
+    res = json.loads((tmp_path / "run.json").read_text())
+    assert (tmp_path / "best_train.py").read_text() == res["best"]["code"]
+    g = env.grade(TASK, tmp_path / "best_submission.csv")
+    assert g.valid and (g.public, g.private) == pytest.approx((res["best"]["public"], res["best"]["private"]))
+    assert "best attempt #" in capsys.readouterr().out
