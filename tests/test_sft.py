@@ -126,10 +126,13 @@ def test_masked_loss_equals_hand_computation(tok, tiny_dir, chats):
     assert loss.item() == pytest.approx(alone, rel=1e-5)  # padding does not change any sequence's loss
 
 
-def _one_step(tiny_dir, batches, tok, checkpointing=False):
+def _one_step(tiny_dir, batches, tok, checkpointing=False, calls=None):
     lm, _ = model.load(tiny_dir, "cpu")
     if checkpointing:
         sft.enable_grad_checkpointing(lm)
+    if calls is not None:  # counts MLP calls (a pre-hook: the recomputation in backward stops early, inside the MLP)
+        for block in lm.model.layers:
+            block.mlp.register_forward_pre_hook(lambda *_: calls.append(1))
     net = sft.SFTModel(lm)
     opt = torch.optim.SGD(net.parameters(), lr=0.5)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
@@ -152,10 +155,14 @@ def test_accumulation_averages_over_all_trained_tokens(tok, tiny_dir, chats):
 
 def test_gradient_checkpointing_gives_the_same_step(tok, tiny_dir, chats):
     batch = [[sft.encode_chat(tok, c) for c in chats[:2]]]
-    _, _, plain = _one_step(tiny_dir, batch, tok)
-    _, _, ckpt = _one_step(tiny_dir, batch, tok, checkpointing=True)
+    plain_calls, ckpt_calls = [], []
+    _, _, plain = _one_step(tiny_dir, batch, tok, calls=plain_calls)
+    _, _, ckpt = _one_step(tiny_dir, batch, tok, checkpointing=True, calls=ckpt_calls)
     for k in plain:
         torch.testing.assert_close(plain[k], ckpt[k], rtol=1e-5, atol=1e-6)
+    layers = model.load(tiny_dir, "cpu")[0].config.num_hidden_layers
+    assert len(plain_calls) == layers  # one micro-batch: each block once
+    assert len(ckpt_calls) == 2 * layers  # ... and once more when backward recomputes it: checkpointing is on
 
 
 def test_lr_schedule_warms_up_then_decays_to_zero():
