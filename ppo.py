@@ -279,6 +279,11 @@ def rows(ids, attn, P, idx):
     return ids[idx, lo:hi], a[:, lo:hi], P - lo
 
 
+def by_length(idx, attn):
+    """idx sorted by sequence length, so each micro-batch's rows pad (and attend over) as little as possible."""
+    return idx[torch.argsort(attn[idx].sum(1), stable=True)]
+
+
 def autocast(device):  # bf16 matmuls on CUDA, fp32 master weights (an lr of 1e-6 vanishes in bf16 weights)
     return torch.autocast("cuda", torch.bfloat16) if device.type == "cuda" else torch.autocast("cpu", enabled=False)
 
@@ -367,11 +372,11 @@ def episode_rollout(starts, lm, tokenizer, cfg, pool, editor, device, timer):
 # The update (step 6)
 
 def forward_scores(actor, critic, ref, ids, attn, P, cfg, device, vocab):
-    """No-grad rollout forward in micro-batches -> logprobs, ref_logprobs, values (B, R)."""
+    """No-grad rollout forward in micro-batches of similar lengths -> logprobs, ref_logprobs, values (B, R)."""
     B, R = ids.shape[0], ids.shape[1] - P
     out = [torch.zeros(B, R, device=device) for _ in range(3)]
     with torch.no_grad(), autocast(device):
-        for idx in torch.arange(B, device=device).split(cfg.micro_batch):
+        for idx in by_length(torch.arange(B, device=device), attn).split(cfg.micro_batch):
             i, a, p = rows(ids, attn, P, idx)
             n = i.shape[1] - p
             out[0][idx, :n] = response_logprobs(actor, i, a, p, cfg.temperature, vocab)
@@ -397,7 +402,7 @@ def ppo_update(actor, critic, opt_a, opt_c, data, cfg, device, vocab, gen):
         for mb in perm.split(mb_size):
             denom = mask[mb].sum().clamp(min=1)  # the masked mean over the whole minibatch, summed over micro-batches
             s = dict(pg_loss=0.0, vf_loss=0.0, clipfrac=0.0, approx_kl=0.0)
-            for idx in mb.split(cfg.micro_batch):
+            for idx in by_length(mb, attn).split(cfg.micro_batch):
                 i, a, p = rows(ids, attn, P, idx)
                 n, m = i.shape[1] - p, mask[idx, :i.shape[1] - p]
                 with autocast(device):

@@ -14,6 +14,7 @@ checkpoint (e.g. Qwen/Qwen2.5-0.5B-Instruct) with peak memory.
 import argparse
 import json
 import os
+import random
 import sys
 import tempfile
 import time
@@ -110,15 +111,11 @@ def bench_ppo(args):
     """The time split of one PPO iteration on the tiny model (CPU): generating, executing in the sandboxes, and
     updating (the scoring forwards of actor, reference and critic, GAE, and the PPO minibatches), each as a share of
     the iteration; and the update against the named baseline "plain step": one forward+backward of the same model
-    over the same token count, timed in this run (PPO does 3 no-grad forwards and 2 forward+backwards per token)."""
+    over the same states and lengths, timed in this run (PPO does 3 no-grad forwards and 2 forward+backwards per
+    token: about 3x a plain step, counting a backward as two forwards)."""
     import shutil
-    import tempfile
-    import time as time_
-
-    import torch
 
     import collect
-    import model
     import ppo
 
     tmp = Path(tempfile.mkdtemp(prefix="bench_ppo_"))
@@ -141,15 +138,20 @@ def bench_ppo(args):
     ppo.train(cfg)
     log = json.loads((tmp / "log.jsonl").read_text().splitlines()[-1])
 
-    # the baseline: one plain forward+backward of the same model over as many tokens as the iteration trained on
+    # the baseline: one plain forward+backward of the same model over the iteration's states (the same shuffle as
+    # ppo.train's first iteration), each prompt + the mean response length, in micro-batches of similar lengths
     lm, tok = model.load(str(policy), "cpu", torch.float32)
-    prompt_tokens = min(len(tok.encode(tok.apply_chat_template(s["messages"]))) for s in states[:args.ppo_batch])
-    T = min(prompt_tokens, lm.config.max_position_embeddings - cfg.max_new_tokens) + int(log["response_tokens"])
-    ids = torch.randint(0, len(tok), (cfg.micro_batch, T))
-    start = time_.perf_counter()
-    for _ in range(max(args.ppo_batch // cfg.micro_batch, 1)):
-        lm(ids)[:, -int(log["response_tokens"]) - 1:].float().logsumexp(-1).mean().backward()
-    plain = time_.perf_counter() - start
+    order = list(range(len(states)))
+    random.Random(f"{cfg.seed}:0").shuffle(order)
+    R = int(log["response_tokens"])
+    room = max(lm.config.max_position_embeddings - cfg.max_new_tokens, 1)  # ppo.generate keeps a prompt's end
+    lengths = sorted(min(len(tok.encode(tok.apply_chat_template(states[i]["messages"]))), room) + R
+                     for i in order[:args.ppo_batch])
+    start = time.perf_counter()
+    for k in range(0, len(lengths), cfg.micro_batch):
+        ids = torch.randint(0, len(tok), (len(lengths[k:k + cfg.micro_batch]), max(lengths[k:k + cfg.micro_batch])))
+        lm(ids)[:, -R - 1:].float().logsumexp(-1).mean().backward()
+    plain = time.perf_counter() - start
     total = log["time_total"]
     print(f"ppo: one iteration of {policy}, {log['states']} states, {log['response_tokens']:.0f} response tokens per state, "
           f"{total:.1f}s")
