@@ -5,7 +5,8 @@ J_step(theta) = E_{s ~ d^{pi_e}, a ~ pi_theta(.|s)} [R(s, a)]: each iteration sa
 take ONE action in each, restores the environment of each state, executes the action in the sandbox, scores it with
 reward.py, and makes a PPO update. The six steps of an iteration are numbered in `train` below. The PPO details follow
 "The N Implementation Details of RLHF with PPO" (Huang et al. 2024, summarize_from_feedback_details) and CleanRL:
-left-padded prompts, log-probs under temperature-scaled logits (recomputed by a forward pass after generation), a
+left-padded prompts for generation, log-probs under temperature-scaled logits (recomputed by a forward pass over
+right-padded prompt + response rows, which needs no padding mask; tests/test_ppo.py checks they match), a
 per-token KL penalty to the frozen reference inside the reward, the scalar reward on the last response token, GAE with
 gamma 1 and lambda 0.95, advantages whitened over valid tokens, clipped policy and value losses, no dropout (model.py
 has none).
@@ -104,8 +105,8 @@ class Critic(nn.Module):
             nn.init.normal_(self.head.weight, std=1 / math.sqrt(C + 1))
         nn.init.zeros_(self.head.bias)
 
-    def forward(self, ids, attn, start):  # ids, attn (B, T) -> values of the tokens at positions start.. (B, T - start)
-        h = self.backbone.hidden(ids, attn)[:, start - 1:-1]  # the state before token t is the output at t - 1
+    def forward(self, ids, attn, starts):  # right-padded rows (B, W) -> the value before each response token (B, R)
+        h, _ = response_hidden(self.backbone, ids, attn, starts)
         return self.head(h.to(self.head.weight.dtype)).squeeze(-1)
 
 
@@ -167,12 +168,24 @@ def save_actor(lm, tokenizer, path):
 # ----------------------------------------------------------------------------------------------------------------
 # PPO arithmetic (pure functions on tensors; tests/test_ppo.py checks each against a hand computation)
 
-def response_logprobs(lm, ids, attn, start, temperature, vocab):
-    """log pi(token_t | tokens_<t) of the tokens at positions start.. under softmax(logits / T), the distribution
-    model.generate samples from (N-details: the temperature must be applied in training too). -> (B, T - start)"""
-    h = lm.hidden(ids, attn)[:, start - 1:-1]  # (B, R, C): the lm_head only where response tokens are predicted
+def response_hidden(lm, ids, attn, starts):
+    """The final hidden states that predict each response token (the output at t - 1 predicts token t) and those
+    tokens: (B, R, C), (B, R), R = the longest response of these rows. The rows are prompt + response, right-padded,
+    row b's response starting at column starts[b]; the causal mask alone keeps real tokens off the padding, so no
+    attention mask is passed and SDPA may take its fused causal kernel (a padding mask costs 1.6-2x on CPU).
+    Columns past a row's end are clamped to its last column: masked out by the caller."""
+    R = max(int((attn.sum(1) - starts).max()), 1)
+    pos = (starts[:, None] + torch.arange(R, device=ids.device)).clamp(max=ids.shape[1] - 1)  # (B, R)
+    h = lm.hidden(ids)  # (B, W, C)
+    return h.gather(1, (pos - 1)[..., None].expand(-1, -1, h.shape[-1])), ids.gather(1, pos)
+
+
+def response_logprobs(lm, ids, attn, starts, temperature, vocab):
+    """log pi(token_t | tokens_<t) of each row's response tokens under softmax(logits / T), the distribution
+    model.generate samples from (N-details: the temperature must be applied in training too). -> (B, R)"""
+    h, tokens = response_hidden(lm, ids, attn, starts)  # the lm_head only where response tokens are predicted
     logits = lm.lm_head(h).float()[..., :vocab] / temperature  # (B, R, V')
-    return torch.log_softmax(logits, -1).gather(-1, ids[:, start:, None]).squeeze(-1)
+    return torch.log_softmax(logits, -1).gather(-1, tokens[..., None]).squeeze(-1)
 
 
 def token_rewards(scores, logprobs, ref_logprobs, mask, kl_coef):
@@ -257,26 +270,25 @@ def explained_variance(values, returns, mask):
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Batches: left-padded prompts followed by right-padded responses, (B, P + R)
+# Batches: rows prompt + response, right-padded (B, W); the response mask (B, R) lines the responses up
 
 def make_batch(prompts, responses, pad, device):
-    """ids, attention mask (1 on prompt and response tokens), response mask (B, R), and P = the prompt width."""
-    P, R = max(map(len, prompts)), max(max(map(len, responses)), 1)
-    B = len(prompts)
-    ids = torch.full((B, P + R), pad, dtype=torch.long)
-    attn = torch.zeros(B, P + R, dtype=torch.long)
+    """Rows prompt + response, right-padded: ids and attention mask (1 on real tokens) (B, W), the response mask
+    (B, R) and the prompt lengths starts (B,), where each row's response begins."""
+    B, R = len(prompts), max(max(map(len, responses)), 1)
+    W = max(len(p) + len(r) for p, r in zip(prompts, responses))
+    ids = torch.full((B, W), pad, dtype=torch.long)
+    attn, mask = torch.zeros(B, W, dtype=torch.long), torch.zeros(B, R)
     for b, (p, r) in enumerate(zip(prompts, responses)):
-        ids[b, P - len(p):P], ids[b, P:P + len(r)] = torch.tensor(p), torch.tensor(r, dtype=torch.long)
-        attn[b, P - len(p):P + len(r)] = 1
-    return ids.to(device), attn.to(device), attn[:, P:].float().to(device), P
+        ids[b, :len(p) + len(r)] = torch.tensor([*p, *r], dtype=torch.long)
+        attn[b, :len(p) + len(r)], mask[b, :len(r)] = 1, 1
+    return ids.to(device), attn.to(device), mask.to(device), torch.tensor([len(p) for p in prompts], device=device)
 
 
-def rows(ids, attn, P, idx):
-    """Rows idx of the batch with the columns only padding in all of them cut away -> ids, attn, new P."""
-    a = attn[idx]
-    used = a.any(0).nonzero().flatten()
-    lo, hi = min(int(used[0]), P - 1), max(int(used[-1]) + 1, P + 1)
-    return ids[idx, lo:hi], a[:, lo:hi], P - lo
+def rows(ids, attn, starts, idx):
+    """Rows idx of the batch with the columns that are padding in all of them cut away -> ids, attn, starts."""
+    W = max(int(attn[idx].sum(1).max()), int(starts[idx].max()) + 1)
+    return ids[idx, :W], attn[idx, :W], starts[idx]
 
 
 def by_length(idx, attn):
@@ -371,29 +383,29 @@ def episode_rollout(starts, lm, tokenizer, cfg, pool, editor, device, timer):
 # ----------------------------------------------------------------------------------------------------------------
 # The update (step 6)
 
-def forward_scores(actor, critic, ref, ids, attn, P, cfg, device, vocab):
+def forward_scores(actor, critic, ref, ids, attn, starts, R, cfg, device, vocab):
     """No-grad rollout forward in micro-batches of similar lengths -> logprobs, ref_logprobs, values (B, R)."""
-    B, R = ids.shape[0], ids.shape[1] - P
-    out = [torch.zeros(B, R, device=device) for _ in range(3)]
+    out = [torch.zeros(ids.shape[0], R, device=device) for _ in range(3)]
     with torch.no_grad(), autocast(device):
-        for idx in by_length(torch.arange(B, device=device), attn).split(cfg.micro_batch):
-            i, a, p = rows(ids, attn, P, idx)
-            n = i.shape[1] - p
-            out[0][idx, :n] = response_logprobs(actor, i, a, p, cfg.temperature, vocab)
+        for idx in by_length(torch.arange(ids.shape[0], device=device), attn).split(cfg.micro_batch):
+            i, a, st = rows(ids, attn, starts, idx)
+            lp = response_logprobs(actor, i, a, st, cfg.temperature, vocab)
+            n = lp.shape[1]
+            out[0][idx, :n] = lp
             if ref is None:  # LoRA: the reference is the actor without its adapters
                 set_lora(actor, False)
-                out[1][idx, :n] = response_logprobs(actor, i, a, p, cfg.temperature, vocab)
+                out[1][idx, :n] = response_logprobs(actor, i, a, st, cfg.temperature, vocab)
                 set_lora(actor, True)
             else:
-                out[1][idx, :n] = response_logprobs(ref, i, a, p, cfg.temperature, vocab)
-            out[2][idx, :n] = critic(i, a, p).float()
+                out[1][idx, :n] = response_logprobs(ref, i, a, st, cfg.temperature, vocab)
+            out[2][idx, :n] = critic(i, a, st).float()
     return out
 
 
 def ppo_update(actor, critic, opt_a, opt_c, data, cfg, device, vocab, gen):
-    """Clipped policy and value losses over minibatches and epochs. data: ids, attn, P, mask, logprobs, values,
+    """Clipped policy and value losses over minibatches and epochs. data: ids, attn, starts, mask, logprobs, values,
     advantages, returns. Returns the mean statistics and max|ratio - 1| of the first minibatch of the first epoch."""
-    ids, attn, P, mask = data["ids"], data["attn"], data["P"], data["mask"]
+    ids, attn, starts, mask = data["ids"], data["attn"], data["starts"], data["mask"]
     B = ids.shape[0]
     mb_size = max(B // cfg.num_minibatches, 1)
     stats, first_ratio = [], None
@@ -403,14 +415,15 @@ def ppo_update(actor, critic, opt_a, opt_c, data, cfg, device, vocab, gen):
             denom = mask[mb].sum().clamp(min=1)  # the masked mean over the whole minibatch, summed over micro-batches
             s = dict(pg_loss=0.0, vf_loss=0.0, clipfrac=0.0, approx_kl=0.0)
             for idx in by_length(mb, attn).split(cfg.micro_batch):
-                i, a, p = rows(ids, attn, P, idx)
-                n, m = i.shape[1] - p, mask[idx, :i.shape[1] - p]
+                i, a, st = rows(ids, attn, starts, idx)
                 with autocast(device):
-                    lp = response_logprobs(actor, i, a, p, cfg.temperature, vocab)
+                    lp = response_logprobs(actor, i, a, st, cfg.temperature, vocab)
+                    n = lp.shape[1]
+                    m = mask[idx, :n]
                     pg, cf, ratio = policy_loss(lp, data["logprobs"][idx, :n], data["advantages"][idx, :n], m,
                                                 cfg.clip_coef, denom)
                     pg.backward()
-                    v = critic(i, a, p).float()
+                    v = critic(i, a, st).float()
                     vf = value_loss(v, data["values"][idx, :n], data["returns"][idx, :n], m, cfg.vf_clip, denom)
                     vf.backward()
                 if not stats:  # the first minibatch of the first epoch: the policy has not moved yet
@@ -541,8 +554,9 @@ def train(cfg):
                                                                   device, timer)
 
         # 4. reward.py's score on the last token, the KL penalty to the frozen reference on every token
-        ids, attn, mask, P = make_batch(prompts, tokens, tokenizer.pad_token_id, device)
-        logprobs, ref_logprobs, values = forward_scores(actor, critic, ref, ids, attn, P, cfg, device, vocab)
+        ids, attn, mask, starts = make_batch(prompts, tokens, tokenizer.pad_token_id, device)
+        logprobs, ref_logprobs, values = forward_scores(actor, critic, ref, ids, attn, starts, mask.shape[1], cfg,
+                                                        device, vocab)
         logprobs, ref_logprobs, values = logprobs * mask, ref_logprobs * mask, values * mask
         gen_gap = max((abs(a - b) for row, lps in enumerate(gen_lp) for a, b in
                        zip(lps, logprobs[row, :len(lps)].tolist())), default=0.0)  # generate vs training forward
@@ -556,8 +570,8 @@ def train(cfg):
         ev = explained_variance(values, returns, mask)
 
         # 6. clipped policy and value losses over minibatches and epochs
-        data = dict(ids=ids, attn=attn, P=P, mask=mask, logprobs=logprobs, values=values, advantages=advantages,
-                    returns=returns)
+        data = dict(ids=ids, attn=attn, starts=starts, mask=mask, logprobs=logprobs, values=values,
+                    advantages=advantages, returns=returns)
         upd = ppo_update(actor, critic, opt_a, opt_c, data, cfg, device, vocab,
                          torch.Generator().manual_seed(cfg.seed * 100003 + it))
         timer("update")
