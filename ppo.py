@@ -554,8 +554,8 @@ def train(cfg):
                                                                   device, timer)
 
         # 4. reward.py's score on the last token, the KL penalty to the frozen reference on every token
-        ids, attn, mask, starts = make_batch(prompts, tokens, tokenizer.pad_token_id, device)
-        logprobs, ref_logprobs, values = forward_scores(actor, critic, ref, ids, attn, starts, mask.shape[1], cfg,
+        ids, attn, mask, prompt_lens = make_batch(prompts, tokens, tokenizer.pad_token_id, device)
+        logprobs, ref_logprobs, values = forward_scores(actor, critic, ref, ids, attn, prompt_lens, mask.shape[1], cfg,
                                                         device, vocab)
         logprobs, ref_logprobs, values = logprobs * mask, ref_logprobs * mask, values * mask
         gen_gap = max((abs(a - b) for row, lps in enumerate(gen_lp) for a, b in
@@ -570,7 +570,7 @@ def train(cfg):
         ev = explained_variance(values, returns, mask)
 
         # 6. clipped policy and value losses over minibatches and epochs
-        data = dict(ids=ids, attn=attn, starts=starts, mask=mask, logprobs=logprobs, values=values,
+        data = dict(ids=ids, attn=attn, starts=prompt_lens, mask=mask, logprobs=logprobs, values=values,
                     advantages=advantages, returns=returns)
         upd = ppo_update(actor, critic, opt_a, opt_c, data, cfg, device, vocab,
                          torch.Generator().manual_seed(cfg.seed * 100003 + it))

@@ -303,6 +303,18 @@ def test_ppo_end_to_end_writes_a_loadable_checkpoint_and_resumes(pool):
     assert [json.loads(x)["iteration"] for x in (out / "log.jsonl").read_text().splitlines()] == [1, 2]
 
 
+@pytest.mark.slow
+def test_episodic_run_of_two_iterations_in_one_process(pool, tmp_path):
+    out, _, _ = pool
+    r = run_ppo("--model", out / "tiny", "--states", out / "states.jsonl", "--out", tmp_path / "ckpt", "--log",
+                tmp_path / "log.jsonl", "--episodic", "--episode-steps", 2, "--batch-size", 4, "--micro-batch", 2,
+                "--max-new-tokens", 8, "--workers", 2, "--iterations", 2, cwd=out)
+    assert r.returncode == 0, r.stderr
+    logs = [json.loads(x) for x in (tmp_path / "log.jsonl").read_text().splitlines()]
+    assert [x["iteration"] for x in logs] == [1, 2] and all(x["states"] == 4 for x in logs)
+    assert all(x["generate_vs_forward_logprob_gap"] < 1e-4 for x in logs)
+
+
 @pytest.mark.parametrize("args", [["--model", "/no/such/folder"], ["--states", "/no/such/states.jsonl"],
                                   ["--batch-size", "0"], ["--temperature", "0"], ["--bogus", "1"]])
 def test_usage_errors_exit_2_with_one_line(args, pool, tmp_path, capsys):
