@@ -105,8 +105,8 @@ class Critic(nn.Module):
             nn.init.normal_(self.head.weight, std=1 / math.sqrt(C + 1))
         nn.init.zeros_(self.head.bias)
 
-    def forward(self, ids, attn, starts):  # right-padded rows (B, W) -> the value before each response token (B, R)
-        h, _ = response_hidden(self.backbone, ids, attn, starts)
+    def forward(self, ids, lengths, starts):  # right-padded rows (B, W) -> the value before each response token (B, R)
+        h, _ = response_hidden(self.backbone, ids, lengths, starts)
         return self.head(h.to(self.head.weight.dtype)).squeeze(-1)
 
 
@@ -168,22 +168,22 @@ def save_actor(lm, tokenizer, path):
 # ----------------------------------------------------------------------------------------------------------------
 # PPO arithmetic (pure functions on tensors; tests/test_ppo.py checks each against a hand computation)
 
-def response_hidden(lm, ids, attn, starts):
+def response_hidden(lm, ids, lengths, starts):
     """The final hidden states that predict each response token (the output at t - 1 predicts token t) and those
     tokens: (B, R, C), (B, R), R = the longest response of these rows. The rows are prompt + response, right-padded,
-    row b's response starting at column starts[b]; the causal mask alone keeps real tokens off the padding, so no
-    attention mask is passed and SDPA may take its fused causal kernel (a padding mask costs 1.6-2x on CPU).
-    Columns past a row's end are clamped to its last column: masked out by the caller."""
-    R = max(int((attn.sum(1) - starts).max()), 1)
+    row b holding lengths[b] tokens, its response from column starts[b]; the causal mask alone keeps real tokens off
+    the padding, so no attention mask is passed and SDPA may take its fused causal kernel (a padding mask costs
+    1.6-2x on CPU). Columns past a row's end read padding or the clamped last column: masked out by the caller."""
+    R = max(int((lengths - starts).max()), 1)
     pos = (starts[:, None] + torch.arange(R, device=ids.device)).clamp(max=ids.shape[1] - 1)  # (B, R)
     h = lm.hidden(ids)  # (B, W, C)
     return h.gather(1, (pos - 1)[..., None].expand(-1, -1, h.shape[-1])), ids.gather(1, pos)
 
 
-def response_logprobs(lm, ids, attn, starts, temperature, vocab):
+def response_logprobs(lm, ids, lengths, starts, temperature, vocab):
     """log pi(token_t | tokens_<t) of each row's response tokens under softmax(logits / T), the distribution
     model.generate samples from (N-details: the temperature must be applied in training too). -> (B, R)"""
-    h, tokens = response_hidden(lm, ids, attn, starts)  # the lm_head only where response tokens are predicted
+    h, tokens = response_hidden(lm, ids, lengths, starts)  # the lm_head only where response tokens are predicted
     logits = lm.lm_head(h).float()[..., :vocab] / temperature  # (B, R, V')
     return torch.log_softmax(logits, -1).gather(-1, tokens[..., None]).squeeze(-1)
 
@@ -273,27 +273,27 @@ def explained_variance(values, returns, mask):
 # Batches: rows prompt + response, right-padded (B, W); the response mask (B, R) lines the responses up
 
 def make_batch(prompts, responses, pad, device):
-    """Rows prompt + response, right-padded: ids and attention mask (1 on real tokens) (B, W), the response mask
-    (B, R) and the prompt lengths starts (B,), where each row's response begins."""
+    """Rows prompt + response, right-padded (B, W); the row lengths and the prompt lengths (where each response
+    begins) (B,); the response mask (B, R)."""
     B, R = len(prompts), max(max(map(len, responses)), 1)
     W = max(len(p) + len(r) for p, r in zip(prompts, responses))
-    ids = torch.full((B, W), pad, dtype=torch.long)
-    attn, mask = torch.zeros(B, W, dtype=torch.long), torch.zeros(B, R)
+    ids, mask = torch.full((B, W), pad, dtype=torch.long), torch.zeros(B, R)
     for b, (p, r) in enumerate(zip(prompts, responses)):
         ids[b, :len(p) + len(r)] = torch.tensor([*p, *r], dtype=torch.long)
-        attn[b, :len(p) + len(r)], mask[b, :len(r)] = 1, 1
-    return ids.to(device), attn.to(device), mask.to(device), torch.tensor([len(p) for p in prompts], device=device)
+        mask[b, :len(r)] = 1
+    lengths = torch.tensor([len(p) + len(r) for p, r in zip(prompts, responses)], device=device)
+    return ids.to(device), lengths, mask.to(device), torch.tensor([len(p) for p in prompts], device=device)
 
 
-def rows(ids, attn, starts, idx):
-    """Rows idx of the batch with the columns that are padding in all of them cut away -> ids, attn, starts."""
-    W = max(int(attn[idx].sum(1).max()), int(starts[idx].max()) + 1)
-    return ids[idx, :W], attn[idx, :W], starts[idx]
+def rows(ids, lengths, starts, idx):
+    """Rows idx of the batch with the columns that are padding in all of them cut away -> ids, lengths, starts."""
+    W = max(int(lengths[idx].max()), int(starts[idx].max()) + 1)
+    return ids[idx, :W], lengths[idx], starts[idx]
 
 
-def by_length(idx, attn):
-    """idx sorted by sequence length, so each micro-batch's rows pad (and attend over) as little as possible."""
-    return idx[torch.argsort(attn[idx].sum(1), stable=True)]
+def by_length(idx, lengths):
+    """idx sorted by row length, so each micro-batch's rows pad (and attend over) as little as possible."""
+    return idx[torch.argsort(lengths[idx], stable=True)]
 
 
 def autocast(device):  # bf16 matmuls on CUDA, fp32 master weights (an lr of 1e-6 vanishes in bf16 weights)
@@ -383,29 +383,29 @@ def episode_rollout(starts, lm, tokenizer, cfg, pool, editor, device, timer):
 # ----------------------------------------------------------------------------------------------------------------
 # The update (step 6)
 
-def forward_scores(actor, critic, ref, ids, attn, starts, R, cfg, device, vocab):
+def forward_scores(actor, critic, ref, ids, lengths, starts, R, cfg, device, vocab):
     """No-grad rollout forward in micro-batches of similar lengths -> logprobs, ref_logprobs, values (B, R)."""
     out = [torch.zeros(ids.shape[0], R, device=device) for _ in range(3)]
     with torch.no_grad(), autocast(device):
-        for idx in by_length(torch.arange(ids.shape[0], device=device), attn).split(cfg.micro_batch):
-            i, a, st = rows(ids, attn, starts, idx)
-            lp = response_logprobs(actor, i, a, st, cfg.temperature, vocab)
+        for idx in by_length(torch.arange(ids.shape[0], device=device), lengths).split(cfg.micro_batch):
+            i, ln, st = rows(ids, lengths, starts, idx)
+            lp = response_logprobs(actor, i, ln, st, cfg.temperature, vocab)
             n = lp.shape[1]
             out[0][idx, :n] = lp
             if ref is None:  # LoRA: the reference is the actor without its adapters
                 set_lora(actor, False)
-                out[1][idx, :n] = response_logprobs(actor, i, a, st, cfg.temperature, vocab)
+                out[1][idx, :n] = response_logprobs(actor, i, ln, st, cfg.temperature, vocab)
                 set_lora(actor, True)
             else:
-                out[1][idx, :n] = response_logprobs(ref, i, a, st, cfg.temperature, vocab)
-            out[2][idx, :n] = critic(i, a, st).float()
+                out[1][idx, :n] = response_logprobs(ref, i, ln, st, cfg.temperature, vocab)
+            out[2][idx, :n] = critic(i, ln, st).float()
     return out
 
 
 def ppo_update(actor, critic, opt_a, opt_c, data, cfg, device, vocab, gen):
-    """Clipped policy and value losses over minibatches and epochs. data: ids, attn, starts, mask, logprobs, values,
+    """Clipped policy and value losses over minibatches and epochs. data: ids, lengths, starts, mask, logprobs, values,
     advantages, returns. Returns the mean statistics and max|ratio - 1| of the first minibatch of the first epoch."""
-    ids, attn, starts, mask = data["ids"], data["attn"], data["starts"], data["mask"]
+    ids, lengths, starts, mask = data["ids"], data["lengths"], data["starts"], data["mask"]
     B = ids.shape[0]
     mb_size = max(B // cfg.num_minibatches, 1)
     stats, first_ratio = [], None
@@ -414,16 +414,16 @@ def ppo_update(actor, critic, opt_a, opt_c, data, cfg, device, vocab, gen):
         for mb in perm.split(mb_size):
             denom = mask[mb].sum().clamp(min=1)  # the masked mean over the whole minibatch, summed over micro-batches
             s = dict(pg_loss=0.0, vf_loss=0.0, clipfrac=0.0, approx_kl=0.0)
-            for idx in by_length(mb, attn).split(cfg.micro_batch):
-                i, a, st = rows(ids, attn, starts, idx)
+            for idx in by_length(mb, lengths).split(cfg.micro_batch):
+                i, ln, st = rows(ids, lengths, starts, idx)
                 with autocast(device):
-                    lp = response_logprobs(actor, i, a, st, cfg.temperature, vocab)
+                    lp = response_logprobs(actor, i, ln, st, cfg.temperature, vocab)
                     n = lp.shape[1]
                     m = mask[idx, :n]
                     pg, cf, ratio = policy_loss(lp, data["logprobs"][idx, :n], data["advantages"][idx, :n], m,
                                                 cfg.clip_coef, denom)
                     pg.backward()
-                    v = critic(i, a, st).float()
+                    v = critic(i, ln, st).float()
                     vf = value_loss(v, data["values"][idx, :n], data["returns"][idx, :n], m, cfg.vf_clip, denom)
                     vf.backward()
                 if not stats:  # the first minibatch of the first epoch: the policy has not moved yet
@@ -554,9 +554,9 @@ def train(cfg):
                                                                   device, timer)
 
         # 4. reward.py's score on the last token, the KL penalty to the frozen reference on every token
-        ids, attn, mask, prompt_lens = make_batch(prompts, tokens, tokenizer.pad_token_id, device)
-        logprobs, ref_logprobs, values = forward_scores(actor, critic, ref, ids, attn, prompt_lens, mask.shape[1], cfg,
-                                                        device, vocab)
+        ids, lengths, mask, prompt_lens = make_batch(prompts, tokens, tokenizer.pad_token_id, device)
+        logprobs, ref_logprobs, values = forward_scores(actor, critic, ref, ids, lengths, prompt_lens, mask.shape[1],
+                                                        cfg, device, vocab)
         logprobs, ref_logprobs, values = logprobs * mask, ref_logprobs * mask, values * mask
         gen_gap = max((abs(a - b) for row, lps in enumerate(gen_lp) for a, b in
                        zip(lps, logprobs[row, :len(lps)].tolist())), default=0.0)  # generate vs training forward
@@ -570,7 +570,7 @@ def train(cfg):
         ev = explained_variance(values, returns, mask)
 
         # 6. clipped policy and value losses over minibatches and epochs
-        data = dict(ids=ids, attn=attn, starts=prompt_lens, mask=mask, logprobs=logprobs, values=values,
+        data = dict(ids=ids, lengths=lengths, starts=prompt_lens, mask=mask, logprobs=logprobs, values=values,
                     advantages=advantages, returns=returns)
         upd = ppo_update(actor, critic, opt_a, opt_c, data, cfg, device, vocab,
                          torch.Generator().manual_seed(cfg.seed * 100003 + it))

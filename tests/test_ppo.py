@@ -149,10 +149,10 @@ def rollout(lm, temperature=0.7, seed=0):
 def test_recomputed_logprobs_equal_generation_logprobs(tiny):
     lm, _ = tiny
     prompts, gen = rollout(lm, temperature=0.7)
-    ids, attn, mask, starts = ppo.make_batch(prompts, gen.tokens, 0, "cpu")
+    ids, lengths, mask, starts = ppo.make_batch(prompts, gen.tokens, 0, "cpu")
     with torch.no_grad():
-        lp = ppo.response_logprobs(lm, ids, attn, starts, 0.7, lm.sample_vocab_size)
-        other = ppo.response_logprobs(lm, ids, attn, starts, 1.0, lm.sample_vocab_size)
+        lp = ppo.response_logprobs(lm, ids, lengths, starts, 0.7, lm.sample_vocab_size)
+        other = ppo.response_logprobs(lm, ids, lengths, starts, 1.0, lm.sample_vocab_size)
     for b, want in enumerate(gen.logprobs):
         assert torch.allclose(lp[b, :len(want)], torch.tensor(want), atol=1e-5)
         assert not torch.allclose(other[b, :len(want)], torch.tensor(want), atol=1e-3)
@@ -162,10 +162,10 @@ def test_recomputed_logprobs_equal_generation_logprobs(tiny):
 def test_kl_is_zero_when_policy_equals_reference(tiny):
     lm, _ = tiny
     prompts, gen = rollout(lm, seed=1)
-    ids, attn, mask, starts = ppo.make_batch(prompts, gen.tokens, 0, "cpu")
+    ids, lengths, mask, starts = ppo.make_batch(prompts, gen.tokens, 0, "cpu")
     critic = ppo.Critic(copy.deepcopy(lm))
     cfg = ppo.Config(micro_batch=2, temperature=0.7)
-    lp, ref_lp, values = ppo.forward_scores(lm, critic, copy.deepcopy(lm), ids, attn, starts, mask.shape[1], cfg,
+    lp, ref_lp, values = ppo.forward_scores(lm, critic, copy.deepcopy(lm), ids, lengths, starts, mask.shape[1], cfg,
                                             torch.device("cpu"), lm.sample_vocab_size)
     _, kl = ppo.token_rewards(torch.zeros(3), lp * mask, ref_lp * mask, mask, 0.05)
     assert (kl == 0).all() and (lp * mask).abs().sum() > 0 and values.shape == mask.shape
@@ -176,14 +176,14 @@ def test_ratio_is_one_on_the_first_minibatch_only(tiny):
     actor, ref = copy.deepcopy(lm), copy.deepcopy(lm)
     critic = ppo.Critic(copy.deepcopy(lm))
     prompts, gen = rollout(actor, seed=2)
-    ids, attn, mask, starts = ppo.make_batch(prompts * 2, gen.tokens * 2, 0, "cpu")
+    ids, lengths, mask, starts = ppo.make_batch(prompts * 2, gen.tokens * 2, 0, "cpu")
     cfg = ppo.Config(micro_batch=2, num_minibatches=3, update_epochs=2, actor_lr=1e-2, critic_lr=1e-2)
     dev = torch.device("cpu")
-    scores = ppo.forward_scores(actor, critic, ref, ids, attn, starts, mask.shape[1], cfg, dev, 512)
+    scores = ppo.forward_scores(actor, critic, ref, ids, lengths, starts, mask.shape[1], cfg, dev, 512)
     lp, ref_lp, values = (x * mask for x in scores)
     rewards, _ = ppo.token_rewards(torch.tensor([1.0, -1.0, 0.0] * 2), lp, ref_lp, mask, cfg.kl_coef)
     adv, ret = ppo.gae(rewards, values, mask, 1.0, 0.95)
-    data = dict(ids=ids, attn=attn, starts=starts, mask=mask, logprobs=lp, values=values,
+    data = dict(ids=ids, lengths=lengths, starts=starts, mask=mask, logprobs=lp, values=values,
                 advantages=ppo.whiten(adv, mask), returns=ret)
     opt_a = torch.optim.AdamW(actor.parameters(), lr=cfg.actor_lr)
     opt_c = torch.optim.AdamW(critic.parameters(), lr=cfg.critic_lr)
@@ -191,7 +191,7 @@ def test_ratio_is_one_on_the_first_minibatch_only(tiny):
     assert stats["ratio_first_minibatch_max_dev"] < 1e-5
     assert stats["approx_kl"] > 0  # later minibatches see a moved policy: the ratio is not 1 there
     with torch.no_grad():
-        after = ppo.response_logprobs(actor, ids, attn, starts, cfg.temperature, 512)
+        after = ppo.response_logprobs(actor, ids, lengths, starts, cfg.temperature, 512)
     assert ((after - lp).abs() * mask).max() > 1e-3
 
 
