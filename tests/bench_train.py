@@ -157,7 +157,7 @@ def bench_ppo(args):
           f"{total:.1f}s")
     for name in ("generate", "execute", "update"):
         print(f"  {name:<9}{log['time_' + name]:7.1f}s  {100 * log['time_' + name] / total:5.1f}% of the iteration")
-    print(f"  update / plain step (one forward+backward over the same tokens, {plain:.1f}s): "
+    print(f"  update / plain step (one forward+backward over the same states and lengths, {plain:.1f}s): "
           f"{log['time_update'] / plain:.2f}x  (PPO: 3 no-grad forwards + 2 forward+backwards, ~3x)")
     shutil.rmtree(tmp, ignore_errors=True)
 
