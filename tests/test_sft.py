@@ -110,8 +110,9 @@ def test_masked_loss_equals_hand_computation(tok, tiny_dir, chats):
     net = sft.SFTModel(lm)
     batch = [sft.encode_chat(tok, c) for c in chats[:3]]
     batch[1] = (batch[1][0][:-5], batch[1][1][:-5])  # different lengths: right padding in the batch
-    ids, labels = sft.collate(batch, tok.pad_token_id, torch.device("cpu"))
-    loss, n = net(ids, labels)
+    ids, labels, lengths = sft.collate(batch, tok.pad_token_id, torch.device("cpu"))
+    weighted, loss, n = net(ids, labels, lengths)
+    assert weighted.item() == loss.item()  # prompt weight 0: the assistant tokens only
     with torch.no_grad():
         logp = torch.log_softmax(lm(ids), -1)  # (B, T, V)
     want, count = 0.0, 0
@@ -126,14 +127,38 @@ def test_masked_loss_equals_hand_computation(tok, tiny_dir, chats):
     assert loss.item() == pytest.approx(alone, rel=1e-5)  # padding does not change any sequence's loss
 
 
-def _one_step(tiny_dir, batches, tok, checkpointing=False, calls=None):
+def test_prompt_loss_weight_adds_the_other_real_tokens(tok, tiny_dir, chats):
+    lm, _ = model.load(tiny_dir, "cpu")
+    net = sft.SFTModel(lm, prompt_weight=0.25)
+    batch = [sft.encode_chat(tok, c) for c in chats[:3]]
+    batch[1] = (batch[1][0][:-5], batch[1][1][:-5])
+    ids, labels, lengths = sft.collate(batch, tok.pad_token_id, torch.device("cpu"))
+    weighted, loss, n = net(ids, labels, lengths)
+    with torch.no_grad():
+        logp = torch.log_softmax(lm(ids), -1)
+    ours = other = 0.0
+    for b, (x, y) in enumerate(batch):
+        for t in range(1, len(x)):  # real positions only: padding predicts nothing
+            nll = -logp[b, t - 1, x[t]].item()
+            if y[t] != -100:
+                ours += nll
+            else:
+                other += nll
+    assert other > 0 and loss.item() == pytest.approx(ours, rel=1e-5)
+    assert weighted.item() == pytest.approx(ours + 0.25 * other, rel=1e-5)
+    assert (n.item(), sum(len(x) - 1 for x, _ in batch) - n.item()) == sft.token_counts(batch)
+    alone = sum(net(*sft.collate([x], tok.pad_token_id, torch.device("cpu")))[0].item() for x in batch)
+    assert weighted.item() == pytest.approx(alone, rel=1e-5)
+
+
+def _one_step(tiny_dir, batches, tok, checkpointing=False, calls=None, prompt_weight=0.0):
     lm, _ = model.load(tiny_dir, "cpu")
     if checkpointing:
         sft.enable_grad_checkpointing(lm)
     if calls is not None:  # counts MLP calls (a pre-hook: the recomputation in backward stops early, inside the MLP)
         for block in lm.model.layers:
             block.mlp.register_forward_pre_hook(lambda *_: calls.append(1))
-    net = sft.SFTModel(lm)
+    net = sft.SFTModel(lm, prompt_weight)
     opt = torch.optim.SGD(net.parameters(), lr=0.5)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
     a = sft.Args(grad_clip=0.0)
@@ -141,11 +166,12 @@ def _one_step(tiny_dir, batches, tok, checkpointing=False, calls=None):
     return loss, n, weights(lm)
 
 
-def test_accumulation_averages_over_all_trained_tokens(tok, tiny_dir, chats):
+@pytest.mark.parametrize("prompt_weight", [0.0, 0.5])
+def test_accumulation_averages_over_all_trained_tokens(tok, tiny_dir, chats, prompt_weight):
     ex = [sft.encode_chat(tok, c) for c in chats[:3]]
     ex[0] = (ex[0][0] + ex[0][0], ex[0][1] + ex[0][1])  # one sequence with twice the trained tokens
-    loss1, n1, w1 = _one_step(tiny_dir, [[ex[0]], [ex[1], ex[2]]], tok)
-    loss2, n2, w2 = _one_step(tiny_dir, [ex], tok)
+    loss1, n1, w1 = _one_step(tiny_dir, [[ex[0]], [ex[1], ex[2]]], tok, prompt_weight=prompt_weight)
+    loss2, n2, w2 = _one_step(tiny_dir, [ex], tok, prompt_weight=prompt_weight)
     assert n1 == n2 and loss1 == pytest.approx(loss2, rel=1e-5)
     w0 = weights(model.load(tiny_dir, "cpu")[0])
     assert any(not torch.equal(w0[k], w1[k]) for k in w0)
@@ -210,6 +236,7 @@ def test_resume_ends_with_the_uninterrupted_weights(tmp_path, chats):
     again, lm_again = sft.train(args(tmp_path, data, epochs=3, out=str(tmp_path / "b"), resume=str(first)))
     log = [json.loads(line) for line in open(tmp_path / "b" / "log.jsonl")]
     assert log[0]["step"] == done + 1 and again["steps"] == full["steps"] > done
+    assert again["prompt_loss_weight"] == full["prompt_loss_weight"] == 1.0  # from scratch; kept on resume
     assert again["heldout_loss"] == pytest.approx(full["heldout_loss"], rel=1e-5)
     w_full, w_again = weights(lm_full), weights(lm_again)
     for k in w_full:
@@ -233,11 +260,11 @@ def _ddp_worker(rank, world, port, a, out):
 
 def test_ddp_gloo_two_processes_match_one(tmp_path, chats, tiny_dir):
     data = write_jsonl(tmp_path / "d.jsonl", chats[:13])  # 12 train: 3 steps of 4 micro-batches, split 2 + 2
-    a = args(tmp_path, data, model=tiny_dir, epochs=1, micro_batch=1, batch_size=4, out=str(tmp_path / "ddp"))
+    kw = dict(model=tiny_dir, epochs=1, micro_batch=1, batch_size=4, prompt_loss_weight=0.5)  # summed over ranks
+    a = args(tmp_path, data, out=str(tmp_path / "ddp"), **kw)
     mp.spawn(_ddp_worker, args=(2, _free_port(), a, str(tmp_path)), nprocs=2, join=True)
     w0, w1 = (torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1))
-    _, single = sft.train(args(tmp_path, data, model=tiny_dir, epochs=1, micro_batch=1, batch_size=4,
-                               out=str(tmp_path / "one")))
+    _, single = sft.train(args(tmp_path, data, out=str(tmp_path / "one"), **kw))
     start = weights(model.load(tiny_dir, "cpu")[0])
     ws = weights(single)
     for k in w0:
