@@ -172,9 +172,12 @@ def usage_of(backends) -> dict:
 
 
 def seed_everything(seed: int):
+    """Python's and torch's global generators (a local checkpoint samples with torch's). torch is imported here even
+    before the first checkpoint loads: its generator starts from a different seed in every process (torch 2.13), so
+    an unseeded first run differed between two evaluations of the same checkpoint."""
+    import torch
     random.seed(seed)
-    if "torch" in sys.modules:  # a local checkpoint samples with torch's global generator
-        sys.modules["torch"].manual_seed(seed)
+    torch.manual_seed(seed)
 
 # ================================================================================================ one run
 

@@ -3,6 +3,7 @@
 - performance_gain and human_rank on hand-computed cases: higher and lower is better, ties, invalid submissions;
 - a (scaffold, policy, task) summary with a failed run: it stays among the K runs and scores m_init / HumanRank 0;
 - runs that crash, and runs whose final train.py writes no submission, are recorded and counted, not dropped;
+- seeding: a fresh process draws the same torch numbers for the same seed (the first run of a checkpoint repeats);
 - runs.jsonl: a torn last line (a kill mid-write) is cut off and the complete lines are kept;
 - `eval.py` end to end with the scripted agent on one task, K = 2 (subprocess): the report's fields agree with the
   runs and with a fresh sandbox run of the starter; a rerun skips both finished runs;
@@ -155,6 +156,16 @@ def test_matryoshka_and_monolithic_runs_record_scores_and_context(tmp_path):
     mono = full["monolithic"]["context"]
     assert len(mono) >= 2 and all(b > a for a, b in zip(mono, mono[1:]))  # the monolithic chat only grows
     assert all(r["valid_attempts"] <= r["steps"] and r["private"] is not None for r in rows.values())
+
+
+
+def test_seeding_fixes_torch_in_a_fresh_process():
+    # a fresh process has not imported torch yet when the first run is seeded (the first checkpoint loads after);
+    # torch's own start seed differs per process, so an unseeded first run would not repeat
+    code = "import eval; eval.seed_everything(7); import torch; print(torch.rand(3).tolist())"
+    outs = [subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                           check=True).stdout for _ in range(2)]
+    assert outs[0] == outs[1] != ""
 
 # -------------------------------------------------------------------------------------------------- the run log
 
