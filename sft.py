@@ -209,7 +209,7 @@ class SFTModel(nn.Module):
             targets = torch.where(ours, targets, input_ids[:, 1:])
         logits = self.lm.lm_head(h[:, :-1][rows]).float()  # (N, V): the lm_head only where a token is trained
         loss = F.cross_entropy(logits, targets[rows], reduction="none")  # (N,)
-        mine = ours[rows]
+        mine = ours[rows]  # (N,): which of the computed positions are assistant tokens
         weighted = torch.where(mine, loss, loss * self.prompt_weight).sum()
         return weighted, loss[mine].sum().detach(), mine.sum()
 

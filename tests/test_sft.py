@@ -4,12 +4,15 @@ Everything runs on CPU with tiny models and chat data built here (a toy "calcula
 - ChatML labels: the three encoded pieces per message concatenate to the encoding of the whole rendered
   conversation, the trained tokens decode to exactly each assistant content + <|im_end|>, and the first trained
   token follows the generation prompt `<|im_start|>assistant\\n` (also with two assistant turns);
-- the masked loss equals a hand computation from the full logits (right padding changes nothing);
-- one optimizer step over two micro-batches equals one step over their union (loss averaged over all trained tokens);
+- the masked loss equals a hand computation from the full logits (right padding changes nothing); so does the loss
+  with the prompt tokens at weight 0.25 (padding still predicts nothing);
+- one optimizer step over two micro-batches equals one step over their union (loss averaged over all trained tokens,
+  with and without prompt tokens);
 - gradient checkpointing gives the same gradients;
 - the loss falls when overfitting a tiny set; a checkpoint reloads (model.load) to the same logits;
-- resume from the epoch-1 checkpoint ends with the same weights as the uninterrupted run;
-- 2-process DDP on gloo: both ranks end with identical weights, equal to a 1-process run with the same global batch;
+- resume from the epoch-1 checkpoint ends with the same weights as the uninterrupted run (and prompt weight);
+- 2-process DDP on gloo (prompt weight 0.5): both ranks end with identical weights, equal to a 1-process run with the
+  same global batch;
 - `sft.py` as a subprocess from scratch (checkpoint loads with model.py, parse rate printed); usage errors exit 2.
 """
 import json
@@ -319,6 +322,10 @@ def test_cli_usage_errors_exit_2(tmp_path):
         r = run_cli(*argv, cwd=tmp_path)
         assert r.returncode == 2, (argv, r.stderr)
         assert len(r.stderr.strip().splitlines()) == 1 and "error" in r.stderr
+    chat = [{"role": "user", "content": "1+1"}, {"role": "assistant", "content": "2"}]
+    good = write_jsonl(tmp_path / "d.jsonl", [chat])
+    r = run_cli("--data", str(good), "--prompt-loss-weight", "-1", cwd=tmp_path)
+    assert r.returncode == 2 and "--prompt-loss-weight >= 0" in r.stderr and len(r.stderr.strip().splitlines()) == 1
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"text": "no messages"}\n')
     r = run_cli("--data", str(bad), "--out", str(tmp_path / "o"), cwd=tmp_path)
