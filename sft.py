@@ -51,6 +51,7 @@ Run:
   python sft.py                                        # tiny model from scratch on runs/data/sft.jsonl (CPU, minutes)
   python sft.py --model Qwen/Qwen2.5-0.5B-Instruct --grad-checkpointing
   python sft.py --resume                               # continue from the latest checkpoint under --out
+  python sft.py --prompt-loss-weight 0                 # from scratch with the paper's assistant-only loss
   torchrun --nproc_per_node 2 sft.py --epochs 1        # DDP, also on CPU (gloo)
 Outputs under --out (default runs/ckpt/sft): the final Hugging Face folder itself, `checkpoint-<step>/` per epoch
 (weights + trainer_state.pt: optimizer, scheduler, step, epoch), `log.jsonl` (one line per optimizer step).
