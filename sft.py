@@ -207,7 +207,7 @@ class SFTModel(nn.Module):
         rows = ours
         if self.prompt_weight:  # every real position: t < length (padding predicts nothing)
             rows = torch.arange(targets.shape[1], device=lengths.device) < (lengths[:, None] - 1)
-            targets = torch.where(ours, targets, input_ids[:, 1:])
+            targets = input_ids[:, 1:]  # the labels are these ids wherever they are not -100
         logits = self.lm.lm_head(h[:, :-1][rows]).float()  # (N, V): the lm_head only where a token is trained
         loss = F.cross_entropy(logits, targets[rows], reduction="none")  # (N,)
         mine = ours[rows]  # (N,): which of the computed positions are assistant tokens
