@@ -10,7 +10,8 @@ What comes from where, and how this departs from it:
   Departures: `Understand File` is answered without an LLM (a CSV gets its shape, columns and first rows, a script its
   first lines); the workspace is a dict of scripts kept in memory (the data files stay in the task's `public/`), so a
   state can be snapshotted and restored exactly; every `Edit Script (AI)` of a script runs it to measure the new metric,
-  because ML-Agent's reward (DESIGN.md, reward.py) scores each successful edit by its metric change.
+  because ML-Agent's reward (reward.py) scores each successful edit by its metric change; the metric is always that
+  of train.py, the submission, so a better script saved under another name is paid only once it reaches train.py.
 - A task folder is MLE-bench-like (`public/` what the agent sees, `private/answers.csv` the hidden test answers with a
   `part` column: the Kaggle public/private split of the test rows). Built-in tasks are made from scikit-learn's shipped
   datasets or generated, with fixed seeds; their `private/leaderboard.csv` is a *reference panel* of scikit-learn
@@ -1426,7 +1427,7 @@ ACTIONS = {a.name: a for a in [
     ActionSpec("Undo Edit Script", "Revert the most recent edit of a script.", {"script_name": "a relative file path"}),
     ActionSpec("Execute Script", "Run a Python script in the workspace and show its output.",
                {"script_name": "a relative file path"}),
-    ActionSpec("Copy File", "Copy a script to another name.",
+    ActionSpec("Copy File", "Copy a script to another name; a script copied onto train.py is run to measure it.",
                {"source": "a relative file path", "destination": "a relative file path"}),
     ActionSpec("Final Answer", "End the task: train.py as it is now is your solution.",
                {"final_answer": "a short summary of what you did and found"}),
@@ -1437,10 +1438,11 @@ ACTIONS = {a.name: a for a in [
 class StepResult:
     observation: str
     kind: str  # invalid | error | corner | neutral | edit | final: the outcome names of reward.py
-    metric_prev: float | None
-    metric_new: float | None
+    metric_prev: float | None  # the submission's (train.py's) public score before the step
+    metric_new: float | None  # ... and after it: a side file's score never enters here (reward.py's rule)
     run: RunResult | None = None
     done: bool = False
+    metric_high: float | None = None  # the submission's best score in the episode before the step (binary reward)
 
 
 class _Invalid(Exception):
@@ -1448,7 +1450,13 @@ class _Invalid(Exception):
 
 
 class Env:
-    """One task's workspace and the agent's actions on it; the metric is the public score of train.py."""
+    """One task's workspace and the agent's actions on it; the metric is the public score of train.py.
+
+    train.py is the submission (Final Answer submits it as it is), so the metric a step reports, and reward.py pays
+    for, is always train.py's: an edit saved under another name, however well that file scores, changes nothing
+    (`metric_new == metric_prev`); Copy File onto train.py runs it and reports its score; Undo Edit Script of
+    train.py reports the score it restores. `m_high` is the best score train.py has had in the episode (the binary
+    reward pays only for a new one)."""
 
     def __init__(self, task, editor=recipe_editor, show_score=False, timeout=None, cache=True):
         self.task = load_task(task)
@@ -1456,7 +1464,7 @@ class Env:
         self.files: dict[str, str] = {}  # the workspace's scripts; data files are read from public/
         self.history: list[dict] = []  # edits, newest last: {"script", "content" before (None: new), "metric"}
         self.step_count, self.done = 0, False
-        self.metric = self.m_init = None
+        self.metric = self.m_init = self.m_high = None
         # m_best on the rows m_t is measured on (the public part); a task without it (MLE-bench) uses its leaderboard top
         self.m_best = self.task.info.get("best_public_score", self.task.best_score)
 
@@ -1468,13 +1476,13 @@ class Env:
         if run.status != "success":
             raise RuntimeError(f"the starter train.py of {self.task.name} does not score: {run.status} "
                                f"{run.error or run.output[-500:]}")
-        self.m_init = self.metric = run.score
+        self.m_init = self.metric = self.m_high = run.score
         return self.task.description
 
     def snapshot(self) -> dict:
         return {"task": self.task.name, "task_dir": str(self.task.dir), "step": self.step_count,
                 "files": dict(self.files), "history": [dict(h) for h in self.history], "metric": self.metric,
-                "m_init": self.m_init, "m_best": self.m_best, "done": self.done}
+                "m_init": self.m_init, "m_best": self.m_best, "m_high": self.m_high, "done": self.done}
 
     def restore(self, snapshot: dict):
         if Path(snapshot["task_dir"]).resolve() != self.task.dir:
@@ -1482,6 +1490,7 @@ class Env:
         self.files, self.history = dict(snapshot["files"]), [dict(h) for h in snapshot["history"]]
         self.step_count, self.metric, self.done = snapshot["step"], snapshot["metric"], snapshot.get("done", False)
         self.m_init, self.m_best = snapshot["m_init"], snapshot["m_best"]
+        self.m_high = snapshot.get("m_high", self._better(self.metric, self.m_init))  # older snapshots lack it
 
     # --- one step
 
@@ -1506,7 +1515,19 @@ class Env:
 
     def _result(self, observation, kind, run=None, done=False) -> StepResult:
         """A step that leaves the metric as it is."""
-        return StepResult(observation, kind, self.metric, self.metric, run, done)
+        return StepResult(observation, kind, self.metric, self.metric, run, done, self.m_high)
+
+    def _better(self, a, b):
+        """The better of two scores in the task's direction; None counts as missing."""
+        if a is None or b is None:
+            return b if a is None else a
+        return max(a, b) if self.task.higher_is_better else min(a, b)
+
+    def _submission(self, observation, score, run=None) -> StepResult:
+        """A step that set train.py to a script scoring `score`: an "edit" from the old metric to the new one."""
+        prev, high = self.metric, self.m_high
+        self.metric, self.m_high = score, self._better(high, score)
+        return StepResult(observation, "edit", prev, score, run, metric_high=high)
 
     def _path(self, name) -> str:
         if not isinstance(name, str):
@@ -1605,10 +1626,9 @@ class Env:
         kind, note = self._outcome(run, save)
         if kind != "success":
             return self._result(observation + note, kind, run)
-        prev = self.metric
-        if save == "train.py":
-            self.metric = run.score
-        return StepResult(observation + note, "edit", prev, run.score, run)
+        if save != "train.py":  # a side file: the submission, and so the metric, is unchanged (reward 0)
+            return self._result(observation + note, "edit", run)
+        return self._submission(observation + note, run.score, run)
 
     def _undo_edit_script(self, script_name):
         script = self._path(script_name)
@@ -1620,10 +1640,10 @@ class Env:
             del self.files[script]
         else:
             self.files[script] = entry["content"]
-        if script == "train.py":
-            self.metric = entry["metric"]
-        return self._result(f"Content of {script} after undo the most recent edit:\n{entry['content'] or ''}",
-                            "neutral")
+        observation = f"Content of {script} after undo the most recent edit:\n{entry['content'] or ''}"
+        if script == "train.py" and entry["metric"] is not None:  # the submission goes back to its earlier score
+            return self._submission(observation, entry["metric"])
+        return self._result(observation, "neutral")
 
     def _execute_script(self, script_name):
         script = self._path(script_name)
@@ -1632,7 +1652,7 @@ class Env:
         run = self._run(script)
         kind, note = self._outcome(run, script)
         if kind == "success" and script == "train.py":
-            self.metric = run.score
+            self.metric, self.m_high = run.score, self._better(self.m_high, run.score)
         return self._result(f"The script has been executed. Here is the output:\n{run.output}{note}",
                             "neutral" if kind == "success" else kind, run)
 
@@ -1641,7 +1661,14 @@ class Env:
         if src not in self.files:
             return self._result(f"EnvError: cannot copy {source}: only scripts of the workspace can be copied", "error")
         self._save(dst, self.files[src])
-        return self._result(f"File {src} copied to {dst}", "neutral")
+        observation = f"File {src} copied to {dst}"
+        if dst != "train.py" or src == dst:
+            return self._result(observation, "neutral")
+        run = self._run(dst)  # the submission changed: score it, as an edit of train.py would be
+        kind, note = self._outcome(run, dst)
+        if kind != "success":
+            return self._result(observation + note, kind, run)
+        return self._submission(observation + note, run.score, run)
 
     def _final_answer(self, final_answer):
         self.done = True

@@ -11,7 +11,19 @@ alike. The cases, as this file implements them (default config):
     | "corner"   | timeout, out of memory, file-size / CPU limit                   |  0        (R_corner)         |
     | "neutral"  | a valid non-editing action (List Files, Execute Script, ...)    |  0                           |
     | "final"    | Final Answer (valid, non-editing)                               |  0                           |
-    | "edit"     | a successful edit; the edited script ran and was scored         | clip(alpha * sign * (m_new - m_prev) / |m_best - m_init|, -clip, clip)  (R_perf) |
+    | "edit"     | a successful edit, copy or undo; the submission was scored      | clip(alpha * sign * (m_new - m_prev) / |m_best - m_init|, -clip, clip)  (R_perf) |
+
+What an "edit" is paid for (our rule; the paper says "the metric change" without saying of which file):
+- `m_prev` and `m_new` are the scores of the **submission** (the workspace's train.py, which Final Answer submits)
+  before and after the step, never of a side file. An edit saved under another name leaves the submission as it was
+  (`m_new == m_prev`) and earns 0, however good the side file is and however often it is saved again; copying that
+  file onto train.py, or editing train.py itself, is what reaches the submission and is paid. env.Env sets these
+  numbers (`StepResult.metric_prev`, `metric_new`), and Undo Edit Script of train.py is an "edit" too.
+- Each improvement is paid once. With the scaled difference the rewards of an episode's edits telescope: their sum is
+  (before clipping) the submission's final change from m_init, so an edit undone costs what it earned and redoing
+  it earns it back, never twice. The binary ablation has no such sum, so it pays +1 only for a **new best** score of
+  the submission in the episode (`m_high`, env's `StepResult.metric_high`: the best submission score before the
+  step, m_init at the start); undoing a bad edit and making it again earns nothing.
 
 `sign` is +1 when higher is better and -1 otherwise, so an improvement is always positive. `m_init` is the score of
 the task's starter script and `m_best` the best known score (the top of the task's leaderboard), so the scale is "the
@@ -26,7 +38,8 @@ Where the paper is silent (its equation fixes neither a scale factor nor a clip)
 
 The three ablation switches follow the paper's Table 3 (seed 000, "Effectiveness of agentic-ML specific reward
 module"):
-- `binary_performance`: the scaled difference becomes +1 when the edit improved the metric and 0 otherwise;
+- `binary_performance`: the scaled difference becomes +1 when the edit set a new best submission score and 0
+  otherwise (the paper: +1 for an improvement; "new best" is our reading that pays each improvement once);
 - `format_term=False`: no format term, invalid actions get 0 instead of -1;
 - `corner_term=False`: no corner-case term, corner cases are penalised like errors (-1).
 
@@ -49,8 +62,10 @@ class RewardConfig:
 
 
 def reward(outcome, m_prev=None, m_new=None, m_init=None, m_best=None, higher_is_better=True,
-           config=RewardConfig()):
-    """The step reward R(s_t, a_t) of ML-Agent for one executed action; see the table in the module docstring."""
+           config=RewardConfig(), m_high=None):
+    """The step reward R(s_t, a_t) of ML-Agent for one executed action; see the table in the module docstring.
+    m_prev, m_new: the submission's score before and after; m_high: its best score in the episode before the step
+    (None: m_prev), which only the binary ablation reads."""
     if outcome not in OUTCOMES:
         raise ValueError(f"unknown outcome {outcome!r}; expected one of {', '.join(OUTCOMES)}")
     if outcome == "invalid":                                   # a_t not in A_valid
@@ -63,8 +78,9 @@ def reward(outcome, m_prev=None, m_new=None, m_init=None, m_best=None, higher_is
         return 0.0
     sign = 1.0 if higher_is_better else -1.0                   # improvement is positive either way
     gain = sign * (m_new - m_prev)
-    if config.binary_performance:
-        return 1.0 if gain > 0 else 0.0
+    if config.binary_performance:                              # +1 for a new best submission only
+        high = m_prev if m_high is None else m_high
+        return 1.0 if sign * (m_new - high) > 0 else 0.0
     scale = abs(m_best - m_init) if m_best is not None and m_init is not None else 0.0
     if scale == 0.0:                                           # m_best == m_init: fall back to relative change
         scale = abs(m_init) if m_init else 1.0

@@ -38,6 +38,7 @@ from pathlib import Path
 import pytest
 
 import env
+from reward import RewardConfig, reward
 
 ROOT = Path(env.__file__).resolve().parent
 REQUIRED = {  # name -> (metric keywords, higher_is_better)
@@ -895,10 +896,47 @@ def test_edit_that_crashes_is_error(digits):
 def test_edit_saved_under_another_name(denv):
     original = denv.files["train.py"]
     r = _edit(denv, env.recipes_for("digits")[0].idea, save_name="train_v2.py")
-    assert r.kind in ("edit", "neutral")
+    assert r.kind == "edit" and r.run.score is not None
     assert "train_v2.py" in denv.files and denv.files["train_v2.py"] != original
     assert denv.files["train.py"] == original
     assert denv.metric == denv.m_init  # the metric is that of train.py
+    assert r.metric_prev == r.metric_new == denv.m_init  # ... and so is the step's change: none
+
+
+def _paid(e, r, config=RewardConfig()):
+    return reward(r.kind, r.metric_prev, r.metric_new, e.m_init, e.m_best, e.task.higher_is_better, config,
+                  m_high=r.metric_high)
+
+
+def test_side_file_edits_are_not_paid_until_they_reach_train_py(denv):
+    # the trick of issue 12: the same better edit saved under new names was paid again and again (+0.143 twice on
+    # digits) while train.py, the submission, never changed
+    svm = next(r for r in env.recipes_for("digits") if r.name == "svm")
+    side = [_edit(denv, svm.idea, save_name=name) for name in ("train_v2.py", "train_v3.py")]
+    assert all(r.kind == "edit" for r in side)
+    assert side[0].run.score > denv.m_init  # the side file is better ...
+    assert [_paid(denv, r) for r in side] == [0.0, 0.0]  # ... and earns nothing
+    assert [_paid(denv, r, RewardConfig(binary_performance=True)) for r in side] == [0.0, 0.0]
+    copy = denv.step("Copy File", {"source": "train_v2.py", "destination": "train.py"})
+    assert copy.kind == "edit" and copy.metric_new == side[0].run.score  # the copy reaches the submission
+    assert denv.metric == copy.metric_new and _paid(denv, copy) > 0
+    again = denv.step("Copy File", {"source": "train_v3.py", "destination": "train.py"})  # the same script again
+    assert again.kind == "edit" and _paid(denv, again) == 0.0
+
+
+def test_each_improvement_is_paid_once(denv):
+    svm = next(r for r in env.recipes_for("digits") if r.name == "svm")
+    steps = [_edit(denv, svm.idea), denv.step("Undo Edit Script", {"script_name": "train.py"}), _edit(denv, svm.idea)]
+    assert [r.kind for r in steps] == ["edit", "edit", "edit"]
+    gain = _paid(denv, steps[0])
+    assert gain > 0 and steps[1].metric_new == denv.m_init  # the undo takes the submission back to the starter
+    assert [_paid(denv, r) for r in steps] == pytest.approx([gain, -gain, gain])  # the sum is the final gain, once
+    binary = RewardConfig(binary_performance=True)
+    assert [_paid(denv, r, binary) for r in steps] == [1.0, 0.0, 0.0]  # only the first new best is paid
+    assert denv.m_high == denv.metric == steps[0].metric_new
+    fresh = env.Env(denv.task)
+    fresh.restore(json.loads(json.dumps(denv.snapshot())))
+    assert fresh.m_high == denv.m_high  # the best so far survives a snapshot (the states pool)
 
 
 def test_edit_that_times_out_is_corner(denv, digits):
@@ -923,7 +961,7 @@ def test_undo_restores_the_previous_file(denv):
     _edit(denv, env.recipes_for("digits")[0].idea)
     assert denv.files["train.py"] != original
     r = denv.step("Undo Edit Script", {"script_name": "train.py"})
-    assert r.kind == "neutral"
+    assert r.kind == "edit" and r.metric_new == denv.metric == denv.m_init  # the submission changed back
     assert denv.files["train.py"] == original
 
 

@@ -91,3 +91,13 @@ def test_every_outcome_is_bounded_by_clip():
 def test_unknown_outcome_is_rejected():
     with pytest.raises(ValueError, match="unknown outcome"):
         reward("crashed")
+
+
+def test_binary_pays_only_a_new_best_submission():
+    cfg = RewardConfig(binary_performance=True)
+    # the submission went 0.80 -> 0.85 (paid), was undone to 0.80; redoing 0.80 -> 0.85 is no new best (m_high 0.85)
+    assert reward("edit", m_prev=0.80, m_new=0.85, m_high=0.85, config=cfg, **ACC) == 0.0
+    assert reward("edit", m_prev=0.80, m_new=0.86, m_high=0.85, config=cfg, **ACC) == 1.0   # beyond it: paid
+    assert reward("edit", m_prev=50.0, m_new=44.0, m_high=45.0, config=cfg, **MAE) == 1.0   # 44 < 45: a new best
+    # the scaled reward ignores m_high: its sum over an episode telescopes to the final change
+    assert reward("edit", m_prev=0.80, m_new=0.85, m_high=0.85, **ACC) == pytest.approx(0.5)
