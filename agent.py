@@ -523,7 +523,7 @@ def run_episode(env_, backend, ideas=(), max_steps=15, time_limit=1800.0, max_re
         else:
             result = env_.step(action, action_input)
         r = reward(result.kind, result.metric_prev, result.metric_new, env_.m_init, env_.m_best,
-                   env_.task.higher_is_better, reward_config)
+                   env_.task.higher_is_better, reward_config, m_high=result.metric_high)
         traj.steps.append(Step(len(traj.steps), messages, response, action, action_input, result.observation,
                                result.kind, env_.metric, result.metric_prev, result.metric_new, r, retries, snapshot,
                                llm_seconds, time.time() - env_start))

@@ -8,10 +8,13 @@ deriving sft.jsonl and states.jsonl -> the summary -> command line.
 
 Outputs under --out (default runs/data/):
 - ideas.json          {task: {category: [idea, ...]}}: the filtered pools (reused on resume);
-- trajectories.jsonl  one agent.Trajectory per line, with its id ("<task>-<i>"): the record of truth;
+- trajectories.jsonl  one agent.Trajectory per line, with its id ("<task>-<i>") and the reward config of its step
+                      rewards (reward.py's flags; one config per folder, a resume with another is refused): the
+                      record of truth;
 - sft.jsonl           {"messages": [system, user, assistant]} per valid step: the step's prompt and the expert's reply;
 - states.jsonl        one state s_t per step: task, step, prompt messages, env snapshot (env.Env.restore), m_t,
-                      m_init, m_best; ppo.py samples its states from here (the step-wise objective J_step);
+                      m_init, m_best, the expert's step and its reward config; ppo.py samples its states from
+                      here (the step-wise objective J_step);
 - errors.jsonl        failed rollouts (id, error); they are retried by the next run.
 
 Departures from the paper: it collects 10k GPT-4o-mini trajectories on 9 MLAgentBench/MLE-bench tasks; offline, this
@@ -24,6 +27,7 @@ k-center problem), started at the idea nearest the centroid so that the pick is 
 Run:  python collect.py                                          (offline: scripted expert, held-in tasks, ~minutes)
       python collect.py --tasks digits wine --trajectories 20 --workers 2
       OPENAI_API_KEY=... python collect.py --expert gpt-4o-mini --base-url https://api.openai.com/v1
+      python collect.py --no-corner-term --out runs/data-no-corner       (ML-Agent Table 3 ablation of the reward)
 """
 from __future__ import annotations
 
@@ -37,6 +41,7 @@ import sys
 import time
 import traceback
 from collections import Counter, defaultdict
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -44,6 +49,7 @@ from tqdm import tqdm
 
 import agent
 import env
+import reward
 
 CATEGORIES = ("data", "model", "learning")  # ML-Agent's three semantic categories of ML optimisation strategies
 CATEGORY_HINTS = {"data": "feature engineering, preprocessing, cleaning, augmentation, feature selection",
@@ -149,11 +155,12 @@ def rollout(job: dict) -> dict:
     scripted = isinstance(backend, agent.ScriptedExpert)
     e = env.Env(job["task"], editor=env.recipe_editor if scripted else agent.LLMEditor(backend), cache=True)
     before = dict(vars(backend.usage), cost=backend.usage.cost)
+    config = reward.from_record(job.get("reward_config"))  # a dict: jobs travel to worker processes
     traj = agent.run_episode(e, backend, [tuple(i) for i in job["ideas"]], max_steps=job["max_steps"],
-                             time_limit=job["time_limit"])
+                             time_limit=job["time_limit"], reward_config=config)
     after = dict(vars(backend.usage), cost=backend.usage.cost)
     usage = {k: after[k] - before[k] for k in ("calls", "prompt_tokens", "completion_tokens", "seconds", "cost")}
-    return {"id": job["id"], **traj.to_dict(), "usage": usage}
+    return {"id": job["id"], **traj.to_dict(), "usage": usage, "reward_config": asdict(config)}
 
 
 def _safe_rollout(args) -> tuple[dict, dict | None, str | None]:
@@ -218,7 +225,8 @@ def state_rows(trajectories):
                    "step": s["index"], "messages": s["messages"], "snapshot": s["snapshot"],
                    "m_t": s["snapshot"]["metric"], "m_init": t["m_init"], "m_best": t["m_best"],
                    "higher_is_better": t["higher_is_better"], "ideas": t["ideas"],
-                   "expert": {"action": s["action"], "kind": s["kind"], "reward": s["reward"]}}
+                   "expert": {"action": s["action"], "kind": s["kind"], "reward": s["reward"]},
+                   "reward_config": asdict(reward.from_record(t.get("reward_config")))}
 
 # ================================================================================================ the summary
 
@@ -260,13 +268,23 @@ def summarize(trajectories, wall_seconds: float, new: int) -> str:
 # ================================================================================================ collection
 
 
+class RewardMismatch(ValueError):
+    """--out holds trajectories whose step rewards another reward config computed."""
+
+
 def collect(tasks, trajectories=5, workers=2, expert="scripted", base_url=None, out="runs/data", seed=0, k=10,
             candidates=100, max_steps=15, time_limit=1800.0, prices=(0.0, 0.0), rollout_fn=rollout,
-            progress=True) -> str:
-    """Collect `trajectories` per task into `out` (resuming what is there); returns the printed summary."""
+            progress=True, reward_config=reward.RewardConfig()) -> str:
+    """Collect `trajectories` per task into `out` (resuming what is there); returns the printed summary.
+    RewardMismatch if `out` holds trajectories whose rewards another reward config computed."""
     start, out = time.time(), Path(out)
     out.mkdir(parents=True, exist_ok=True)
     traj_path, err_path = out / "trajectories.jsonl", out / "errors.jsonl"
+    existing = read_jsonl(traj_path, repair=True)
+    for old in {reward.from_record(t.get("reward_config")) for t in existing}:  # no key: older, the default config
+        if old != reward_config:  # one folder, one reward
+            raise RewardMismatch(f"{traj_path} holds trajectories collected with {old}, the flags give "
+                                 f"{reward_config}; pass the same reward flags or another --out")
     loaded = [env.load_task(t) for t in tasks]  # prepares built-ins here, not racing in the workers
 
     # 1. idea pools: reused from ideas.json when resuming, so a resumed run samples from the same pools
@@ -292,7 +310,7 @@ def collect(tasks, trajectories=5, workers=2, expert="scripted", base_url=None, 
     os.replace(tmp, ideas_path)
 
     # 2. jobs: every trajectory id not yet in trajectories.jsonl; its ideas are seeded by the id
-    done = {t["id"] for t in read_jsonl(traj_path, repair=True)}
+    done = {t["id"] for t in existing}
     jobs = []
     for task in loaded:
         for i in range(trajectories):
@@ -300,7 +318,8 @@ def collect(tasks, trajectories=5, workers=2, expert="scripted", base_url=None, 
             if tid not in done:
                 ideas = sample_ideas(pools[task.name], random.Random(f"{seed}:{tid}"))
                 jobs.append({"id": tid, "task": task.name, "ideas": ideas, "expert": expert, "base_url": base_url,
-                             "prices": prices, "max_steps": max_steps, "time_limit": time_limit})
+                             "prices": prices, "max_steps": max_steps, "time_limit": time_limit,
+                             "reward_config": asdict(reward_config)})
 
     # 3. rollouts in worker processes; the main process alone writes, one whole line at a time
     new, failed = 0, 0
@@ -359,10 +378,15 @@ def main(argv=None):
     p.add_argument("--time-limit", type=float, default=1800.0, help="seconds per trajectory (ML-Agent: 30 min)")
     p.add_argument("--price", type=float, nargs=2, default=(0.0, 0.0), metavar=("IN", "OUT"),
                    help="dollars per million input and output tokens of the expert, for the reported cost")
+    reward.add_flags(p)  # the reward of the recorded steps (the expert's rewards in states.jsonl)
     args = p.parse_args(argv)
     for name in ("trajectories", "workers", "k", "candidates", "max_steps"):
         if getattr(args, name) < (0 if name == "workers" else 1):
             p.error(f"--{name.replace('_', '-')} must be positive")
+    try:
+        reward_config = reward.from_flags(args)
+    except ValueError as e:
+        p.error(str(e))
     try:
         for t in args.tasks:
             env.load_task(t)
@@ -370,9 +394,12 @@ def main(argv=None):
         p.error(str(e))
     try:
         print(collect(args.tasks, args.trajectories, args.workers, args.expert, args.base_url, args.out, args.seed,
-                      args.k, args.candidates, args.max_steps, args.time_limit, tuple(args.price)))
+                      args.k, args.candidates, args.max_steps, args.time_limit, tuple(args.price),
+                      reward_config=reward_config))
     except agent.BackendError as e:
         sys.exit(f"collect.py: {e}")
+    except RewardMismatch as e:
+        p.error(str(e))
 
 
 if __name__ == "__main__":

@@ -30,8 +30,10 @@ How this departs from the paper and the references:
 Run:  python collect.py && python sft.py && python ppo.py                 (tiny model, offline, minutes)
       python ppo.py --model runs/ckpt/sft --batch-size 256 --max-new-tokens 1024   (one GPU node)
       python ppo.py --episodic                                           (the episode-wise ablation)
+      python ppo.py --binary-performance                                 (ML-Agent Table 3 ablation)
 Outputs: runs/ckpt/ppo (Hugging Face folder of the actor; trainer_state/ holds the critic, optimizers and progress
-for resume), runs/ppo/log.jsonl (one line per iteration).
+for resume), runs/ppo/log.jsonl (one line per iteration). Both record the reward config (reward.py's flags); a
+resume with other reward flags stops rather than mixing two rewards in one run.
 """
 import argparse
 import dataclasses
@@ -50,7 +52,7 @@ from torch import nn
 import agent
 import env
 import model
-from reward import RewardConfig, reward
+from reward import RewardConfig, add_flags as add_reward_flags, from_flags as reward_from_flags, from_record, reward
 
 ROOT = env.ROOT  # default paths live under the project's runs/, wherever ppo.py is started from
 
@@ -87,6 +89,7 @@ class Config:
     device: str | None = None                # default: cuda if available
     lora_rank: int = 0                       # > 0: train rank-r adapters instead of all weights
     lora_alpha: float = 16.0                 # adapter scale alpha / r (Hu et al. 2021)
+    reward: RewardConfig = dataclasses.field(default_factory=RewardConfig)  # reward.py's flags (ML-Agent Table 3)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -328,7 +331,8 @@ def execute(e, text, m_init, m_best, higher, reward_config):
         result = env.StepResult(f"Invalid response ({err}); nothing was done.", "invalid", e.metric, e.metric)
     else:
         result = e.step(action, action_input)
-    r = reward(result.kind, result.metric_prev, result.metric_new, m_init, m_best, higher, reward_config)
+    r = reward(result.kind, result.metric_prev, result.metric_new, m_init, m_best, higher, reward_config,
+               m_high=result.metric_high)
     return {"kind": result.kind, "reward": r, "m_prev": result.metric_prev, "m_new": result.metric_new,
             "done": result.done, "observation": result.observation}
 
@@ -346,7 +350,7 @@ def step_rollout(states, lm, tokenizer, cfg, pool, editor, device, timer):
         s = states[i]
         e = make_env(s["task"], s["task_dir"], editor)
         e.restore(s["snapshot"])  # the environment exactly as the expert found it at s_t
-        return execute(e, texts[i], s["m_init"], s["m_best"], s["higher_is_better"], RewardConfig())
+        return execute(e, texts[i], s["m_init"], s["m_best"], s["higher_is_better"], cfg.reward)
 
     outcomes = list(pool.map(run, range(len(states))))
     timer("execute")
@@ -369,7 +373,7 @@ def episode_rollout(starts, lm, tokenizer, cfg, pool, editor, device, timer):
         p, t, lp, texts = generate(lm, tokenizer, msgs, cfg, device)
         timer("generate")
         res = list(pool.map(lambda j: execute(envs[alive[j]], texts[j], envs[alive[j]].m_init, envs[alive[j]].m_best,
-                                              envs[alive[j]].task.higher_is_better, RewardConfig()), range(len(alive))))
+                                              envs[alive[j]].task.higher_is_better, cfg.reward), range(len(alive))))
         timer("execute")
         for j, i in enumerate(alive):
             histories[i].append((texts[j], res[j]["observation"]))
@@ -473,6 +477,18 @@ def find_resume(out):
     return None
 
 
+def check_resume_reward(folder, cfg):
+    """ValueError (one line) when the checkpoint in `folder` was trained with another reward config than cfg.reward:
+    one run, one reward. A checkpoint that recorded none (older than the field) is accepted."""
+    path, recorded = os.path.join(folder, "trainer_state", "progress.json"), None
+    if os.path.exists(path):
+        with open(path, encoding="utf-8") as f:
+            recorded = json.load(f).get("config", {}).get("reward")
+    if recorded is not None and from_record(recorded) != cfg.reward:
+        raise ValueError(f"{folder} was trained with {from_record(recorded)}, the flags give {cfg.reward}; pass the "
+                         f"same reward flags or another --out")
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # Training
 
@@ -489,6 +505,8 @@ def train(cfg):
     torch.manual_seed(cfg.seed)  # the adapters' initialisation
     states = load_states(cfg.states)
     resume = find_resume(cfg.out)
+    if resume:
+        check_resume_reward(resume, cfg)
     st = torch.load(os.path.join(resume, "trainer_state", "state.pt"), map_location=device, weights_only=False) \
         if resume else None
     progress = st["progress"] if st else {"iteration": 0, "init_model": cfg.model}
@@ -587,7 +605,7 @@ def train(cfg):
                "kl": float(kl.sum(1).mean()), "response_tokens": float(mask.sum(1).mean()),
                "explained_variance": ev, "generate_vs_forward_logprob_gap": gen_gap, **upd,
                "time_generate": times["generate"], "time_execute": times["execute"], "time_update": times["update"],
-               "time_total": time.time() - t0}
+               "time_total": time.time() - t0, "reward_config": dataclasses.asdict(cfg.reward)}
         print(f"it {it + 1}/{total} reward {log['reward']:+.3f} (invalid {log['frac_invalid']:.2f} error "
               f"{log['frac_error']:.2f} corner {log['frac_corner']:.2f} neutral {log['frac_neutral']:.2f} edit "
               f"{log['frac_edit']:.2f} improved {log['frac_improved']:.2f}) dmetric {log['metric_change']:+.4f} "
@@ -614,13 +632,21 @@ class _Parser(argparse.ArgumentParser):
 def main(argv=None):
     p = _Parser(prog="ppo.py", description="Step-wise PPO (ML-Agent) over the expert states pool.")
     for f in dataclasses.fields(Config):
+        if f.name == "reward":  # reward.py's own flags, below
+            continue
         flag = "--" + f.name.replace("_", "-")
         if f.type is bool:
             p.add_argument(flag, action="store_true")
         else:
             kind = {int: int, float: float}.get(f.type, str)
             p.add_argument(flag, type=kind, default=f.default)
-    cfg = Config(**vars(p.parse_args(argv)))
+    add_reward_flags(p)
+    args = p.parse_args(argv)
+    try:
+        rc = reward_from_flags(args)
+    except ValueError as e:
+        p.error(str(e))
+    cfg = Config(**{f.name: getattr(args, f.name) for f in dataclasses.fields(Config) if f.name != "reward"}, reward=rc)
     for name in ("batch_size", "num_minibatches", "micro_batch", "update_epochs", "max_new_tokens", "workers",
                  "episode_steps", "save_every"):
         if getattr(cfg, name) < 1:

@@ -46,7 +46,7 @@ module"):
 To change the reward for an assignment, edit `reward()` below and run `pytest tests/test_reward.py`: the tests pin the
 reference numbers of every case, so a failing line shows exactly what moved.
 """
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 OUTCOMES = ("invalid", "error", "corner", "neutral", "final", "edit")
 
@@ -85,3 +85,40 @@ def reward(outcome, m_prev=None, m_new=None, m_init=None, m_best=None, higher_is
     if scale == 0.0:                                           # m_best == m_init: fall back to relative change
         scale = abs(m_init) if m_init else 1.0
     return max(-config.clip, min(config.clip, config.alpha * gain / scale))
+
+
+# ------------------------------------------------------------------------------------------------ command line
+# One place for the reward flags of ppo.py, collect.py (and any CLI that computes step rewards); a run records
+# dataclasses.asdict(config) beside its rewards, and from_record reads such a record back.
+_DEFAULTS = {f.name: f.default for f in fields(RewardConfig)}
+
+
+def add_flags(parser):
+    """--reward-alpha, --reward-clip and the three ablation switches of ML-Agent Table 3 on an argparse parser."""
+    g = parser.add_argument_group("reward (reward.py)")
+    g.add_argument("--reward-alpha", type=float, default=_DEFAULTS["alpha"], metavar="FLOAT",
+                   help="scale on the normalised metric change of an edit (default %(default)s)")
+    g.add_argument("--reward-clip", type=float, default=_DEFAULTS["clip"], metavar="FLOAT",
+                   help="bound on |reward| of an edit (default %(default)s)")
+    g.add_argument("--binary-performance", action="store_true",
+                   help="ablation (ML-Agent Table 3): +1 for a new best submission score, else 0")
+    g.add_argument("--no-format-term", action="store_true",
+                   help="ablation (ML-Agent Table 3): invalid actions get 0 instead of -1")
+    g.add_argument("--no-corner-term", action="store_true",
+                   help="ablation (ML-Agent Table 3): corner cases get -1 like errors instead of 0")
+
+
+def from_flags(args) -> RewardConfig:
+    """The RewardConfig of the flags of `add_flags`; ValueError (one line, naming the flag) for a bad value."""
+    if not 0 < args.reward_alpha < float("inf"):  # also refuses nan
+        raise ValueError(f"--reward-alpha must be a positive number, not {args.reward_alpha}")
+    if not args.reward_clip > 0:
+        raise ValueError(f"--reward-clip must be positive, not {args.reward_clip}")
+    return RewardConfig(alpha=args.reward_alpha, clip=args.reward_clip, binary_performance=args.binary_performance,
+                        format_term=not args.no_format_term, corner_term=not args.no_corner_term)
+
+
+def from_record(record) -> RewardConfig:
+    """The RewardConfig a run recorded as asdict(config); None (a record older than the key) or a missing field:
+    the defaults."""
+    return RewardConfig(**{**_DEFAULTS, **(record or {})})

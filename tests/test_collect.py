@@ -8,10 +8,13 @@
 - scripted-expert data: every assistant turn of sft.jsonl parses and rows are chat format; a state of states.jsonl
   restores the same workspace and metric;
 - the endpoint path end to end (a loopback fake): ideas in batches, TF-IDF when /v1/embeddings is missing, cost;
+- the reward flags reach the expert's step rewards and are recorded in trajectories.jsonl and states.jsonl; a resume
+  with another reward config (lines without one: the default) is refused, exit 2 with one line;
 - usage errors exit 2 with one line.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 import subprocess
@@ -26,6 +29,7 @@ import pytest
 import agent
 import collect
 import env
+import reward
 
 ROOT = Path(collect.__file__).resolve().parent
 
@@ -186,7 +190,49 @@ def test_state_restores_the_same_workspace_and_metric(scripted_run):
     assert rebuilt == state["messages"]  # ppo.py can rebuild the exact prompt
 
 
-@pytest.mark.parametrize("args", [["--tasks", "no-such-task"], ["--trajectories", "0"], ["--bogus"]])
+def test_default_reward_config_is_recorded(scripted_run):
+    out, _ = scripted_run
+    for name in ("trajectories.jsonl", "states.jsonl"):
+        rows = [json.loads(line) for line in (out / name).read_text().splitlines()]
+        assert rows and all(r["reward_config"] == dataclasses.asdict(reward.RewardConfig()) for r in rows)
+
+
+def test_reward_flags_reach_the_recorded_rewards_and_a_resume_must_match(tmp_path, capsys):
+    model_idea = next(r.idea for r in env.recipes_for("digits") if r.category == "model")  # changes the score
+    (tmp_path / "ideas.json").write_text(json.dumps({"digits": {"model": [model_idea]}}))
+    binary = reward.RewardConfig(binary_performance=True)
+    collect.collect(["digits"], trajectories=1, workers=1, out=tmp_path, max_steps=3, reward_config=binary,
+                    progress=False)  # baseline run, inspect, the recipe's edit
+    before = (tmp_path / "trajectories.jsonl").read_bytes()
+    (traj,) = [json.loads(line) for line in before.decode().splitlines()]
+    assert traj["reward_config"] == dataclasses.asdict(binary)
+    edit = traj["steps"][-1]
+    assert edit["kind"] == "edit" and edit["metric_new"] != edit["metric_prev"]
+    args = (edit["kind"], edit["metric_prev"], edit["metric_new"], traj["m_init"], traj["m_best"],
+            traj["higher_is_better"])
+    assert edit["reward"] == reward.reward(*args, binary) != reward.reward(*args)  # +1 or 0, not the scaled change
+    states = [json.loads(line) for line in (tmp_path / "states.jsonl").read_text().splitlines()]
+    assert [s["reward_config"] for s in states] == [dataclasses.asdict(binary)] * 3
+    argv = ["--tasks", "digits", "--trajectories", "2", "--workers", "1", "--max-steps", "3", "--out", str(tmp_path)]
+    with pytest.raises(SystemExit) as exit_:
+        collect.main(argv)  # the default reward onto binary-reward trajectories: refused
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and len(err.strip().splitlines()) == 1
+    assert "binary_performance=True" in err and "binary_performance=False" in err
+    assert (tmp_path / "trajectories.jsonl").read_bytes() == before  # nothing appended
+
+
+def test_a_resume_reads_lines_without_a_reward_config_as_the_default(tmp_path):
+    (tmp_path / "trajectories.jsonl").write_text(json.dumps({"id": "digits-0000", "task": "digits", "steps": []})
+                                                 + "\n")  # a line from before the key
+    with pytest.raises(collect.RewardMismatch, match="corner_term=False"):
+        collect.collect(["digits"], trajectories=1, workers=1, out=tmp_path, progress=False,
+                        reward_config=reward.RewardConfig(corner_term=False))
+    assert not (tmp_path / "ideas.json").exists()  # refused before any work
+
+
+@pytest.mark.parametrize("args", [["--tasks", "no-such-task"], ["--trajectories", "0"], ["--bogus"],
+                                  ["--reward-clip", "0"]])
 def test_usage_errors_exit_2_with_one_line(args):
     r = subprocess.run([sys.executable, str(ROOT / "collect.py"), *args], capture_output=True, text=True, cwd=ROOT)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and r.stdout == ""

@@ -12,12 +12,16 @@
 - executing the expert's own response from a restored state reproduces the expert's outcome and reward;
 - --episodic: each episode's prompts carry its history, and each row links to its episode's next step;
 - LoRA adapters start at the base model, switch off to the reference, and save merged into a loadable folder;
+- the reward flags reach the rollouts' rewards (--no-format-term: an unparsable response earns 0, not -1), in both
+  step-wise and episode-wise rollouts; a resume with other reward flags than the checkpoint's exits 2 with one line;
 - `ppo.py` as a subprocess: one iteration on a tiny model and a states pool built here from one built-in task writes a
-  checkpoint model.py loads, a critic state and a log line; a second call resumes; usage errors exit 2.
+  checkpoint model.py loads, a critic state and a log line (with the reward config, also in progress.json); a second
+  call resumes, one with other reward flags stops; usage errors exit 2.
 """
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import math
 import subprocess
@@ -31,6 +35,7 @@ import collect
 import env
 import model
 import ppo
+from reward import RewardConfig
 
 ROOT = Path(ppo.__file__).resolve().parent
 
@@ -274,6 +279,52 @@ def test_episodic_rollout_links_the_steps_of_each_episode(pool, monkeypatch):
     assert "Step 0:" in seen[1][0][1]["content"] and "train.py" in seen[1][0][1]["content"]  # the observation
 
 
+@pytest.mark.parametrize("episodic", [False, True])
+def test_reward_config_reaches_the_rollouts(pool, monkeypatch, episodic):
+    _, _, states = pool
+    monkeypatch.setattr(ppo, "generate", lambda lm, tokenizer, messages, cfg, device: (
+        [[1, 2]] * len(messages), [[4, 5]] * len(messages), [[-0.1] * 2] * len(messages),
+        ["no format at all"] * len(messages)))
+    rollout_ = ppo.episode_rollout if episodic else ppo.step_rollout
+    got = {}
+    for name, rc in (("default", RewardConfig()), ("no format term", RewardConfig(format_term=False))):
+        cfg = ppo.Config(episode_steps=1, reward=rc)
+        with ppo.ThreadPoolExecutor(1) as pool_:
+            outcomes = rollout_([states[0]], None, None, cfg, pool_, env.recipe_editor, "cpu", lambda n: None)[3]
+        got[name] = [(o["kind"], o["reward"]) for o in outcomes]
+    assert got == {"default": [("invalid", -1.0)], "no format term": [("invalid", 0.0)]}  # R_format on and off
+
+
+def test_reward_flags_reach_the_config(pool, monkeypatch, tmp_path):
+    out, _, _ = pool
+    seen = []
+    monkeypatch.setattr(ppo, "train", seen.append)
+    common = ["--model", str(out / "tiny"), "--states", str(out / "states.jsonl"), "--out", str(tmp_path / "o")]
+    ppo.main(common)
+    ppo.main(common + ["--no-format-term", "--binary-performance", "--reward-alpha", "2"])
+    assert [c.reward for c in seen] == [RewardConfig(), RewardConfig(alpha=2.0, binary_performance=True,
+                                                                      format_term=False)]
+    assert json.loads(json.dumps(dataclasses.asdict(seen[1])))["reward"]["format_term"] is False  # progress.json
+
+
+def test_resume_with_other_reward_flags_exits_2_with_one_line(pool, tmp_path, capsys):
+    out, _, _ = pool
+    ckpt = tmp_path / "o"
+    (ckpt / "trainer_state").mkdir(parents=True)
+    (ckpt / "trainer_state" / "state.pt").write_bytes(b"")  # never read: the check comes first
+    progress = ckpt / "trainer_state" / "progress.json"
+    progress.write_text(json.dumps({"iteration": 1}))  # a checkpoint older than the reward config: accepted
+    ppo.check_resume_reward(str(ckpt), ppo.Config(reward=RewardConfig(corner_term=False)))
+    progress.write_text(json.dumps({"iteration": 1, "config": dataclasses.asdict(ppo.Config(
+        reward=RewardConfig(binary_performance=True)))}))
+    ppo.check_resume_reward(str(ckpt), ppo.Config(reward=RewardConfig(binary_performance=True)))  # the same: fine
+    with pytest.raises(SystemExit) as exit_:
+        ppo.main(["--model", str(out / "tiny"), "--states", str(out / "states.jsonl"), "--out", str(ckpt)])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and len(err.strip().splitlines()) == 1
+    assert "binary_performance=True" in err and "binary_performance=False" in err  # both configs named
+
+
 def run_ppo(*args, cwd):
     return subprocess.run([sys.executable, str(ROOT / "ppo.py"), *map(str, args)], capture_output=True, text=True,
                           cwd=cwd, timeout=300)
@@ -291,7 +342,9 @@ def test_ppo_end_to_end_writes_a_loadable_checkpoint_and_resumes(pool):
     log = json.loads(lines[-1])
     assert len(lines) == 1 and log["iteration"] == 1 and log["states"] == 2 and -1 <= log["reward"] <= 1
     assert log["ratio_first_minibatch_max_dev"] < 1e-5 and log["generate_vs_forward_logprob_gap"] < 1e-4
-    assert "it 1/1 reward" in r.stdout
+    assert "it 1/1 reward" in r.stdout and log["reward_config"] == dataclasses.asdict(RewardConfig())
+    progress = json.loads((out / "ckpt" / "trainer_state" / "progress.json").read_text())
+    assert progress["config"]["reward"] == log["reward_config"]  # the nested dataclass serialises
     lm, _ = model.load(out / "ckpt", "cpu")
     base, _ = model.load(out / "tiny", "cpu")
     assert any((a - b).abs().max() > 0 for a, b in zip(lm.parameters(), base.parameters()))  # the actor moved
@@ -301,6 +354,9 @@ def test_ppo_end_to_end_writes_a_loadable_checkpoint_and_resumes(pool):
     assert r.returncode == 0, r.stderr
     assert "resuming" in r.stdout and "it 2/2" in r.stdout and "it 1/2" not in r.stdout
     assert [json.loads(x)["iteration"] for x in (out / "log.jsonl").read_text().splitlines()] == [1, 2]
+    r = run_ppo(*common, "--iterations", 3, "--no-corner-term", cwd=out)  # another reward: not in this run
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "corner_term=False" in r.stderr
+    assert len((out / "log.jsonl").read_text().splitlines()) == 2
 
 
 @pytest.mark.slow
@@ -316,7 +372,8 @@ def test_episodic_run_of_two_iterations_in_one_process(pool, tmp_path):
 
 
 @pytest.mark.parametrize("args", [["--model", "/no/such/folder"], ["--states", "/no/such/states.jsonl"],
-                                  ["--batch-size", "0"], ["--temperature", "0"], ["--bogus", "1"]])
+                                  ["--batch-size", "0"], ["--temperature", "0"], ["--bogus", "1"],
+                                  ["--reward-clip", "-1"], ["--reward-alpha", "0"]])
 def test_usage_errors_exit_2_with_one_line(args, pool, tmp_path, capsys):
     out, _, _ = pool
     base = {"--model": str(out / "tiny"), "--states": str(out / "states.jsonl"), "--out": str(tmp_path / "o")}

@@ -1,11 +1,14 @@
 """Reference numbers for reward.py, one case per line.
 
 If you change the reward (a course assignment, an ablation), these are the lines that tell you what moved. Each number
-is worked out by hand in the comment next to it.
+is worked out by hand in the comment next to it. The last tests cover the command-line flags (add_flags / from_flags)
+that ppo.py and collect.py share, and from_record, which reads a run's recorded config back.
 """
+import argparse
+
 import pytest
 
-from reward import OUTCOMES, RewardConfig, reward
+from reward import OUTCOMES, RewardConfig, add_flags, from_flags, from_record, reward
 
 # An accuracy task: starter 0.80, leaderboard top 0.90 (gap 0.10).
 ACC = dict(m_init=0.80, m_best=0.90, higher_is_better=True)
@@ -101,3 +104,31 @@ def test_binary_pays_only_a_new_best_submission():
     assert reward("edit", m_prev=50.0, m_new=44.0, m_high=45.0, config=cfg, **MAE) == 1.0   # 44 < 45: a new best
     # the scaled reward ignores m_high: its sum over an episode telescopes to the final change
     assert reward("edit", m_prev=0.80, m_new=0.85, m_high=0.85, **ACC) == pytest.approx(0.5)
+
+
+def parse(argv):
+    p = argparse.ArgumentParser()
+    add_flags(p)
+    return p.parse_args(argv)
+
+
+def test_flags_give_the_matching_config():
+    assert from_flags(parse([])) == RewardConfig()  # the defaults are RewardConfig's
+    got = from_flags(parse(["--binary-performance", "--no-format-term", "--reward-alpha", "2"]))
+    assert got == RewardConfig(alpha=2.0, binary_performance=True, format_term=False)
+    assert from_flags(parse(["--no-corner-term", "--reward-clip", "3"])) == RewardConfig(clip=3.0, corner_term=False)
+
+
+@pytest.mark.parametrize("argv, flag", [(["--reward-clip", "0"], "--reward-clip"),
+                                        (["--reward-alpha", "-1"], "--reward-alpha"),
+                                        (["--reward-alpha", "nan"], "--reward-alpha")])
+def test_flags_out_of_range_raise_naming_the_flag(argv, flag):
+    with pytest.raises(ValueError, match=flag):
+        from_flags(parse(argv))
+
+
+def test_a_record_reads_back_and_a_missing_one_is_the_default():
+    cfg = RewardConfig(clip=2.0, corner_term=False)
+    assert from_record({"alpha": 1.0, "clip": 2.0, "binary_performance": False, "format_term": True,
+                        "corner_term": False}) == cfg
+    assert from_record(None) == RewardConfig() and from_record({"clip": 2.0}) == RewardConfig(clip=2.0)
