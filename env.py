@@ -77,7 +77,7 @@ ROOT = Path(__file__).parent
 TASKS_DIR = ROOT / "runs" / "tasks"
 CACHE_DIR = ROOT / "runs" / "cache"
 LOG_DIR = ROOT / "runs" / "logs"
-TASKS_VERSION = 3  # bump when a generator changes: prepare() rebuilds tasks made by an older version
+TASKS_VERSION = 4  # bump when a generator changes: prepare() rebuilds tasks made by an older version
 
 # ================================================================================================== metrics
 
@@ -332,8 +332,9 @@ def _diabetes() -> pd.DataFrame:
     return _sklearn_frame(load_diabetes, "progression", scaled=False)
 
 
-def _reviews(n=2400, seed=0) -> pd.DataFrame:
-    """Product reviews from word lists; negations ("not great") flip a phrase, and 5% of labels are noise."""
+def _reviews(n=2400, seed=0, balance=(0.3, 0.25, 0.45), noise=0.05) -> pd.DataFrame:
+    """Product reviews from word lists; negations ("not great") flip a phrase, and 5% of labels are noise.
+    balance: the shares of negative, neutral and positive reviews; noise: the share of random labels."""
     rng = np.random.default_rng(seed)
     words = {
         "product": "blender kettle headphones backpack lamp toaster keyboard charger jacket tent".split(),
@@ -348,7 +349,7 @@ def _reviews(n=2400, seed=0) -> pd.DataFrame:
     # label -> probabilities of a phrase being: positive, negative, middling, negated positive, negated negative
     mix = {"positive": [0.65, 0.05, 0.08, 0.02, 0.2], "negative": [0.05, 0.6, 0.08, 0.22, 0.05],
            "neutral": [0.12, 0.12, 0.66, 0.05, 0.05]}
-    labels = rng.choice(["negative", "neutral", "positive"], size=n, p=[0.3, 0.25, 0.45])
+    labels = rng.choice(["negative", "neutral", "positive"], size=n, p=list(balance))
     rows = []
     for label in labels:
         p = rng.choice(words["product"])
@@ -360,7 +361,7 @@ def _reviews(n=2400, seed=0) -> pd.DataFrame:
         phrases.append(" ".join(rng.choice(words["filler"], size=rng.integers(3, 9))))
         rng.shuffle(phrases)
         rows.append(", ".join(phrases))
-    noisy = rng.random(n) < 0.05
+    noisy = rng.random(n) < noise
     labels[noisy] = rng.choice(["negative", "neutral", "positive"], size=noisy.sum())
     return pd.DataFrame({"text": rows, "sentiment": labels})
 
@@ -407,23 +408,27 @@ def _house_prices(n=2000, seed=0) -> pd.DataFrame:
                          "lot_size": lot, "neighborhood": hood, "price": price})
 
 
-def _daily_sales(seed=0) -> pd.DataFrame:
-    """Three stores, 2021-2023: trend x weekly x yearly seasonality x promotions, temperature, AR(1) noise.
-    Each row also holds yesterday's and last week's sales: the task is one-step-ahead forecasting."""
+SALES_WEEK = (0.9, 0.92, 0.95, 1.0, 1.12, 1.35, 1.2)  # Monday ... Sunday
+
+
+def _daily_sales(seed=0, levels=(200.0, 120.0, 80.0), week=SALES_WEEK, trend=0.0004, season=0.15, promo_lift=0.25,
+                 noise_sd=0.06, heat=0.8) -> pd.DataFrame:
+    """Stores A, B, ... (one per level), 2021-2023: trend x weekly x yearly seasonality x promotions, temperature,
+    AR(1) noise. Each row also holds yesterday's and last week's sales: the task is one-step-ahead forecasting."""
     rng = np.random.default_rng(seed)
     dates = pd.date_range("2021-01-01", "2023-12-31", freq="D")
     t = np.arange(len(dates))
     doy = 2 * np.pi * dates.day_of_year.to_numpy() / 365.25
-    weekly = np.array([0.9, 0.92, 0.95, 1.0, 1.12, 1.35, 1.2])[dates.day_of_week]
+    weekly = np.array(week)[dates.day_of_week]
     frames = []
-    for store, level in (("A", 200.0), ("B", 120.0), ("C", 80.0)):
+    for store, level in zip("ABCDEFGH", levels):
         temperature = np.round(14 - 9 * np.cos(doy) + rng.normal(0, 3, len(t)), 1)
         promo = (rng.random(len(t)) < 0.15).astype(int)
         noise = np.zeros(len(t))
         for i in range(1, len(t)):
-            noise[i] = 0.75 * noise[i - 1] + rng.normal(0, 0.06)
-        sales = (level * (1 + 0.0004 * t) * weekly * (1 + 0.15 * np.sin(doy - 1.0)) * (1 + 0.25 * promo)
-                 * np.exp(noise) + 0.8 * (temperature - 14))
+            noise[i] = 0.75 * noise[i - 1] + rng.normal(0, noise_sd)
+        sales = (level * (1 + trend * t) * weekly * (1 + season * np.sin(doy - 1.0)) * (1 + promo_lift * promo)
+                 * np.exp(noise) + heat * (temperature - 14))
         frames.append(pd.DataFrame({"date": dates.strftime("%Y-%m-%d"), "store": store, "promo": promo,
                                     "temperature": temperature, "sales_lag_1": np.r_[np.nan, sales[:-1]].round(1),
                                     "sales_lag_7": np.r_[[np.nan] * 7, sales[:-7]].round(1),
@@ -493,10 +498,12 @@ class TaskSpec:
     submit: str = SUBMIT_LABEL
     test_fraction: float = 0.3  # time series: the last days instead
     time_limit: float = 60.0
+    missing: bool = False  # some feature values are missing (the missing-indicator recipe applies)
+    classes: int = 3  # classes of a SUBMIT_CLASSES task (one probability column each)
 
     @property
     def target_columns(self) -> list[str]:
-        return [f"class_{c}" for c in range(3)] if self.submit == SUBMIT_CLASSES else [self.target]
+        return [f"class_{c}" for c in range(self.classes)] if self.submit == SUBMIT_CLASSES else [self.target]
 
     def starter(self) -> str:
         metric = METRICS[self.metric]
@@ -560,7 +567,7 @@ BUILTIN_TASKS: dict[str, TaskSpec] = {s.name: s for s in [
     TaskSpec("churn", "Customer churn", "held-in", "accuracy", "churn", "classification", "tabular", _churn,
              "Predict whether a telecom customer leaves (`churn` = 1) from account data: tenure, charges, support "
              "calls, data usage, late payments, age, plan, payment method and region. Some values are missing.",
-             "one-hot categories and logistic regression", SCALED_LOGREG, data=CHURN_DATA),
+             "one-hot categories and logistic regression", SCALED_LOGREG, data=CHURN_DATA, missing=True),
     TaskSpec("wine", "Wine cultivars", "held-out", "log_loss", "label", "classification", "tabular", _wine,
              "Tell which of three cultivars (`label` 0, 1 or 2) a wine comes from, from 13 chemical measurements. "
              "Submit one probability column per class: `class_0`, `class_1`, `class_2`.",
@@ -580,6 +587,155 @@ BUILTIN_TASKS: dict[str, TaskSpec] = {s.name: s for s in [
              "(1-5), garage, lot size and neighborhood.",
              "one-hot neighborhoods and ridge regression", RIDGE, data=HOUSE_DATA),
 ]}
+
+# Generated task families (issue 12: a world in which the papers' effects can be seen). Each family draws, from its
+# seed, a task of one kind: its size, features, noise, metric and starter baseline. They are held-in tasks, so that
+# every kind of the held-out tasks (tabular classification with class probabilities, tabular regression, daily time
+# series; higher- and lower-is-better metrics) is trained on, and so that the number of RL training tasks can be
+# varied (ML-Agent Figure 5). Their test parts are large (1,500 rows; time series: 120 days of 3-5 stores), so that
+# the standard error of a private score is small next to the effect of one recipe.
+FAMILY_SEEDS = range(6)  # synth-<family>-0 ... -5
+FAMILY_ROWS = 3000  # half of them test rows, half of those private
+TREE_REG = ("from sklearn.tree import DecisionTreeRegressor",
+            "model = DecisionTreeRegressor(max_depth=4, random_state=0)")
+TREE_CLF = ("from sklearn.tree import DecisionTreeClassifier",
+            "model = DecisionTreeClassifier(max_depth=3, random_state=0)")
+NAIVE_BAYES = ("from sklearn.naive_bayes import GaussianNB", "model = GaussianNB()")
+
+
+def _table_data(target: str, categories: list[str], missing: bool) -> str:
+    """The starter's data block of a generated table: one-hot categories, training medians for missing numbers."""
+    lines = [f'X = train.drop(columns=["id", "{target}"])', 'X_test = test.drop(columns=["id"])']
+    if categories:
+        cols = ", ".join(f'"{c}"' for c in categories)
+        lines += ["# one-hot encode the categories", f"both = pd.get_dummies(pd.concat([X, X_test]), columns=[{cols}], "
+                  "dtype=float)"]
+    else:
+        lines += ["both = pd.concat([X, X_test])"]
+    if missing:
+        lines += ["# fill missing numbers with the training medians", "both = both.fillna(both[: len(X)].median())"]
+    return "\n".join(lines + ["X, X_test = both[: len(X)], both[len(X):]"])
+
+
+def _synth_columns(rng, x: np.ndarray, n_cat: int, missing: bool) -> pd.DataFrame:
+    """Numeric features (some skewed or rounded to counts), `n_cat` categories binned from further features,
+    5% missing values in two numeric columns when `missing`."""
+    n, d = x.shape[0], x.shape[1] - n_cat
+    df = pd.DataFrame(index=range(n))
+    for j in range(d):
+        shape = rng.choice(["normal", "skewed", "count"])
+        col = x[:, j] if shape == "normal" else np.exp(0.6 * x[:, j]) if shape == "skewed" \
+            else np.clip(np.round(3 + 1.5 * x[:, j]), 0, None)
+        df[f"f{j}"] = np.round(col, 4)
+    for j in range(n_cat):
+        levels = [f"{c}{j}" for c in "abcde"[: rng.integers(3, 6)]]
+        df[f"cat{j}"] = np.array(levels)[np.digitize(x[:, d + j], np.sort(rng.normal(0, 1, len(levels) - 1)))]
+    if missing:
+        for col in rng.choice([f"f{j}" for j in range(d)], size=2, replace=False):
+            df.loc[rng.random(n) < 0.05, col] = np.nan
+    return df
+
+
+def _synth_regression(seed: int) -> TaskSpec:
+    """A positive target from a sum of per-feature shapes (linear, square, sine, threshold), one interaction, offsets
+    per category and Gaussian noise; multiplicative for odd seeds (a skewed target, where the log recipe helps)."""
+    rng = np.random.default_rng(7100 + seed)
+    d, n_cat, missing = int(rng.integers(5, 11)), int(rng.integers(0, 3)), bool(seed % 3 == 1)
+    cats = [f"cat{j}" for j in range(n_cat)]
+
+    def load():  # the rows are drawn only when the task folder is made
+        rng = np.random.default_rng(17100 + seed)
+        x = rng.normal(size=(FAMILY_ROWS, d + n_cat))
+        shapes = rng.choice(["linear", "square", "sine", "step"], size=d)
+        parts = {"linear": lambda v: v, "square": lambda v: v ** 2 - 1, "sine": lambda v: np.sin(2 * v),
+                 "step": lambda v: (v > 0.3) - 0.4}
+        f = sum(rng.uniform(0.3, 1.5) * parts[s](x[:, j]) for j, s in enumerate(shapes)) + 0.8 * x[:, 0] * x[:, 1]
+        for j in range(n_cat):
+            f = f + rng.normal(0, 0.8, 5)[np.digitize(x[:, d + j], [-1, 0, 1, 2])]
+        f = (f - f.mean()) / f.std() + rng.normal(0, rng.uniform(0.2, 0.7), FAMILY_ROWS)
+        y = np.round(np.exp(0.5 * f) * 100, 2) if seed % 2 else np.round(np.clip(50 + 10 * f, 1, None), 3)
+        return _synth_columns(rng, x, n_cat, missing).assign(target=y)
+    metric = ("rmse", "mae")[seed % 2 == 0]
+    starter = (RIDGE, TREE_REG)[seed % 3 == 2]
+    return TaskSpec(
+        f"synth-regression-{seed}", f"Generated regression {seed}", "held-in", metric, "target", "regression",
+        "tabular", load,
+        f"Predict `target` (a positive number) from {d} numeric features `f0` ... `f{d - 1}`"
+        + (f" and {n_cat} categorical column(s) `cat0` ..." if n_cat else "")
+        + ". The table is generated: the target is a noisy non-linear function of the features."
+        + (" Some values are missing." if missing else ""),
+        ("one-hot categories and ridge regression", "a depth-4 regression tree")[seed % 3 == 2], starter,
+        data=_table_data("target", cats, missing), test_fraction=0.5, missing=missing)
+
+
+def _synth_classification(seed: int) -> TaskSpec:
+    """make_classification's clusters (2 or 3 classes, varied separation, label noise and imbalance) as a table with
+    skewed features, categories and missing values; the metric cycles over the four classification metrics."""
+    rng = np.random.default_rng(7200 + seed)
+    metric, classes = [("log_loss", 3), ("accuracy", 2), ("roc_auc", 2), ("f1_macro", 3), ("log_loss", 2),
+                       ("accuracy", 3)][seed % 6]
+    d, n_cat, missing = int(rng.integers(6, 13)), int(rng.integers(0, 3)), bool(seed % 2)
+    cats = [f"cat{j}" for j in range(n_cat)]
+    flip, sep = float(rng.uniform(0.01, 0.06)), float(rng.uniform(0.6, 1.2))
+
+    def load():  # the rows are drawn only when the task folder is made
+        from sklearn.datasets import make_classification
+        x, y = make_classification(n_samples=FAMILY_ROWS, n_features=d + n_cat, n_informative=max(3, d // 2),
+                                   n_redundant=1, n_classes=classes, n_clusters_per_class=2,
+                                   weights=[0.6] + [0.4 / (classes - 1)] * (classes - 1) if seed % 3 else None,
+                                   flip_y=flip, class_sep=sep, random_state=17200 + seed)
+        return _synth_columns(np.random.default_rng(17200 + seed), x, n_cat, missing).assign(label=y)
+    submit = SUBMIT_CLASSES if metric == "log_loss" and classes == 3 else \
+        SUBMIT_PROBA if METRICS[metric].kind == "probability" else SUBMIT_LABEL
+    starter, words = [(SCALED_LOGREG, "logistic regression"), (NAIVE_BAYES, "Gaussian naive Bayes"),
+                      (TREE_CLF, "a depth-3 decision tree")][seed % 3]
+    what = {SUBMIT_CLASSES: "Submit one probability column per class: `class_0`, `class_1`, `class_2`.",
+            SUBMIT_PROBA: "Predict the probability that `label` is 1.", SUBMIT_LABEL: "Predict `label`."}[submit]
+    return TaskSpec(
+        f"synth-classification-{seed}", f"Generated classification {seed}", "held-in", metric, "label",
+        "classification", "tabular", load,
+        f"Tell {classes} classes (`label` 0 ... {classes - 1}) apart from {d} numeric features `f0` ... `f{d - 1}`"
+        + (f" and {n_cat} categorical column(s) `cat0` ..." if n_cat else "")
+        + ". The table is generated; some labels are noise." + (" Some values are missing." if missing else "")
+        + " " + what, ("one-hot categories and " if n_cat else "") + words, starter,
+        data=_table_data("label", cats, missing), submit=submit, test_fraction=0.5, missing=missing, classes=classes)
+
+
+def _synth_series(seed: int) -> TaskSpec:
+    """Daily sales of 3-5 stores (the "sales" generator) with their own weekly shape, trend, seasonality, promotion
+    lift and noise; one-step-ahead forecasting with the same columns as "sales"."""
+    rng = np.random.default_rng(7300 + seed)
+    levels = tuple(np.round(rng.uniform(50, 250, int(rng.integers(3, 6))), 0))
+    week = tuple(np.round(np.array(SALES_WEEK)[rng.permutation(7)] * rng.uniform(0.9, 1.1, 7), 3))
+    kw = dict(levels=levels, week=week, trend=float(rng.uniform(-0.0002, 0.0008)), season=float(rng.uniform(0, 0.3)),
+              promo_lift=float(rng.uniform(0.05, 0.4)), noise_sd=float(rng.uniform(0.03, 0.1)),
+              heat=float(rng.uniform(-1, 1.5)))
+    return TaskSpec(
+        f"synth-timeseries-{seed}", f"Generated daily sales {seed}", "held-in", ("rmse", "mae")[seed % 2], "sales",
+        "regression", "time series", lambda: _daily_sales(7300 + seed, **kw),
+        f"Forecast tomorrow's `sales` of {len(levels)} stores from the `date`, `store`, a `promo` flag, the "
+        "`temperature`, and the sales of the previous day (`sales_lag_1`) and week (`sales_lag_7`). The series are "
+        "generated; train.csv covers 2021-01-08 to 2023-09-02, the test rows are the following 120 days.",
+        "ridge regression on a trend, day-of-week and store indicators", RIDGE, data=SALES_DATA)
+
+
+def _synth_text(seed: int) -> TaskSpec:
+    """Reviews (the "reviews" generator) with their own class balance and label noise; macro F1 or accuracy."""
+    rng = np.random.default_rng(7400 + seed)
+    balance = rng.dirichlet([4, 4, 4])
+    noise = float(rng.uniform(0.02, 0.1))
+    metric = ("f1_macro", "accuracy")[seed % 2]
+    return TaskSpec(
+        f"synth-text-{seed}", f"Generated review sentiment {seed}", "held-in", metric, "sentiment", "classification",
+        "text", lambda: _reviews(FAMILY_ROWS, 7400 + seed, balance, noise),
+        "Classify generated product reviews as `negative`, `neutral` or `positive` (column `sentiment`) from their "
+        "`text`. Reviews mix praise and complaints, and some are negated (\"not great\").",
+        "word counts and logistic regression", BUILTIN_TASKS["reviews"].model, data=TEXT_DATA, test_fraction=0.5)
+
+
+FAMILIES = {"regression": _synth_regression, "classification": _synth_classification,
+            "timeseries": _synth_series, "text": _synth_text}
+BUILTIN_TASKS.update({s.name: s for family in FAMILIES.values() for s in map(family, FAMILY_SEEDS)})
 
 # The agent's description.md: the problem and the files, then the evaluation and rules that every task shares.
 EVALUATION = """
@@ -1228,6 +1384,8 @@ TEXT = tuple(n for n, s in BUILTIN_TASKS.items() if s.modality == "text")
 CLASSIFY = tuple(n for n, s in BUILTIN_TASKS.items() if s.kind == "classification" and n not in TEXT)
 REGRESS = tuple(n for n, s in BUILTIN_TASKS.items() if s.kind == "regression")
 NUMERIC = CLASSIFY + REGRESS
+SERIES = tuple(n for n, s in BUILTIN_TASKS.items() if s.modality == "time series")
+MISSING = tuple(n for n, s in BUILTIN_TASKS.items() if s.missing)
 SCALER = "from sklearn.preprocessing import StandardScaler"
 PIPE = "from sklearn.pipeline import make_pipeline"
 MODEL_LINE = r"model = .*"
@@ -1263,19 +1421,19 @@ RECIPES = [
            "    return np.column_stack([img.sum(axis=2), img.sum(axis=1)])\n\n\n"
            "X, X_test = np.column_stack([X, profiles(train)]), np.column_stack([X_test, profiles(test)])"),
     Recipe("missing-indicators", "data", "Add a 0/1 indicator column for every feature that has missing values.",
-           ("churn",), "data", "# add a 0/1 column per feature with missing values: was it missing?\n"
+           MISSING, "data", "# add a 0/1 column per feature with missing values: was it missing?\n"
            "missing = [c for c in test.columns if train[c].isna().any()]\n"
            "X, X_test = np.column_stack([X, train[missing].isna()]), np.column_stack([X_test, test[missing].isna()])"),
     Recipe("log-target", "data", "Fit the model to the logarithm of the target and transform predictions back.",
            REGRESS, "model", "# fit on log(1 + target), predict back on the original scale\n"
            "model = TransformedTargetRegressor(model, func=np.log1p, inverse_func=np.expm1)",
            ("from sklearn.compose import TransformedTargetRegressor",)),
-    Recipe("lag-features", "data", "Add the previous day's and previous week's sales as lag features.", ("sales",),
+    Recipe("lag-features", "data", "Add the previous day's and previous week's sales as lag features.", SERIES,
            "data", "# add the lagged sales: yesterday and the same day last week\n"
            'lags = ["sales_lag_1", "sales_lag_7"]\n'
            "X, X_test = np.column_stack([X, train[lags]]), np.column_stack([X_test, test[lags]])"),
     Recipe("fourier-seasonality", "data", "Add sine and cosine terms of the day of the year for yearly seasonality.",
-           ("sales",), "data", "# yearly seasonality: sine and cosine of the first two yearly harmonics\n"
+           SERIES, "data", "# yearly seasonality: sine and cosine of the first two yearly harmonics\n"
            "def fourier(df):\n    d = 2 * np.pi * pd.to_datetime(df[\"date\"]).dt.day_of_year.to_numpy() / 365.25\n"
            "    return np.column_stack([np.sin(d), np.cos(d), np.sin(2 * d), np.cos(2 * d)])\n\n\n"
            "X, X_test = np.column_stack([X, fourier(train)]), np.column_stack([X_test, fourier(test)])"),
@@ -1711,9 +1869,9 @@ def main(argv=None):
     args = parser.parse_args(argv)
     try:
         if args.command == "list":
-            print(f"{'task':<15}{'split':<10}{'metric':<10}{'better':<8}{'best':>12}  title")
+            print(f"{'task':<24}{'split':<10}{'metric':<10}{'better':<8}{'best':>12}  title")
             for t in list_tasks():
-                print(f"{t.name:<15}{t.split:<10}{t.metric:<10}{'higher' if t.higher_is_better else 'lower':<8}"
+                print(f"{t.name:<24}{t.split:<10}{t.metric:<10}{'higher' if t.higher_is_better else 'lower':<8}"
                       f"{t.best_score:>12.6g}  {t.info.get('title', '')}")
         elif args.command == "prepare":
             start = time.time()
