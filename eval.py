@@ -55,6 +55,8 @@ import math
 import os
 import random
 import re
+import shutil
+import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -479,6 +481,308 @@ def evaluate(cfg: Config, log=print) -> dict:
     report["plots"] = plots(report, runs, cfg) if cfg.plots else []
     return report
 
+# ================================================================================================ the claims
+# One command that measures the papers' claims in miniature (issue 12): it runs the pipeline's own commands as
+# subprocesses under runs/claims/work (each step once: a finished step leaves <step>.done, a killed one is started
+# again from an empty folder), measures each claim, and writes claims.json, claims.md and plots under runs/claims.
+# Every number comes with its uncertainty (a bootstrap over states, runs or seeds) and "holds" says whether the
+# miniature shows the paper's effect; nothing here is tuned to make a claim hold.
+
+HELD_IN = [n for n, s in env.BUILTIN_TASKS.items() if s.split == "held-in"]
+CLAIM_PRESETS = {
+    # the full run: every held-in task, three SFT seeds, PPO for 9 iterations of 16 states, K = 2 on the held-out tasks
+    "full": dict(tasks=HELD_IN, few_tasks=4, trajectories=1, sft_seeds=(0, 1, 2), sft=[], unseen_states=150,
+                 ppo=["--iterations", "9"], objective_states=64, eval=["--k", "2", "--max-steps", "8"],
+                 eval_tasks=[], orch_task="breast-cancer", orch=["--iterations", "1", "--depth", "2"],
+                 c7_rounds=6, c8_tasks=["wine", "diabetes"]),
+    # --quick: the same steps at a size that shows the report's shape in about 15 minutes, not the claims' outcomes
+    "quick": dict(tasks=["digits", "churn", "synth-regression-0", "synth-classification-0", "synth-timeseries-0",
+                         "synth-text-0"], few_tasks=2, trajectories=1, sft_seeds=(0,), sft=["--epochs", "2"],
+                  unseen_states=40, ppo=["--iterations", "2", "--batch-size", "8"], objective_states=16,
+                  eval=["--k", "1", "--max-steps", "4"], eval_tasks=["wine", "diabetes"], orch_task="breast-cancer",
+                  orch=["--iterations", "1", "--depth", "1"], c7_rounds=3, c8_tasks=["wine"]),
+}
+
+
+def bootstrap(values, n=2000, seed=0) -> dict:
+    """The mean of `values` with a 95% percentile-bootstrap interval (resampling the values; paired values: pass
+    their differences)."""
+    import numpy as np
+    x = np.asarray([v for v in values if v is not None], dtype=float)
+    if len(x) == 0:
+        return {"mean": None, "lo": None, "hi": None, "n": 0}
+    means = x[np.random.default_rng(seed).integers(0, len(x), (n, len(x)))].mean(axis=1)
+    return {"mean": float(x.mean()), "lo": float(np.percentile(means, 2.5)), "hi": float(np.percentile(means, 97.5)),
+            "n": int(len(x))}
+
+
+class ClaimsRun:
+    """The steps of one claims run under `out`/work, each run once (a .done marker) and logged to work/logs."""
+
+    def __init__(self, preset: dict, out: Path, log=print):
+        self.p, self.out, self.work, self.log = preset, Path(out), Path(out) / "work", log
+        (self.work / "logs").mkdir(parents=True, exist_ok=True)
+        self.seconds: dict = {}
+
+    def path(self, *parts) -> str:
+        return str(self.work.joinpath(*parts))
+
+    def step(self, name: str, script: str, *args, owns=()):
+        """Run `python script args` once; `owns` are the folders it writes, emptied before a (re)start."""
+        marker = self.work / f"{name}.done"
+        if marker.exists():
+            self.seconds[name] = json.loads(marker.read_text())["seconds"]
+            return
+        for path in map(Path, owns):  # only what this run made under work/
+            if path.exists() and self.work.resolve() in path.resolve().parents:
+                shutil.rmtree(path) if path.is_dir() else path.unlink()
+        start = time.time()
+        self.log(f"claims: {name}: python {script} {' '.join(map(str, args))}")
+        with open(self.work / "logs" / f"{name}.log", "w") as f:
+            done = subprocess.run([sys.executable, str(ROOT / script), *map(str, args)], cwd=ROOT, stdout=f,
+                                  stderr=subprocess.STDOUT)
+        if done.returncode != 0:
+            raise RuntimeError(f"claims step {name} failed (exit {done.returncode}); see {f.name}")
+        self.seconds[name] = time.time() - start
+        write_atomic(marker, json.dumps({"seconds": self.seconds[name]}))
+
+    def measure(self, name: str, fn):
+        """fn() once, its JSON result kept in work/<name>.json."""
+        path = self.work / f"{name}.json"
+        if path.exists():
+            return json.loads(path.read_text())
+        self.log(f"claims: measuring {name}")
+        result = fn()
+        write_atomic(path, json.dumps(result))
+        return result
+
+
+def _parse_rate(ckpt: str, rows: list) -> dict:
+    import model
+    import sft
+    lm, tok = model.load(ckpt, "cpu")
+    ok, same = sft.parse_rate(lm, tok, rows, 512)
+    return {"parse_rate": ok, "same_action": same, "states": len(rows)}
+
+
+def _distinct_ideas(data: str) -> dict:
+    """Exploration in a data set (ML-Agent Figures 4, 7): distinct edit instructions per trajectory and in all."""
+    trajs = collect.read_jsonl(Path(data) / "trajectories.jsonl")
+    edits = [[s["action_input"].get("edit_instruction") for s in t["steps"]
+              if s["action"] == "Edit Script (AI)" and isinstance(s["action_input"], dict)] for t in trajs]
+    return {"per_trajectory": [len(set(e)) for e in edits], "distinct": len({i for e in edits for i in e}),
+            "trajectories": len(trajs)}
+
+
+def _gains(report: dict) -> dict:
+    """policy -> the performance gain of each held-out run (a failed run scores m_init, as in task_summary)."""
+    out: dict = {}
+    for r in report["runs"]:
+        t = report["tasks"][r["task"]]
+        init = t["m_init"]["private"]
+        m = r["private"] if r["valid"] else init
+        out.setdefault(r["policy"], []).append(performance_gain(m, init, t["higher_is_better"]) if init else None)
+    return out
+
+
+def _ranks(report: dict) -> dict:
+    return {g["policy"]: [t["human_rank_avg"] for t in g["tasks"]] for g in report["groups"]}
+
+
+def _claim(name, mirrors, what, value, holds, **more) -> dict:
+    return {"claim": name, "mirrors": mirrors, "measured": what, "value": value, "holds": holds, **more}
+
+
+def _gt(a: dict, b: dict) -> bool | None:
+    """a's mean above b's, with a's interval clear of b's mean (None when either is missing)."""
+    if a["mean"] is None or b["mean"] is None:
+        return None
+    return a["mean"] > b["mean"] and a["lo"] > b["mean"]
+
+
+def run_claims(preset: dict, out: Path, log=print) -> dict:
+    """Every step and measurement of the claims run (resumable), then claims.json, claims.md and the plots."""
+    import ppo
+    R, p = ClaimsRun(preset, out, log), preset
+    data, data1, unseen = R.path("data"), R.path("data-k1"), R.path("unseen")
+    tasks = ["--tasks", *p["tasks"], "--trajectories", p["trajectories"]]
+    # the data: exploration-enriched (the diversity filter keeps 10 ideas per category), one idea per category
+    # (C5's "without exploration"), and trajectories of another seed whose states SFT never sees (C1)
+    R.step("collect", "collect.py", *tasks, "--out", data, owns=[data])
+    R.step("collect-k1", "collect.py", *tasks, "--k", 1, "--out", data1, owns=[data1])
+    R.step("collect-unseen", "collect.py", *tasks, "--seed", 1, "--out", unseen, owns=[unseen])
+    sft_ckpt = {s: R.path(f"sft-{s}") for s in p["sft_seeds"]}
+    for s, ckpt in sft_ckpt.items():
+        R.step(f"sft-{s}", "sft.py", "--data", f"{data}/sft.jsonl", "--out", ckpt, "--seed", s, *p["sft"], owns=[ckpt])
+    sft0, sft1 = sft_ckpt[p["sft_seeds"][0]], R.path("sft-k1")
+    R.step("sft-k1", "sft.py", "--data", f"{data1}/sft.jsonl", "--out", sft1, *p["sft"], owns=[sft1])
+    # PPO from the same SFT model: step-wise (C2), episode-wise (C3), few tasks (C4), the reward ablations (C6), and
+    # from the SFT model of the less diverse data (C5)
+    runs = {"ppo": [], "episodic": ["--episodic"], "few": ["--tasks", p["few_tasks"]],
+            "binary": ["--binary-performance"], "no-format": ["--no-format-term"], "no-corner": ["--no-corner-term"]}
+    ppo_ckpt = {}  # name -> the actor's folder (its base name labels the policy in eval's report)
+    for name, (start, states, extra) in {**{k: (sft0, data, v) for k, v in runs.items()}, "k1": (sft1, data1, [])}.items():
+        ppo_ckpt[name] = R.path(f"ppo-{name}")
+        R.step(f"ppo-{name}", "ppo.py", "--model", start, "--states", f"{states}/states.jsonl", "--out",
+               ppo_ckpt[name], "--log", f"{ppo_ckpt[name]}.jsonl", *p["ppo"], *extra,
+               owns=[ppo_ckpt[name], f"{ppo_ckpt[name]}.jsonl"])
+    policies = {"sft": sft0, **ppo_ckpt, "sft-k1": sft1}
+    # held-out evaluation of every policy (Δr avg@K) and the Matryoshka runs (C7, C8)
+    ev = R.path("eval")
+    R.step("eval", "eval.py", "--policy", *[policies[k] for k in ("sft", "ppo", "few", "k1", "sft-k1")], "--out", ev,
+           *(["--tasks", *p["eval_tasks"]] if p["eval_tasks"] else []), *p["eval"], "--no-plots", owns=[ev])
+    orch = R.path("orch")
+    R.step("orchestrator-train", "orchestrator.py", "train", "--task", p["orch_task"], "--out", orch, *p["orch"],
+           owns=[orch])
+    ev8 = R.path("eval-orchestrator")
+    R.step("eval-orchestrator", "eval.py", "--scaffold", "matryoshka", "--policy", f"{orch}/train/ckpt-0",
+           f"{orch}/train/ckpt-1", "--sub-agent", "scripted", "--tasks", *p["c8_tasks"], "--k", "1", "--rounds",
+           p["c7_rounds"], "--out", ev8, "--no-plots", owns=[ev8])
+    ev7 = R.path("eval-context")
+    R.step("eval-context", "eval.py", "--scaffold", "matryoshka", "monolithic", "--policy", "scripted", "--tasks",
+           p["eval_tasks"][0] if p["eval_tasks"] else "wine", "--k", "1", "--rounds", p["c7_rounds"], "--out", ev7,
+           "--no-plots", owns=[ev7])
+
+    # measurements
+    seen = {json.dumps(r["messages"]) for r in collect.read_jsonl(Path(data) / "sft.jsonl")}
+    unseen_rows = [r for r in collect.read_jsonl(Path(unseen) / "sft.jsonl")
+                   if json.dumps(r["messages"]) not in seen][: p["unseen_states"]]  # states SFT never trained on
+    c1 = {s: R.measure(f"parse-sft-{s}", lambda c=c: _parse_rate(c, unseen_rows)) for s, c in sft_ckpt.items()}
+    obj = {k: R.measure(f"objective-{k}", lambda c=c: ppo.estimate_objective(
+        c, f"{data}/states.jsonl", n=p["objective_states"], seed=0)) for k, c in policies.items() if k != "sft-k1"}
+    report = json.loads((Path(ev) / "report.json").read_text())
+    gains = {k: _gains(report).get(policy_label(c), []) for k, c in policies.items()}
+    gain = {k: bootstrap(v) for k, v in gains.items()}
+    div = {"with ideas": _distinct_ideas(data), "one idea per category": _distinct_ideas(data1)}
+    logs = {k: collect.read_jsonl(Path(f"{ppo_ckpt[k]}.jsonl")) for k in ("ppo", "episodic")}
+    diff = lambda a, b: bootstrap([x - y for x, y in zip(obj[a]["rewards"], obj[b]["rewards"])])  # noqa: E731
+    rep8 = json.loads((Path(ev8) / "report.json").read_text())
+    ranks = {Path(g["policy_path"]).name: bootstrap([t["human_rank_avg"] for t in g["tasks"]])
+             for g in rep8["groups"]}
+    ctx: dict = {}  # scaffold -> the prompt tokens per round of each run (runs.jsonl keeps them; report.json not)
+    for r in collect.read_jsonl(Path(ev7) / "runs.jsonl"):
+        ctx.setdefault(r["scaffold"], []).append(r["context"])
+    slope = lambda cs: bootstrap([(c[-1] - c[0]) / (len(c) - 1) for c in cs if len(c) > 1])  # noqa: E731
+
+    rates = {s: r["parse_rate"] for s, r in c1.items()}
+    claims = [
+        _claim("C1 SFT keeps the action format", "ML-Agent §Exploration-enriched fine-tuning",
+               f"valid-action rate of greedy SFT responses on {len(unseen_rows)} states of unseen trajectories, "
+               "per seed", {"per_seed": rates, "seeds": bootstrap(list(rates.values()))},
+               bool(unseen_rows) and min(rates.values()) >= 0.9, aim="at least 90% for every seed"),
+        _claim("C2 PPO beats SFT", "ML-Agent Table 1, Figure 3",
+               f"mean step reward on {p['objective_states']} held-in states (PPO - SFT, paired) and Δr avg@K on the "
+               "held-out tasks", {"step_reward": {k: obj[k]["mean_reward"] for k in ("sft", "ppo")},
+                                  "step_reward_ppo_minus_sft": diff("ppo", "sft"),
+                                  "gain": {k: gain[k] for k in ("sft", "ppo")}},
+               diff("ppo", "sft")["lo"] is not None and diff("ppo", "sft")["lo"] > 0 and _gt(gain["ppo"], gain["sft"])),
+        _claim("C3 step-wise beats episode-wise", "ML-Agent Figure 3",
+               "mean step reward on the held-in states after the same number of actions per update (paired), and "
+               "the training reward against wall time (plot)",
+               {"step_reward": {k: obj[k]["mean_reward"] for k in ("ppo", "episodic")},
+                "stepwise_minus_episodic": diff("ppo", "episodic"),
+                "seconds": {k: sum(r["time_total"] for r in v) for k, v in logs.items()}},
+               diff("ppo", "episodic")["lo"] is not None and diff("ppo", "episodic")["lo"] > 0),
+        _claim("C4 more RL tasks help", "ML-Agent Figure 5",
+               f"Δr avg@K on the held-out tasks after PPO on 0 (the SFT model), {p['few_tasks']} and "
+               f"{len(p['tasks'])} held-in tasks", {"0": gain["sft"], str(p["few_tasks"]): gain["few"],
+                                                    str(len(p["tasks"])): gain["ppo"]},
+               None if gain["ppo"]["mean"] is None else bool(gain["ppo"]["mean"] > gain["few"]["mean"] > gain["sft"]["mean"])),
+        _claim("C5 exploration-enriched data helps", "ML-Agent Figures 4 and 7",
+               "distinct ideas in the data, and Δr avg@K after RL, with the diverse idea pool and with one idea per "
+               "category", {"diversity": {k: {"distinct": v["distinct"], "per_trajectory": bootstrap(
+                   v["per_trajectory"])} for k, v in div.items()}, "gain": {"with ideas": gain["ppo"],
+                                                                          "one idea per category": gain["k1"]}},
+               div["with ideas"]["distinct"] > div["one idea per category"]["distinct"]
+               and bool(_gt(gain["ppo"], gain["k1"]))),
+        _claim("C6 each reward term matters", "ML-Agent Table 3",
+               "mean step reward (full reward) on the held-in states after PPO with the full reward and with each "
+               "ablation (full - ablation, paired)", {k: diff("ppo", k) for k in ("binary", "no-format", "no-corner")},
+               all(diff("ppo", k)["mean"] is not None and diff("ppo", k)["mean"] > 0
+                   for k in ("binary", "no-format", "no-corner"))),
+        _claim("C7 the Orchestrator's context grows slowly", "Matryoshka Figure 2",
+               "prompt tokens added per round: the Orchestrator against the monolithic agent's chat",
+               {k: slope(v) for k, v in ctx.items()},
+               None if slope(ctx.get("matryoshka", []))["mean"] is None or slope(ctx.get("monolithic", []))["mean"] is None
+               else slope(ctx["matryoshka"])["mean"] < slope(ctx["monolithic"])["mean"]),
+        _claim("C8 a trained Orchestrator is better", "Matryoshka Table 1",
+               "HumanRank on held-out tasks of the tree-trained Orchestrator (ckpt-1) against the same model before "
+               "tree training (ckpt-0), scripted Sub-Agents", ranks,
+               None if len(ranks) < 2 else bool(ranks.get("ckpt-1", {}).get("mean", 0) > ranks.get("ckpt-0", {}).get("mean", 0))),
+    ]
+    result = {"date": time.strftime("%Y-%m-%d"), "preset": p, "seconds": R.seconds, "claims": claims,
+              "reward_config": "full reward unless the claim says otherwise (reward.py defaults)"}
+    write_atomic(Path(out) / "claims.json", json.dumps(result, indent=1))
+    write_atomic(Path(out) / "claims.md", claims_markdown(result))
+    result["plots"] = claims_plots(Path(out), logs, ctx)
+    return result
+
+
+def _v(x) -> str:
+    if isinstance(x, dict) and "mean" in x:
+        return "-" if x["mean"] is None else f"{x['mean']:+.4f} [{x['lo']:+.4f}, {x['hi']:+.4f}] (n={x['n']})"
+    if isinstance(x, dict):
+        return "; ".join(f"{k}: {_v(v)}" for k, v in x.items())
+    return f"{x:.4f}" if isinstance(x, float) else str(x)
+
+
+def claims_markdown(result: dict) -> str:
+    lines = [f"# The papers' claims in miniature ({result['date']})", "",
+             "Means with 95% bootstrap intervals [lo, hi]; n = states, runs or seeds resampled.", "",
+             "| claim | mirrors | measured | value | holds |", "|---|---|---|---|---|"]
+    for c in result["claims"]:
+        holds = {True: "yes", False: "no", None: "not measured"}[c["holds"]]
+        lines.append(f"| {c['claim']} | {c['mirrors']} | {c['measured']} | {_v(c['value'])} | {holds} |")
+    lines += ["", "Step seconds: " + ", ".join(f"{k} {v:.0f}" for k, v in result["seconds"].items())]
+    return "\n".join(lines) + "\n"
+
+
+def claims_plots(out: Path, logs: dict, ctx: dict) -> list[str]:
+    """c3_reward_vs_time.png (training reward against wall time), c7_context.png; [] without matplotlib."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return []
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for name, log in logs.items():
+        t = [sum(r["time_total"] for r in log[: i + 1]) for i in range(len(log))]
+        ax.plot(t, [r["reward"] for r in log], marker="o", ms=3, label=name)
+    ax.set_xlabel("wall time (s)")
+    ax.set_ylabel("mean training step reward")
+    ax.set_title("Step-wise against episode-wise PPO (ML-Agent Fig. 3)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out / "c3_reward_vs_time.png", dpi=120)
+    plt.close(fig)
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for name, cs in ctx.items():
+        for c in cs:
+            ax.plot(range(1, len(c) + 1), c, marker="o", ms=3, label=name)
+    ax.set_xlabel("round")
+    ax.set_ylabel("prompt tokens")
+    ax.set_title("Context growth (Matryoshka Fig. 2)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out / "c7_context.png", dpi=120)
+    plt.close(fig)
+    return ["c3_reward_vs_time.png", "c7_context.png"]
+
+
+def claims_main(argv) -> None:
+    p = _Parser(prog="eval.py claims", description="Measure the papers' claims in miniature (runs/claims).")
+    p.add_argument("--quick", action="store_true", help="a small run (about 15 minutes) that shows the report's shape")
+    p.add_argument("--out", default=str(ROOT / "runs/claims"))
+    args = p.parse_args(argv)
+    try:
+        result = run_claims(CLAIM_PRESETS["quick" if args.quick else "full"], Path(args.out))
+    except RuntimeError as e:
+        sys.exit(f"eval.py claims: {e}")
+    print(claims_markdown(result))
+    print(f"wrote {Path(args.out) / 'claims.json'}, {Path(args.out) / 'claims.md'}"
+          + "".join(f", {Path(args.out) / n}" for n in result["plots"]))
+
 # ================================================================================================ command line
 
 
@@ -488,6 +792,9 @@ class _Parser(argparse.ArgumentParser):
 
 
 def main(argv=None):
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["claims"]:
+        return claims_main(argv[1:])
     d = Config()
     p = _Parser(prog="eval.py", description="Evaluate agents on held-out tasks: gain avg@K/best@K, HumanRank, cost.")
     p.add_argument("--scaffold", nargs="+", choices=SCAFFOLDS, default=d.scaffolds, dest="scaffolds")

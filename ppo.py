@@ -13,7 +13,11 @@ has none).
 
 How this departs from the paper and the references:
 - The paper gives the learning rates (actor 1e-6, critic 1e-5) and "1 epoch" over 10k states, trained for 39 steps
-  (Figure 3), i.e. about 256 states per step; the CPU default here is 16 states per iteration. Everything else (batch,
+  (Figure 3), i.e. about 256 states per step; the CPU default here is 16 states per iteration. A pre-trained policy
+  keeps the paper's rates; the offline tiny model (under TINY_PARAMS) gets its own (TINY below: at 1e-6 it did not
+  move at all), and its critic, whose value head starts random, trains alone for the first iterations.
+- `--tasks N` trains on the states of N of the pool's tasks (ML-Agent Figure 5 varies the number of RL training
+  tasks); `estimate_objective` measures J_step of a checkpoint on a fixed sample of states (eval.py's claims). Everything else (batch,
   temperature, KL coefficient, clip ranges) is silent in the paper and taken from summarize_from_feedback_details /
   OpenRLHF, cited on each field of `Config`.
 - The critic is a separate copy of the policy with a scalar value head (as OpenRLHF's critic; the paper's Appendix
@@ -52,7 +56,7 @@ from torch import nn
 import agent
 import env
 import model
-from reward import RewardConfig, add_flags as add_reward_flags, from_flags as reward_from_flags, from_record, reward
+from reward import OUTCOMES, RewardConfig, add_flags as add_reward_flags, from_flags as reward_from_flags, from_record, reward
 
 ROOT = env.ROOT  # default paths live under the project's runs/, wherever ppo.py is started from
 
@@ -64,14 +68,17 @@ class Config:
     out: str = str(ROOT / "runs/ckpt/ppo")    # the actor (Hugging Face folder) + trainer_state/; resume point
     log: str = str(ROOT / "runs/ppo/log.jsonl")  # one JSON line per iteration
     seed: int = 0                            # seeds the state order, sampling and the value head
+    tasks: int = 0                           # > 0: only the states of this many tasks of the pool, a seeded draw
+                                             # (ML-Agent Figure 5: the number of RL training tasks)
     epochs: float = 1.0                      # passes over the states pool (paper: 1 epoch)
     iterations: int = 0                      # if > 0, stop after this many iterations instead
     batch_size: int = 16                     # states (actions) per iteration (paper ~256: 10k states / 39 steps)
     num_minibatches: int = 2                 # PPO minibatches per iteration (N-details: 1)
     micro_batch: int = 4                     # rows per forward pass (gradient accumulation inside a minibatch)
     update_epochs: int = 1                   # PPO epochs over each batch (OpenRLHF examples: 1; N-details: 4)
-    actor_lr: float = 1e-6                   # paper (seed 000, "Training")
-    critic_lr: float = 1e-5                  # paper (seed 000, "Training")
+    actor_lr: float | None = None            # None: 1e-6 (paper, seed 000 "Training"); the tiny model: TINY below
+    critic_lr: float | None = None           # None: 1e-5 (paper, seed 000 "Training"); the tiny model: TINY below
+    critic_warmup: int | None = None         # first iterations that update only the critic; None: 0, tiny: TINY
     adam_eps: float = 1e-5                   # N-details (TF Adam's 1e-5)
     max_grad_norm: float = 1.0               # OpenRLHF default
     max_new_tokens: int = 400                # tokens per action (the scripted expert's responses: <= ~400 tiny tokens)
@@ -90,6 +97,21 @@ class Config:
     lora_rank: int = 0                       # > 0: train rank-r adapters instead of all weights
     lora_alpha: float = 16.0                 # adapter scale alpha / r (Hu et al. 2021)
     reward: RewardConfig = dataclasses.field(default_factory=RewardConfig)  # reward.py's flags (ML-Agent Table 3)
+
+
+PAPER = dict(actor_lr=1e-6, critic_lr=1e-5, critic_warmup=0)  # ML-Agent's values for a pre-trained 7B policy
+# The offline miniature (sft.py's tiny model from scratch, 0.7M parameters; any policy under TINY_PARAMS): at the
+# paper's learning rates its weights do not move (clip fraction 0.000, |KL| < 0.008 over 9 iterations, issue 12), so
+# it takes larger ones, and the critic, whose value head starts random, is fitted alone for the first iterations
+# before the policy follows (OpenRLHF's --freezing_actor_steps). Our choice, measured in the README's claims.
+TINY = dict(actor_lr=1e-4, critic_lr=3e-3, critic_warmup=2)
+TINY_PARAMS = 10_000_000
+
+
+def resolve_defaults(cfg, n_params):
+    """cfg with its None learning rates and warm-up filled in: the paper's, or TINY for a policy under TINY_PARAMS."""
+    chosen = TINY if n_params < TINY_PARAMS else PAPER
+    return dataclasses.replace(cfg, **{k: v for k, v in chosen.items() if getattr(cfg, k) is None})
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -406,9 +428,10 @@ def forward_scores(actor, critic, ref, ids, lengths, starts, R, cfg, device, voc
     return out
 
 
-def ppo_update(actor, critic, opt_a, opt_c, data, cfg, device, vocab, gen):
+def ppo_update(actor, critic, opt_a, opt_c, data, cfg, device, vocab, gen, step_actor=True):
     """Clipped policy and value losses over minibatches and epochs. data: ids, lengths, starts, mask, logprobs, values,
-    advantages, returns. Returns the mean statistics and max|ratio - 1| of the first minibatch of the first epoch."""
+    advantages, returns. Returns the mean statistics and max|ratio - 1| of the first minibatch of the first epoch.
+    step_actor=False (critic warm-up): the policy's gradients are computed for the statistics but not applied."""
     ids, lengths, starts, mask = data["ids"], data["lengths"], data["starts"], data["mask"]
     B = ids.shape[0]
     mb_size = max(B // cfg.num_minibatches, 1)
@@ -437,10 +460,11 @@ def ppo_update(actor, critic, opt_a, opt_c, data, cfg, device, vocab, gen):
                 s["vf_loss"] += float(vf.detach())
                 s["clipfrac"] += float(cf)
                 s["approx_kl"] += float((0.5 * (lp.detach() - data["logprobs"][idx, :n]) ** 2 * m).sum() / denom)
-            for net, opt in ((actor, opt_a), (critic, opt_c)):
+            for net, opt in ((actor, opt_a), (critic, opt_c))[0 if step_actor else 1:]:
                 nn.utils.clip_grad_norm_([q for q in net.parameters() if q.requires_grad], cfg.max_grad_norm)
                 opt.step()
                 opt.zero_grad(set_to_none=True)
+            opt_a.zero_grad(set_to_none=True)
             stats.append(s)
     mean = {k: sum(s[k] for s in stats) / len(stats) for k in stats[0]}
     return {**mean, "ratio_first_minibatch_max_dev": first_ratio}
@@ -504,6 +528,11 @@ def train(cfg):
     device = torch.device(cfg.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     torch.manual_seed(cfg.seed)  # the adapters' initialisation
     states = load_states(cfg.states)
+    if cfg.tasks:
+        chosen = set(random.Random(f"tasks:{cfg.seed}").sample(sorted({s["task"] for s in states}),
+                                                               min(cfg.tasks, len({s["task"] for s in states}))))
+        states = [s for s in states if s["task"] in chosen]
+        print(f"ppo.py: training on the {len(states)} states of {len(chosen)} task(s): {' '.join(sorted(chosen))}")
     resume = find_resume(cfg.out)
     if resume:
         check_resume_reward(resume, cfg)
@@ -524,6 +553,9 @@ def train(cfg):
     else:
         ref = model.load(init, device, torch.float32)[0].requires_grad_(False)
     vocab = actor.sample_vocab_size
+    cfg = resolve_defaults(cfg, sum(p.numel() for p in actor.parameters()))
+    print(f"ppo.py: actor lr {cfg.actor_lr:g}, critic lr {cfg.critic_lr:g}, critic alone for the first "
+          f"{cfg.critic_warmup} iteration(s)", flush=True)
     opt_a = torch.optim.AdamW([p for p in actor.parameters() if p.requires_grad], lr=cfg.actor_lr, eps=cfg.adam_eps,
                               weight_decay=0.0)
     opt_c = torch.optim.AdamW([p for p in critic.parameters() if p.requires_grad], lr=cfg.critic_lr,
@@ -591,7 +623,7 @@ def train(cfg):
         data = dict(ids=ids, lengths=lengths, starts=prompt_lens, mask=mask, logprobs=logprobs, values=values,
                     advantages=advantages, returns=returns)
         upd = ppo_update(actor, critic, opt_a, opt_c, data, cfg, device, vocab,
-                         torch.Generator().manual_seed(cfg.seed * 100003 + it))
+                         torch.Generator().manual_seed(cfg.seed * 100003 + it), step_actor=it >= cfg.critic_warmup)
         timer("update")
 
         # log: the reward and its breakdown, metric change, KL, PPO statistics, time split
@@ -605,7 +637,8 @@ def train(cfg):
                "kl": float(kl.sum(1).mean()), "response_tokens": float(mask.sum(1).mean()),
                "explained_variance": ev, "generate_vs_forward_logprob_gap": gen_gap, **upd,
                "time_generate": times["generate"], "time_execute": times["execute"], "time_update": times["update"],
-               "time_total": time.time() - t0, "reward_config": dataclasses.asdict(cfg.reward)}
+               "time_total": time.time() - t0,
+               "actor_updated": it >= cfg.critic_warmup, "reward_config": dataclasses.asdict(cfg.reward)}
         print(f"it {it + 1}/{total} reward {log['reward']:+.3f} (invalid {log['frac_invalid']:.2f} error "
               f"{log['frac_error']:.2f} corner {log['frac_corner']:.2f} neutral {log['frac_neutral']:.2f} edit "
               f"{log['frac_edit']:.2f} improved {log['frac_improved']:.2f}) dmetric {log['metric_change']:+.4f} "
@@ -618,6 +651,25 @@ def train(cfg):
             save_checkpoint(cfg, actor, tokenizer, critic, opt_a, opt_c, progress)
     pool.shutdown()
     return progress
+
+
+def estimate_objective(policy, states_path, n=64, seed=0, temperature=0.7, max_new_tokens=400, workers=2,
+                       reward_config=RewardConfig(), device=None):
+    """J_step of a policy checkpoint, estimated: one sampled action in each of n states of the pool (the same seeded
+    states, in the same order, with the same sampling seed for every policy, so two policies compare state by state),
+    executed and scored as in training. -> {mean_reward, frac_<kind>, rewards, kinds, states}."""
+    states = load_states(states_path)
+    picked = random.Random(f"objective:{seed}").sample(range(len(states)), min(n, len(states)))
+    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    lm, tokenizer = model.load(policy, device, torch.float32)
+    cfg = Config(temperature=temperature, max_new_tokens=max_new_tokens, workers=workers, reward=reward_config)
+    torch.manual_seed(seed)
+    with ThreadPoolExecutor(workers) as pool:
+        outcomes = step_rollout([states[i] for i in picked], lm, tokenizer, cfg, pool, env.recipe_editor, device,
+                                lambda name: None)[3]
+    rewards, kinds = [o["reward"] for o in outcomes], [o["kind"] for o in outcomes]
+    return {"mean_reward": sum(rewards) / len(rewards), "rewards": rewards, "kinds": kinds, "states": picked,
+            **{f"frac_{k}": kinds.count(k) / len(kinds) for k in OUTCOMES}}
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -638,7 +690,7 @@ def main(argv=None):
         if f.type is bool:
             p.add_argument(flag, action="store_true")
         else:
-            kind = {int: int, float: float}.get(f.type, str)
+            kind = {int: int, float: float, int | None: int, float | None: float}.get(f.type, str)
             p.add_argument(flag, type=kind, default=f.default)
     add_reward_flags(p)
     args = p.parse_args(argv)
@@ -651,8 +703,10 @@ def main(argv=None):
                  "episode_steps", "save_every"):
         if getattr(cfg, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be at least 1")
-    if cfg.temperature <= 0 or cfg.epochs <= 0 or cfg.lora_rank < 0 or cfg.iterations < 0:
-        p.error("need --temperature > 0, --epochs > 0, --lora-rank >= 0, --iterations >= 0")
+    if cfg.temperature <= 0 or cfg.epochs <= 0 or cfg.lora_rank < 0 or cfg.iterations < 0 or cfg.tasks < 0:
+        p.error("need --temperature > 0, --epochs > 0, --lora-rank >= 0, --iterations >= 0, --tasks >= 0")
+    if any(v is not None and not v > 0 for v in (cfg.actor_lr, cfg.critic_lr)) or (cfg.critic_warmup or 0) < 0:
+        p.error("need --actor-lr > 0, --critic-lr > 0, --critic-warmup >= 0")
     if not os.path.exists(cfg.states):
         p.error(f"no states pool at {cfg.states}; run collect.py first or pass --states")
     if not find_resume(cfg.out) and not os.path.isdir(cfg.model):

@@ -200,6 +200,37 @@ def test_ratio_is_one_on_the_first_minibatch_only(tiny):
     assert ((after - lp).abs() * mask).max() > 1e-3
 
 
+def test_critic_warmup_leaves_the_actor_and_fits_the_critic(tiny):
+    lm, _ = tiny
+    actor, ref, critic = copy.deepcopy(lm), copy.deepcopy(lm), ppo.Critic(copy.deepcopy(lm))
+    prompts, gen = rollout(actor, seed=2)
+    ids, lengths, mask, starts = ppo.make_batch(prompts, gen.tokens, 0, "cpu")
+    cfg = ppo.Config(micro_batch=2, actor_lr=1e-2, critic_lr=1e-2)
+    dev = torch.device("cpu")
+    lp, ref_lp, values = (x * mask for x in ppo.forward_scores(actor, critic, ref, ids, lengths, starts, mask.shape[1],
+                                                               cfg, dev, 512))
+    rewards, _ = ppo.token_rewards(torch.tensor([1.0, -1.0, 0.0]), lp, ref_lp, mask, cfg.kl_coef)
+    adv, ret = ppo.gae(rewards, values, mask, 1.0, 0.95)
+    data = dict(ids=ids, lengths=lengths, starts=starts, mask=mask, logprobs=lp, values=values,
+                advantages=ppo.whiten(adv, mask), returns=ret)
+    before_a, before_c = copy.deepcopy(actor.state_dict()), copy.deepcopy(critic.state_dict())
+    opt_a, opt_c = torch.optim.AdamW(actor.parameters(), lr=1e-2), torch.optim.AdamW(critic.parameters(), lr=1e-2)
+    ppo.ppo_update(actor, critic, opt_a, opt_c, data, cfg, dev, 512, torch.Generator().manual_seed(0),
+                   step_actor=False)
+    assert all(torch.equal(v, before_a[k]) for k, v in actor.state_dict().items())  # the policy did not move
+    assert all(p.grad is None for p in actor.parameters())  # and no stale gradient waits for the next step
+    assert not torch.equal(critic.head.weight, before_c["head.weight"])  # the critic did
+
+
+def test_tiny_policies_get_their_own_learning_rates_and_pretrained_ones_the_papers():
+    cfg = ppo.Config()
+    tiny, big = ppo.resolve_defaults(cfg, 700_000), ppo.resolve_defaults(cfg, 7_615_616_512)
+    assert (big.actor_lr, big.critic_lr, big.critic_warmup) == (1e-6, 1e-5, 0)  # ML-Agent, "Training"
+    assert (tiny.actor_lr, tiny.critic_lr, tiny.critic_warmup) == tuple(ppo.TINY[k] for k in
+                                                                         ("actor_lr", "critic_lr", "critic_warmup"))
+    assert ppo.resolve_defaults(ppo.Config(actor_lr=5e-5), 700_000).actor_lr == 5e-5  # a flag always wins
+
+
 def test_lora_starts_at_the_base_switches_off_to_it_and_saves_merged(tiny, tmp_path):
     lm, tok = tiny
     ids = torch.tensor([[5, 6, 7, 8]])
