@@ -339,8 +339,9 @@ def collect(tasks, trajectories=5, workers=2, expert="scripted", base_url=None, 
         if pool:
             pool.terminate()
 
-    # 4. SFT data and states pool, derived from the record of truth, replaced atomically
-    trajs = read_jsonl(traj_path)
+    # 4. SFT data and states pool, derived from the record of truth, replaced atomically; in the order of the
+    #    trajectory ids, not the order parallel rollouts finished in (sft.py's split and batches follow the row order)
+    trajs = sorted(read_jsonl(traj_path), key=lambda t: t["id"])
     write_atomic(out / "sft.jsonl", sft_rows(trajs))
     write_atomic(out / "states.jsonl", state_rows(trajs))
     text = summarize(trajs, time.time() - start, new)

@@ -524,15 +524,21 @@ def load_states(path):
     return states
 
 
+def pick_tasks(states, n, seed):
+    """The states of n of the pool's tasks, a seeded draw (the same n tasks for every run with this seed)."""
+    names = sorted({s["task"] for s in states})
+    chosen = set(random.Random(f"tasks:{seed}").sample(names, min(n, len(names))))
+    return [s for s in states if s["task"] in chosen]
+
+
 def train(cfg):
     device = torch.device(cfg.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     torch.manual_seed(cfg.seed)  # the adapters' initialisation
     states = load_states(cfg.states)
     if cfg.tasks:
-        chosen = set(random.Random(f"tasks:{cfg.seed}").sample(sorted({s["task"] for s in states}),
-                                                               min(cfg.tasks, len({s["task"] for s in states}))))
-        states = [s for s in states if s["task"] in chosen]
-        print(f"ppo.py: training on the {len(states)} states of {len(chosen)} task(s): {' '.join(sorted(chosen))}")
+        states = pick_tasks(states, cfg.tasks, cfg.seed)
+        print(f"ppo.py: training on the {len(states)} states of {len({s['task'] for s in states})} task(s): "
+              f"{' '.join(sorted({s['task'] for s in states}))}")
     resume = find_resume(cfg.out)
     if resume:
         check_resume_reward(resume, cfg)

@@ -286,3 +286,15 @@ def test_collection_on_an_endpoint_expert(tmp_path):
     assert [len(t["steps"]) for t in trajs] == [1, 1] and all(t["steps"][0]["kind"] == "final" for t in trajs)
     assert all(t["usage"]["calls"] == 1 and t["usage"]["cost"] == pytest.approx(15) for t in trajs)
     assert "cost $30.0000" in text and "idea proposals" in text
+
+
+def test_sft_and_states_follow_the_trajectory_ids_not_the_finishing_order(tmp_path):
+    # parallel rollouts append in the order they finish, which changes from run to run; the derived files must not
+    (tmp_path / "ideas.json").write_text(json.dumps(CHEAP))
+    collect.collect(["digits"], trajectories=3, workers=1, out=tmp_path, rollout_fn=short, progress=False)
+    sft, states = (tmp_path / "sft.jsonl").read_bytes(), (tmp_path / "states.jsonl").read_bytes()
+    path = tmp_path / "trajectories.jsonl"
+    path.write_text("".join(reversed(path.read_text().splitlines(True))))  # as if they had finished the other way
+    collect.collect(["digits"], trajectories=3, workers=1, out=tmp_path, rollout_fn=short, progress=False)
+    assert ids(path)[0] == "digits-0002"  # the record itself is left as it was written
+    assert (tmp_path / "sft.jsonl").read_bytes() == sft and (tmp_path / "states.jsonl").read_bytes() == states

@@ -231,6 +231,15 @@ def test_tiny_policies_get_their_own_learning_rates_and_pretrained_ones_the_pape
     assert ppo.resolve_defaults(ppo.Config(actor_lr=5e-5), 700_000).actor_lr == 5e-5  # a flag always wins
 
 
+def test_pick_tasks_keeps_every_state_of_n_tasks_the_same_for_a_seed():
+    states = [{"task": t, "step": i} for t in ("a", "b", "c", "d", "e") for i in range(3)]
+    two = ppo.pick_tasks(states, 2, seed=0)
+    assert len({s["task"] for s in two}) == 2 and len(two) == 6  # every state of the two tasks drawn
+    assert two == ppo.pick_tasks(states, 2, seed=0)  # the same draw for the same seed
+    assert ppo.pick_tasks(states, 9, seed=0) == states  # more tasks than the pool has: all of them
+    assert any({s["task"] for s in ppo.pick_tasks(states, 2, seed=k)} != {s["task"] for s in two} for k in range(1, 9))
+
+
 def test_lora_starts_at_the_base_switches_off_to_it_and_saves_merged(tiny, tmp_path):
     lm, tok = tiny
     ids = torch.tensor([[5, 6, 7, 8]])
