@@ -375,7 +375,7 @@ def test_ppo_end_to_end_writes_a_loadable_checkpoint_and_resumes(pool):
     out, _, states = pool
     common = ["--model", out / "tiny", "--states", out / "states.jsonl", "--out", out / "ckpt", "--log",
               out / "log.jsonl", "--batch-size", 2, "--num-minibatches", 2, "--micro-batch", 1, "--max-new-tokens",
-              8, "--workers", 2, "--actor-lr", 1e-3]
+              8, "--workers", 2, "--actor-lr", 1e-3, "--critic-warmup", 0]  # no warm-up: the actor steps at once
     r = run_ppo(*common, "--iterations", 1, cwd=out)
     assert r.returncode == 0, r.stderr
     lines = (out / "log.jsonl").read_text().splitlines()
@@ -383,6 +383,7 @@ def test_ppo_end_to_end_writes_a_loadable_checkpoint_and_resumes(pool):
     assert len(lines) == 1 and log["iteration"] == 1 and log["states"] == 2 and -1 <= log["reward"] <= 1
     assert log["ratio_first_minibatch_max_dev"] < 1e-5 and log["generate_vs_forward_logprob_gap"] < 1e-4
     assert "it 1/1 reward" in r.stdout and log["reward_config"] == dataclasses.asdict(RewardConfig())
+    assert log["actor_updated"] is True
     progress = json.loads((out / "ckpt" / "trainer_state" / "progress.json").read_text())
     assert progress["config"]["reward"] == log["reward_config"]  # the nested dataclass serialises
     lm, _ = model.load(out / "ckpt", "cpu")
