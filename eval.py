@@ -587,10 +587,6 @@ def _gains(report: dict) -> dict:
     return out
 
 
-def _ranks(report: dict) -> dict:
-    return {g["policy"]: [t["human_rank_avg"] for t in g["tasks"]] for g in report["groups"]}
-
-
 def _claim(name, mirrors, what, value, holds, **more) -> dict:
     return {"claim": name, "mirrors": mirrors, "measured": what, "value": value, "holds": holds, **more}
 
