@@ -15,11 +15,11 @@ How this departs from the paper and the references:
 - The paper gives the learning rates (actor 1e-6, critic 1e-5) and "1 epoch" over 10k states, trained for 39 steps
   (Figure 3), i.e. about 256 states per step; the CPU default here is 16 states per iteration. A pre-trained policy
   keeps the paper's rates; the offline tiny model (under TINY_PARAMS) gets its own (TINY below: at 1e-6 it did not
-  move at all), and its critic, whose value head starts random, trains alone for the first iterations.
+  move at all), and its critic, whose value head starts random, trains alone for the first iterations. Everything
+  else (batch, temperature, KL coefficient, clip ranges) is silent in the paper and taken from
+  summarize_from_feedback_details / OpenRLHF, cited on each field of `Config`.
 - `--tasks N` trains on the states of N of the pool's tasks (ML-Agent Figure 5 varies the number of RL training
-  tasks); `estimate_objective` measures J_step of a checkpoint on a fixed sample of states (eval.py's claims). Everything else (batch,
-  temperature, KL coefficient, clip ranges) is silent in the paper and taken from summarize_from_feedback_details /
-  OpenRLHF, cited on each field of `Config`.
+  tasks); `estimate_objective` measures J_step of a checkpoint on a fixed sample of states (eval.py's claims).
 - The critic is a separate copy of the policy with a scalar value head (as OpenRLHF's critic; the paper's Appendix
   C.1 is not in the seed text); the N-details initialise it from the reward model, which this task does not have.
 - The masks come from the lengths of prompts and responses, not from `ids != pad`, so the pad token may equal EOS
@@ -56,7 +56,8 @@ from torch import nn
 import agent
 import env
 import model
-from reward import OUTCOMES, RewardConfig, add_flags as add_reward_flags, from_flags as reward_from_flags, from_record, reward
+from reward import (OUTCOMES, RewardConfig, add_flags as add_reward_flags, from_flags as reward_from_flags,
+                    from_record, reward)
 
 ROOT = env.ROOT  # default paths live under the project's runs/, wherever ppo.py is started from
 
@@ -103,7 +104,7 @@ PAPER = dict(actor_lr=1e-6, critic_lr=1e-5, critic_warmup=0)  # ML-Agent's value
 # The offline miniature (sft.py's tiny model from scratch, 0.7M parameters; any policy under TINY_PARAMS): at the
 # paper's learning rates its weights do not move (clip fraction 0.000, |KL| < 0.008 over 9 iterations, issue 12), so
 # it takes larger ones, and the critic, whose value head starts random, is fitted alone for the first iterations
-# before the policy follows (OpenRLHF's --freezing_actor_steps). Our choice, measured in the README's claims.
+# before the policy follows (OpenRLHF's --freezing_actor_steps). Our choice; the settings tried are in the README.
 TINY = dict(actor_lr=1e-4, critic_lr=3e-3, critic_warmup=2)
 TINY_PARAMS = 10_000_000
 
@@ -431,7 +432,7 @@ def forward_scores(actor, critic, ref, ids, lengths, starts, R, cfg, device, voc
 def ppo_update(actor, critic, opt_a, opt_c, data, cfg, device, vocab, gen, step_actor=True):
     """Clipped policy and value losses over minibatches and epochs. data: ids, lengths, starts, mask, logprobs, values,
     advantages, returns. Returns the mean statistics and max|ratio - 1| of the first minibatch of the first epoch.
-    step_actor=False (critic warm-up): the policy's gradients are computed for the statistics but not applied."""
+    step_actor=False (critic warm-up): only the critic learns; the policy's statistics are still computed."""
     ids, lengths, starts, mask = data["ids"], data["lengths"], data["starts"], data["mask"]
     B = ids.shape[0]
     mb_size = max(B // cfg.num_minibatches, 1)
@@ -449,7 +450,8 @@ def ppo_update(actor, critic, opt_a, opt_c, data, cfg, device, vocab, gen, step_
                     m = mask[idx, :n]
                     pg, cf, ratio = policy_loss(lp, data["logprobs"][idx, :n], data["advantages"][idx, :n], m,
                                                 cfg.clip_coef, denom)
-                    pg.backward()
+                    if step_actor:  # in the warm-up the policy's backward would be thrown away
+                        pg.backward()
                     v = critic(i, ln, st).float()
                     vf = value_loss(v, data["values"][idx, :n], data["returns"][idx, :n], m, cfg.vf_clip, denom)
                     vf.backward()
@@ -464,7 +466,6 @@ def ppo_update(actor, critic, opt_a, opt_c, data, cfg, device, vocab, gen, step_
                 nn.utils.clip_grad_norm_([q for q in net.parameters() if q.requires_grad], cfg.max_grad_norm)
                 opt.step()
                 opt.zero_grad(set_to_none=True)
-            opt_a.zero_grad(set_to_none=True)
             stats.append(s)
     mean = {k: sum(s[k] for s in stats) / len(stats) for k in stats[0]}
     return {**mean, "ratio_first_minibatch_max_dev": first_ratio}
