@@ -333,7 +333,7 @@ def _diabetes() -> pd.DataFrame:
 
 
 def _reviews(n=2400, seed=0, balance=(0.3, 0.25, 0.45), noise=0.05) -> pd.DataFrame:
-    """Product reviews from word lists; negations ("not great") flip a phrase, and 5% of labels are noise.
+    """Product reviews from word lists; negations ("not great") flip a phrase, and a share of labels is noise.
     balance: the shares of negative, neutral and positive reviews; noise: the share of random labels."""
     rng = np.random.default_rng(seed)
     words = {
