@@ -622,7 +622,7 @@ def run_claims(preset: dict, out: Path, log=print) -> dict:
     for name, (start, states, extra) in {**{k: (sft0, data, v) for k, v in runs.items()}, "k1": (sft1, data1, [])}.items():
         ppo_ckpt[name] = R.path(f"ppo-{name}")
         R.step(f"ppo-{name}", "ppo.py", "--model", start, "--states", f"{states}/states.jsonl", "--out",
-               ppo_ckpt[name], "--log", f"{ppo_ckpt[name]}.jsonl", *p["ppo"], *extra,
+               ppo_ckpt[name], "--log-file", f"{ppo_ckpt[name]}.jsonl", *p["ppo"], *extra,
                owns=[ppo_ckpt[name], f"{ppo_ckpt[name]}.jsonl"])
     policies = {"sft": sft0, **ppo_ckpt, "sft-k1": sft1}
     # held-out evaluation of every policy (Δr avg@K) and the Matryoshka runs (C7, C8)

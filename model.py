@@ -282,10 +282,14 @@ class Qwen(nn.Module):
 
     @torch.inference_mode()
     def generate(self, prompts, max_new_tokens=128, temperature=0.0, top_p=1.0, stop_token_ids=None,
-                 pad_token_id=None, generator=None, stop_fn=None):
+                 pad_token_id=None, generator=None, stop_fn=None, seeds=None, prefill_chunk=2048):
         """Batched generation from token-id prompts of different lengths (left-padded here) with a KV cache.
         stop_fn(i, new_tokens) -> bool, if given, is asked after each step whether sequence i should stop
-        (the server's stop strings); the token that made it true is the last one kept."""
+        (the server's stop strings); the token that made it true is the last one kept. seeds (one int per prompt):
+        each row samples from its own generator, so a row's tokens do not depend on which rows share its batch
+        (ppo.py under torchrun splits a batch across ranks and still samples what one process would). The prompts
+        enter the cache prefill_chunk positions at a time, so a long prompt never runs the MLP on all its tokens
+        at once (for 16 rows of 15k tokens at Qwen2.5-7B's width that would be ~29 GiB)."""
         dev = self.lm_head.weight.device
         stops = self.stop_token_ids if stop_token_ids is None else list(stop_token_ids)
         pad = pad_token_id if pad_token_id is not None else (stops[0] if stops else 0)
@@ -302,6 +306,16 @@ class Qwen(nn.Module):
         out_lp = torch.zeros(B, max_new_tokens, device=dev)
         done = torch.zeros(B, dtype=torch.bool, device=dev)
         x, steps, cut = ids, 0, {}  # cut: sequence -> number of tokens kept when stop_fn stopped it
+        while x.shape[1] > prefill_chunk:  # all but the last chunk of the prompts: into the cache, no lm_head
+            self.hidden(x[:, :prefill_chunk], keep[:, :L - x.shape[1] + prefill_chunk], cache)
+            x = x[:, prefill_chunk:]
+        rows = [torch.Generator(dev).manual_seed(s) for s in seeds] if seeds is not None else None
+
+        def draw(p):  # (B, V) probabilities -> (B,) sampled ids
+            if rows is None:
+                return torch.multinomial(p, 1, generator=generator).squeeze(-1)
+            return torch.cat([torch.multinomial(p[b:b + 1], 1, generator=g) for b, g in enumerate(rows)]).squeeze(-1)
+
         for t in range(max_new_tokens):
             h = self.hidden(x, keep[:, :L + t], cache)[:, -1]  # (B, C): the lm_head only on the last position
             logits = self.lm_head(h).float()[:, :self.sample_vocab_size]  # (B, V'): padded vocab rows never sampled
@@ -314,9 +328,9 @@ class Qwen(nn.Module):
                 if top_p < 1.0:  # nucleus: keep the smallest prefix of sorted tokens whose mass reaches top_p
                     p_sorted, idx = probs.sort(-1, descending=True)
                     p_sorted[(p_sorted.cumsum(-1) - p_sorted) > top_p] = 0  # the first token is always kept
-                    tok = idx.gather(-1, torch.multinomial(p_sorted, 1, generator=generator)).squeeze(-1)
+                    tok = idx.gather(-1, draw(p_sorted)[:, None]).squeeze(-1)
                 else:
-                    tok = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+                    tok = draw(probs)
             tok = torch.where(done, pad, tok)  # finished sequences keep feeding padding
             out_tok[:, t], out_lp[:, t] = tok, logp.gather(-1, tok[:, None]).squeeze(-1)
             done |= torch.isin(tok, stop_t)
@@ -712,8 +726,21 @@ def resolve(path_or_id):
     return _download(path_or_id, repo_dir)
 
 
-def load(path_or_hub_id, device=None, dtype=None):
-    """-> (model, tokenizer). dtype default: the config's torch_dtype on CUDA, float32 on CPU."""
+def weight_tensors(path_or_hub_id):
+    """The checkpoint's tensors one at a time, (name, CPU tensor): a loader that shards (sft.py and ppo.py under
+    torchrun) keeps each rank's rows of one tensor and drops the rest, so no rank holds the full model."""
+    for path in _weight_files(resolve(path_or_hub_id)):
+        header, start = _read_header(path)
+        with open(path, "rb", buffering=0) as f:
+            for name, info in header.items():
+                t = torch.empty(info["shape"], dtype=_DTYPES[info["dtype"]])
+                _read_into(f, start, info, t)
+                yield name, t
+
+
+def load(path_or_hub_id, device=None, dtype=None, meta=False):
+    """-> (model, tokenizer). dtype default: the config's torch_dtype on CUDA, float32 on CPU. meta=True: the model
+    on the meta device, no weights read (to be sharded first, then filled from `weight_tensors`)."""
     folder = resolve(path_or_hub_id)
     with open(os.path.join(folder, "config.json")) as f:
         cfg = Config.from_dict(json.load(f))
@@ -725,9 +752,11 @@ def load(path_or_hub_id, device=None, dtype=None):
         raise FileNotFoundError(f"{folder}: no model.safetensors (or incomplete shards)")
     with torch.device("meta"):  # no memory yet: parameters are allocated empty, then filled tensor by tensor
         model = Qwen(cfg)
-    model = model.to(dtype).to_empty(device=device)
-    model.tie_weights()
-    _load_weights(model, files)
+    model = model.to(dtype)
+    if not meta:
+        model = model.to_empty(device=device)
+        model.tie_weights()
+        _load_weights(model, files)
     tokenizer = Tokenizer.from_file(os.path.join(folder, "tokenizer.json"))
     model.sample_vocab_size = min(len(tokenizer), cfg.vocab_size)
     gen_path = os.path.join(folder, "generation_config.json")
@@ -740,17 +769,19 @@ def load(path_or_hub_id, device=None, dtype=None):
     return model.eval(), tokenizer
 
 
-def save(model, tokenizer, path, max_shard_bytes=5 * 2**30):
-    """Write a Hugging Face model folder: config, safetensors (sharded above max_shard_bytes), tokenizer, generation."""
+def save(model, tokenizer, path, max_shard_bytes=5 * 2**30, dtype=None):
+    """Write a Hugging Face model folder: config, safetensors (sharded above max_shard_bytes), tokenizer, generation.
+    dtype: the stored dtype (e.g. torch.bfloat16 for a run trained in fp32 master weights); default: the model's."""
     os.makedirs(path, exist_ok=True)
     for name in os.listdir(path):  # stale weights from an earlier save would confuse loaders
         if name.startswith("model") and name.endswith((".safetensors", ".safetensors.index.json")):
             os.remove(os.path.join(path, name))
     cfg = model.config
-    dtype = str(model.lm_head.weight.dtype).removeprefix("torch.")
+    dtype = dtype or model.lm_head.weight.dtype
     with open(os.path.join(path, "config.json"), "w") as f:
-        json.dump({**cfg.to_dict(), "torch_dtype": dtype}, f, indent=2)
-    tensors = {k: v for k, v in model.state_dict().items() if not (cfg.tie_word_embeddings and k == "lm_head.weight")}
+        json.dump({**cfg.to_dict(), "torch_dtype": str(dtype).removeprefix("torch.")}, f, indent=2)
+    tensors = {k: v.to(dtype) for k, v in model.state_dict().items()
+               if not (cfg.tie_word_embeddings and k == "lm_head.weight")}
     shards, size = [{}], 0
     for k, v in tensors.items():
         n = v.numel() * v.element_size()

@@ -28,6 +28,8 @@ Where the seed is silent (our choices):
   run's `token_counter`).
 - The monolithic baseline (MLE-Dojo's agent, as the paper adapts it) keeps its whole history in one chat, under the
   same wall clock and at most as many executions as the Matryoshka run may spend (rounds x calls x iterations).
+- Orchestrator training keeps fp32 master weights with bf16 compute on CUDA (autocast; AdamW's 1e-5 steps are below
+  bf16's resolution) and saves the trained checkpoint in the checkpoint's original dtype (its torch_dtype, e.g. bf16).
 - Feedback clips the run's whole log (read from RunResult.log_path; env.py's `output` holds only 4 KB of each end).
 - Each attempt keeps its best script, its public and private scores and a copy of that run's submission.csv
   (env.run_script(keep=...)); the command line copies the best attempt's file to best_submission.csv, the file a
@@ -776,7 +778,8 @@ def ranking_loss(scores, R):
 
 def response_logprobs(lm, tok, messages, responses, max_len: int):
     """Sum of log pi(decision token | prompt, earlier decision tokens) per response: (K,). One forward pass with
-    right padding; the lm_head only on the response positions (the mask to response tokens)."""
+    right padding; the lm_head only on the response positions (the mask to response tokens). On CUDA under bf16
+    autocast (bf16 matmuls over fp32 master weights), in the weights' own dtype elsewhere."""
     import torch
     prompt = tok.encode(tok.apply_chat_template(messages))
     seqs, starts = [], []
@@ -789,11 +792,12 @@ def response_logprobs(lm, tok, messages, responses, max_len: int):
     L = max(map(len, seqs))
     ids = torch.tensor([s + [pad] * (L - len(s)) for s in seqs], device=dev)  # (K, L)
     mask = torch.tensor([[1] * len(s) + [0] * (L - len(s)) for s in seqs], device=dev)
-    h = lm.hidden(ids, mask)  # (K, L, C)
-    out = []
-    for k, (s, st) in enumerate(zip(seqs, starts)):
-        logits = lm.lm_head(h[k, st - 1:len(s) - 1]).float()  # (T_resp, V): position t predicts token t + 1
-        out.append(torch.log_softmax(logits, -1).gather(-1, ids[k, st:len(s), None]).sum())
+    with torch.autocast(dev.type, torch.bfloat16, enabled=dev.type == "cuda"):  # as ppo.autocast; none on CPU
+        h = lm.hidden(ids, mask)  # (K, L, C)
+        out = []
+        for k, (s, st) in enumerate(zip(seqs, starts)):
+            logits = lm.lm_head(h[k, st - 1:len(s) - 1]).float()  # (T_resp, V): position t predicts token t + 1
+            out.append(torch.log_softmax(logits, -1).gather(-1, ids[k, st:len(s), None]).sum())
     return torch.stack(out)
 
 
@@ -840,11 +844,12 @@ def tiny_orchestrator(texts, vocab_size=1024, seed=0):
     return lm.eval(), tok
 
 
-def save_checkpoint(lm, tok, path: Path):
+def save_checkpoint(lm, tok, path: Path, dtype=None):
+    """A model folder written atomically; dtype: the stored dtype (default: the model's)."""
     import model
     tmp = path.with_name(f".{path.name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    model.save(lm, tok, str(tmp))
+    model.save(lm, tok, str(tmp), dtype=dtype)
     shutil.rmtree(path, ignore_errors=True)
     os.replace(tmp, path)
 
@@ -867,14 +872,16 @@ def train_loop(cfg: Config, model_path: str | None, collector: str, sub, out: Pa
         if not current.exists():  # no checkpoint given: a tiny model from scratch, its tokenizer fit on the prompts
             texts = [m["content"] for g in groups for m in g["messages"]] + [r for g in groups for r in g["responses"]]
             save_checkpoint(*tiny_orchestrator(texts or ["{}"], seed=cfg.seed), current)
-        policy, tok = model.load(str(current))
-        ref, _ = model.load(str(current))  # the previous orchestrator is the reference (seed §3.6)
+        policy, tok = model.load(str(current), dtype="float32")  # fp32 master weights, whatever the checkpoint's dtype
+        # the previous orchestrator is the reference (seed §3.6); frozen (no updates), it stays in the checkpoint's
+        # dtype (the load default: torch_dtype, e.g. bf16, on CUDA; fp32 on CPU)
+        ref, _ = model.load(str(current))
         for p in ref.parameters():
             p.requires_grad_(False)
         log(f"iteration {it}: {len(groups)} preference group(s) from {len(tree['nodes'])} nodes")
         if groups:
             train_orchestrator(policy, ref, tok, groups, cfg, log=log)
-        save_checkpoint(policy, tok, nxt)
+        save_checkpoint(policy, tok, nxt, dtype=getattr(model.torch, policy.config.torch_dtype))  # as it came (bf16)
         current = nxt
     rows = [r for p in sorted(out.glob("tree-*.json")) for t in [load_json(p)]
             for r in sft_rows(list(t["attempts"].values()), t["higher_is_better"])]

@@ -51,11 +51,16 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
+import torch.distributed as dist
 from torch import nn
+from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+from torch.distributed.tensor import DTensor
+from torch.utils.checkpoint import checkpoint
 
 import agent
 import env
 import model
+import sft
 from reward import (OUTCOMES, RewardConfig, add_flags as add_reward_flags, from_flags as reward_from_flags,
                     from_record, reward)
 
@@ -67,7 +72,8 @@ class Config:
     model: str = str(ROOT / "runs/ckpt/sft")  # the policy to start from, folder or hub id (ML-Agent: the SFT model)
     states: str = str(ROOT / "runs/data/states.jsonl")  # the states pool d^{pi_e} (collect.py)
     out: str = str(ROOT / "runs/ckpt/ppo")    # the actor (Hugging Face folder) + trainer_state/; resume point
-    log: str = str(ROOT / "runs/ppo/log.jsonl")  # one JSON line per iteration
+    log_file: str = str(ROOT / "runs/ppo/log.jsonl")  # one JSON line per iteration (not --log: torchrun's parser
+                                             # takes that prefix of its own --log-dir and stops)
     seed: int = 0                            # seeds the state order, sampling and the value head
     tasks: int = 0                           # > 0: only the states of this many tasks of the pool, a seeded draw
                                              # (ML-Agent Figure 5: the number of RL training tasks)
@@ -75,7 +81,13 @@ class Config:
     iterations: int = 0                      # if > 0, stop after this many iterations instead
     batch_size: int = 16                     # states (actions) per iteration (paper ~256: 10k states / 39 steps)
     num_minibatches: int = 2                 # PPO minibatches per iteration (N-details: 1)
-    micro_batch: int = 4                     # rows per forward pass (gradient accumulation inside a minibatch)
+    micro_batch: int = 4                     # at most this many rows per forward pass (gradient accumulation)
+    micro_tokens: int = 16384                # and at most this many tokens (rows x the longest row; one longer row
+                                             # goes alone): the memory of a forward is set by tokens, not rows
+    logits_chunk: int = 1024                 # response tokens whose logits (tokens x vocab, fp32) exist at once
+    gen_batch: int = 16                      # prompts per generate call: their KV cache bounds the rollout's memory
+                                             # (tests/bench_memory.py: 16 x 16k tokens of Qwen2.5-7B is 14 GiB)
+    grad_checkpointing: bool = False         # recompute each block in backward; always on for models past TINY_PARAMS
     update_epochs: int = 1                   # PPO epochs over each batch (OpenRLHF examples: 1; N-details: 4)
     actor_lr: float | None = None            # None: 1e-6 (paper, seed 000 "Training"); the tiny model: TINY below
     critic_lr: float | None = None           # None: 1e-5 (paper, seed 000 "Training"); the tiny model: TINY below
@@ -97,6 +109,8 @@ class Config:
     device: str | None = None                # default: cuda if available
     lora_rank: int = 0                       # > 0: train rank-r adapters instead of all weights
     lora_alpha: float = 16.0                 # adapter scale alpha / r (Hu et al. 2021)
+    save_dtype: str = "auto"                 # the actor folder's weights: auto = bfloat16 from CUDA runs (the fp32
+                                             # master weights stay in trainer_state/), float32 on CPU; or float32
     reward: RewardConfig = dataclasses.field(default_factory=RewardConfig)  # reward.py's flags (ML-Agent Table 3)
 
 
@@ -118,6 +132,20 @@ def resolve_defaults(cfg, n_params):
 # ----------------------------------------------------------------------------------------------------------------
 # Models: the actor is model.Qwen; the critic is a Qwen with a scalar value head; optional hand-written LoRA
 
+class Actor(nn.Module):
+    """The policy (a model.Qwen, `.lm`) as one module whose forward is the log-probs of the response tokens, so that
+    under FSDP2 the root unit (embeddings, final norm, lm_head) is gathered for exactly that call. The frozen
+    reference is an Actor too."""
+
+    def __init__(self, lm, temperature=1.0, logits_chunk=1024):
+        super().__init__()
+        self.lm, self.temperature, self.logits_chunk = lm, temperature, logits_chunk
+
+    def forward(self, ids, lengths, starts):  # right-padded rows (B, W) -> log pi of each response token (B, R)
+        return response_logprobs(self.lm, ids, lengths, starts, self.temperature, self.lm.sample_vocab_size,
+                                 self.logits_chunk).clone()  # FSDP2 hooks the output: no view of an internal tensor
+
+
 class Critic(nn.Module):
     """V(s_t) for every response token: a Qwen backbone (initialised from the policy) and a linear value head."""
 
@@ -125,15 +153,21 @@ class Critic(nn.Module):
         super().__init__()
         self.backbone = backbone
         C = backbone.config.hidden_size
-        self.head = nn.Linear(C, 1).to(backbone.lm_head.weight.device)
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)  # N-details layer_init of the scalar head: std 1/sqrt(C + 1), bias 0
-            nn.init.normal_(self.head.weight, std=1 / math.sqrt(C + 1))
-        nn.init.zeros_(self.head.bias)
+        self.head = nn.Linear(C, 1, device=backbone.lm_head.weight.device, dtype=torch.float32)
+        if not self.head.weight.is_meta:  # on the meta device (FSDP2) the sharded head is filled from head_init
+            with torch.no_grad():
+                for p, v in zip(self.head.parameters(), self.head_init(C, seed)):
+                    p.copy_(v)
+
+    @staticmethod
+    def head_init(C, seed):
+        """N-details layer_init of the scalar head: weight ~ N(0, 1/(C + 1)) from its own seed, bias 0 (CPU)."""
+        g = torch.Generator().manual_seed(seed)
+        return torch.randn(1, C, generator=g) / math.sqrt(C + 1), torch.zeros(1)
 
     def forward(self, ids, lengths, starts):  # right-padded rows (B, W) -> the value before each response token (B, R)
         h, _ = response_hidden(self.backbone, ids, lengths, starts)
-        return self.head(h.to(self.head.weight.dtype)).squeeze(-1)
+        return self.head(h.to(self.head.weight.dtype)).squeeze(-1).clone()
 
 
 class LoRALinear(nn.Module):
@@ -169,10 +203,10 @@ def set_lora(lm, enabled):  # adapters off: the frozen base, which is the refere
             m.enabled = enabled
 
 
-def save_actor(lm, tokenizer, path):
-    """The actor as a Hugging Face folder; with LoRA, a copy of the base with the adapters merged in."""
+def save_actor(lm, tokenizer, path, dtype=None):
+    """The actor as a Hugging Face folder in `dtype`; with LoRA, a copy of the base with the adapters merged in."""
     if not any(isinstance(m, LoRALinear) for m in lm.modules()):
-        return model.save(lm, tokenizer, path)
+        return model.save(lm, tokenizer, path, dtype=dtype)
     with torch.device("meta"):
         plain = model.Qwen(lm.config)
     plain = plain.to_empty(device=lm.lm_head.weight.device).to(lm.lm_head.weight.dtype)
@@ -188,7 +222,77 @@ def save_actor(lm, tokenizer, path):
             weights[k] = v
     plain.load_state_dict(weights)
     plain.stop_token_ids = lm.stop_token_ids
-    model.save(plain, tokenizer, path)
+    model.save(plain, tokenizer, path, dtype=dtype)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Several processes (torchrun): each rank takes every world-th state of a batch, generates and executes its share;
+# the update is data-parallel. Full fine-tuning shards the actor, critic and reference with FSDP2 (sft.shard:
+# parameters, gradients, optimizer states; bf16 compute, fp32 master weights and reduction); LoRA keeps a frozen
+# bf16 base on every rank and all-reduces only the adapters' gradients.
+
+class Ranks:
+    """This process's place among the ranks, and the collectives PPO needs; with one process each is the identity."""
+
+    def __init__(self, rank=0, world=1, device=torch.device("cpu")):
+        self.rank, self.world, self.device = rank, world, device
+
+    def sum(self, t):  # a tensor summed over the ranks
+        if self.world > 1:
+            t = t.clone()
+            dist.all_reduce(t)
+        return t
+
+    def max(self, x):  # a number, the largest over the ranks
+        t = torch.tensor(float(x), device=self.device)
+        if self.world > 1:
+            dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return t.item()
+
+    def gather(self, items):  # every rank's list, concatenated in rank order
+        if self.world == 1:
+            return list(items)
+        parts = [None] * self.world
+        dist.all_gather_object(parts, list(items))
+        return [x for part in parts for x in part]
+
+
+def rollout_copy(actor, device):
+    """What generates the rollouts. Generation decodes token by token; through FSDP every token would all-gather every
+    block again, so each rank gathers one full copy of the policy (bf16 on CUDA) for the rollout and frees it before
+    the update (VeRL's "hybrid engine" does the same with vLLM). Unsharded: the policy itself."""
+    if not any(isinstance(p, DTensor) for p in actor.parameters()):
+        return actor.lm
+    lm = actor.lm
+    with torch.device("meta"):
+        copy = model.Qwen(lm.config)
+    copy = copy.to(torch.bfloat16 if device.type == "cuda" else torch.float32).to_empty(device=device)
+    copy.tie_weights()
+    with torch.no_grad():
+        mine = dict(copy.named_parameters())
+        for name, p in lm.named_parameters():  # one all-gather per tensor, in the same order on every rank
+            mine[name].copy_(p.full_tensor() if isinstance(p, DTensor) else p)
+    copy.sample_vocab_size, copy.stop_token_ids = lm.sample_vocab_size, lm.stop_token_ids
+    return copy.eval()
+
+
+def micro_batches(idx, lengths, cfg):
+    """Rows idx sorted by length (each micro-batch pads, and attends over, as little as possible) and cut into
+    micro-batches of at most cfg.micro_batch rows and cfg.micro_tokens tokens (rows x the longest)."""
+    out, cur = [], []
+    for i in by_length(idx, lengths).tolist():
+        if cur and (len(cur) == cfg.micro_batch or (len(cur) + 1) * int(lengths[i]) > cfg.micro_tokens):
+            out.append(cur)
+            cur = []
+        cur.append(i)
+    return [torch.tensor(c, device=idx.device) for c in out + ([cur] if cur else [])]
+
+
+def in_step(groups, ranks, filler):
+    """The micro-batches of this rank padded, with (filler, weight 0), to the most any rank has: under FSDP every
+    forward is a collective, so every rank runs as many. -> [(rows, weight)]"""
+    n = int(ranks.max(len(groups))) if ranks.world > 1 else len(groups)
+    return [(g, 1.0) for g in groups] + [(filler, 0.0)] * (n - len(groups))
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -206,12 +310,23 @@ def response_hidden(lm, ids, lengths, starts):
     return h.gather(1, (pos - 1)[..., None].expand(-1, -1, h.shape[-1])), ids.gather(1, pos)
 
 
-def response_logprobs(lm, ids, lengths, starts, temperature, vocab):
+def response_logprobs(lm, ids, lengths, starts, temperature, vocab, chunk=1024):
     """log pi(token_t | tokens_<t) of each row's response tokens under softmax(logits / T), the distribution
-    model.generate samples from (N-details: the temperature must be applied in training too). -> (B, R)"""
-    h, tokens = response_hidden(lm, ids, lengths, starts)  # the lm_head only where response tokens are predicted
-    logits = lm.lm_head(h).float()[..., :vocab] / temperature  # (B, R, V')
-    return torch.log_softmax(logits, -1).gather(-1, tokens[..., None]).squeeze(-1)
+    model.generate samples from (N-details: the temperature must be applied in training too). -> (B, R)
+    The lm_head runs only where response tokens are predicted, `chunk` tokens at a time; with gradients each chunk
+    is recomputed in backward, so the fp32 logits of only one chunk ever exist (B x R x V would be 2.5 GB at B = 4,
+    R = 1024 for Qwen's 152k vocabulary)."""
+    h, tokens = response_hidden(lm, ids, lengths, starts)
+    B, R, C = h.shape
+    h, tokens = h.reshape(B * R, C), tokens.reshape(B * R)
+
+    def piece(h_, t_):
+        logits = lm.lm_head(h_).float()[:, :vocab] / temperature  # (chunk, V')
+        return logits.gather(-1, t_[:, None]).squeeze(-1) - torch.logsumexp(logits, -1)
+
+    out = [checkpoint(piece, h[a:a + chunk], tokens[a:a + chunk], use_reentrant=False) if torch.is_grad_enabled()
+           else piece(h[a:a + chunk], tokens[a:a + chunk]) for a in range(0, B * R, chunk)]
+    return torch.cat(out).view(B, R)
 
 
 def token_rewards(scores, logprobs, ref_logprobs, mask, kl_coef):
@@ -260,15 +375,16 @@ def gae_rows(rewards, values, mask, nxt, gamma, lam):
     return adv, ret
 
 
-def masked_mean(x, mask):
-    return (x * mask).sum() / mask.sum().clamp(min=1)
+def masked_mean(x, mask, ranks=Ranks()):  # over the valid tokens of every rank
+    return ranks.sum((x * mask).sum()) / ranks.sum(mask.sum()).clamp(min=1)
 
 
-def whiten(x, mask, eps=1e-8):
-    """Zero mean, unit variance over the valid tokens only (as TRL's masked_whiten, with the unbiased variance)."""
-    mean = masked_mean(x, mask)
-    n = mask.sum()
-    var = ((x - mean) ** 2 * mask).sum() / (n - 1).clamp(min=1)
+def whiten(x, mask, eps=1e-8, ranks=Ranks()):
+    """Zero mean, unit variance over the valid tokens only (as TRL's masked_whiten, with the unbiased variance), of
+    the whole batch: under torchrun the sums run over every rank's rows."""
+    mean = masked_mean(x, mask, ranks)
+    n = ranks.sum(mask.sum())
+    var = ranks.sum(((x - mean) ** 2 * mask).sum()) / (n - 1).clamp(min=1)
     return (x - mean) * torch.rsqrt(var + eps) * mask
 
 
@@ -290,8 +406,8 @@ def value_loss(values, old_values, returns, mask, vf_clip, denom=None):
     return (losses * mask).sum() / denom
 
 
-def explained_variance(values, returns, mask):
-    var = lambda x: masked_mean((x - masked_mean(x, mask)) ** 2, mask)
+def explained_variance(values, returns, mask, ranks=Ranks()):
+    var = lambda x: masked_mean((x - masked_mean(x, mask, ranks)) ** 2, mask, ranks)
     return float(1 - var(returns - values) / var(returns).clamp(min=1e-12))
 
 
@@ -329,17 +445,19 @@ def autocast(device):  # bf16 matmuls on CUDA, fp32 master weights (an lr of 1e-
 # ----------------------------------------------------------------------------------------------------------------
 # Acting: generation (step 2) and execution in the sandboxes (step 3)
 
-def generate(lm, tokenizer, messages, cfg, device):
-    """One sampled response per prompt: token ids, their generation log-probs, decoded texts."""
+def generate(lm, tokenizer, messages, cfg, device, seeds=None):
+    """One sampled response per prompt: token ids, their generation log-probs, decoded texts. seeds: one per prompt
+    (model.generate samples each row from its own generator, so the rows a rank holds do not change its samples)."""
     room = max(lm.config.max_position_embeddings - cfg.max_new_tokens, 1)  # as agent.LocalBackend: keep the end
     prompts = [tokenizer.encode(tokenizer.apply_chat_template(m))[-room:] for m in messages]
     stops = [i for i in dict.fromkeys([*lm.stop_token_ids, tokenizer.eos_token_id, tokenizer.im_end_id])
              if i is not None]
     tokens, logprobs = [], []
-    for i in range(0, len(prompts), cfg.micro_batch * 4):  # generation chunks: the KV cache bounds memory
+    for i in range(0, len(prompts), cfg.gen_batch):  # generation chunks: the KV cache bounds memory
         with autocast(device):
-            g = lm.generate(prompts[i:i + cfg.micro_batch * 4], cfg.max_new_tokens, cfg.temperature,
-                            stop_token_ids=stops, pad_token_id=tokenizer.pad_token_id)
+            g = lm.generate(prompts[i:i + cfg.gen_batch], cfg.max_new_tokens, cfg.temperature,
+                            stop_token_ids=stops, pad_token_id=tokenizer.pad_token_id,
+                            seeds=None if seeds is None else seeds[i:i + cfg.gen_batch])
         tokens += g.tokens
         logprobs += g.logprobs
     texts = [tokenizer.decode(t, skip_special_tokens=True) for t in tokens]
@@ -364,9 +482,10 @@ def make_env(task, task_dir, editor):
     return env.Env(task if task in env.BUILTIN_TASKS else task_dir, editor=editor)
 
 
-def step_rollout(states, lm, tokenizer, cfg, pool, editor, device, timer):
+def step_rollout(states, lm, tokenizer, cfg, pool, editor, device, timer, seeds=None):
     """Steps 2-3, step-wise: one action per expert state, executed from the restored state."""
-    prompts, tokens, gen_lp, texts = generate(lm, tokenizer, [s["messages"] for s in states], cfg, device)
+    prompts, tokens, gen_lp, texts = generate(lm, tokenizer, [s["messages"] for s in states], cfg, device,
+                                              seeds=seeds)
     timer("generate")
 
     def run(i):
@@ -380,7 +499,7 @@ def step_rollout(states, lm, tokenizer, cfg, pool, editor, device, timer):
     return prompts, tokens, gen_lp, outcomes, [-1] * len(states)
 
 
-def episode_rollout(starts, lm, tokenizer, cfg, pool, editor, device, timer):
+def episode_rollout(starts, lm, tokenizer, cfg, pool, editor, device, timer, seeds=None):
     """Steps 2-3, episode-wise (--episodic): whole episodes from the task start, all episodes acting in one batch per
     step. Returns rows in step order and, per row, the row of the same episode's next step (-1 at the end)."""
     envs = [make_env(s["task"], s["task_dir"], editor) for s in starts]
@@ -393,7 +512,8 @@ def episode_rollout(starts, lm, tokenizer, cfg, pool, editor, device, timer):
             break
         msgs = [agent.build_messages(problems[i], histories[i], [tuple(x) for x in starts[i]["ideas"]])
                 for i in alive]
-        p, t, lp, texts = generate(lm, tokenizer, msgs, cfg, device)
+        step_seeds = None if seeds is None else [seeds[i] * 1000 + len(histories[i]) for i in alive]
+        p, t, lp, texts = generate(lm, tokenizer, msgs, cfg, device, seeds=step_seeds)
         timer("generate")
         res = list(pool.map(lambda j: execute(envs[alive[j]], texts[j], envs[alive[j]].m_init, envs[alive[j]].m_best,
                                               envs[alive[j]].task.higher_is_better, cfg.reward), range(len(alive))))
@@ -410,52 +530,67 @@ def episode_rollout(starts, lm, tokenizer, cfg, pool, editor, device, timer):
 # ----------------------------------------------------------------------------------------------------------------
 # The update (step 6)
 
-def forward_scores(actor, critic, ref, ids, lengths, starts, R, cfg, device, vocab):
-    """No-grad rollout forward in micro-batches of similar lengths -> logprobs, ref_logprobs, values (B, R)."""
+def forward_scores(actor, critic, ref, ids, lengths, starts, R, cfg, device, ranks=Ranks()):
+    """No-grad rollout forward in micro-batches of similar lengths -> logprobs, ref_logprobs, values (B, R).
+    actor and ref are Actors (ref None with LoRA: the actor with its adapters off)."""
     out = [torch.zeros(ids.shape[0], R, device=device) for _ in range(3)]
+    everyone = torch.arange(ids.shape[0], device=device)
     with torch.no_grad(), autocast(device):
-        for idx in by_length(torch.arange(ids.shape[0], device=device), lengths).split(cfg.micro_batch):
+        for idx, weight in in_step(micro_batches(everyone, lengths, cfg), ranks, everyone[:1]):
             i, ln, st = rows(ids, lengths, starts, idx)
-            lp = response_logprobs(actor, i, ln, st, cfg.temperature, vocab)
-            n = lp.shape[1]
-            out[0][idx, :n] = lp
+            lp = actor(i, ln, st)
             if ref is None:  # LoRA: the reference is the actor without its adapters
                 set_lora(actor, False)
-                out[1][idx, :n] = response_logprobs(actor, i, ln, st, cfg.temperature, vocab)
+                ref_lp = actor(i, ln, st)
                 set_lora(actor, True)
             else:
-                out[1][idx, :n] = response_logprobs(ref, i, ln, st, cfg.temperature, vocab)
-            out[2][idx, :n] = critic(i, ln, st).float()
+                ref_lp = ref(i, ln, st)
+            v = critic(i, ln, st).float()
+            if weight:  # a filler micro-batch (FSDP: as many forwards as the other ranks) is not kept
+                n = lp.shape[1]
+                out[0][idx, :n], out[1][idx, :n], out[2][idx, :n] = lp, ref_lp, v
     return out
 
 
-def ppo_update(actor, critic, opt_a, opt_c, data, cfg, device, vocab, gen, step_actor=True):
+def ppo_update(actor, critic, opt_a, opt_c, data, cfg, device, gen, step_actor=True, ranks=Ranks()):
     """Clipped policy and value losses over minibatches and epochs. data: ids, lengths, starts, mask, logprobs, values,
-    advantages, returns. Returns the mean statistics and max|ratio - 1| of the first minibatch of the first epoch.
-    step_actor=False (critic warm-up): only the critic learns; the policy's statistics are still computed."""
+    advantages, returns: this rank's rows; "rows" (optional): their places in the whole batch (default: rows rank,
+    rank + world, ...). Returns the mean statistics and max|ratio - 1| of the first minibatch of the first epoch.
+    step_actor=False (critic warm-up): only the critic learns; the policy's statistics are still computed.
+    Several ranks: every rank draws the same permutation of the whole batch and takes its own rows of each
+    minibatch, and each loss is divided by the minibatch's token count over all ranks, so the summed gradient is
+    the one a single process would compute on the whole minibatch. FSDP averages gradients over the ranks (hence
+    the factor world); LoRA's adapters are summed by an all-reduce here."""
     ids, lengths, starts, mask = data["ids"], data["lengths"], data["starts"], data["mask"]
-    B = ids.shape[0]
+    W = ranks.world
+    places = data.get("rows") or [ranks.rank + k * W for k in range(ids.shape[0])]
+    local = {g: k for k, g in enumerate(places)}
+    B = int(ranks.sum(torch.tensor(len(places), device=device)))
+    sharded = any(isinstance(p, DTensor) for p in critic.parameters())
+    scale = W if sharded else 1.0
     mb_size = max(B // cfg.num_minibatches, 1)
     stats, first_ratio = [], None
     for _ in range(cfg.update_epochs):
-        perm = torch.randperm(B, generator=gen).to(device)
+        perm = torch.randperm(B, generator=gen)
         for mb in perm.split(mb_size):
-            denom = mask[mb].sum().clamp(min=1)  # the masked mean over the whole minibatch, summed over micro-batches
+            mine = torch.tensor([local[g] for g in mb.tolist() if g in local], dtype=torch.long, device=device)
+            denom = ranks.sum(mask[mine].sum()).clamp(min=1)  # the masked mean over the whole minibatch
             s = dict(pg_loss=0.0, vf_loss=0.0, clipfrac=0.0, approx_kl=0.0)
-            for idx in by_length(mb, lengths).split(cfg.micro_batch):
+            for idx, weight in in_step(micro_batches(mine, lengths, cfg), ranks, torch.zeros(1, dtype=torch.long,
+                                                                                             device=device)):
                 i, ln, st = rows(ids, lengths, starts, idx)
                 with autocast(device):
-                    lp = response_logprobs(actor, i, ln, st, cfg.temperature, vocab)
+                    lp = actor(i, ln, st)
                     n = lp.shape[1]
-                    m = mask[idx, :n]
+                    m = mask[idx, :n] * weight
                     pg, cf, ratio = policy_loss(lp, data["logprobs"][idx, :n], data["advantages"][idx, :n], m,
                                                 cfg.clip_coef, denom)
                     if step_actor:  # in the warm-up the policy's backward would be thrown away
-                        pg.backward()
+                        (pg * scale).backward()
                     v = critic(i, ln, st).float()
                     vf = value_loss(v, data["values"][idx, :n], data["returns"][idx, :n], m, cfg.vf_clip, denom)
-                    vf.backward()
-                if not stats:  # the first minibatch of the first epoch: the policy has not moved yet
+                    (vf * scale).backward()
+                if not stats and weight:  # the first minibatch of the first epoch: the policy has not moved yet
                     dev = float(((ratio.detach() - 1).abs() * m).max())
                     first_ratio = dev if first_ratio is None else max(first_ratio, dev)
                 s["pg_loss"] += float(pg.detach())
@@ -463,30 +598,54 @@ def ppo_update(actor, critic, opt_a, opt_c, data, cfg, device, vocab, gen, step_
                 s["clipfrac"] += float(cf)
                 s["approx_kl"] += float((0.5 * (lp.detach() - data["logprobs"][idx, :n]) ** 2 * m).sum() / denom)
             for net, opt in ((actor, opt_a), (critic, opt_c))[0 if step_actor else 1:]:
-                nn.utils.clip_grad_norm_([q for q in net.parameters() if q.requires_grad], cfg.max_grad_norm)
+                trained = [q for q in net.parameters() if q.requires_grad]
+                if W > 1 and not sharded:  # LoRA over several ranks: sum the adapters' gradients (data parallel)
+                    for q in trained:
+                        q.grad = ranks.sum(q.grad if q.grad is not None else torch.zeros_like(q))
+                nn.utils.clip_grad_norm_(trained, cfg.max_grad_norm)
                 opt.step()
                 opt.zero_grad(set_to_none=True)
-            stats.append(s)
+            stats.append({k: float(ranks.sum(torch.tensor(v, device=device))) for k, v in s.items()})
     mean = {k: sum(s[k] for s in stats) / len(stats) for k in stats[0]}
-    return {**mean, "ratio_first_minibatch_max_dev": first_ratio}
+    return {**mean, "ratio_first_minibatch_max_dev": ranks.max(first_ratio or 0.0)}
 
 
 # ----------------------------------------------------------------------------------------------------------------
 # Checkpoints: the actor as a Hugging Face folder; trainer_state/ beside it (vLLM globs *.safetensors of the folder
 # only, so the critic's file does not confuse it); written to <out>.tmp, then swapped in
 
-def save_checkpoint(cfg, actor, tokenizer, critic, opt_a, opt_c, progress):
+def save_checkpoint(cfg, actor, tokenizer, critic, opt_a, opt_c, progress, ranks):
+    """Every rank calls this (under FSDP the full states are gathered to rank 0, on CPU); rank 0 writes. The actor
+    folder is in bf16 from CUDA runs (what vLLM and transformers serve); the fp32 master weights, the critic and both
+    optimizers go to trainer_state/state.pt for resume."""
+    sharded = any(isinstance(p, DTensor) for p in actor.parameters())
+    full = (lambda net: sft.get_model_state_dict(net, options=sft.FULL)) if sharded else (lambda net: net.state_dict())
+    full_opt = (lambda net, opt: sft.get_optimizer_state_dict(net, opt, options=sft.FULL)) if sharded else \
+        (lambda net, opt: opt.state_dict())
+    adapters = lambda net: {k: v for k, v in full(net).items()
+                            if not cfg.lora_rank or k.startswith("head.") or ".A" in k or ".B" in k}
+    actor_state = full(actor)
+    state = {"critic": adapters(critic), "actor_lora": adapters(actor) if cfg.lora_rank else None,
+             "opt_actor": full_opt(actor, opt_a), "opt_critic": full_opt(critic, opt_c), "progress": progress}
+    dtype = sft.save_dtype(cfg.save_dtype, ranks.device)
+    if ranks.rank != 0:
+        return
+    lm = actor.lm
+    if sharded:  # a CPU model from the gathered weights
+        with torch.device("meta"):
+            lm = model.Qwen(actor.lm.config)
+        lm.load_state_dict({k.removeprefix("lm."): v for k, v in actor_state.items()}, assign=True)
+        lm.tie_weights()
+        lm.stop_token_ids = actor.lm.stop_token_ids
+    if dtype != torch.float32 and not cfg.lora_rank:  # the master weights, which the bf16 folder rounds
+        state["actor"] = {k.removeprefix("lm."): v for k, v in actor_state.items()}
     tmp, old = cfg.out + ".tmp", cfg.out + ".old"
     shutil.rmtree(tmp, ignore_errors=True)
-    save_actor(actor, tokenizer, tmp)
+    save_actor(lm, tokenizer, tmp, dtype)
     os.makedirs(os.path.join(tmp, "trainer_state"))
-    trainable = lambda net: {k: v for k, v in net.state_dict().items()
-                             if not cfg.lora_rank or k.startswith("head.") or ".A" in k or ".B" in k}
-    torch.save({"critic": trainable(critic), "actor_lora": trainable(actor) if cfg.lora_rank else None,
-                "opt_actor": opt_a.state_dict(), "opt_critic": opt_c.state_dict(), "progress": progress},
-               os.path.join(tmp, "trainer_state", "state.pt"))
+    torch.save(state, os.path.join(tmp, "trainer_state", "state.pt"))
     with open(os.path.join(tmp, "trainer_state", "progress.json"), "w") as f:
-        json.dump({**progress, "config": dataclasses.asdict(cfg)}, f, indent=1)
+        json.dump({**progress, "config": dataclasses.asdict(cfg), "world_size": ranks.world}, f, indent=1)
     if os.path.exists(cfg.out):
         shutil.rmtree(old, ignore_errors=True)
         os.replace(cfg.out, old)
@@ -532,56 +691,110 @@ def pick_tasks(states, n, seed):
     return [s for s in states if s["task"] in chosen]
 
 
+def build(cfg, init, resume, st, ranks):
+    """The actor (trainable, fp32 master weights), the critic initialised from the policy and the frozen reference,
+    as Actor / Critic modules on this rank; with LoRA a frozen base (bf16 on CUDA) with fp32 adapters and no third
+    copy. Over several ranks without LoRA each is sharded by FSDP2 before any weight is read, and every rank reads the
+    checkpoint tensor by tensor, keeping only its shard. -> actor, critic, ref (None with LoRA), tokenizer"""
+    device, W = ranks.device, ranks.world
+    lm, tokenizer = model.load(init, device, torch.float32, meta=True)
+    checkpointing = cfg.grad_checkpointing or sum(p.numel() for p in lm.parameters()) >= TINY_PARAMS
+    low = torch.bfloat16 if device.type == "cuda" else torch.float32  # weights that are never updated
+    policy = lambda lm: Actor(lm, cfg.temperature, cfg.logits_chunk)
+
+    def make(kind, source, dtype, meta):
+        lm = model.load(source, device, dtype, meta=meta)[0]
+        if kind != "ref" and checkpointing:
+            sft.enable_grad_checkpointing(lm)
+        if kind != "ref" and cfg.lora_rank:
+            add_lora(lm, cfg.lora_rank, cfg.lora_alpha)
+        return Critic(lm, cfg.seed) if kind == "critic" else policy(lm)
+
+    if cfg.lora_rank or W == 1:  # every rank holds the whole model (LoRA: all-reduce of the adapters' gradients)
+        base = low if cfg.lora_rank else torch.float32
+        actor = make("actor", init if cfg.lora_rank or not resume else resume, base, False)
+        critic = make("critic", init, base, False)
+        ref = None if cfg.lora_rank else make("ref", init, torch.float32, False).requires_grad_(False)
+        if st:
+            critic.load_state_dict(st["critic"], strict=not cfg.lora_rank)
+            if cfg.lora_rank:
+                actor.load_state_dict(st["actor_lora"], strict=False)
+            elif st.get("actor"):  # the fp32 master weights of a folder saved in bf16
+                actor.lm.load_state_dict(st["actor"])
+        return actor, critic, ref, tokenizer
+
+    def sharded(kind, dtype, tensors):
+        net = make(kind, init, dtype, True)
+        lm = net.backbone if kind == "critic" else net.lm
+        net = sft.shard(net, lm.model.layers, W, device)
+        net.to_empty(device=device)
+        sft.fill(lm, tensors)
+        return net
+
+    actor = sharded("actor", torch.float32, st["actor"].items() if st and st.get("actor") else
+                    model.weight_tensors(resume or init))
+    critic = sharded("critic", torch.float32, model.weight_tensors(init) if not st else
+                     ((k.removeprefix("backbone."), v) for k, v in st["critic"].items() if k.startswith("backbone.")))
+    head = zip(("weight", "bias"), Critic.head_init(critic.backbone.config.hidden_size, cfg.seed)) if not st else \
+        ((k.removeprefix("head."), v) for k, v in st["critic"].items() if k.startswith("head."))
+    sft.fill(critic.head, head)
+    ref = sharded("ref", low, model.weight_tensors(init)).requires_grad_(False)
+    return actor, critic, ref, tokenizer
+
+
 def train(cfg):
-    device = torch.device(cfg.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    rank, world, device = sft.setup_distributed(cfg)
+    ranks = Ranks(rank, world, device)
+    say = (lambda *a: print(*a, flush=True)) if rank == 0 else (lambda *a: None)
     torch.manual_seed(cfg.seed)  # the adapters' initialisation
     states = load_states(cfg.states)
     if cfg.tasks:
         states = pick_tasks(states, cfg.tasks, cfg.seed)
-        print(f"ppo.py: training on the {len(states)} states of {len({s['task'] for s in states})} task(s): "
-              f"{' '.join(sorted({s['task'] for s in states}))}")
+        say(f"ppo.py: training on the {len(states)} states of {len({s['task'] for s in states})} task(s): "
+            f"{' '.join(sorted({s['task'] for s in states}))}")
+    episodes = max(cfg.batch_size // cfg.episode_steps, 1)
+    if (episodes if cfg.episodic else cfg.batch_size) < world:
+        raise ValueError(f"--batch-size {cfg.batch_size} gives {'episodes' if cfg.episodic else 'states'} to fewer "
+                         f"than the {world} ranks")
     resume = find_resume(cfg.out)
     if resume:
         check_resume_reward(resume, cfg)
-    st = torch.load(os.path.join(resume, "trainer_state", "state.pt"), map_location=device, weights_only=False) \
-        if resume else None
-    progress = st["progress"] if st else {"iteration": 0, "init_model": cfg.model}
+    # mmap: every rank maps the same file and reads only what it uses
+    st = torch.load(os.path.join(resume, "trainer_state", "state.pt"), map_location="cpu", weights_only=False,
+                    mmap=True) if resume else None
+    progress = dict(st["progress"]) if st else {"iteration": 0, "init_model": cfg.model}
     if resume:
-        print(f"ppo.py: resuming from {resume} at iteration {progress['iteration']}")
+        say(f"ppo.py: resuming from {resume} at iteration {progress['iteration']}")
 
-    # the models: actor (trainable, fp32 master weights), frozen reference, critic initialised from the policy
-    init = progress["init_model"]
-    actor, tokenizer = model.load(resume if resume and not cfg.lora_rank else init, device, torch.float32)
-    critic = Critic(model.load(init, device, torch.float32)[0], cfg.seed)
-    ref = None
-    if cfg.lora_rank:
-        add_lora(actor, cfg.lora_rank, cfg.lora_alpha)
-        add_lora(critic.backbone, cfg.lora_rank, cfg.lora_alpha)
-    else:
-        ref = model.load(init, device, torch.float32)[0].requires_grad_(False)
-    vocab = actor.sample_vocab_size
-    cfg = resolve_defaults(cfg, sum(p.numel() for p in actor.parameters()))
-    print(f"ppo.py: actor lr {cfg.actor_lr:g}, critic lr {cfg.critic_lr:g}, critic alone for the first "
-          f"{cfg.critic_warmup} iteration(s)", flush=True)
+    actor, critic, ref, tokenizer = build(cfg, progress["init_model"], resume, st, ranks)
+    sharded = any(isinstance(p, DTensor) for p in actor.parameters())
+    cfg = resolve_defaults(cfg, sum(p.numel() for p in actor.lm.parameters()))
+    say(f"ppo.py: actor lr {cfg.actor_lr:g}, critic lr {cfg.critic_lr:g}, critic alone for the first "
+        f"{cfg.critic_warmup} iteration(s); {world} rank(s) on {device}"
+        f"{' (FSDP2)' if sharded else ' (LoRA, data parallel)' if world > 1 else ''}")
     opt_a = torch.optim.AdamW([p for p in actor.parameters() if p.requires_grad], lr=cfg.actor_lr, eps=cfg.adam_eps,
                               weight_decay=0.0)
     opt_c = torch.optim.AdamW([p for p in critic.parameters() if p.requires_grad], lr=cfg.critic_lr,
                               eps=cfg.adam_eps, weight_decay=0.0)
     if st:
-        critic.load_state_dict(st["critic"], strict=not cfg.lora_rank)
-        if cfg.lora_rank:
-            actor.load_state_dict(st["actor_lora"], strict=False)
-        opt_a.load_state_dict(st["opt_actor"])
-        opt_c.load_state_dict(st["opt_critic"])
-    for s in {s["task"]: s for s in states}.values():  # built-in tasks are prepared here, not racing in threads
-        make_env(s["task"], s["task_dir"], None)
+        for net, opt, key in ((actor, opt_a, "opt_actor"), (critic, opt_c, "opt_critic")):
+            if sharded:  # each rank takes its shard of the gathered optimizer state
+                set_optimizer_state_dict(net, opt, st[key], options=StateDictOptions(full_state_dict=True))
+            else:
+                opt.load_state_dict(st[key])
+    if rank == 0:  # built-in tasks are prepared here, not racing in threads or ranks
+        for s in {s["task"]: s for s in states}.values():
+            make_env(s["task"], s["task_dir"], None)
+    if world > 1:
+        dist.barrier()
     editor = env.recipe_editor if cfg.editor == "recipes" else agent.LLMEditor(agent.make_backend(cfg.editor))
 
     # the schedule: the states pool shuffled once per epoch; an iteration takes the next batch_size states
     starts = [s for s in states if s["step"] == 0] or states
     per_epoch = max(len(states) // cfg.batch_size, 1)
     total = cfg.iterations or max(math.ceil(cfg.epochs * per_epoch), 1)
-    os.makedirs(os.path.dirname(cfg.log) or ".", exist_ok=True)
+    if rank == 0:
+        os.makedirs(os.path.dirname(cfg.log_file) or ".", exist_ok=True)
     pool = ThreadPoolExecutor(cfg.workers)
     for it in range(progress["iteration"], total):
         t0 = last = time.time()
@@ -592,71 +805,90 @@ def train(cfg):
             times[name] += time.time() - last
             last = time.time()
 
-        # 1. sample a batch of states from d^{pi_e}: the pool shuffled per epoch (seeded, so a resumed run agrees)
+        # 1. sample a batch of states from d^{pi_e}: the pool shuffled per epoch (seeded, so a resumed run agrees);
+        #    this rank takes every world-th of them, each sampled with its own seed (the same for any world size)
         epoch, k = divmod(it, per_epoch)
         order = list(range(len(states)))
         random.Random(f"{cfg.seed}:{epoch}").shuffle(order)
         rng = random.Random(f"{cfg.seed}:{it}")
-        torch.manual_seed(cfg.seed * 100003 + it)  # the sampling of step 2
+        seed = lambda g: (cfg.seed * 100003 + it) * 100003 + g
+        policy = rollout_copy(actor, device)  # a full (bf16 on CUDA) copy under FSDP, freed after the rollout
         if cfg.episodic:  # the ablation: episodes from task starts, batch_size actions in all
-            batch = [rng.choice(starts) for _ in range(max(cfg.batch_size // cfg.episode_steps, 1))]
+            batch = [rng.choice(starts) for _ in range(episodes)]
             # 2.-3. the policy acts for whole episodes; each action is executed in its episode's sandbox
-            prompts, tokens, gen_lp, outcomes, nxt = episode_rollout(batch, actor, tokenizer, cfg, pool, editor,
-                                                                     device, timer)
+            prompts, tokens, gen_lp, outcomes, nxt = episode_rollout(
+                batch[rank::world], policy, tokenizer, cfg, pool, editor, device, timer,
+                seeds=[seed(g) for g in range(rank, len(batch), world)])
+            sizes = ranks.gather([len(outcomes)])  # rows per rank (episodes end at different steps)
+            places = [sum(sizes[:rank]) + j for j in range(len(outcomes))]  # the whole batch: rank by rank
         else:
             batch = [states[i] for i in order[k * cfg.batch_size:(k + 1) * cfg.batch_size]]
             # 2. the policy generates one action per state (batched, left-padded, KV cache, log-probs kept)
             # 3. each environment restores its state and executes the action, several sandboxes in parallel
-            prompts, tokens, gen_lp, outcomes, nxt = step_rollout(batch, actor, tokenizer, cfg, pool, editor,
-                                                                  device, timer)
+            prompts, tokens, gen_lp, outcomes, nxt = step_rollout(
+                batch[rank::world], policy, tokenizer, cfg, pool, editor, device, timer,
+                seeds=[seed(g) for g in range(rank, len(batch), world)])
+            places = list(range(rank, len(batch), world))
+        del policy
+        if sharded and device.type == "cuda":
+            torch.cuda.empty_cache()
 
         # 4. reward.py's score on the last token, the KL penalty to the frozen reference on every token
         ids, lengths, mask, prompt_lens = make_batch(prompts, tokens, tokenizer.pad_token_id, device)
         logprobs, ref_logprobs, values = forward_scores(actor, critic, ref, ids, lengths, prompt_lens, mask.shape[1],
-                                                        cfg, device, vocab)
+                                                        cfg, device, ranks)
         logprobs, ref_logprobs, values = logprobs * mask, ref_logprobs * mask, values * mask
-        gen_gap = max((abs(a - b) for row, lps in enumerate(gen_lp) for a, b in
-                       zip(lps, logprobs[row, :len(lps)].tolist())), default=0.0)  # generate vs training forward
+        gen_gap = ranks.max(max((abs(a - b) for row, lps in enumerate(gen_lp) for a, b in
+                                 zip(lps, logprobs[row, :len(lps)].tolist())), default=0.0))  # generate vs forward
         scores = torch.tensor([o["reward"] for o in outcomes], device=device)
         rewards, kl = token_rewards(scores, logprobs, ref_logprobs, mask, cfg.kl_coef)
 
         # 5. the critic's values; GAE (gamma 1, lambda 0.95), in --episodic across the steps of an episode;
-        #    advantages whitened over the valid tokens
+        #    advantages whitened over the valid tokens of the whole batch
         advantages, returns = gae_rows(rewards, values, mask, nxt, cfg.gamma, cfg.lam)
-        advantages = whiten(advantages, mask)
-        ev = explained_variance(values, returns, mask)
+        advantages = whiten(advantages, mask, ranks=ranks)
+        ev = explained_variance(values, returns, mask, ranks)
 
         # 6. clipped policy and value losses over minibatches and epochs
         data = dict(ids=ids, lengths=lengths, starts=prompt_lens, mask=mask, logprobs=logprobs, values=values,
-                    advantages=advantages, returns=returns)
-        upd = ppo_update(actor, critic, opt_a, opt_c, data, cfg, device, vocab,
-                         torch.Generator().manual_seed(cfg.seed * 100003 + it), step_actor=it >= cfg.critic_warmup)
+                    advantages=advantages, returns=returns, rows=places)
+        upd = ppo_update(actor, critic, opt_a, opt_c, data, cfg, device,
+                         torch.Generator().manual_seed(cfg.seed * 100003 + it), step_actor=it >= cfg.critic_warmup,
+                         ranks=ranks)
         timer("update")
 
-        # log: the reward and its breakdown, metric change, KL, PPO statistics, time split
+        # log (the whole batch, gathered from the ranks): reward and its breakdown, metric change, KL, PPO statistics,
+        # time split (rank 0's)
+        outcomes = [o for _, o in sorted(zip(ranks.gather(places), ranks.gather(outcomes)), key=lambda x: x[0])]
         kinds = [o["kind"] for o in outcomes]
         edits = [o for o in outcomes if o["kind"] == "edit" and o["m_new"] is not None and o["m_prev"] is not None]
-        log = {"iteration": it + 1, "states": len(outcomes), "reward": float(scores.mean()),
+        n_tokens = float(ranks.sum(mask.sum()))
+        log = {"iteration": it + 1, "states": len(outcomes), "reward": sum(o["reward"] for o in outcomes) / len(kinds),
+               "rewards": [o["reward"] for o in outcomes],
                **{f"frac_{k}": kinds.count(k) / len(kinds) for k in ("invalid", "error", "corner", "neutral", "edit")},
                "frac_final": kinds.count("final") / len(kinds),
                "frac_improved": sum(o["reward"] > 0 for o in edits) / len(kinds),
                "metric_change": sum(o["m_new"] - o["m_prev"] for o in edits) / len(edits) if edits else 0.0,
-               "kl": float(kl.sum(1).mean()), "response_tokens": float(mask.sum(1).mean()),
+               "kl": float(ranks.sum(kl.sum())) / len(kinds), "response_tokens": n_tokens / len(kinds),
                "explained_variance": ev, "generate_vs_forward_logprob_gap": gen_gap, **upd,
                "time_generate": times["generate"], "time_execute": times["execute"], "time_update": times["update"],
-               "time_total": time.time() - t0,
+               "time_total": time.time() - t0, "world_size": world,
                "actor_updated": it >= cfg.critic_warmup, "reward_config": dataclasses.asdict(cfg.reward)}
-        print(f"it {it + 1}/{total} reward {log['reward']:+.3f} (invalid {log['frac_invalid']:.2f} error "
-              f"{log['frac_error']:.2f} corner {log['frac_corner']:.2f} neutral {log['frac_neutral']:.2f} edit "
-              f"{log['frac_edit']:.2f} improved {log['frac_improved']:.2f}) dmetric {log['metric_change']:+.4f} "
-              f"kl {log['kl']:.4f} clip {log['clipfrac']:.3f} vf {log['vf_loss']:.4f} ev {ev:+.2f} | gen "
-              f"{times['generate']:.1f}s exec {times['execute']:.1f}s update {times['update']:.1f}s", flush=True)
-        with open(cfg.log, "a", encoding="utf-8") as f:
-            f.write(json.dumps(log) + "\n")
+        say(f"it {it + 1}/{total} reward {log['reward']:+.3f} (invalid {log['frac_invalid']:.2f} error "
+            f"{log['frac_error']:.2f} corner {log['frac_corner']:.2f} neutral {log['frac_neutral']:.2f} edit "
+            f"{log['frac_edit']:.2f} improved {log['frac_improved']:.2f}) dmetric {log['metric_change']:+.4f} "
+            f"kl {log['kl']:.4f} clip {log['clipfrac']:.3f} vf {log['vf_loss']:.4f} ev {ev:+.2f} | gen "
+            f"{times['generate']:.1f}s exec {times['execute']:.1f}s update {times['update']:.1f}s")
+        if rank == 0:
+            with open(cfg.log_file, "a", encoding="utf-8") as f:
+                f.write(json.dumps(log) + "\n")
         progress["iteration"] = it + 1
         if (it + 1) % cfg.save_every == 0 or it + 1 == total:
-            save_checkpoint(cfg, actor, tokenizer, critic, opt_a, opt_c, progress)
+            save_checkpoint(cfg, actor, tokenizer, critic, opt_a, opt_c, progress, ranks)
     pool.shutdown()
+    if world > 1:
+        dist.barrier()
+        dist.destroy_process_group()
     return progress
 
 
@@ -688,7 +920,7 @@ class _Parser(argparse.ArgumentParser):
         sys.exit(2)
 
 
-def main(argv=None):
+def parser():
     p = _Parser(prog="ppo.py", description="Step-wise PPO (ML-Agent) over the expert states pool.")
     for f in dataclasses.fields(Config):
         if f.name == "reward":  # reward.py's own flags, below
@@ -700,6 +932,11 @@ def main(argv=None):
             kind = {int: int, float: float, int | None: int, float | None: float}.get(f.type, str)
             p.add_argument(flag, type=kind, default=f.default)
     add_reward_flags(p)
+    return p
+
+
+def main(argv=None):
+    p = parser()
     args = p.parse_args(argv)
     try:
         rc = reward_from_flags(args)
@@ -707,9 +944,11 @@ def main(argv=None):
         p.error(str(e))
     cfg = Config(**{f.name: getattr(args, f.name) for f in dataclasses.fields(Config) if f.name != "reward"}, reward=rc)
     for name in ("batch_size", "num_minibatches", "micro_batch", "update_epochs", "max_new_tokens", "workers",
-                 "episode_steps", "save_every"):
+                 "episode_steps", "save_every", "micro_tokens", "logits_chunk", "gen_batch"):
         if getattr(cfg, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be at least 1")
+    if cfg.save_dtype not in ("auto", "float32"):
+        p.error(f"--save-dtype must be auto or float32, not {cfg.save_dtype!r}")
     if cfg.temperature <= 0 or cfg.epochs <= 0 or cfg.lora_rank < 0 or cfg.iterations < 0 or cfg.tasks < 0:
         p.error("need --temperature > 0, --epochs > 0, --lora-rank >= 0, --iterations >= 0, --tasks >= 0")
     if any(v is not None and not v > 0 for v in (cfg.actor_lr, cfg.critic_lr)) or (cfg.critic_warmup or 0) < 0:

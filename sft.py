@@ -75,6 +75,11 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_optimizer_state_dict,
+                                                     set_optimizer_state_dict)
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor, distribute_tensor
 from torch.utils.checkpoint import checkpoint
 from tqdm import tqdm
 
@@ -91,15 +96,21 @@ class Args:
     warmup_ratio: float = 0.03              # linear warmup over this share of the steps (TRL/LLaMA-Factory recipes)
     weight_decay: float = 0.0               # AdamW decoupled weight decay (HF Trainer default)
     prompt_loss_weight: float | None = None  # loss weight of non-assistant tokens; None: 0 (ML-Agent), 1 from scratch
-    batch_size: int | None = None           # sequences per optimizer step over all ranks; None: 8, 2 from scratch
-    micro_batch: int = 2                    # sequences per forward/backward on one rank; the rest is accumulation
-    max_len: int = 4096                     # longer conversations are cut on the right
+    batch_size: int | None = None           # sequences per optimizer step over all ranks; None: 64 (ML-Agent's
+                                            # effective batch), 2 from scratch
+    micro_batch: int | None = None          # sequences per forward/backward on one rank; the rest is accumulation;
+                                            # None: 1 (16k-token rows), 2 from scratch
+    max_len: int = 16384                    # tokens per conversation; a longer one loses its oldest tokens, never
+                                            # its last assistant turn (ML-Agent's cutoff: 15,000 tokens)
     grad_clip: float = 1.0                  # max global gradient norm (HF Trainer default)
     heldout: float = 0.1                    # share of the conversations kept out for the held-out loss and parse rate
     eval_parse: int = 32                    # held-out prompts answered greedily to measure the parse rate (0: off)
     max_new_tokens: int = 512               # length limit of those responses
     grad_checkpointing: bool = False        # recompute each block's activations in backward (less memory)
-    fsdp: bool = False                      # under torchrun: shard with FSDP2 instead of replicating with DDP
+    fsdp: bool = False                      # under torchrun: shard with FSDP2 instead of replicating with DDP (chosen
+                                            # anyway on CUDA when the training states do not fit one GPU)
+    save_dtype: str = "auto"                # weights of the Hugging Face folders: auto = bfloat16 from CUDA runs
+                                            # (vLLM's dtype=auto reads fp32 as fp16), float32 on CPU; or float32
     resume: str | None = None               # a checkpoint-<step> folder, or "auto": the latest under --out
     seed: int = 0                           # data order, held-out split, from-scratch init
     device: str | None = None               # default: cuda (this rank's GPU) if available, else cpu
@@ -116,23 +127,29 @@ class Args:
 IGNORE = -100  # the label of untrained positions (PyTorch cross_entropy's ignore_index, as HF uses it)
 
 
-def encode_chat(tokenizer, messages, max_len=None):
+def encode_chat(tokenizer, messages, max_len=None, counts=None):
     """-> (ids, labels), lists of the same length; labels are the ids on assistant content + <|im_end|>, else -100.
 
     Each message is rendered `<|im_start|>{role}\\n` + `{content}<|im_end|>` + `\\n` (model.Tokenizer's ChatML) and
     the three pieces are encoded separately, so the label boundary falls exactly between `assistant\\n` (the
     generation prompt, not trained) and the content; the <|im_end|> that ends the turn is trained (it is how the model
     learns to stop), the `\\n` after it is not (generation stops before it). tests/test_sft.py checks the pieces
-    concatenate to the encoding of the whole rendered conversation."""
-    ids, labels = [], []
+    concatenate to the encoding of the whole rendered conversation. Longer than max_len: the oldest tokens go, so
+    the last assistant turn stays whole; if that turn alone does not fit, nothing is labelled (`train` drops the
+    conversation and reports it). counts, a dict: counts["cut"] is incremented when the conversation was cut."""
+    ids, labels, target = [], [], 0
     for m in messages:
         train = m["role"] == "assistant"
+        target = len(ids) if train else target  # where the last assistant turn begins
         for text, on in ((f"<|im_start|>{m['role']}\n", False), (f"{m['content']}<|im_end|>", train), ("\n", False)):
             piece = tokenizer.encode(text)
             ids += piece
             labels += piece if on else [IGNORE] * len(piece)
-    if max_len:
-        ids, labels = ids[:max_len], labels[:max_len]
+    if max_len and len(ids) > max_len:  # cut the oldest tokens, as PPO cuts its prompts: the last turn is the target
+        cut = len(ids) - max_len
+        ids, labels = ids[cut:], labels[cut:] if cut <= target else [IGNORE] * max_len  # no room: nothing to train
+        if counts is not None:
+            counts["cut"] = counts.get("cut", 0) + 1
     return ids, labels
 
 
@@ -255,16 +272,51 @@ def setup_distributed(args):
     return (dist.get_rank() if world > 1 else 0), world, device
 
 
-def wrap(net, args, world, device):
+def shard(net, blocks, world, device):
+    """FSDP2 (fully_shard): each transformer block is one unit, all-gathered for its forward and its backward and
+    freed after; the root unit holds the rest (embeddings, final norm, lm_head, a value head). Parameters, gradients
+    and optimizer states are split over the ranks. On CUDA the gathered copies are bf16 and gradients are reduced in
+    fp32 (MixedPrecisionPolicy); the fp32 shards are the master weights. ppo.py shards its actor, critic and
+    reference with this too. Call it before the weights exist (on the meta device), then `fill` them."""
+    mesh = init_device_mesh(device.type, (world,))
+    bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported()
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else MixedPrecisionPolicy()
+    for block in blocks:
+        fully_shard(block, mesh=mesh, mp_policy=mp)
+    return fully_shard(net, mesh=mesh, mp_policy=mp)
+
+
+def fill(lm, tensors):
+    """Copy checkpoint tensors (name, full CPU tensor), one at a time, into the parameters of the same name; a sharded
+    parameter (a DTensor, after `shard`) keeps only this rank's rows. No rank ever holds the whole model."""
+    params, seen = dict(lm.named_parameters()), set()
+    with torch.no_grad():
+        for name, full in tensors:
+            p = params.get(name)
+            if p is None and name.endswith(("lm_head.weight", "rotary_emb.inv_freq")):
+                continue  # a tied copy of the embedding; a recomputed buffer
+            if p is None or tuple(p.shape) != tuple(full.shape):
+                raise ValueError(f"checkpoint tensor {name}{list(full.shape)} does not match the model")
+            full = full.to(p.dtype)
+            if isinstance(p, DTensor):  # each rank cuts its own shard from the full tensor: no communication
+                p.copy_(distribute_tensor(full.to(p.device_mesh.device_type), p.device_mesh, p.placements,
+                                          src_data_rank=None))
+            else:
+                p.copy_(full)
+            seen.add(name)
+    if set(params) - seen:
+        raise ValueError(f"checkpoint lacks {sorted(set(params) - seen)[:4]}")
+
+
+def too_big_for_one_gpu(n_params, device):
+    """fp32 weights, gradients and AdamW's two moments (16 bytes per parameter) over half the GPU's memory (the other
+    half is for activations): then sharding is chosen without --fsdp."""
+    return device.type == "cuda" and 16 * n_params > 0.5 * torch.cuda.get_device_properties(device).total_memory
+
+
+def wrap(net, world, device):  # several ranks, each with the whole model: DDP
     if world == 1:
         return net
-    if args.fsdp:  # FSDP2: each block is one unit gathered for its forward/backward, the root holds the rest
-        from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import fully_shard
-        mesh = init_device_mesh(device.type, (world,))
-        for block in net.lm.model.layers:
-            fully_shard(block, mesh=mesh)
-        return fully_shard(net, mesh=mesh)
     return nn.parallel.DistributedDataParallel(net, device_ids=[device.index] if device.type == "cuda" else None)
 
 
@@ -285,44 +337,52 @@ def lr_factor(step, warmup, total):
 # Checkpoints: a Hugging Face folder (model.save) + trainer_state.pt, written to a temporary name then renamed
 
 
-def full_state(net, args):
-    """The unwrapped model's full state dict (gathered from the shards under FSDP, on CPU)."""
-    if not args.fsdp or not dist.is_initialized():
-        return None
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-    return get_model_state_dict(net, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)  # gathered on rank 0, in CPU memory
 
 
-def optim_state(net, optim, args):
-    if not args.fsdp or not dist.is_initialized():
-        return optim.state_dict()
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
-    return get_optimizer_state_dict(net, optim, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+def is_sharded(net):
+    return isinstance(net, nn.Module) and any(isinstance(p, DTensor) for p in net.parameters())
 
 
-def save_hf(lm, tokenizer, path, state=None):
-    """model.save into path.tmp, then rename over path: a reader never sees a half-written folder."""
-    if state is not None:  # FSDP: a CPU copy of the model built from the gathered weights
-        with torch.device("meta"):
-            cpu = qwen.Qwen(lm.config)
-        cpu.load_state_dict({k.removeprefix("lm."): v for k, v in state.items()}, assign=True)
-        cpu.tie_weights()
-        cpu.stop_token_ids = lm.stop_token_ids
-        lm = cpu
+def full_state(net):
+    """The model's full state dict: gathered from the shards under FSDP (a collective: every rank calls it; rank 0
+    gets the tensors, on CPU), else the state dict itself."""
+    return get_model_state_dict(net, options=FULL) if is_sharded(net) else unwrap(net).state_dict()
+
+
+def optim_state(net, optim):
+    return get_optimizer_state_dict(net, optim, options=FULL) if is_sharded(net) else optim.state_dict()
+
+
+def save_dtype(name, device):
+    """The dtype of saved weights: bfloat16 from CUDA runs unless float32 is asked for; float32 on CPU."""
+    return torch.float32 if name == "float32" or device.type != "cuda" else torch.bfloat16
+
+
+def save_hf(lm, tokenizer, path, state, dtype):
+    """model.save of the (full) state into path.tmp, in `dtype`; the caller renames it over path."""
+    with torch.device("meta"):
+        cpu = qwen.Qwen(lm.config)
+    cpu.load_state_dict({k.removeprefix("lm."): v for k, v in state.items()}, assign=True)
+    cpu.tie_weights()
+    cpu.stop_token_ids = lm.stop_token_ids
     tmp = path.rstrip("/") + ".tmp"
     shutil.rmtree(tmp, ignore_errors=True)
-    qwen.save(lm, tokenizer, tmp)
+    qwen.save(cpu, tokenizer, tmp, dtype=dtype)
     return tmp
 
 
-def save_checkpoint(net, lm, tokenizer, optim, sched, info, args, rank):
-    """out/checkpoint-<step>/ (weights + trainer_state.pt) and the final folder's files at out/ itself."""
-    state, ostate = full_state(net, args), optim_state(net, optim, args)  # collective under FSDP: every rank
+def save_checkpoint(net, lm, tokenizer, optim, sched, info, args, rank, device):
+    """out/checkpoint-<step>/ (weights + trainer_state.pt) and the final folder's files at out/ itself. Weights saved
+    in bf16 leave the fp32 master weights in trainer_state.pt, so a resume continues exactly."""
+    state, ostate = full_state(net), optim_state(net, optim)  # collective under FSDP: every rank
     if rank != 0:
         return
-    path = os.path.join(args.out, f"checkpoint-{info['step']}")
-    tmp = save_hf(lm, tokenizer, path, state)
-    torch.save({"optimizer": ostate, "scheduler": sched.state_dict(), **info}, os.path.join(tmp, "trainer_state.pt"))
+    path, dtype = os.path.join(args.out, f"checkpoint-{info['step']}"), save_dtype(args.save_dtype, device)
+    tmp = save_hf(lm, tokenizer, path, state, dtype)
+    master = {k.removeprefix("lm."): v for k, v in state.items()} if dtype != torch.float32 else None
+    torch.save({"optimizer": ostate, "scheduler": sched.state_dict(), "master": master, **info},
+               os.path.join(tmp, "trainer_state.pt"))
     shutil.rmtree(path, ignore_errors=True)
     os.replace(tmp, path)
     for name in os.listdir(path):  # the latest weights also at out/ itself, file by file (each rename is atomic)
@@ -439,31 +499,57 @@ def train(args):
     resume = latest_checkpoint(args.out) if args.resume == "auto" else args.resume
     if args.resume == "auto" and resume is None:
         say(f"no checkpoint under {args.out}: starting fresh")
-    st = torch.load(os.path.join(resume, "trainer_state.pt"), weights_only=False, map_location="cpu") if resume else {}
-    if resume or args.model:  # fp32 master weights; autocast computes in bf16
-        lm, tokenizer = qwen.load(resume or args.model, "cpu", torch.float32)
+    # mmap: under torchrun every rank maps the same file and reads only what it uses (optimizer state is 2x the model)
+    st = torch.load(os.path.join(resume, "trainer_state.pt"), weights_only=False, map_location="cpu",
+                    mmap=True) if resume else {}
+    source = resume or args.model
+    if source:  # on the meta device first: the weights are read once it is known whether they are sharded
+        lm, tokenizer = qwen.load(source, "cpu", torch.float32, meta=True)
     else:
         lm, tokenizer = scratch_model([rows[i] for i in train_idx], args)
     from_scratch = st.get("scratch", False) if resume else args.model is None
     epochs = args.epochs or (8 if from_scratch else 2)  # ML-Agent: 2 epochs; from scratch: our choice
     lr = args.lr or (3e-3 if from_scratch else 2e-5)  # ML-Agent: 2e-5; from scratch: our choice
-    batch_size = args.batch_size or (2 if from_scratch else 8)  # the paper gives none; from scratch: more steps
+    batch_size = args.batch_size or (2 if from_scratch else 64)  # ML-Agent: effective batch 64; from scratch: ours
+    micro = args.micro_batch or (2 if from_scratch else 1)
+    args = dataclasses.replace(args, micro_batch=micro)
     prompt_weight = args.prompt_loss_weight  # ML-Agent: assistant tokens only; from scratch: the prompt too (ours)
     if prompt_weight is None:  # a resumed run keeps its weight (checkpoints from before this option: 0)
         prompt_weight = st.get("prompt_weight", 0.0) if resume else float(from_scratch)
-    lm.to(device).train()
+    if batch_size < micro * world:
+        raise ValueError(f"--batch-size {batch_size} < --micro-batch {micro} x {world} ranks")
     if args.grad_checkpointing:
         enable_grad_checkpointing(lm)
+    net = SFTModel(lm, prompt_weight)
+    sharded = world > 1 and (args.fsdp or too_big_for_one_gpu(sum(p.numel() for p in lm.parameters()), device))
+    master = st.get("master")  # fp32 weights of a checkpoint saved in bf16
+    if sharded:
+        net = shard(net, lm.model.layers, world, device)
+        if source:  # each rank reads the checkpoint tensor by tensor and keeps its shard
+            net.to_empty(device=device)
+            lm.tie_weights()
+            fill(lm, master.items() if master else qwen.weight_tensors(source))
+    else:
+        if source:
+            lm, tokenizer = qwen.load(source, device, torch.float32)  # fp32 master weights; autocast computes in bf16
+            if master:
+                lm.load_state_dict(master)
+            if args.grad_checkpointing:
+                enable_grad_checkpointing(lm)
+            net = SFTModel(lm, prompt_weight)
+        net = wrap(net.to(device), world, device)
+    net.train()
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    data = [encode_chat(tokenizer, r["messages"], args.max_len) for r in rows]
+    counts = {"cut": 0}
+    data = [encode_chat(tokenizer, r["messages"], args.max_len, counts) for r in rows]
     train_set = [data[i] for i in train_idx if any(y != IGNORE for y in data[i][1][1:])]
+    dropped = len(train_idx) - len(train_set)
+    if not train_set:
+        raise ValueError(f"{args.data}: no conversation keeps an assistant turn within --max-len {args.max_len}")
     held_set = [data[i] for i in held_idx]
-    net = wrap(SFTModel(lm, prompt_weight), args, world, device)
     optim = torch.optim.AdamW(net.parameters(), lr=lr, betas=(0.9, 0.999), weight_decay=args.weight_decay,
                               fused=device.type == "cuda")
-    per_rank = batch_size // world // args.micro_batch  # micro-batches per rank per optimizer step
-    if per_rank < 1:
-        raise ValueError(f"--batch-size {batch_size} < --micro-batch {args.micro_batch} x {world} ranks")
+    per_rank = batch_size // world // micro  # micro-batches per rank per optimizer step
     lengths = [len(x) for x, _ in train_set]
     n_micro = len(micro_batches(lengths, args.micro_batch, args.seed, 0)) // world  # per rank, same on every rank
     steps_per_epoch = math.ceil(n_micro / per_rank)
@@ -472,8 +558,7 @@ def train(args):
     sched = torch.optim.lr_scheduler.LambdaLR(optim, lambda s: lr_factor(s, warmup, total))
     step = 0
     if resume:
-        if args.fsdp and world > 1:
-            from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+        if sharded:
             set_optimizer_state_dict(net, optim, st["optimizer"], options=StateDictOptions(full_state_dict=True))
         else:
             optim.load_state_dict(st["optimizer"])
@@ -482,8 +567,9 @@ def train(args):
         say(f"resumed from {resume} at step {step} (epoch {st['epoch']})")
     say(f"sft: {len(train_set)} train / {len(held_set)} held-out conversations, {epochs} epochs x {steps_per_epoch} "
         f"steps, lr {lr:g}{' (from scratch)' if from_scratch else ''}, prompt loss weight {prompt_weight:g}, "
-        f"{world} rank(s) on {device}, "
-        f"{sum(p.numel() for p in lm.parameters()) / 1e6:.2f}M params")
+        f"{world} rank(s) on {device}{' (FSDP2)' if sharded else ''}, "
+        f"{sum(p.numel() for p in lm.parameters()) / 1e6:.2f}M params; {counts['cut']} conversation(s) cut to "
+        f"--max-len {args.max_len} (oldest tokens), {dropped} dropped (the last assistant turn alone is longer)")
     os.makedirs(args.out, exist_ok=True)
     log = open(os.path.join(args.out, "log.jsonl"), "a") if rank == 0 else None
     start, tokens, train_loss, held = time.time(), 0, float("nan"), float("nan")
@@ -509,17 +595,26 @@ def train(args):
         info = {"step": step, "epoch": epoch + 1, "scratch": from_scratch, "prompt_weight": prompt_weight,
                 "train_loss": train_loss,
                 "heldout_loss": held, "args": dataclasses.asdict(args)}
-        save_checkpoint(net, lm, tokenizer, optim, sched, info, args, rank)
+        save_checkpoint(net, lm, tokenizer, optim, sched, info, args, rank, device)
     bar.close()
     seconds = time.time() - start
     summary = {"out": args.out, "steps": step, "epochs": epochs, "lr": lr, "batch_size": batch_size,
-               "prompt_loss_weight": prompt_weight,
+               "micro_batch": micro, "prompt_loss_weight": prompt_weight, "cut": counts["cut"], "dropped": dropped,
                "train_loss": train_loss, "heldout_loss": held, "seconds": round(seconds, 1),
                "tokens_per_s": round(tokens / seconds)}
-    if rank == 0 and args.eval_parse and held_idx and step > 0:
+    if args.eval_parse and held_idx and step > 0:
+        if world > 1:
+            dist.barrier()  # rank 0 has written the checkpoint
         ev, ev_tok = qwen.load(args.out, device)  # the checkpoint just written, as ppo.py / eval.py will load it
-        rate, same = parse_rate(ev, ev_tok, [rows[i] for i in held_idx[:args.eval_parse]], args.max_new_tokens)
-        summary.update(parse_rate=rate, same_action_as_expert=same, parse_states=min(len(held_idx), args.eval_parse))
+        mine = held_idx[:args.eval_parse][rank::world]  # each rank answers its share: no rank waits at a barrier
+        counts_ok = torch.tensor(parse_rate(ev, ev_tok, [rows[i] for i in mine], args.max_new_tokens),
+                                 device=device) * len(mine)
+        if world > 1:
+            dist.all_reduce(counts_ok)
+        n = min(len(held_idx), args.eval_parse)
+        rate, same = (counts_ok / n).tolist()
+        del ev
+        summary.update(parse_rate=rate, same_action_as_expert=same, parse_states=n)
         say(f"held-out parse rate: {rate:.1%} of {summary['parse_states']} greedy responses parse as a valid action "
             f"({same:.1%} choose the expert's action)")
     if log:
@@ -540,7 +635,7 @@ class _Parser(argparse.ArgumentParser):
         sys.exit(2)
 
 
-def parse_args(argv=None):
+def parser():
     p = _Parser(prog="sft.py", description="Supervised fine-tuning on chat JSONL, loss on assistant tokens.")
     for f in dataclasses.fields(Args):
         flag = "--" + f.name.replace("_", "-")
@@ -552,11 +647,18 @@ def parse_args(argv=None):
         else:
             kind = next(t for t in (int, float, str) if t is f.type or t in typing.get_args(f.type))
             p.add_argument(flag, type=kind, default=f.default, help=f"(default {f.default})")
+    return p
+
+
+def parse_args(argv=None):
+    p = parser()
     args = Args(**vars(p.parse_args(argv)))
     if not os.path.exists(args.data):
         p.error(f"{args.data} not found (run python collect.py first, or pass --data)")
     if args.resume not in (None, "auto") and not os.path.exists(os.path.join(args.resume, "trainer_state.pt")):
         p.error(f"{args.resume} is not a checkpoint folder (no trainer_state.pt)")
+    if args.save_dtype not in ("auto", "float32"):
+        p.error(f"--save-dtype must be auto or float32, not {args.save_dtype!r}")
     for name in ("batch_size", "micro_batch", "max_len", "max_new_tokens", "scratch_vocab"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1")

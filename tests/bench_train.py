@@ -133,7 +133,7 @@ def bench_ppo(args):
         policy = tmp / "tiny"
         model.save(model.Qwen(model.tiny_config(vocab_size=len(tok))), tok, policy)
     cfg = ppo.Config(model=str(policy), states=str(states_path), out=str(tmp / "ckpt"),
-                     log=str(tmp / "log.jsonl"), iterations=1, batch_size=args.ppo_batch,
+                     log_file=str(tmp / "log.jsonl"), iterations=1, batch_size=args.ppo_batch,
                      max_new_tokens=args.ppo_new_tokens, device="cpu")
     ppo.train(cfg)
     log = json.loads((tmp / "log.jsonl").read_text().splitlines()[-1])

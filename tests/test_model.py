@@ -367,6 +367,21 @@ def test_greedy_generation_matches_transformers(ckpt):
     assert [len(lp) for lp in g.logprobs] == [len(s) for s in g.tokens]
 
 
+def test_chunked_prefill_and_per_row_seeds(ckpt):
+    """Prompts entering the cache 2 positions at a time give the same greedy tokens and log-probs as one prefill; with
+    per-row seeds a row samples the same tokens whichever rows share its batch (and another seed changes them)."""
+    prompts, n = prompts_for(ckpt.tok), 8
+    kw = dict(max_new_tokens=n, stop_token_ids=[], pad_token_id=ckpt.pad)
+    whole, chunked = (ckpt.ours.generate(prompts, temperature=0.0, prefill_chunk=c, **kw) for c in (2048, 2))
+    assert chunked.tokens == whole.tokens and max(len(p) for p in prompts) > 2
+    for a, b in zip(chunked.logprobs, whole.logprobs):
+        torch.testing.assert_close(torch.tensor(a), torch.tensor(b), atol=1e-5, rtol=0)
+    batch = ckpt.ours.generate(prompts, temperature=1.0, seeds=[7, 8, 9], **kw)
+    alone = ckpt.ours.generate(prompts[1:2], temperature=1.0, seeds=[8], **kw)
+    other = ckpt.ours.generate(prompts[1:2], temperature=1.0, seeds=[80], **kw)
+    assert alone.tokens[0] == batch.tokens[1] and other.tokens[0] != batch.tokens[1]
+
+
 def test_kv_cache_logprobs_match_full_forward(ckpt):
     prompts, n = prompts_for(ckpt.tok), 10
     with full_vocab(ckpt.ours) as m:

@@ -3,6 +3,8 @@
 - branch labels R(c) = max over the subtree and the preference groups of a hand-built tree (both metric directions);
 - the ranking loss equals DPO's formula for two children, a hand computation for three, skips ties;
 - one gradient step on a tiny model raises the winner's log-ratio and the margin;
+- a bf16 checkpoint trains in fp32 master weights (AdamW's 1e-5 steps move nearly every weight) and the trained
+  checkpoint is saved back in bf16;
 - a scripted run: every stand-in message goes through the real parsers, the Orchestrator's prompt grows by a bounded
   amount per attempt while the monolithic agent's grows much faster; the best attempt and its submission file are
   tracked; runs resume;
@@ -16,6 +18,7 @@ import json
 import math
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -242,6 +245,54 @@ def test_online_iteration_with_the_policy_as_collector(tmp_path):
     assert final == tmp_path / "train" / "ckpt-1" and (final / "model.safetensors").exists()
     assert len(tree["nodes"]) == 3 and all(n.get("error") for n in tree["nodes"][1:])
     assert orc.preference_groups(tree) == []
+
+
+def test_bf16_checkpoint_trains_fp32_master_weights_and_is_saved_in_bf16(tmp_path, monkeypatch):
+    """When the checkpoint is bf16, the orchestrator's master weights are fp32. model.load's default dtype on CUDA is
+    the checkpoint's torch_dtype, imitated here on CPU; at lr 1e-5 AdamW's steps are below bf16's resolution, so in
+    bf16 weights most of them round away. The trained checkpoint is written back in bf16."""
+    import model
+    messages = [{"role": "user", "content": "Attempts so far: #0 starter | score 0.8"}]
+    win = '{"tool_calls": [{"name": "refine", "arguments": {"parent": 0, "instruction": "use a forest"}}]}'
+    lose = '{"tool_calls": [{"name": "finish", "arguments": {"reason": "done"}}]}'
+    lm, tok = orc.tiny_orchestrator([messages[0]["content"], win, lose], vocab_size=300)
+    model.save(lm, tok, str(tmp_path / "ckpt"), dtype=torch.bfloat16)
+    node = {"calls": [], "status": "done", "prompt": None}
+    tree = {"task": TASK, "higher_is_better": True, "next_id": 1,  # a finished tree: train_loop collects nothing
+            "attempts": {"0": {"id": 0, "parent": None, "messages": [], "score": 0.8}},
+            "nodes": [{**node, "id": 0, "parent": None, "depth": 0, "decision": None, "prompt": messages, "score": 0.8},
+                      {**node, "id": 1, "parent": 0, "depth": 1, "decision": win, "score": 0.9},
+                      {**node, "id": 2, "parent": 0, "depth": 1, "decision": lose, "score": None, "finished": True}]}
+    (tmp_path / "train").mkdir()
+    (tmp_path / "train" / "tree-0.json").write_text(json.dumps(tree))
+
+    load = model.load
+    monkeypatch.setattr(model, "load", lambda path, device=None, dtype=None, **kw: load(  # CUDA's default, on CPU
+        path, device, dtype or json.loads((Path(path) / "config.json").read_text())["torch_dtype"], **kw))
+    trained, before, dtypes = [], [], set()
+
+    class SpyAdamW(torch.optim.AdamW):
+        def __init__(self, params, **kw):
+            trained.extend(params)
+            before.extend(p.detach().float().clone() for p in trained)
+            super().__init__(trained, **kw)
+
+        def step(self, closure=None):
+            dtypes.update(p.dtype for g in self.param_groups for p in g["params"] if p.requires_grad)
+            return super().step(closure)
+    monkeypatch.setattr(torch.optim, "AdamW", SpyAdamW)
+    c = cfg(depth=1, iterations=1, epochs=4)  # the config's lr (1e-5): 4 steps on the one preference group
+    final = orc.train_loop(c, str(tmp_path / "ckpt"), "scripted", orc.RecipeCoder(), tmp_path / "train",
+                           log=lambda *_: 0)
+    # (a) the policy's trainable parameters are fp32 master weights while it trains
+    assert len(trained) == len(list(lm.parameters()))
+    assert dtypes == {torch.float32}, dtypes
+    # (c) the updates land: nearly every element of every weight matrix moved (bf16 weights: about 15%)
+    moved = [(p.detach().float() != b).float().mean().item() for p, b in zip(trained, before) if p.dim() == 2]
+    assert moved and min(moved) > 0.9, moved
+    # (b) the trained checkpoint is stored in the dtype the run started from
+    assert json.loads((final / "config.json").read_text())["torch_dtype"] == "bfloat16"
+    assert {t.dtype for t in model.read_safetensors(str(final / "model.safetensors")).values()} == {torch.bfloat16}
 
 
 # ------------------------------------------------------------------------------------------------- trees

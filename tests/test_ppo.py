@@ -24,6 +24,8 @@ import copy
 import dataclasses
 import json
 import math
+import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -35,6 +37,7 @@ import collect
 import env
 import model
 import ppo
+import sft
 from reward import RewardConfig
 
 ROOT = Path(ppo.__file__).resolve().parent
@@ -170,21 +173,21 @@ def test_kl_is_zero_when_policy_equals_reference(tiny):
     ids, lengths, mask, starts = ppo.make_batch(prompts, gen.tokens, 0, "cpu")
     critic = ppo.Critic(copy.deepcopy(lm))
     cfg = ppo.Config(micro_batch=2, temperature=0.7)
-    lp, ref_lp, values = ppo.forward_scores(lm, critic, copy.deepcopy(lm), ids, lengths, starts, mask.shape[1], cfg,
-                                            torch.device("cpu"), lm.sample_vocab_size)
+    lp, ref_lp, values = ppo.forward_scores(ppo.Actor(lm, 0.7), critic, ppo.Actor(copy.deepcopy(lm), 0.7), ids,
+                                            lengths, starts, mask.shape[1], cfg, torch.device("cpu"))
     _, kl = ppo.token_rewards(torch.zeros(3), lp * mask, ref_lp * mask, mask, 0.05)
     assert (kl == 0).all() and (lp * mask).abs().sum() > 0 and values.shape == mask.shape
 
 
 def test_ratio_is_one_on_the_first_minibatch_only(tiny):
     lm, _ = tiny
-    actor, ref = copy.deepcopy(lm), copy.deepcopy(lm)
-    critic = ppo.Critic(copy.deepcopy(lm))
-    prompts, gen = rollout(actor, seed=2)
-    ids, lengths, mask, starts = ppo.make_batch(prompts * 2, gen.tokens * 2, 0, "cpu")
     cfg = ppo.Config(micro_batch=2, num_minibatches=3, update_epochs=2, actor_lr=1e-2, critic_lr=1e-2)
+    actor, ref = ppo.Actor(copy.deepcopy(lm), cfg.temperature), ppo.Actor(copy.deepcopy(lm), cfg.temperature)
+    critic = ppo.Critic(copy.deepcopy(lm))
+    prompts, gen = rollout(actor.lm, seed=2)
+    ids, lengths, mask, starts = ppo.make_batch(prompts * 2, gen.tokens * 2, 0, "cpu")
     dev = torch.device("cpu")
-    scores = ppo.forward_scores(actor, critic, ref, ids, lengths, starts, mask.shape[1], cfg, dev, 512)
+    scores = ppo.forward_scores(actor, critic, ref, ids, lengths, starts, mask.shape[1], cfg, dev)
     lp, ref_lp, values = (x * mask for x in scores)
     rewards, _ = ppo.token_rewards(torch.tensor([1.0, -1.0, 0.0] * 2), lp, ref_lp, mask, cfg.kl_coef)
     adv, ret = ppo.gae(rewards, values, mask, 1.0, 0.95)
@@ -192,31 +195,31 @@ def test_ratio_is_one_on_the_first_minibatch_only(tiny):
                 advantages=ppo.whiten(adv, mask), returns=ret)
     opt_a = torch.optim.AdamW(actor.parameters(), lr=cfg.actor_lr)
     opt_c = torch.optim.AdamW(critic.parameters(), lr=cfg.critic_lr)
-    stats = ppo.ppo_update(actor, critic, opt_a, opt_c, data, cfg, dev, 512, torch.Generator().manual_seed(0))
+    stats = ppo.ppo_update(actor, critic, opt_a, opt_c, data, cfg, dev, torch.Generator().manual_seed(0))
     assert stats["ratio_first_minibatch_max_dev"] < 1e-5
     assert stats["approx_kl"] > 0  # later minibatches see a moved policy: the ratio is not 1 there
     with torch.no_grad():
-        after = ppo.response_logprobs(actor, ids, lengths, starts, cfg.temperature, 512)
+        after = actor(ids, lengths, starts)
     assert ((after - lp).abs() * mask).max() > 1e-3
 
 
 def test_critic_warmup_leaves_the_actor_and_fits_the_critic(tiny):
     lm, _ = tiny
-    actor, ref, critic = copy.deepcopy(lm), copy.deepcopy(lm), ppo.Critic(copy.deepcopy(lm))
-    prompts, gen = rollout(actor, seed=2)
-    ids, lengths, mask, starts = ppo.make_batch(prompts, gen.tokens, 0, "cpu")
     cfg = ppo.Config(micro_batch=2, actor_lr=1e-2, critic_lr=1e-2)
+    actor, ref = ppo.Actor(copy.deepcopy(lm), cfg.temperature), ppo.Actor(copy.deepcopy(lm), cfg.temperature)
+    critic = ppo.Critic(copy.deepcopy(lm))
+    prompts, gen = rollout(actor.lm, seed=2)
+    ids, lengths, mask, starts = ppo.make_batch(prompts, gen.tokens, 0, "cpu")
     dev = torch.device("cpu")
     lp, ref_lp, values = (x * mask for x in ppo.forward_scores(actor, critic, ref, ids, lengths, starts, mask.shape[1],
-                                                               cfg, dev, 512))
+                                                               cfg, dev))
     rewards, _ = ppo.token_rewards(torch.tensor([1.0, -1.0, 0.0]), lp, ref_lp, mask, cfg.kl_coef)
     adv, ret = ppo.gae(rewards, values, mask, 1.0, 0.95)
     data = dict(ids=ids, lengths=lengths, starts=starts, mask=mask, logprobs=lp, values=values,
                 advantages=ppo.whiten(adv, mask), returns=ret)
     before_a, before_c = copy.deepcopy(actor.state_dict()), copy.deepcopy(critic.state_dict())
     opt_a, opt_c = torch.optim.AdamW(actor.parameters(), lr=1e-2), torch.optim.AdamW(critic.parameters(), lr=1e-2)
-    ppo.ppo_update(actor, critic, opt_a, opt_c, data, cfg, dev, 512, torch.Generator().manual_seed(0),
-                   step_actor=False)
+    ppo.ppo_update(actor, critic, opt_a, opt_c, data, cfg, dev, torch.Generator().manual_seed(0), step_actor=False)
     assert all(torch.equal(v, before_a[k]) for k, v in actor.state_dict().items())  # the policy did not move
     assert all(p.grad is None for p in actor.parameters())  # and no stale gradient waits for the next step
     assert not torch.equal(critic.head.weight, before_c["head.weight"])  # the critic did
@@ -302,7 +305,7 @@ def test_episodic_rollout_links_the_steps_of_each_episode(pool, monkeypatch):
     _, _, states = pool
     seen = []
 
-    def fake_generate(lm, tokenizer, messages, cfg, device):  # the policy always lists the files
+    def fake_generate(lm, tokenizer, messages, cfg, device, seeds=None):  # the policy always lists the files
         seen.append(messages)
         return [[1, 2]] * len(messages), [[4, 5, 6]] * len(messages), [[-0.1] * 3] * len(messages), \
             [LIST] * len(messages)
@@ -322,7 +325,7 @@ def test_episodic_rollout_links_the_steps_of_each_episode(pool, monkeypatch):
 @pytest.mark.parametrize("episodic", [False, True])
 def test_reward_config_reaches_the_rollouts(pool, monkeypatch, episodic):
     _, _, states = pool
-    monkeypatch.setattr(ppo, "generate", lambda lm, tokenizer, messages, cfg, device: (
+    monkeypatch.setattr(ppo, "generate", lambda lm, tokenizer, messages, cfg, device, seeds=None: (
         [[1, 2]] * len(messages), [[4, 5]] * len(messages), [[-0.1] * 2] * len(messages),
         ["no format at all"] * len(messages)))
     rollout_ = ppo.episode_rollout if episodic else ppo.step_rollout
@@ -373,7 +376,7 @@ def run_ppo(*args, cwd):
 @pytest.mark.slow
 def test_ppo_end_to_end_writes_a_loadable_checkpoint_and_resumes(pool):
     out, _, states = pool
-    common = ["--model", out / "tiny", "--states", out / "states.jsonl", "--out", out / "ckpt", "--log",
+    common = ["--model", out / "tiny", "--states", out / "states.jsonl", "--out", out / "ckpt", "--log-file",
               out / "log.jsonl", "--batch-size", 2, "--num-minibatches", 2, "--micro-batch", 1, "--max-new-tokens",
               8, "--workers", 2, "--actor-lr", 1e-3, "--critic-warmup", 0]  # no warm-up: the actor steps at once
     r = run_ppo(*common, "--iterations", 1, cwd=out)
@@ -403,7 +406,7 @@ def test_ppo_end_to_end_writes_a_loadable_checkpoint_and_resumes(pool):
 @pytest.mark.slow
 def test_episodic_run_of_two_iterations_in_one_process(pool, tmp_path):
     out, _, _ = pool
-    r = run_ppo("--model", out / "tiny", "--states", out / "states.jsonl", "--out", tmp_path / "ckpt", "--log",
+    r = run_ppo("--model", out / "tiny", "--states", out / "states.jsonl", "--out", tmp_path / "ckpt", "--log-file",
                 tmp_path / "log.jsonl", "--episodic", "--episode-steps", 2, "--batch-size", 4, "--micro-batch", 2,
                 "--max-new-tokens", 8, "--workers", 2, "--iterations", 2, cwd=out)
     assert r.returncode == 0, r.stderr
@@ -423,3 +426,129 @@ def test_usage_errors_exit_2_with_one_line(args, pool, tmp_path, capsys):
         ppo.main([x for kv in base.items() for x in kv])  # each is caught before any model is loaded
     err = capsys.readouterr().err
     assert exit_.value.code == 2 and len(err.strip().splitlines()) == 1 and "ppo.py: error" in err
+
+
+# ------------------------------------------------------------------------------- torchrun: 2 gloo processes on CPU
+
+def torchrun(cfg, nproc=2):
+    """ppo.py under torchrun (as the README runs it), every field of cfg as its flag; -> the completed process."""
+    flags = []
+    for f in dataclasses.fields(cfg):
+        v = getattr(cfg, f.name)
+        if f.name == "reward" or v is None or v is False:
+            continue
+        flags += [f"--{f.name.replace('_', '-')}"] + ([] if v is True else [str(v)])
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
+                        "--master_port", str(_free_port()), str(ROOT / "ppo.py"), *flags], capture_output=True,
+                       text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert r.returncode == 0, r.stderr[-3000:]
+    return r
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _weights(folder):
+    return {k: v.float() for k, v in model.load(folder, "cpu")[0].state_dict().items()}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("lora", [0, 2])
+def test_two_gloo_ranks_match_one_process(pool, tmp_path, lora):
+    """The batch of 3 states split over 2 ranks (2 + 1 rows; FSDP2 without LoRA, data-parallel adapters with it) gives
+    the same rewards and,
+    after one iteration, the same weights as one process on the whole batch. Tolerance: 1e-5 absolute, 1% of one
+    Adam step at lr 1e-3 (the sums run in another order)."""
+    out, _, _ = pool
+    cfg = lambda name, **kw: ppo.Config(
+        model=str(out / "tiny"), states=str(out / "states.jsonl"), out=str(tmp_path / name),
+        log_file=str(tmp_path / f"{name}.jsonl"), batch_size=3, num_minibatches=2, micro_batch=1, max_new_tokens=8,
+        workers=1, iterations=1, actor_lr=1e-3, critic_lr=1e-3, critic_warmup=0, lora_rank=lora,
+        grad_checkpointing=True, device="cpu", max_grad_norm=1e9, **kw)  # no clipping: Adam's moments keep |g|
+    ppo.train(cfg("one"))
+    torchrun(cfg("two"))
+    one, two = (json.loads((tmp_path / f"{n}.jsonl").read_text().splitlines()[-1]) for n in ("one", "two"))
+    assert two["world_size"] == 2 and one["world_size"] == 1 and two["states"] == one["states"] == 3
+    assert two["rewards"] == one["rewards"]  # each state sampled with its own seed, on whichever rank
+    assert two["response_tokens"] == one["response_tokens"]
+    assert two["pg_loss"] == pytest.approx(one["pg_loss"], abs=1e-5)
+    assert two["vf_loss"] == pytest.approx(one["vf_loss"], rel=1e-4)
+    w1, w2, w0 = _weights(tmp_path / "one"), _weights(tmp_path / "two"), _weights(out / "tiny")
+    for k in w1:
+        torch.testing.assert_close(w2[k], w1[k], rtol=0, atol=1e-5)
+    assert max(float((w1[k] - w0[k]).abs().max()) for k in w1) > 1e-4  # the update did move the actor
+    s1, s2 = (torch.load(tmp_path / n / "trainer_state" / "state.pt", weights_only=False) for n in ("one", "two"))
+    for k in s1["critic"]:
+        torch.testing.assert_close(s2["critic"][k].float(), s1["critic"][k].float(), rtol=0, atol=1e-5)
+    for key in ("opt_actor", "opt_critic"):  # the first moments are 0.1 g: the gradients themselves agree
+        m1, m2 = (torch.cat([o["state"][i]["exp_avg"].flatten() for i in o["param_groups"][0]["params"]])
+                  for o in (s1[key], s2[key]))
+        torch.testing.assert_close(m2, m1, rtol=1e-3, atol=1e-7)
+        assert m1.abs().max() > 1e-5
+
+
+@pytest.mark.slow
+def test_two_gloo_ranks_resume_and_write_what_transformers_loads(pool, tmp_path):
+    transformers = pytest.importorskip("transformers")
+    out, _, _ = pool
+    cfg = lambda n: ppo.Config(model=str(out / "tiny"), states=str(out / "states.jsonl"), out=str(tmp_path / "ckpt"),
+                               log_file=str(tmp_path / "log.jsonl"), batch_size=2, num_minibatches=1, micro_batch=1,
+                               max_new_tokens=6, workers=1, iterations=n, critic_warmup=0, device="cpu")
+    torchrun(cfg(1))
+    state = torch.load(tmp_path / "ckpt" / "trainer_state" / "state.pt", weights_only=False)
+    assert state["progress"]["iteration"] == 1 and "head.weight" in state["critic"]
+    assert state["opt_actor"]["state"]  # the gathered optimizer state, to resume from
+    again = torchrun(cfg(2)).stdout
+    assert "resuming from" in again and "it 2/2" in again and "it 1/2" not in again
+    assert [json.loads(x)["iteration"] for x in (tmp_path / "log.jsonl").read_text().splitlines()] == [1, 2]
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "ckpt")
+    ours, _ = model.load(tmp_path / "ckpt", "cpu")
+    ids = torch.tensor([[5, 6, 7, 8]])
+    with torch.no_grad():
+        torch.testing.assert_close(hf(ids).logits.float(), ours(ids), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("script", [ppo, sft])
+def test_every_flag_passes_through_torchrun_unchanged(script):
+    """torchrun's own parser matches abbreviations of its options anywhere on the line: a script flag that is a
+    prefix of two of them (ppo.py's old --log: --log-dir, --logs-specs) stopped the launch with "ambiguous option"."""
+    from torch.distributed.run import get_args_parser
+    flags = [s for a in script.parser()._actions for s in a.option_strings if s.startswith("--") and s != "--help"]
+    assert len(flags) > 20
+    for flag in flags:
+        for form in ([flag, "1"], [f"{flag}=1"]):
+            args = get_args_parser().parse_args(["--nproc_per_node", "2", f"{script.__name__}.py", *form])
+            assert args.training_script_args == form, flag
+
+
+def readme_torchrun_lines():
+    lines = [line.split("#")[0].split() for line in (ROOT / "README.md").read_text().splitlines()]
+    return [line for line in lines if line[:1] == ["torchrun"]]
+
+
+@pytest.mark.slow
+def test_the_readmes_torchrun_lines_run_with_their_flags(pool, tmp_path):
+    """Each torchrun line of the README, on 2 CPU processes with the tiny model in place of the 7B one and paths under
+    tmp_path; the line's own flags are all passed, and a few appended ones (the last wins) keep it to seconds."""
+    out, _, states = pool
+    chats = tmp_path / "sft.jsonl"
+    chats.write_text("".join(json.dumps({"messages": s["messages"] + [{"role": "assistant", "content": LIST}]}) + "\n"
+                             for s in states * 4))
+    lines = readme_torchrun_lines()
+    assert {line[3] for line in lines} == {"sft.py", "ppo.py"}
+    for line in lines:
+        line = [str(out / "tiny") if x.startswith(("Qwen/", "runs/ckpt/")) else x for x in line]
+        line[line.index("--nproc_per_node") + 1] = "2"
+        script = line[3]
+        extra = (["--data", str(chats), "--out", str(tmp_path / "sft"), "--epochs", "1", "--eval-parse", "2",
+                  "--max-new-tokens", "4"] if script == "sft.py" else
+                 ["--states", str(out / "states.jsonl"), "--out", str(tmp_path / "ppo"), "--iterations", "1",
+                  "--max-new-tokens", "8", "--workers", "1", "--log-file", str(tmp_path / "ppo.jsonl")])
+        r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--master_port", str(_free_port()),
+                            *line[1:3], str(ROOT / script), *line[4:], *extra], capture_output=True, text=True,
+                           timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        assert r.returncode == 0, (line, r.stderr[-3000:])
+        assert "2 rank(s)" in r.stdout, line

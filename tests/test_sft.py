@@ -108,6 +108,33 @@ def test_labels_cover_assistant_content_and_im_end_only(tok, turns):
     assert spans[0][0] == first and ids[spans[0][1] - 1] == tok.im_end_id
 
 
+def test_truncation_cuts_the_oldest_tokens_and_keeps_the_last_assistant_turn(tok):
+    msgs = conversation(random.Random(3), 2)
+    ids, labels = sft.encode_chat(tok, msgs)
+    answer = tok.encode(msgs[-1]["content"] + "<|im_end|>")
+    tail = len(answer) + 1 + len(tok.encode("<|im_start|>assistant\n"))  # the last turn: header, answer, "\n"
+    counts = {}
+    for max_len in (len(ids) - 1, tail + 3, tail):  # cut a little; to just the last turn and 3 more; to it alone
+        cut_ids, cut_labels = sft.encode_chat(tok, msgs, max_len, counts)
+        assert cut_ids == ids[-max_len:] and cut_labels == labels[-max_len:]  # the end is kept, labels aligned
+        assert [y for y in cut_labels if y != sft.IGNORE][-len(answer):] == answer  # the target is whole
+    assert counts["cut"] == 3
+    short_ids, short_labels = sft.encode_chat(tok, msgs, tail - 2)  # the last turn alone does not fit
+    assert len(short_ids) == tail - 2 and all(y == sft.IGNORE for y in short_labels)  # nothing to train: dropped
+
+
+def test_rows_that_cannot_keep_their_target_are_counted_and_dropped(tmp_path, chats, tiny_dir):
+    data = write_jsonl(tmp_path / "d.jsonl", chats[:6])
+    tok = model.load(tiny_dir, "cpu")[1]
+    lengths = sorted(len(sft.encode_chat(tok, c)[0]) for c in chats[:6])
+    summary, _ = sft.train(args(tmp_path, data, model=tiny_dir, epochs=1, batch_size=1, micro_batch=1, heldout=0,
+                                max_len=lengths[0] - 1))  # every row is cut
+    assert summary["cut"] == 6 and 0 <= summary["dropped"] < 6 and summary["steps"] == 6 - summary["dropped"]
+    with pytest.raises(ValueError, match="no conversation keeps an assistant turn"):
+        sft.train(args(tmp_path, data, model=tiny_dir, epochs=1, batch_size=1, micro_batch=1, heldout=0, max_len=4,
+                       out=str(tmp_path / "none")))
+
+
 def test_masked_loss_equals_hand_computation(tok, tiny_dir, chats):
     lm, _ = model.load(tiny_dir, "cpu")
     net = sft.SFTModel(lm)

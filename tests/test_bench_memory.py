@@ -1,0 +1,79 @@
+"""Tests for tests/bench_memory.py's arithmetic (the memory plan of ppo.py and sft.py), all fast:
+
+- the qwen2.5-7b preset counts 7,615,616,512 parameters (model.Qwen on the meta device);
+- the sharded model states scale as 1 / world: at world 8 they are 1/8 of world 1;
+- ppo-lora's adapter count on a tiny config equals a hand computation, and its states do not depend on --world;
+- the KV cache of the rollout equals 2 x layers x kv heads x head_dim x 2 B per token;
+- the measured bytes per token of a (tiny) block are positive;
+- bad input (an unknown preset, a sequence no longer than the response) exits 2 with one line.
+"""
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+import model
+
+PATH = Path(__file__).resolve().parent / "bench_memory.py"
+spec = importlib.util.spec_from_file_location("bench_memory", PATH)
+bench = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(bench)
+
+ACT = 200 * 1024  # a stand-in for the measured bytes per token per layer
+
+
+def states(rows):
+    return sum(b for phase, _, b, _ in rows if phase == "states")
+
+
+def test_qwen25_7b_param_count():
+    n = bench.count_params(bench.load_config("qwen2.5-7b"))
+    assert n["total"] == 7_615_616_512
+    assert n["root"] == 2 * 152064 * 3584 + 3584  # untied embeddings and lm_head, final norm
+    assert n["total"] == n["root"] + 28 * n["block"]
+
+
+@pytest.mark.parametrize("mode", ["ppo", "sft"])
+def test_sharded_states_scale_as_one_over_world(mode):
+    cfg = bench.load_config("qwen2.5-0.5b")
+    one, eight = (states(bench.plan(cfg, mode, world=w, act=ACT)) for w in (1, 8))
+    assert eight == pytest.approx(one / 8, rel=1e-12)
+    P = bench.count_params(cfg)["total"]
+    expected = 16 * P if mode == "sft" else 16 * P + 16 * (P + cfg.hidden_size + 1) + 2 * P  # actor, critic, ref
+    assert one == pytest.approx(expected, rel=1e-12)
+
+
+def test_lora_adapter_count_by_hand():
+    cfg = model.tiny_config()  # hidden 64, intermediate 128, 4 heads, 2 kv heads, head_dim 16, 2 layers
+    # (in + out): q 64+64, k 64+32, v 64+32, o 64+64, gate 64+128, up 64+128, down 128+64 = 1024 per block
+    assert bench.lora_params(cfg, 4) == 2 * 4 * 1024
+    rows = bench.plan(cfg, "ppo-lora", world=8, seq=64, max_new=16, lora_rank=4, act=ACT)
+    P = bench.count_params(cfg)["total"]
+    assert states(rows) == 2 * 2 * P + 2 * 8192 * 16 + (64 + 1) * 16  # world ignored: one GPU
+    assert states(rows) == states(bench.plan(cfg, "ppo-lora", world=1, seq=64, max_new=16, lora_rank=4, act=ACT))
+
+
+def test_kv_cache_and_peak():
+    cfg = bench.load_config("qwen2.5-7b")
+    assert bench.kv_bytes_per_token(cfg) == 2 * 28 * 4 * 128 * 2
+    rows = bench.plan(cfg, "ppo", world=8, seq=2048, gen_batch=4, max_new=512, act=ACT)
+    kv = next(b for _, item, b, _ in rows if item.startswith("KV cache"))
+    assert kv == 4 * 2048 * bench.kv_bytes_per_token(cfg)
+    t = bench.totals(rows)
+    assert t["peak"] == max(t["rollout"], t["update"]) and t["rollout"] > states(rows)
+
+
+def test_measured_block_bytes_are_positive():
+    per_token, how = bench.measure_block(model.tiny_config(), tokens=32)
+    assert per_token > 0 and how in ("bf16 autocast", "fp32")
+
+
+@pytest.mark.parametrize("argv, word", [(["--model", "qwen9-1t"], "--model"),
+                                        (["--seq", "512", "--max-new-tokens", "1024"], "--seq"),
+                                        (["--world", "0"], "--world")])
+def test_bad_input_exits_2_with_one_line(argv, word, capsys):
+    with pytest.raises(SystemExit) as e:
+        bench.main(argv)
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("bench_memory.py: error:") and word in err
