@@ -29,14 +29,27 @@ How this departs from the paper and the references:
   (env reset, agent.build_messages with the ideas of an expert's first step), rewards on each step's last token, GAE
   running across the steps of an episode; same number of actions per iteration as the step-wise run.
 - `--lora-rank r` trains low-rank adapters (Hu et al. 2021, arXiv:2106.09685) on the actor's and critic's linear
-  layers instead of all weights; the reference is then the actor with its adapters switched off (no third copy).
+  layers instead of all weights; the reference is then the actor with its adapters switched off (no third copy). The
+  frozen base is bf16 on CUDA, the adapters and their optimizer fp32.
+- One GPU node (the paper's 8 A100s): under torchrun each rank takes every world-th state of a batch, generates and
+  executes its share, and the update is data-parallel. Without LoRA the actor, critic and reference are sharded by
+  FSDP2 (sft.shard: fp32 master weights, bf16 compute, fp32 gradient reduction), and for the rollout each rank
+  gathers one full bf16 copy of the policy, freed before the update (`rollout_copy`; VeRL's "hybrid engine" does
+  this with vLLM): decoding through FSDP would all-gather every block for every token. We chose a plain gathered copy
+  over a separate inference engine to keep generation in model.py. Every state is sampled with its own seed, so a
+  batch split over ranks samples what one process would (tests/test_ppo.py compares 2 gloo ranks with 1 process).
+  Micro-batches are bounded by tokens (`--micro-tokens`), log-probs are computed `--logits-chunk` tokens at a time,
+  and blocks are recomputed in backward (gradient checkpointing) for any model past TINY_PARAMS.
+  tests/bench_memory.py prints the memory plan of Qwen2.5-7B on 8 x 80 GB.
 
 Run:  python collect.py && python sft.py && python ppo.py                 (tiny model, offline, minutes)
-      python ppo.py --model runs/ckpt/sft --batch-size 256 --max-new-tokens 1024   (one GPU node)
+      torchrun --nproc_per_node 8 ppo.py --model runs/ckpt/sft --batch-size 256 --max-new-tokens 1024   (GPU node)
+      python ppo.py --model runs/ckpt/sft --lora-rank 16 --batch-size 256 --max-new-tokens 1024      (one GPU)
       python ppo.py --episodic                                           (the episode-wise ablation)
       python ppo.py --binary-performance                                 (ML-Agent Table 3 ablation)
-Outputs: runs/ckpt/ppo (Hugging Face folder of the actor; trainer_state/ holds the critic, optimizers and progress
-for resume), runs/ppo/log.jsonl (one line per iteration). Both record the reward config (reward.py's flags); a
+Outputs: runs/ckpt/ppo (Hugging Face folder of the actor, bf16 from CUDA runs; trainer_state/ holds the fp32 master
+weights, the critic, optimizers and progress for resume, under torchrun too), runs/ppo/log.jsonl (--log-file, one line
+per iteration, written by rank 0 for the whole batch). Both record the reward config (reward.py's flags); a
 resume with other reward flags stops rather than mixing two rewards in one run.
 """
 import argparse

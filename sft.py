@@ -44,10 +44,17 @@ on CUDA. Departures and choices:
   - The held-out parse rate imports agent.parse_response lazily inside `parse_rate` (DESIGN.md lets sft.py import
     only model.py; the check is an evaluation step, switched off with --eval-parse 0).
 
-Several GPUs or nodes: `torchrun --nproc_per_node 8 sft.py --model Qwen/Qwen2.5-7B-Instruct` uses DDP (NCCL on
-CUDA, gloo on CPU); add `--fsdp` to shard parameters, gradients and optimizer state with FSDP2 (fully_shard per
-transformer block, then the root) when the model does not fit one GPU. FSDP checkpoints gather the full weights on
-rank 0 (CPU) to write the Hugging Face folder; the optimizer state is gathered the same way for resume.
+Several GPUs or nodes: `torchrun --nproc_per_node 8 sft.py --model Qwen/Qwen2.5-7B-Instruct --grad-checkpointing`.
+A pre-trained model gets the paper's recipe: 64 conversations per optimizer step (ML-Agent's effective batch; one per
+rank per micro-batch, the rest accumulated), lr 2e-5, 2 epochs, --max-len 16384 (the paper's cutoff is 15,000 tokens).
+A conversation longer than that loses its oldest tokens, as ppo.py cuts prompts; one whose last assistant turn alone
+is longer is dropped, and both are counted and reported. With several ranks the model is replicated with DDP (NCCL on
+CUDA, gloo on CPU), or sharded with FSDP2 (`shard`: fully_shard per transformer block, then the root; bf16 compute,
+fp32 reduction) under --fsdp or, on CUDA, by itself when fp32 weights, gradients and AdamW do not fit half a GPU.
+Sharded, the model is built on the meta device and every rank reads the checkpoint tensor by tensor, keeping its own
+rows (`fill`); checkpoints gather the full weights on rank 0 (CPU) to write the Hugging Face folder, bf16 from CUDA
+runs (--save-dtype float32 to keep fp32), with the fp32 master weights and the optimizer state in trainer_state.pt.
+The held-out parse rate at the end is split over the ranks.
 
 Run:
   python sft.py                                        # tiny model from scratch on runs/data/sft.jsonl (CPU, minutes)

@@ -1,0 +1,231 @@
+"""GPU check (not collected by pytest): the checks that need a GPU, in one run of a few minutes on one H200.
+
+A lent GPU machine has 15 minutes of device time in all (DEVELOPERS.md), torch and transformers preinstalled and no
+network, so this script builds everything it needs itself (a random Qwen2.5-shaped model, a BPE tokenizer, synthetic
+states and chats) and prints one block per check:
+
+1. parity: logits of model.py against transformers on the same bf16 weights (left padding included), and how many
+   greedy tokens agree;
+2. decode: greedy tokens/s of model.generate and of transformers' generate, batch 1 and 16, against the memory
+   bandwidth roofline at batch 1 (every bf16 weight is read once per token: bandwidth / weight bytes);
+3. ppo: one PPO iteration (ppo.train, world 1, fp32 master weights, bf16 autocast, gradient checkpointing) with the
+   sandbox replaced by a stub reward (the environment needs scikit-learn, which the GPU image may lack): time split
+   and peak memory; then the same with --lora-rank 16 (frozen bf16 base);
+4. sft: sft.train for one epoch over synthetic chats: tokens/s, peak memory and MFU (6 x params x tokens/s over the
+   chip's dense bf16 peak, 989 TFLOP/s for an H200 SXM by NVIDIA's datasheet; recomputation is not counted).
+
+    python tests/gpu_check.py                      # on the GPU: Qwen2.5-0.5B shape, ~3 minutes
+    python tests/gpu_check.py --size tiny          # anywhere: the same code on a tiny model, seconds on a CPU
+Everything it prints is also written to --out/gpu_check.json.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import sys
+import tempfile
+import time
+import types
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+try:
+    import pandas  # noqa: F401  (env.py imports it at module level; the checks below never use it)
+except ImportError:  # the GPU image may have no pandas: a stand-in lets ppo.py import env.py
+    sys.modules["pandas"] = types.ModuleType("pandas")
+import torch  # noqa: E402
+
+import model  # noqa: E402
+
+SIZES = {  # Qwen2.5-0.5B's shape (its config.json), and a tiny one for a CPU dry run
+    "0.5b": dict(model_type="qwen2", vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+                 num_attention_heads=14, num_key_value_heads=2, head_dim=64, max_position_embeddings=32768,
+                 tie_word_embeddings=True, rope_theta=1000000.0, torch_dtype="bfloat16"),
+    "1.5b": dict(model_type="qwen2", vocab_size=151936, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
+                 num_attention_heads=12, num_key_value_heads=2, head_dim=128, max_position_embeddings=32768,
+                 tie_word_embeddings=True, rope_theta=1000000.0, torch_dtype="bfloat16"),
+    "tiny": dict(model_type="qwen2", vocab_size=1024, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                 num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=4096,
+                 tie_word_embeddings=True, torch_dtype="bfloat16"),
+}
+PEAK_BF16 = 989e12  # H200 SXM dense bf16 FLOP/s (NVIDIA datasheet)
+BANDWIDTH = 4.8e12  # H200 HBM3e bytes/s (NVIDIA datasheet)
+WORDS = "data model train score feature split learning rate forest boost tree linear target metric".split()
+
+
+def sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def peak_gib(device):
+    return torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else float("nan")
+
+
+def reset_peak(device):
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+
+
+def build(size, folder):
+    """A random model of the size's shape with a small BPE tokenizer, saved in bf16 as a Hugging Face folder."""
+    rng = random.Random(0)
+    text = [" ".join(rng.choice(WORDS) for _ in range(40)) for _ in range(200)]
+    tok = model.train_tokenizer(text, 600)
+    torch.manual_seed(0)
+    with torch.device("cpu"):
+        lm = model.Qwen(model.Config(**{**SIZES[size], "eos_token_id": tok.im_end_id}))
+    model.save(lm, tok, folder, dtype=torch.bfloat16)
+    return sum(p.numel() for p in lm.parameters()), tok
+
+
+def prompts_of(tok, n, length, seed):
+    rng = random.Random(seed)
+    return [tok.encode(" ".join(rng.choice(WORDS) for _ in range(length)))[:length] for _ in range(n)]
+
+
+def check_parity(folder, tok, device, report):
+    import transformers
+    ours, _ = model.load(folder, device, torch.bfloat16)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16).to(device).eval()
+    prompts = prompts_of(tok, 4, 256, 1)
+    prompts[1] = prompts[1][:100]  # left padding in one row
+    L = max(map(len, prompts))
+    ids = torch.zeros(4, L, dtype=torch.long)
+    mask = torch.zeros(4, L, dtype=torch.long)
+    for b, p in enumerate(prompts):
+        ids[b, L - len(p):], mask[b, L - len(p):] = torch.tensor(p), 1
+    ids, mask = ids.to(device), mask.to(device)
+    with torch.no_grad():
+        a = ours(ids, attention_mask=mask).float()
+        pos = (mask.cumsum(-1) - 1).clamp(min=0)
+        b = hf(input_ids=ids, attention_mask=mask, position_ids=pos).logits.float()
+    real = mask.bool()
+    diff = (a - b).abs()[real]
+    n = 32
+    g = ours.generate(prompts, n, stop_token_ids=[], pad_token_id=0)
+    out = hf.generate(input_ids=ids, attention_mask=mask, max_new_tokens=n, do_sample=False, pad_token_id=0,
+                      eos_token_id=None, suppress_tokens=list(range(len(tok), hf.config.vocab_size)))
+    theirs = out[:, L:].tolist()
+    agree = sum(x == y for r, s in zip(g.tokens, theirs) for x, y in zip(r, s)) / (4 * n)
+    report["parity"] = dict(max_abs=float(diff.max()), mean_abs=float(diff.mean()), logit_std=float(b[real].std()),
+                            argmax_agree=float((a.argmax(-1) == b.argmax(-1))[real].float().mean()),
+                            greedy_tokens_agree=agree)
+    del hf, ours
+
+
+def check_decode(folder, tok, device, report, n_params, new_tokens):
+    import transformers
+    ours, _ = model.load(folder, device, torch.bfloat16)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16).to(device).eval()
+    rows = {}
+    for batch in (1, 16):
+        prompts = prompts_of(tok, batch, 128, 2)
+        ids = torch.tensor(prompts, device=device)
+        for name, run in (("ours", lambda: ours.generate(prompts, new_tokens, stop_token_ids=[], pad_token_id=0)),
+                          ("transformers", lambda: hf.generate(input_ids=ids, attention_mask=torch.ones_like(ids),
+                                                               max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                                                               do_sample=False, pad_token_id=0))):
+            run()  # warm-up
+            sync(device)
+            t = time.perf_counter()
+            run()
+            sync(device)
+            rows[f"{name}_batch{batch}_tokens_per_s"] = batch * new_tokens / (time.perf_counter() - t)
+    rows["roofline_batch1_tokens_per_s"] = BANDWIDTH / (2 * n_params)
+    rows["ours_batch1_of_roofline"] = rows["ours_batch1_tokens_per_s"] / rows["roofline_batch1_tokens_per_s"]
+    rows["ours_over_transformers_batch1"] = rows["ours_batch1_tokens_per_s"] / rows["transformers_batch1_tokens_per_s"]
+    rows["ours_over_transformers_batch16"] = rows["ours_batch16_tokens_per_s"] / rows["transformers_batch16_tokens_per_s"]
+    report["decode"] = rows
+    del hf, ours
+
+
+def check_ppo(folder, tok, device, report, work, prompt_words, new_tokens):
+    import ppo
+    states = [{"task": "stub", "task_dir": "", "step": 0, "snapshot": None, "m_init": 0.0, "m_best": 1.0,
+               "higher_is_better": True, "ideas": [],
+               "messages": [{"role": "system", "content": "You are a research agent."},
+                            {"role": "user", "content": " ".join(random.Random(i).choice(WORDS)
+                                                                 for _ in range(prompt_words))}]} for i in range(16)]
+    path = os.path.join(work, "states.jsonl")
+    with open(path, "w") as f:
+        f.writelines(json.dumps(s) + "\n" for s in states)
+
+    class StubEnv:  # the sandbox needs scikit-learn; the reward here is a fixed function of the response
+        def restore(self, snapshot):
+            pass
+
+    ppo.make_env = lambda task, task_dir, editor: StubEnv()
+    ppo.execute = lambda e, text, *a: {"kind": "neutral", "reward": (hash(text) % 201 - 100) / 100, "m_prev": None,
+                                       "m_new": None, "done": False, "observation": ""}
+    for name, lora in (("ppo", 0), ("ppo_lora16", 16)):
+        reset_peak(device)
+        out = os.path.join(work, name)
+        t = time.perf_counter()
+        ppo.train(ppo.Config(model=folder, states=path, out=out, log_file=out + ".jsonl", batch_size=16,
+                             max_new_tokens=new_tokens, iterations=1, workers=2, lora_rank=lora,
+                             device=str(device), critic_warmup=0))
+        log = json.loads(open(out + ".jsonl").read().splitlines()[-1])
+        report[name] = dict(wall_s=time.perf_counter() - t, peak_gib=peak_gib(device),
+                            **{k: log[k] for k in ("time_generate", "time_execute", "time_update", "time_total",
+                                                   "response_tokens", "kl", "clipfrac", "explained_variance",
+                                                   "generate_vs_forward_logprob_gap")},
+                            saved_dtype=json.load(open(os.path.join(out, "config.json")))["torch_dtype"])
+
+
+def check_sft(folder, tok, device, report, work, n_params, words):
+    import sft
+    rng = random.Random(3)
+    chats = [{"messages": [{"role": "user", "content": " ".join(rng.choice(WORDS) for _ in range(words))},
+                           {"role": "assistant", "content": " ".join(rng.choice(WORDS) for _ in range(words // 8))}]}
+             for _ in range(64)]
+    path = os.path.join(work, "chats.jsonl")
+    with open(path, "w") as f:
+        f.writelines(json.dumps(c) + "\n" for c in chats)
+    reset_peak(device)
+    summary, _ = sft.train(sft.Args(data=path, model=folder, out=os.path.join(work, "sft"), epochs=1, batch_size=16,
+                                    micro_batch=4, eval_parse=0, heldout=0.0, grad_checkpointing=True,
+                                    device=str(device)))
+    tps = summary["tokens_per_s"]
+    report["sft"] = dict(tokens_per_s=tps, seconds=summary["seconds"], steps=summary["steps"],
+                         peak_gib=peak_gib(device), mfu=6 * n_params * tps / PEAK_BF16 if device.type == "cuda"
+                         else None)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--size", choices=SIZES, default="0.5b")
+    p.add_argument("--out", default=os.environ.get("OUT", "runs/gpu_check"))
+    p.add_argument("--parts", default="parity,decode,ppo,sft")
+    a = p.parse_args(argv)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    tiny = a.size == "tiny"
+    report = {"size": a.size, "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
+              "torch": torch.__version__}
+    os.makedirs(a.out, exist_ok=True)
+    with tempfile.TemporaryDirectory() as work:
+        folder = os.path.join(work, "model")
+        n_params, tok = build(a.size, folder)
+        report["params"] = n_params
+        checks = {"parity": lambda: check_parity(folder, tok, device, report),
+                  "decode": lambda: check_decode(folder, tok, device, report, n_params, 32 if tiny else 256),
+                  "ppo": lambda: check_ppo(folder, tok, device, report, work, 60 if tiny else 1500,
+                                           16 if tiny else 256),
+                  "sft": lambda: check_sft(folder, tok, device, report, work, n_params, 60 if tiny else 1800)}
+        for part in a.parts.split(","):
+            t = time.perf_counter()
+            try:
+                checks[part]()
+            except Exception as e:  # one failed check must not hide the others' numbers
+                report[part] = {"error": f"{type(e).__name__}: {e}"}
+            report.setdefault(part, {})["check_s"] = time.perf_counter() - t
+            print(f"== {part}: {json.dumps(report[part])}", flush=True)
+    with open(os.path.join(a.out, "gpu_check.json"), "w") as f:
+        json.dump(report, f, indent=1)
+    return 0 if not any(isinstance(v, dict) and "error" in v for v in report.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
