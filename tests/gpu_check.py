@@ -113,7 +113,6 @@ def check_parity(folder, tok, device, report):
     report["parity"] = dict(max_abs=float(diff.max()), mean_abs=float(diff.mean()), logit_std=float(b[real].std()),
                             argmax_agree=float((a.argmax(-1) == b.argmax(-1))[real].float().mean()),
                             greedy_tokens_agree=agree)
-    del hf, ours
 
 
 def check_decode(folder, tok, device, report, n_params, new_tokens):
@@ -139,7 +138,6 @@ def check_decode(folder, tok, device, report, n_params, new_tokens):
     rows["ours_over_transformers_batch1"] = rows["ours_batch1_tokens_per_s"] / rows["transformers_batch1_tokens_per_s"]
     rows["ours_over_transformers_batch16"] = rows["ours_batch16_tokens_per_s"] / rows["transformers_batch16_tokens_per_s"]
     report["decode"] = rows
-    del hf, ours
 
 
 def check_ppo(folder, tok, device, report, work, prompt_words, new_tokens):
