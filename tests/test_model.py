@@ -595,6 +595,21 @@ def test_save_sharded_loads_in_transformers(cases, tmp_path):
     assert torch.equal(our_logits(back, ids), our_logits(c.ours, ids))
 
 
+def test_save_in_bf16_from_fp32_weights_loads_in_transformers(cases, tmp_path):
+    """What sft.py / ppo.py write from CUDA runs: fp32 master weights saved as bf16 (model.save(dtype=...))."""
+    c = cases("qwen3-untied")
+    model.save(c.ours, c.tok, str(tmp_path), dtype=torch.bfloat16)
+    assert json.loads((tmp_path / "config.json").read_text())["torch_dtype"] == "bfloat16"
+    assert {t.dtype for t in st_load_file(tmp_path / "model.safetensors").values()} == {torch.bfloat16}
+    assert next(c.ours.parameters()).dtype == torch.float32  # the model itself is untouched
+    ids = torch.tensor([prompts_for(c.tok)[2]])
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, **{DTYPE_KW: torch.bfloat16}).eval()
+    back, _ = model.load(str(tmp_path), dtype=torch.bfloat16)
+    torch.testing.assert_close(hf_logits(hf, ids, torch.ones_like(ids)), our_logits(back, ids), atol=2e-2, rtol=0)
+    rounded = {k: v.to(torch.bfloat16) for k, v in c.ours.state_dict().items()}
+    assert all(torch.equal(v, rounded[k]) for k, v in back.state_dict().items())  # exactly the rounded weights
+
+
 def test_saved_chat_template_matches_ours_in_transformers(cases, tmp_path):
     c = cases("qwen2-tied")
     shutil.copy(c.path / "tokenizer.json", tmp_path / "tokenizer.json")  # no tokenizer_config.json: model.py's template
