@@ -170,7 +170,7 @@ class LocalBackend:
         import model  # torch loads only when a local model is used
         if lm is None:
             lm, tokenizer = model.load(path_or_id, device=device)
-        self.lm, self.tokenizer = lm, tokenizer
+        self.lm, self.tokenizer, self.model = lm, tokenizer, model
         self.usage = Usage()
 
     def chat(self, messages, n=1, temperature=0.0, max_tokens=1024, stop=None) -> Completion:
@@ -179,8 +179,9 @@ class LocalBackend:
         room = max(self.lm.config.max_position_embeddings - max_tokens, 1)
         ids = ids[-room:]  # a prompt longer than the context keeps its end (the latest steps)
         stops = [i for i in dict.fromkeys([*self.lm.stop_token_ids, tok.eos_token_id, tok.im_end_id]) if i is not None]
-        gen = self.lm.generate([ids] * n, max_new_tokens=max_tokens, temperature=temperature, stop_token_ids=stops,
-                               pad_token_id=tok.pad_token_id)
+        # n samples share one prefill of the prompt; stop strings end generation as soon as one is complete
+        gen = self.lm.generate([ids], max_new_tokens=max_tokens, temperature=temperature, stop_token_ids=stops, n=n,
+                               stop_fn=self.model.stop_strings(tok, stop))
         texts = [_cut_at_stop(tok.decode(t, skip_special_tokens=True), stop) for t in gen.tokens]
         c = Completion(texts, len(ids) * n, sum(map(len, gen.tokens)))
         self.usage.add(c, time.time() - start)

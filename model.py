@@ -33,6 +33,7 @@ import heapq
 import json
 import math
 import os
+import queue
 import struct
 import sys
 import threading
@@ -269,12 +270,17 @@ class Qwen(nn.Module):
             k_idx = torch.arange(past + T, device=dev)[None]  # (1, Tk)
             # causal AND not padding; a padding query sees itself so no row of the softmax is empty
             mask = ((k_idx <= q_idx) & keep[:, None, None, :]) | (k_idx == q_idx)  # (B, 1, T, Tk)
+        x = self.blocks(input_ids, positions, mask, cache)
+        if cache is not None:
+            cache.length += T
+        return x
+
+    def blocks(self, input_ids, positions, mask, cache):
+        """Embeddings, every block, the final norm: (B, T) ids at (B, T) positions -> (B, T, C)."""
         x = self.model.embed_tokens(input_ids)  # (B, T, C)
         cos, sin = rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta, x.dtype)
         for i, layer in enumerate(self.model.layers):
             x = layer(x, cos, sin, mask, cache, i)
-        if cache is not None:
-            cache.length += T
         return self.model.norm(x)
 
     def forward(self, input_ids, attention_mask=None, cache=None):
@@ -282,73 +288,251 @@ class Qwen(nn.Module):
 
     @torch.inference_mode()
     def generate(self, prompts, max_new_tokens=128, temperature=0.0, top_p=1.0, stop_token_ids=None,
-                 pad_token_id=None, generator=None, stop_fn=None, seeds=None, prefill_chunk=2048):
-        """Batched generation from token-id prompts of different lengths (left-padded here) with a KV cache.
-        stop_fn(i, new_tokens) -> bool, if given, is asked after each step whether sequence i should stop
-        (the server's stop strings); the token that made it true is the last one kept. seeds (one int per prompt):
-        each row samples from its own generator, so a row's tokens do not depend on which rows share its batch
-        (ppo.py under torchrun splits a batch across ranks and still samples what one process would). The prompts
-        enter the cache prefill_chunk positions at a time, so a long prompt never runs the MLP on all its tokens
-        at once (for 16 rows of 15k tokens at Qwen2.5-7B's width that would be ~29 GiB)."""
-        dev = self.lm_head.weight.device
+                 pad_token_id=None, generator=None, stop_fn=None, seeds=None, prefill_chunk=2048, max_batch=None,
+                 n=1):
+        """Generation from token-id prompts of different lengths -> Generation, n rows per prompt (prompt-major).
+        The Engine below does the work: at most max_batch sequences (default: all) decode together, a finished one
+        gives its slot to the next waiting prompt, the n samples of a prompt share one prefill. stop_fn(i, new_tokens)
+        -> bool, if given, is asked after each step whether sequence i should stop (stop strings); the token that
+        made it true is the last one kept. seeds (one int per prompt): each row samples from its own generator, so a
+        row's tokens do not depend on which rows share its batch (ppo.py under torchrun splits a batch across ranks
+        and still samples what one process would); otherwise rows draw from `generator`. The prompts enter the cache
+        prefill_chunk positions at a time, so a long prompt never runs the MLP on all its tokens at once (16 rows of
+        15k tokens at Qwen2.5-7B's width would take ~29 GiB). pad_token_id is not needed (no padding is fed) and is
+        accepted for the callers that pass it."""
         stops = self.stop_token_ids if stop_token_ids is None else list(stop_token_ids)
-        pad = pad_token_id if pad_token_id is not None else (stops[0] if stops else 0)
-        B, L = len(prompts), max(len(p) for p in prompts)
-        ids = torch.full((B, L), pad, dtype=torch.long)
-        keep = torch.ones(B, L + max_new_tokens, dtype=torch.long)  # 1 = real token, 0 = left padding
-        for b, p in enumerate(prompts):
-            ids[b, L - len(p):] = torch.tensor(p, dtype=torch.long)
-            keep[b, :L - len(p)] = 0
-        ids, keep = ids.to(dev), keep.to(dev)
-        stop_t = torch.tensor(stops, dtype=torch.long, device=dev)
-        cache = KVCache(L + max_new_tokens)
-        out_tok = torch.full((B, max_new_tokens), pad, dtype=torch.long, device=dev)
-        out_lp = torch.zeros(B, max_new_tokens, device=dev)
-        done = torch.zeros(B, dtype=torch.bool, device=dev)
-        x, steps, cut = ids, 0, {}  # cut: sequence -> number of tokens kept when stop_fn stopped it
-        while x.shape[1] > prefill_chunk:  # all but the last chunk of the prompts: into the cache, no lm_head
-            self.hidden(x[:, :prefill_chunk], keep[:, :L - x.shape[1] + prefill_chunk], cache)
-            x = x[:, prefill_chunk:]
-        rows = [torch.Generator(dev).manual_seed(s) for s in seeds] if seeds is not None else None
+        seqs = [Sequence(list(p), max_new_tokens, temperature, top_p, set(stops),
+                         None if stop_fn is None else (lambda toks, i=i: stop_fn(i, toks)),
+                         None if seeds is None else torch.Generator(self.lm_head.weight.device).manual_seed(seeds[j]))
+                for j, p in enumerate(prompts) for i in [j * n + k for k in range(n)]]
+        for i, s in enumerate(seqs):
+            if s.generator is not None and i % n:  # the n samples of a seeded prompt: distinct, reproducible streams
+                s.generator.manual_seed(seeds[i // n] * 1000003 + i % n)
+        engine = Engine(self, max_batch or len(seqs), prefill_chunk, generator)
+        engine.run([seqs[j * n:(j + 1) * n] for j in range(len(prompts))])
+        return Generation([s.tokens for s in seqs], [s.logprobs for s in seqs], [s.reason for s in seqs])
 
-        def draw(p):  # (B, V) probabilities -> (B,) sampled ids
-            if rows is None:
-                return torch.multinomial(p, 1, generator=generator).squeeze(-1)
-            return torch.cat([torch.multinomial(p[b:b + 1], 1, generator=g) for b, g in enumerate(rows)]).squeeze(-1)
 
-        for t in range(max_new_tokens):
-            h = self.hidden(x, keep[:, :L + t], cache)[:, -1]  # (B, C): the lm_head only on the last position
-            logits = self.lm_head(h).float()[:, :self.sample_vocab_size]  # (B, V'): padded vocab rows never sampled
-            if temperature == 0:
-                logp = torch.log_softmax(logits, -1)
-                tok = logits.argmax(-1)  # (B,)
-            else:
-                logp = torch.log_softmax(logits / temperature, -1)  # PPO scores tokens under this same softmax
-                probs = logp.exp()
-                if top_p < 1.0:  # nucleus: keep the smallest prefix of sorted tokens whose mass reaches top_p
-                    p_sorted, idx = probs.sort(-1, descending=True)
-                    p_sorted[(p_sorted.cumsum(-1) - p_sorted) > top_p] = 0  # the first token is always kept
-                    tok = idx.gather(-1, draw(p_sorted)[:, None]).squeeze(-1)
-                else:
-                    tok = draw(probs)
-            tok = torch.where(done, pad, tok)  # finished sequences keep feeding padding
-            out_tok[:, t], out_lp[:, t] = tok, logp.gather(-1, tok[:, None]).squeeze(-1)
-            done |= torch.isin(tok, stop_t)
-            steps = t + 1
-            if stop_fn is not None:
-                for i in (~done).nonzero().flatten().tolist():
-                    if stop_fn(i, out_tok[i, :steps].tolist()):
-                        done[i], cut[i] = True, steps
-            if done.all():
-                break
-            x = tok[:, None]  # (B, 1)
-        tokens, logprobs, reasons = [], [], []
-        for b, (row, lps) in enumerate(zip(out_tok[:, :steps].tolist(), out_lp[:, :steps].tolist())):
-            end = cut.get(b) or next((i + 1 for i, tk in enumerate(row) if tk in stops), None)
-            tokens.append(row[:end])
-            logprobs.append(lps[:end])
-            reasons.append("stop" if end is not None else "length")
-        return Generation(tokens, logprobs, reasons)
+@dataclasses.dataclass
+class Sequence:
+    """One sequence being generated: the request (prompt ids, limits, sampling, stops) and what came out of it."""
+    prompt: list
+    max_new_tokens: int
+    temperature: float = 0.0
+    top_p: float = 1.0
+    stop_ids: set = dataclasses.field(default_factory=set)
+    stop_fn: object = None         # new tokens -> bool: a stop string was completed
+    generator: object = None       # this row's own torch.Generator (seeded requests)
+    on_token: object = None        # called with (sequence, token) as each token arrives (streaming)
+    tokens: list = dataclasses.field(default_factory=list)
+    logprobs: list = dataclasses.field(default_factory=list)
+    reason: str | None = None      # "stop" or "length" once finished
+    done: object = None            # a threading.Event the server waits on
+
+
+class SlotCache:
+    """The engine's KV cache: per layer, keys and values (slots, Hkv, capacity, D) in the compute dtype (no per-token
+    casts). Slot s holds one sequence from position 0; the live sequences sit in slots 0 .. live-1, so a forward
+    reads views, never gathered copies. `at` tells the next forward where it writes."""
+
+    def __init__(self, slots, capacity, dtype):
+        self.slots, self.capacity, self.dtype, self.k, self.v = slots, capacity, dtype, {}, {}
+        self.at(slice(0, 0))
+
+    def at(self, rows, start=0, pos=None, end=None):
+        """rows (a slice of slots) write at positions start .. start + T (prefill), or each at its own position pos
+        (decode, T = 1), and attend over the first `end` positions."""
+        self.rows, self.start, self.pos, self.end = rows, start, pos, end
+
+    def update(self, layer, k, v):  # k, v (R, Hkv, T, D) -> keys/values of these rows so far (R, Hkv, Tk, D)
+        if layer not in self.k:
+            shape = (self.slots, k.shape[1], self.capacity, k.shape[3])
+            # zeros, not empty: a masked-out position still multiplies its value by 0, and 0 * NaN is NaN
+            self.k[layer] = torch.zeros(shape, dtype=self.dtype, device=k.device)
+            self.v[layer] = torch.zeros(shape, dtype=self.dtype, device=k.device)
+        K, V, r = self.k[layer], self.v[layer], self.rows
+        if self.pos is None:
+            end = self.start + k.shape[2]
+            K[r, :, self.start:end], V[r, :, self.start:end] = k, v
+        else:
+            idx = torch.arange(r.start, r.stop, device=k.device)
+            K[idx, :, self.pos], V[idx, :, self.pos] = k[:, :, 0], v[:, :, 0]
+            end = self.end
+        return K[r, :, :end], V[r, :, :end]
+
+    def copy(self, src, dst, length):  # slot src's first `length` positions into slot dst
+        for buf in (*self.k.values(), *self.v.values()):
+            buf[dst, :, :length] = buf[src, :, :length]
+
+
+class Engine:
+    """Continuous batching on one model (the scheduling idea of Orca, Yu et al. OSDI 2022, and vLLM; the slot layout is
+    our own, without paging). Up to max_batch sequences decode together, one token each per step; a sequence that
+    finishes leaves its slot at once (the last live slot moves into the hole) and waiting groups are prefilled into
+    free slots. A group is the n samples of one prompt: the prompt is prefilled once (right-padded with the other
+    admitted prompts, causal mask only) and its keys and values copied to the other n - 1 slots. Each step makes one
+    host sync: the sampled tokens and log-probs come back together, and everything else (stops, admission,
+    compaction) is decided on the host. `add` and `step` may be called from different threads (the server)."""
+
+    def __init__(self, model, max_batch=16, prefill_chunk=2048, generator=None, capacity=0):
+        self.model, self.max_batch, self.prefill_chunk, self.generator = model, max_batch, prefill_chunk, generator
+        self.capacity, self.waiting, self.live, self.lock = capacity, [], [], threading.Lock()
+        self.most_live = 0  # the largest batch decoded so far (benchmarks, tests)
+        self.cache = self.lengths = self.last = self.fresh = None
+
+    def add(self, group):  # a list of Sequences with the same prompt (at most max_batch of them)
+        with self.lock:
+            self.waiting.append(group)
+
+    def run(self, groups):
+        for g in groups:
+            for i in range(0, len(g), self.max_batch):
+                self.add(g[i:i + self.max_batch])
+        while self.step():
+            pass
+
+    @torch.inference_mode()
+    def step(self):
+        """Admit waiting groups into free slots, then one decode step of every live sequence. -> anything left?"""
+        self._admit()
+        if self.live:
+            self._decode()
+        with self.lock:
+            return bool(self.live or self.waiting)
+
+    def _dtype(self, dev):
+        if torch.is_autocast_enabled(dev.type):
+            return torch.get_autocast_dtype(dev.type)
+        return self.model.lm_head.weight.dtype
+
+    def _grow(self, need, dev):
+        """The cache holds max_batch slots of `need` positions (reallocated, live slots kept, when that grows)."""
+        if self.cache is not None and need <= self.cache.capacity:
+            return
+        cap = max(need, self.capacity, 2 * self.cache.capacity if self.cache else 0)
+        old, self.cache = self.cache, SlotCache(self.max_batch, cap, self._dtype(dev))
+        if old is not None and old.k:
+            for name in ("k", "v"):
+                for layer, buf in getattr(old, name).items():
+                    new = buf.new_zeros(*buf.shape[:2], cap, buf.shape[3])
+                    new[:, :, :buf.shape[2]] = buf
+                    getattr(self.cache, name)[layer] = new
+        if self.lengths is None:
+            self.lengths = torch.zeros(self.max_batch, dtype=torch.long, device=dev)  # cached positions per slot
+            self.last = torch.zeros(self.max_batch, dtype=torch.long, device=dev)  # each slot's newest token
+
+    def _admit(self):
+        with self.lock:
+            free, groups = self.max_batch - len(self.live), []
+            while self.waiting and len(self.waiting[0]) <= free:
+                free -= len(self.waiting[0])
+                groups.append(self.waiting.pop(0))
+        if not groups:
+            return
+        m, dev = self.model, self.model.lm_head.weight.device
+        self._grow(max(len(s.prompt) + s.max_new_tokens for g in groups for s in g) + 1, dev)
+        A, P = len(self.live), len(groups)
+        L = max(len(g[0].prompt) for g in groups)
+        ids = torch.zeros(P, L, dtype=torch.long)
+        for b, g in enumerate(groups):  # right padding: a real token never attends to a later pad
+            ids[b, :len(g[0].prompt)] = torch.tensor(g[0].prompt)
+        ids, ends = ids.to(dev), torch.tensor([len(g[0].prompt) - 1 for g in groups], device=dev)
+        h_last = None
+        for a in range(0, L, self.prefill_chunk):
+            x = ids[:, a:a + self.prefill_chunk]
+            T = x.shape[1]
+            pos = torch.arange(a, a + T, device=dev).expand(P, T)
+            mask = None if a == 0 else (torch.arange(a + T, device=dev) <= pos[0, :, None])[None, None]
+            self.cache.at(slice(A, A + P), start=a)
+            h = m.blocks(x, pos, mask, self.cache)  # (P, T, C)
+            inside = (ends >= a) & (ends < a + T)  # rows whose last prompt token is in this chunk
+            pick = h[torch.arange(P, device=dev), (ends - a).clamp(0, T - 1)]
+            h_last = pick if h_last is None else torch.where(inside[:, None], pick, h_last)
+        slot, rows = A + P, []  # the group leaders sit in slots A .. A + P - 1, their other samples after them
+        for b, g in enumerate(groups):
+            rows.append(A + b)
+            for _ in g[1:]:
+                self.cache.copy(A + b, slot, len(g[0].prompt))
+                rows.append(slot)
+                slot += 1
+        leaders = torch.tensor([A + b for b, g in enumerate(groups) for _ in g], device=dev)
+        seqs = [s for g in groups for s in g]
+        order = sorted(range(len(seqs)), key=lambda i: rows[i])  # live order = slot order
+        logits = m.lm_head(h_last).float()[:, :m.sample_vocab_size]
+        tok, lp = self._sample(logits[leaders - A], seqs)  # each sample draws its own first token
+        where = torch.tensor(rows, device=dev)
+        self.last[where], self.lengths[where] = tok, torch.tensor([len(s.prompt) for s in seqs], device=dev)
+        self.live += [seqs[i] for i in order]
+        self.fresh = (seqs, tok, lp)  # reported with the next decode step's sync
+
+    def _sample(self, logits, seqs):
+        """One token per row under each sequence's temperature / top-p / generator -> tokens, log-probs (R,)."""
+        temp = torch.tensor([s.temperature or 1.0 for s in seqs], device=logits.device)[:, None]
+        logp = torch.log_softmax(logits / temp, -1)
+        tok = logits.argmax(-1)
+        sampled = [i for i, s in enumerate(seqs) if s.temperature]
+        if sampled:
+            probs = logp[sampled].exp()
+            idx = None
+            if any(seqs[i].top_p < 1 for i in sampled):
+                top_p = torch.tensor([seqs[i].top_p for i in sampled], device=logits.device)[:, None]
+                probs, idx = probs.sort(-1, descending=True)  # nucleus: the smallest prefix reaching top_p
+                probs[(probs.cumsum(-1) - probs) > top_p] = 0  # the first token is always kept
+            own = [j for j, i in enumerate(sampled) if seqs[i].generator is not None]
+            shared = [j for j, i in enumerate(sampled) if seqs[i].generator is None]
+            draw = torch.empty(len(sampled), dtype=torch.long, device=logits.device)
+            if shared:
+                draw[shared] = torch.multinomial(probs[shared], 1, generator=self.generator).squeeze(-1)
+            for j in own:
+                draw[j] = torch.multinomial(probs[j], 1, generator=seqs[sampled[j]].generator)[0]
+            tok[sampled] = draw if idx is None else idx.gather(-1, draw[:, None]).squeeze(-1)
+        return tok, logp.gather(-1, tok[:, None]).squeeze(-1)
+
+    def _decode(self):
+        m, A = self.model, len(self.live)
+        self.most_live = max(self.most_live, A)
+        end = max(len(s.prompt) + len(s.tokens) for s in self.live) + 2  # host-side bound on every slot's length
+        pos = self.lengths[:A]
+        self.cache.at(slice(0, A), pos=pos, end=end)
+        mask = (torch.arange(end, device=pos.device) <= pos[:, None])[:, None, None]  # (A, 1, 1, end)
+        h = m.blocks(self.last[:A, None], pos[:, None], mask, self.cache)[:, -1]
+        tok, lp = self._sample(m.lm_head(h).float()[:, :m.sample_vocab_size], self.live)
+        self.last[:A], self.lengths[:A] = tok, pos + 1
+        fresh, self.fresh = self.fresh, None
+        parts = [torch.stack([tok.double(), lp.double()])]
+        if fresh:
+            parts.insert(0, torch.stack([fresh[1].double(), fresh[2].double()]))
+        host = torch.cat(parts, 1).tolist()  # the one host sync of the step
+        k = len(fresh[0]) if fresh else 0
+        news = list(zip(fresh[0], host[0][:k], host[1][:k])) if fresh else []
+        news += list(zip(self.live, host[0][k:], host[1][k:]))
+        for s, t, l in news:  # a fresh sequence's first token comes before its second
+            if s.reason is None:
+                self._append(s, int(t), l)
+        self._compact()
+
+    def _append(self, s, tok, lp):
+        s.tokens.append(tok)
+        s.logprobs.append(lp)
+        if s.on_token:
+            s.on_token(s, tok)
+        if tok in s.stop_ids or (s.stop_fn is not None and s.stop_fn(s.tokens)):
+            s.reason = "stop"
+        elif len(s.tokens) >= s.max_new_tokens:
+            s.reason = "length"
+        if s.reason and s.done is not None:
+            s.done.set()
+
+    def _compact(self):
+        """Finished sequences leave; the last live slot moves into each hole, so the live slots stay 0 .. live-1."""
+        for hole in sorted((i for i, s in enumerate(self.live) if s.reason), reverse=True):
+            last = len(self.live) - 1
+            if hole != last:
+                s = self.live[last]
+                self.cache.copy(last, hole, len(s.prompt) + len(s.tokens))
+                self.last[hole], self.lengths[hole] = self.last[last], self.lengths[last]
+                self.live[hole] = s
+            self.live.pop()
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -816,15 +1000,127 @@ def save(model, tokenizer, path, max_shard_bytes=5 * 2**30, dtype=None):
         json.dump(gen, f, indent=2)
 
 
+def stop_strings(tokenizer, strings):
+    """generate's stop_fn for stop strings (None if there are none): True once the decoded tail of a sequence holds
+    one, so generation ends at the token that completes it, as vLLM does; the caller cuts the text before it."""
+    strings = [s for s in strings or [] if s]
+    window = 4 * max(map(len, strings), default=0) + 4  # tokens a stop string can span
+    if not strings:
+        return None
+    return lambda i, toks: any(s in tokenizer.decode(toks[-window:], skip_special_tokens=True) for s in strings)
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # 6. OpenAI-compatible server (the subset of the chat completions API the agents use)
 
-def make_server(model, tokenizer, host="127.0.0.1", port=8000, model_name="model", default_max_tokens=512):
-    lock = threading.Lock()  # one generation at a time on the one model
+class BadRequest(Exception):
+    """A request the server answers with 400 (or `status`) in OpenAI's error shape."""
+
+    def __init__(self, message, param=None, code=None, status=400, kind="invalid_request_error"):
+        super().__init__(message)
+        self.param, self.code, self.status, self.kind = param, code, status, kind
+
+
+class Batcher:
+    """The server's one Engine, stepped by one thread: the sequences of every request, from any handler thread, join
+    the running batch as slots free up (continuous batching across requests)."""
+
+    def __init__(self, model, max_batch=16):
+        self.engine, self.wake = Engine(model, max_batch), threading.Event()
+        threading.Thread(target=self._loop, daemon=True).start()
+
+    def submit(self, seqs):
+        for s in seqs:
+            s.done = threading.Event()
+        for i in range(0, len(seqs), self.engine.max_batch):  # the n samples of a request share one prefill
+            self.engine.add(seqs[i:i + self.engine.max_batch])
+        self.wake.set()
+
+    def _loop(self):
+        while True:
+            self.wake.wait()
+            self.wake.clear()
+            try:
+                while self.engine.step():
+                    pass
+            except Exception as e:  # every request still gets an answer: the ones in flight fail with the error
+                e_ = self.engine
+                with e_.lock:
+                    failed, e_.live, e_.waiting = e_.live + [s for g in e_.waiting for s in g], [], []
+                e_.cache = e_.lengths = e_.last = e_.fresh = None
+                for s in failed:
+                    s.reason = f"error: {type(e).__name__}: {e}"
+                    s.done.set()
+                    if s.on_token:
+                        s.on_token(s, None)
+
+
+def parse_chat_request(req, tokenizer, context, default_max_tokens):
+    """The fields of a chat completions request that this server supports, checked as OpenAI checks them.
+    -> (prompt ids, max_tokens, n, temperature, top_p, stop strings, seed); BadRequest naming the field."""
+    if not isinstance(req, dict):
+        raise BadRequest("the request body must be a JSON object")
+    msgs = req.get("messages")
+    if not isinstance(msgs, list) or not msgs:
+        raise BadRequest("'messages' must be a non-empty list", "messages")
+    messages = []
+    for i, m in enumerate(msgs):
+        content = m.get("content") if isinstance(m, dict) else None
+        if isinstance(content, list):  # text parts: [{"type": "text", "text": "..."}]
+            if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+                       for p in content):
+                raise BadRequest(f"messages[{i}].content: only text parts are supported", f"messages[{i}].content")
+            content = "".join(p["text"] for p in content)
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or \
+                not (isinstance(content, str) or (content is None and m.get("role") == "assistant")):
+            raise BadRequest(f"messages[{i}] must be {{'role': str, 'content': str or text parts}}", f"messages[{i}]")
+        messages.append({"role": m["role"], "content": content or ""})
+
+    def number(name, default, kind, low, high=None, low_open=False):
+        v = req.get(name, default)
+        if v is None:
+            v = default
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or (kind is int and v != int(v)) or \
+                (v <= low if low_open else v < low) or (high is not None and v > high):
+            bound = f"{'>' if low_open else '>='} {low}" + (f" and <= {high}" if high is not None else "")
+            raise BadRequest(f"'{name}' must be {'an integer' if kind is int else 'a number'} {bound}, not {v!r}",
+                             name)
+        return kind(v)
+
+    temperature = number("temperature", 1.0, float, 0, 2)
+    top_p = number("top_p", 1.0, float, 0, 1, low_open=True)
+    n = number("n", 1, int, 1, 128)
+    stop = req.get("stop") or []
+    stop = [stop] if isinstance(stop, str) else stop
+    if not isinstance(stop, list) or len(stop) > 4 or not all(isinstance(x, str) for x in stop):
+        raise BadRequest("'stop' must be a string or a list of at most 4 strings", "stop")
+    seed = req.get("seed")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+        raise BadRequest("'seed' must be an integer", "seed")
+    prompt = tokenizer.encode(tokenizer.apply_chat_template(messages))
+    key = "max_completion_tokens" if req.get("max_completion_tokens") is not None else "max_tokens"
+    asked = req.get(key) is not None
+    max_tokens = number(key, min(default_max_tokens, max(context - len(prompt), 1)), int, 1)
+    if len(prompt) + max_tokens > context or (not asked and len(prompt) >= context):
+        raise BadRequest(f"This model's maximum context length is {context} tokens. However, you requested "
+                         f"{len(prompt) + max_tokens} tokens ({len(prompt)} in the messages, {max_tokens} in the "
+                         f"completion). Please reduce the length of the messages or completion.", "messages",
+                         "context_length_exceeded")
+    return prompt, max_tokens, n, temperature, top_p, stop, seed
+
+
+def make_server(model, tokenizer, host="127.0.0.1", port=8000, model_name="model", default_max_tokens=512,
+                max_batch=16):
+    """An OpenAI-compatible HTTP server (GET /v1/models, POST /v1/chat/completions, streaming or not). Handler
+    threads parse and check requests; one Batcher thread generates for all of them together."""
+    batcher = Batcher(model, max_batch)
     ends = (*model.stop_token_ids, tokenizer.eos_token_id, tokenizer.im_end_id)  # chat turns end at <|im_end|>
-    stops = [i for i in dict.fromkeys(ends) if i is not None]
+    stops = {i for i in ends if i is not None}
+    context = model.config.max_position_embeddings
 
     class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"  # keep-alive, as the openai client expects
+
         def log_message(self, *args):  # keep test and agent output quiet
             pass
 
@@ -836,66 +1132,104 @@ def make_server(model, tokenizer, host="127.0.0.1", port=8000, model_name="model
             self.end_headers()
             self.wfile.write(body)
 
-        def error(self, status, message, kind="invalid_request_error", code=None):
-            self.send(status, {"error": {"message": message, "type": kind, "code": code}})
+        def error(self, status, message, kind="invalid_request_error", param=None, code=None):
+            self.send(status, {"error": {"message": message, "type": kind, "param": param, "code": code}})
 
         def route(self, method):
+            length = int(self.headers.get("Content-Length") or 0)
+            body = self.rfile.read(length) if length else b""  # read first: the connection stays usable
             path = self.path.split("?")[0].rstrip("/")
             allowed = {"/v1/models": "GET", "/v1/chat/completions": "POST"}.get(path)
             if allowed is None:
-                return self.error(404, f"unknown path {path}", "not_found_error", "not_found")
+                return self.error(404, f"unknown path {path}", "not_found_error", code="not_found")
             if method != allowed:
                 return self.error(405, f"{method} not allowed on {path}", code="method_not_allowed")
             if method == "GET":
                 return self.send(200, {"object": "list", "data": [
                     {"id": model_name, "object": "model", "created": 0, "owned_by": "model.py"}]})
             try:
-                req = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"null")
+                req = json.loads(body or b"null")
             except (ValueError, UnicodeDecodeError):
-                return self.error(400, "request body is not valid JSON")
-            if not isinstance(req, dict) or not isinstance(req.get("messages"), list) or not req["messages"]:
-                return self.error(400, "'messages' must be a non-empty list")
-            if req.get("model") not in (None, model_name):
-                return self.error(404, f"model {req['model']!r} not found; serving {model_name!r}",
-                                  "not_found_error", "model_not_found")
+                return self.error(400, "the request body is not valid JSON")
             try:
-                self.complete(req)
-            except (TypeError, ValueError, KeyError) as e:
-                self.error(400, f"bad request: {e}")
+                if isinstance(req, dict) and req.get("model") not in (None, model_name):
+                    raise BadRequest(f"The model {req['model']!r} does not exist; this server serves "
+                                     f"{model_name!r}", "model", "model_not_found", 404, "not_found_error")
+                self.complete(req, *parse_chat_request(req, tokenizer, context, default_max_tokens))
+            except BadRequest as e:
+                self.error(e.status, str(e), e.kind, e.param, e.code)
+            except Exception as e:  # every request gets an answer
+                self.error(500, f"internal error: {type(e).__name__}: {e}", "server_error")
 
-        def complete(self, req):
-            text = lambda c: c if isinstance(c, str) else "".join(p.get("text", "") for p in c)  # str or parts
-            messages = [{"role": m["role"], "content": text(m.get("content") or "")} for m in req["messages"]]
-            temperature, top_p = float(req.get("temperature", 1.0)), float(req.get("top_p", 1.0))
-            max_tokens = int(req.get("max_tokens") or req.get("max_completion_tokens") or default_max_tokens)
-            n, stop = int(req.get("n", 1)), req.get("stop") or []
-            stop = [stop] if isinstance(stop, str) else list(stop)
-            if temperature < 0 or not 0 < top_p <= 1 or max_tokens < 1 or n < 1 or req.get("stream"):
-                raise ValueError("need temperature >= 0, 0 < top_p <= 1, max_tokens >= 1, n >= 1, no streaming")
-            prompt = tokenizer.encode(tokenizer.apply_chat_template(messages))
-            seed, window = req.get("seed"), 4 * max(map(len, stop), default=0) + 4  # tokens a stop string can span
+        def complete(self, req, prompt, max_tokens, n, temperature, top_p, stop, seed):
+            dev = model.lm_head.weight.device
+            events = queue.Queue()  # (sequence index, token or None) as the Batcher produces them
+            seqs = []
+            for i in range(n):
+                gen = None if seed is None else torch.Generator(dev).manual_seed(seed * 1000003 + i)
+                seqs.append(Sequence(prompt, max_tokens, temperature, top_p, stops,
+                                     (lambda f: f and (lambda toks: f(0, toks)))(stop_strings(tokenizer, stop)), gen,
+                                     on_token=lambda s, t, i=i: events.put((i, t))))
+            batcher.submit(seqs)
+            ident, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+            if req.get("stream"):
+                return self.stream(seqs, events, ident, created, prompt, stop, req)
+            for s in seqs:
+                s.done.wait()
+            if any(s.reason.startswith("error") for s in seqs):
+                return self.error(500, next(s.reason for s in seqs if s.reason.startswith("error")), "server_error")
+            choices = [{"index": i, "message": {"role": "assistant", "content": content}, "finish_reason": reason}
+                       for i, (content, reason) in enumerate(finish(s, stop) for s in seqs)]
+            used = sum(len(s.tokens) for s in seqs)
+            self.send(200, {"id": ident, "object": "chat.completion", "created": created, "model": model_name,
+                            "choices": choices, "usage": {"prompt_tokens": len(prompt), "completion_tokens": used,
+                                                          "total_tokens": len(prompt) + used}})
 
-            def stop_fn(i, toks):  # stop strings end generation at the token that completes one, as in vLLM
-                return any(s in tokenizer.decode(toks[-window:], skip_special_tokens=True) for s in stop if s)
+        def stream(self, seqs, events, ident, created, prompt, stop, req):
+            """Server-sent events as OpenAI sends them: a role delta, content deltas, a finish_reason, [DONE]."""
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Cache-Control", "no-cache")
+            self.send_header("Connection", "close")
+            self.end_headers()
+            self.close_connection = True
 
-            with lock:
-                rng = None if seed is None else torch.Generator(model.lm_head.weight.device).manual_seed(int(seed))
-                gen = model.generate([prompt] * n, max_new_tokens=max_tokens, temperature=temperature, top_p=top_p,
-                                     stop_token_ids=stops, pad_token_id=tokenizer.pad_token_id, generator=rng,
-                                     stop_fn=stop_fn if stop else None)
-            choices = []
-            for i, (toks, reason) in enumerate(zip(gen.tokens, gen.finish_reasons)):
-                content = tokenizer.decode(toks, skip_special_tokens=True)
-                cut = min((j for j in (content.find(s) for s in stop if s) if j >= 0), default=-1)
-                if cut >= 0:  # the text ends before the first stop string
-                    content, reason = content[:cut], "stop"
-                choices.append({"index": i, "message": {"role": "assistant", "content": content},
-                                "finish_reason": reason})
-            used = sum(map(len, gen.tokens))
-            self.send(200, {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion",
-                            "created": int(time.time()), "model": model_name, "choices": choices,
-                            "usage": {"prompt_tokens": len(prompt), "completion_tokens": used,
-                                      "total_tokens": len(prompt) + used}})
+            def event(i, delta, reason=None, **extra):
+                chunk = {"id": ident, "object": "chat.completion.chunk", "created": created, "model": model_name,
+                         "choices": [{"index": i, "delta": delta, "finish_reason": reason}] if i is not None else [],
+                         **extra}
+                self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
+                self.wfile.flush()
+
+            hold = max(map(len, stop), default=1) - 1  # characters that may yet become a stop string
+            sent = [0] * len(seqs)
+            for i in range(len(seqs)):
+                event(i, {"role": "assistant", "content": ""})
+            left = len(seqs)
+            while left:
+                i, _ = events.get()
+                s = seqs[i]
+                if s.reason is None:  # mid-sequence: send what can no longer change
+                    text = tokenizer.decode(s.tokens, skip_special_tokens=True)
+                    safe = len(text) - hold if not text.endswith("\ufffd") else text.rfind("\ufffd") - hold
+                    if safe > sent[i]:
+                        event(i, {"content": text[sent[i]:safe]})
+                        sent[i] = safe
+                    continue
+                left -= 1
+                if s.reason.startswith("error"):
+                    event(i, {}, "error", error={"message": s.reason, "type": "server_error"})
+                    continue
+                content, reason = finish(s, stop)
+                if len(content) > sent[i]:
+                    event(i, {"content": content[sent[i]:]})
+                event(i, {}, reason)
+            if (req.get("stream_options") or {}).get("include_usage"):
+                used = sum(len(s.tokens) for s in seqs)
+                event(None, {}, usage={"prompt_tokens": len(prompt), "completion_tokens": used,
+                                       "total_tokens": len(prompt) + used})
+            self.wfile.write(b"data: [DONE]\n\n")
+            self.wfile.flush()
 
         def do_GET(self):
             self.route("GET")
@@ -909,7 +1243,15 @@ def make_server(model, tokenizer, host="127.0.0.1", port=8000, model_name="model
         def do_DELETE(self):
             self.route("DELETE")
 
-    return ThreadingHTTPServer((host, port), Handler)
+    def finish(s, stop):
+        """(text, finish_reason) of a finished sequence: special tokens dropped, cut before the first stop string."""
+        content = tokenizer.decode(s.tokens, skip_special_tokens=True)
+        cut = min((j for j in (content.find(x) for x in stop if x) if j >= 0), default=-1)
+        return (content[:cut], "stop") if cut >= 0 else (content, s.reason)
+
+    server = ThreadingHTTPServer((host, port), Handler)
+    server.daemon_threads, server.batcher = True, batcher
+    return server
 
 
 def serve(model, tokenizer, host="127.0.0.1", port=8000, model_name="model"):

@@ -465,14 +465,10 @@ def generate(lm, tokenizer, messages, cfg, device, seeds=None):
     prompts = [tokenizer.encode(tokenizer.apply_chat_template(m))[-room:] for m in messages]
     stops = [i for i in dict.fromkeys([*lm.stop_token_ids, tokenizer.eos_token_id, tokenizer.im_end_id])
              if i is not None]
-    tokens, logprobs = [], []
-    for i in range(0, len(prompts), cfg.gen_batch):  # generation chunks: the KV cache bounds memory
-        with autocast(device):
-            g = lm.generate(prompts[i:i + cfg.gen_batch], cfg.max_new_tokens, cfg.temperature,
-                            stop_token_ids=stops, pad_token_id=tokenizer.pad_token_id,
-                            seeds=None if seeds is None else seeds[i:i + cfg.gen_batch])
-        tokens += g.tokens
-        logprobs += g.logprobs
+    with autocast(device):  # continuous batching: at most gen_batch rows (and their KV cache) at a time
+        g = lm.generate(prompts, cfg.max_new_tokens, cfg.temperature, stop_token_ids=stops, seeds=seeds,
+                        max_batch=cfg.gen_batch)
+    tokens, logprobs = g.tokens, g.logprobs
     texts = [tokenizer.decode(t, skip_special_tokens=True) for t in tokens]
     return prompts, tokens, logprobs, texts
 

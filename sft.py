@@ -436,10 +436,9 @@ def parse_rate(lm, tokenizer, rows, max_new_tokens, batch=8):
         expert.append(r["messages"][last]["content"])
     stops = [i for i in dict.fromkeys([*lm.stop_token_ids, tokenizer.im_end_id]) if i is not None]
     ok = same = 0
-    for i in range(0, len(prompts), batch):
-        gen = lm.generate(prompts[i:i + batch], max_new_tokens, stop_token_ids=stops,
-                          pad_token_id=tokenizer.pad_token_id)
-        for toks, ref in zip(gen.tokens, expert[i:i + batch]):
+    if prompts:
+        gen = lm.generate(prompts, max_new_tokens, stop_token_ids=stops, max_batch=batch)  # continuous batching
+        for toks, ref in zip(gen.tokens, expert):
             try:
                 action, _ = agent.parse_response(tokenizer.decode(toks, skip_special_tokens=True))
             except agent.ParseError:

@@ -260,3 +260,24 @@ def test_episode_against_model_py_server_on_loopback():
     assert backend.model == "tiny"  # asked /v1/models
     assert [s.kind for s in traj.steps] == ["invalid", "invalid"] and [s.reward for s in traj.steps] == [-1, -1]
     assert backend.usage.calls == 4 and backend.usage.prompt_tokens > 100 and backend.usage.completion_tokens > 0
+
+
+def test_local_backend_stops_at_stop_strings_while_generating_and_shares_n_samples():
+    model = pytest.importorskip("model")
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+    tok = model.train_tokenizer([agent.SYSTEM, GOOD], vocab_size=400)
+    lm = model.Qwen(model.tiny_config(vocab_size=len(tok))).eval()
+    backend = agent.LocalBackend(lm=lm, tokenizer=tok)
+    msgs = [{"role": "user", "content": "Go."}]
+    torch.manual_seed(1)  # the same draws for both calls: the stopped run is a prefix of the free one
+    free = backend.chat(msgs, max_tokens=24, temperature=1.0)
+    text = free.texts[0]
+    stop = next(text[k:k + 2] for k in range(2, len(text) - 2) if text[k:k + 2].strip() and "\ufffd" not in text[:k + 2])
+    torch.manual_seed(1)
+    cut = backend.chat(msgs, max_tokens=24, temperature=1.0, stop=[stop])
+    assert cut.texts[0] == text[:text.index(stop)]
+    assert cut.completion_tokens < free.completion_tokens  # it stopped generating there, not at max_tokens
+    greedy = backend.chat(msgs, max_tokens=6)
+    many = backend.chat(msgs, n=3, max_tokens=6)  # one prefill, three rows
+    assert many.texts == greedy.texts * 3 and many.completion_tokens == 3 * greedy.completion_tokens

@@ -27,6 +27,7 @@ import subprocess
 import sys
 import threading
 import unicodedata
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -360,8 +361,9 @@ def test_greedy_generation_matches_transformers(ckpt):
     # a stop token the first prompt really emits, so stopping inside a batch is exercised
     stop = hf_generate([ckpt.vocab - 1])[0][3]  # (a suppressed id as eos: no early stop)
     expected = [upto_stop(s, stop) for s in hf_generate(stop)]
-    g = ckpt.ours.generate(prompts, max_new_tokens=n, temperature=0.0, stop_token_ids=[stop], pad_token_id=ckpt.pad)
-    assert g.tokens == expected
+    for max_batch in (None, 2, 1):  # all at once; continuous batching (a finished row's slot goes to a waiting prompt)
+        g = ckpt.ours.generate(prompts, max_new_tokens=n, temperature=0.0, stop_token_ids=[stop], max_batch=max_batch)
+        assert g.tokens == expected, max_batch
     assert g.finish_reasons == ["stop" if s[-1] == stop else "length" for s in expected]
     assert g.finish_reasons[0] == "stop" and all(len(s) == n for s, r in zip(g.tokens, g.finish_reasons) if r == "length")
     assert [len(lp) for lp in g.logprobs] == [len(s) for s in g.tokens]
@@ -421,6 +423,33 @@ def test_sampling_is_reproducible_and_logprobs_use_temperature(cases):
     lp = F.log_softmax(our_logits(c.ours, ids, mask) / temp, -1)[:, T - n - 1:T - 1]
     full = lp.gather(-1, torch.tensor(runs[0].tokens)[..., None])[..., 0]
     torch.testing.assert_close(torch.tensor(runs[0].logprobs), full, atol=1e-4, rtol=0)
+
+
+def test_n_samples_share_one_prefill_and_log_probs_match_a_full_forward(cases, monkeypatch):
+    """n = 3 samples of each of 3 prompts, at most 4 rows at a time (continuous batching, groups admitted whole):
+    one prefill per prompt, not per sample; the sampled tokens' log-probs equal those of a full forward pass."""
+    c = cases("qwen2-untied")
+    prompts, n, temp = prompts_for(c.tok), 6, 0.9
+    prefills, blocks = [], model.Qwen.blocks
+
+    def counting(self, ids, positions, mask, cache):
+        if ids.shape[1] > 1:  # a prefill (decode steps feed one token per row)
+            prefills.append(ids.shape[0])
+        return blocks(self, ids, positions, mask, cache)
+
+    monkeypatch.setattr(model.Qwen, "blocks", counting)
+    with full_vocab(c.ours) as m:
+        g = m.generate(prompts, max_new_tokens=n, temperature=temp, stop_token_ids=[], n=3, max_batch=4,
+                       generator=torch.Generator().manual_seed(5))
+    assert sum(prefills) == len(prompts) and len(g.tokens) == 9  # 3 prompt rows prefilled for 9 sequences
+    assert len({tuple(t) for t in g.tokens[:3]}) > 1  # the samples of one prompt differ
+    monkeypatch.setattr(model.Qwen, "blocks", blocks)
+    rows = [p for p in prompts for _ in range(3)]
+    ids, mask = left_pad([p + s for p, s in zip(rows, g.tokens)], c.pad)
+    T = ids.shape[1]
+    lp = F.log_softmax(our_logits(c.ours, ids, mask) / temp, -1)[:, T - n - 1:T - 1]
+    full = lp.gather(-1, torch.tensor(g.tokens)[..., None])[..., 0]
+    torch.testing.assert_close(torch.tensor(g.logprobs), full, atol=1e-4, rtol=0)
 
 
 def test_tiny_top_p_is_greedy(cases):
@@ -727,7 +756,7 @@ def server(cases):
     srv = model.make_server(c.ours, c.tok, host="127.0.0.1", port=0, model_name="tiny-qwen")
     thread = threading.Thread(target=srv.serve_forever, daemon=True)
     thread.start()
-    yield SimpleNamespace(url=f"http://127.0.0.1:{srv.server_address[1]}", c=c)
+    yield SimpleNamespace(url=f"http://127.0.0.1:{srv.server_address[1]}", c=c, srv=srv)
     srv.shutdown()
     srv.server_close()
 
@@ -798,6 +827,58 @@ def test_server_errors(server):
     r = requests.post(server.url + "/v1/chat/completions", timeout=30,
                       json={"model": "no-such-model", "messages": [{"role": "user", "content": "hi"}]})
     assert_openai_error(r, 404)
+
+
+def openai_client(server):
+    openai = pytest.importorskip("openai")
+    return openai, openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=60)
+
+
+def test_server_through_the_openai_client_streams_what_it_returns(server):
+    openai, client = openai_client(server)
+    parts = [{"type": "text", "text": "Tell me "}, {"type": "text", "text": "a story."}]  # content as text parts
+    msgs = [{"role": "user", "content": parts}]
+    whole = client.chat.completions.create(model="tiny-qwen", messages=msgs, max_tokens=10, temperature=0)
+    plain = client.chat.completions.create(model="tiny-qwen", max_tokens=10, temperature=0,
+                                           messages=[{"role": "user", "content": "Tell me a story."}])
+    assert whole.choices[0].message.content == plain.choices[0].message.content
+    chunks = list(client.chat.completions.create(model="tiny-qwen", messages=msgs, max_tokens=10, temperature=0,
+                                                 stream=True, stream_options={"include_usage": True}))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    reasons = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert text == whole.choices[0].message.content and reasons == [whole.choices[0].finish_reason]
+    assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens  # the usage chunk comes last
+    assert len(chunks) > 3  # the text came in pieces, not in one event
+
+
+def test_server_answers_every_bad_request_in_openais_error_shape(server):
+    openai, client = openai_client(server)
+    hi = [{"role": "user", "content": "hi"}]
+    context = server.c.ours.config.max_position_embeddings
+    cases = [(dict(messages=hi, max_tokens=0), "max_tokens", None),
+             (dict(messages=hi, max_tokens=10 ** 9), "messages", "context_length_exceeded"),
+             (dict(messages=[{"role": "user", "content": "word " * context}]), "messages", "context_length_exceeded"),
+             (dict(messages=[{"role": "user", "content": {"text": "a dict"}}]), "messages[0]", None),
+             (dict(messages=[{"role": "user", "content": [{"type": "image_url"}]}]), "messages[0].content", None),
+             (dict(messages=hi, n=0), "n", None), (dict(messages=hi, temperature=5), "temperature", None),
+             (dict(messages=hi, stop=[1, 2]), "stop", None), (dict(messages=[]), "messages", None)]
+    for kw, param, code in cases:
+        with pytest.raises(openai.BadRequestError) as e:
+            client.chat.completions.create(model="tiny-qwen", **kw)
+        err = e.value.body
+        assert e.value.status_code == 400 and err["param"] == param and err["code"] == code, (kw, err)
+        assert isinstance(err["message"], str) and err["type"] == "invalid_request_error"
+
+
+def test_server_batches_concurrent_requests_and_answers_each(server):
+    msgs = [[{"role": "user", "content": f"Story number {i}."}] for i in range(6)]
+    post = lambda m: requests.post(server.url + "/v1/chat/completions", timeout=120,
+                                   json={"messages": m, "temperature": 0, "max_tokens": 12 + len(m[0]["content"])})
+    alone = [post(m).json()["choices"][0]["message"]["content"] for m in msgs]
+    with ThreadPoolExecutor(6) as pool:
+        together = [r.json()["choices"][0]["message"]["content"] for r in pool.map(post, msgs)]
+    assert together == alone  # greedy text does not depend on which requests share the batch
+    assert server.srv.batcher.engine.most_live > 1  # and they did share it
 
 
 # ---------------------------------------------------------------------------------------------------------------
