@@ -417,9 +417,11 @@ class Engine:
                     new = buf.new_zeros(*buf.shape[:2], cap, buf.shape[3])
                     new[:, :, :buf.shape[2]] = buf
                     getattr(self.cache, name)[layer] = new
-        if self.lengths is None:
-            self.lengths = torch.zeros(self.max_batch, dtype=torch.long, device=dev)  # cached positions per slot
-            self.last = torch.zeros(self.max_batch, dtype=torch.long, device=dev)  # each slot's newest token
+        if self.lengths is None:  # per slot, on the device: cached positions, newest token, sampling settings
+            self.lengths = torch.zeros(self.max_batch, dtype=torch.long, device=dev)
+            self.last = torch.zeros(self.max_batch, dtype=torch.long, device=dev)
+            self.temp = torch.zeros(self.max_batch, device=dev)
+            self.top_p = torch.ones(self.max_batch, device=dev)
 
     def _admit(self):
         with self.lock:
@@ -458,34 +460,33 @@ class Engine:
         leaders = torch.tensor([A + b for b, g in enumerate(groups) for _ in g], device=dev)
         seqs = [s for g in groups for s in g]
         order = sorted(range(len(seqs)), key=lambda i: rows[i])  # live order = slot order
-        logits = m.lm_head(h_last).float()[:, :m.sample_vocab_size]
-        tok, lp = self._sample(logits[leaders - A], seqs)  # each sample draws its own first token
         where = torch.tensor(rows, device=dev)
+        self.temp[where] = torch.tensor([float(s.temperature) for s in seqs], device=dev)
+        self.top_p[where] = torch.tensor([float(s.top_p) for s in seqs], device=dev)
+        logits = m.lm_head(h_last).float()[:, :m.sample_vocab_size]
+        tok, lp = self._sample(logits[leaders - A], seqs, self.temp[where], self.top_p[where])  # one draw each
         self.last[where], self.lengths[where] = tok, torch.tensor([len(s.prompt) for s in seqs], device=dev)
         self.live += [seqs[i] for i in order]
         self.fresh = (seqs, tok, lp)  # reported with the next decode step's sync
 
-    def _sample(self, logits, seqs):
-        """One token per row under each sequence's temperature / top-p / generator -> tokens, log-probs (R,)."""
-        temp = torch.tensor([s.temperature or 1.0 for s in seqs], device=logits.device)[:, None]
-        logp = torch.log_softmax(logits / temp, -1)
+    def _sample(self, logits, seqs, temp, top_p):
+        """One token per row under its temperature / top-p (device tensors (R,), so no host copy) and generator
+        -> tokens, log-probs (R,). Temperature 0 is greedy; log-probs are under softmax(logits / T)."""
+        greedy = temp == 0
+        logp = torch.log_softmax(logits / torch.where(greedy, 1.0, temp)[:, None], -1)
         tok = logits.argmax(-1)
-        sampled = [i for i, s in enumerate(seqs) if s.temperature]
-        if sampled:
-            probs = logp[sampled].exp()
-            idx = None
-            if any(seqs[i].top_p < 1 for i in sampled):
-                top_p = torch.tensor([seqs[i].top_p for i in sampled], device=logits.device)[:, None]
-                probs, idx = probs.sort(-1, descending=True)  # nucleus: the smallest prefix reaching top_p
-                probs[(probs.cumsum(-1) - probs) > top_p] = 0  # the first token is always kept
-            own = [j for j, i in enumerate(sampled) if seqs[i].generator is not None]
-            shared = [j for j, i in enumerate(sampled) if seqs[i].generator is None]
-            draw = torch.empty(len(sampled), dtype=torch.long, device=logits.device)
-            if shared:
-                draw[shared] = torch.multinomial(probs[shared], 1, generator=self.generator).squeeze(-1)
-            for j in own:
-                draw[j] = torch.multinomial(probs[j], 1, generator=seqs[sampled[j]].generator)[0]
-            tok[sampled] = draw if idx is None else idx.gather(-1, draw[:, None]).squeeze(-1)
+        if any(s.temperature for s in seqs):  # host-side knowledge: no sync
+            probs, order = logp.exp(), None
+            if any(s.temperature and s.top_p < 1 for s in seqs):
+                probs, order = probs.sort(-1, descending=True)  # nucleus: the smallest prefix reaching top_p
+                probs[(probs.cumsum(-1) - probs) > top_p[:, None]] = 0  # the first token is always kept
+            draw = torch.multinomial(probs, 1, generator=self.generator).squeeze(-1)
+            for j, s in enumerate(seqs):  # a seeded sequence draws from its own stream
+                if s.temperature and s.generator is not None:
+                    draw[j] = torch.multinomial(probs[j], 1, generator=s.generator)[0]
+            if order is not None:
+                draw = order.gather(-1, draw[:, None]).squeeze(-1)
+            tok = torch.where(greedy, tok, draw)
         return tok, logp.gather(-1, tok[:, None]).squeeze(-1)
 
     def _decode(self):
@@ -496,7 +497,8 @@ class Engine:
         self.cache.at(slice(0, A), pos=pos, end=end)
         mask = (torch.arange(end, device=pos.device) <= pos[:, None])[:, None, None]  # (A, 1, 1, end)
         h = m.blocks(self.last[:A, None], pos[:, None], mask, self.cache)[:, -1]
-        tok, lp = self._sample(m.lm_head(h).float()[:, :m.sample_vocab_size], self.live)
+        tok, lp = self._sample(m.lm_head(h).float()[:, :m.sample_vocab_size], self.live, self.temp[:A],
+                               self.top_p[:A])
         self.last[:A], self.lengths[:A] = tok, pos + 1
         fresh, self.fresh = self.fresh, None
         parts = [torch.stack([tok.double(), lp.double()])]
@@ -530,7 +532,8 @@ class Engine:
             if hole != last:
                 s = self.live[last]
                 self.cache.copy(last, hole, len(s.prompt) + len(s.tokens))
-                self.last[hole], self.lengths[hole] = self.last[last], self.lengths[last]
+                for t in (self.last, self.lengths, self.temp, self.top_p):
+                    t[hole] = t[last]
                 self.live[hole] = s
             self.live.pop()
 
@@ -561,7 +564,11 @@ def _read_into(f, start, info, out):
     f.seek(start + a)
     done = 0
     while done < len(buf):  # one read() returns at most ~2 GiB on Linux
-        done += f.readinto(buf[done:])
+        got = f.readinto(buf[done:])
+        if not got:  # end of file: a truncated download or copy (readinto returns 0 forever: no hang)
+            raise ValueError(f"{getattr(f, 'name', 'safetensors file')}: truncated ({start + a + done} bytes, the "
+                             f"header needs {start + b})")
+        done += got
 
 
 def read_safetensors(path, device="cpu"):
@@ -1254,8 +1261,8 @@ def make_server(model, tokenizer, host="127.0.0.1", port=8000, model_name="model
     return server
 
 
-def serve(model, tokenizer, host="127.0.0.1", port=8000, model_name="model"):
-    server = make_server(model, tokenizer, host, port, model_name)
+def serve(model, tokenizer, host="127.0.0.1", port=8000, model_name="model", max_batch=16):
+    server = make_server(model, tokenizer, host, port, model_name, max_batch=max_batch)
     print(f"serving {model_name} on http://{host}:{server.server_address[1]}/v1", file=sys.stderr)
     try:
         server.serve_forever()
@@ -1290,6 +1297,7 @@ def main(argv=None):
             p.add_argument("--port", type=int, default=8000)
             p.add_argument("--host", default="127.0.0.1")
             p.add_argument("--name", default=None, help="model name the API reports (default: --model)")
+            p.add_argument("--max-batch", type=int, default=16, help="sequences decoded together (all requests)")
     args = parser.parse_args(argv)
     try:
         model, tokenizer = load(args.model, args.device, args.dtype)
@@ -1303,7 +1311,7 @@ def main(argv=None):
                              stop_token_ids=stops, pad_token_id=tokenizer.pad_token_id)
         print(tokenizer.decode(gen.tokens[0], skip_special_tokens=True))
     else:
-        serve(model, tokenizer, args.host, args.port, args.name or args.model)
+        serve(model, tokenizer, args.host, args.port, args.name or args.model, max(args.max_batch, 1))
 
 
 if __name__ == "__main__":

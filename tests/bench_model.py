@@ -4,6 +4,10 @@ It measures, and prints as a table with the ratio ours / transformers:
 
 - greedy generation tokens/s at batch 1 and batch 8 (128 new tokens, no early stop, prompts of slightly
   different lengths so the batch is left-padded), fp32;
+- a rollout-like workload: 64 prompts of 500-2,000 tokens whose responses stop at different lengths, at most 16
+  rows at a time (ours: continuous batching; transformers: consecutive batches of 16), in useful tokens/s;
+- serving: model.py serve through the official openai client, requests/s and p50 / p99 latency of 8 concurrent
+  clients against sequential requests (both ours: the row's ratio is the gain of batching requests together);
 - training tokens/s: forward + cross-entropy + backward over (batch, seq) random tokens, fp32;
 - peak memory while loading a ~200M-parameter checkpoint (bf16 by default), each loader in a fresh subprocess:
   the rise of the RSS high-water mark (VmHWM, reset through /proc/self/clear_refs after the imports) during the
@@ -102,6 +106,79 @@ def bench_generation(ours, hf, batch, new_tokens, prompt_len, repeats):
     return n / t_ours, n / t_hf, f"{same}/{batch} sequences identical"
 
 
+def bench_rollout(ours, hf, n_prompts, batch, new_tokens, lo, hi, repeats):
+    """A PPO-rollout-like workload: n_prompts prompts of lo..hi tokens, each response stopping at its own length
+    (8 .. new_tokens, drawn once), at most `batch` rows at a time. Ours: one call, continuous batching (a finished
+    row's slot goes to the next prompt). transformers: generate() over consecutive batches of `batch` prompts, each
+    running until its longest response ends, with the same per-row stops. -> (useful tok/s ours, theirs, note)"""
+    g = torch.Generator().manual_seed(7)
+    prompts = [torch.randint(0, 256, (int(torch.randint(lo, hi + 1, (1,), generator=g)),), generator=g).tolist()
+               for _ in range(n_prompts)]
+    stop_at = [int(torch.randint(8, new_tokens + 1, (1,), generator=g)) for _ in range(n_prompts)]
+    out = {}
+
+    class StopAt(transformers.StoppingCriteria):  # row i is done once it has stop_at[i] new tokens
+        def __init__(self, start, lengths):
+            self.start, self.lengths = start, torch.tensor(lengths)
+
+        def __call__(self, input_ids, scores, **kw):
+            return (input_ids.shape[1] - self.start) >= self.lengths
+
+    def run_ours():
+        out["ours"] = ours.generate(prompts, new_tokens, stop_token_ids=[], max_batch=batch,
+                                    stop_fn=lambda i, toks: len(toks) >= stop_at[i]).tokens
+
+    def run_hf():
+        res = []
+        for a in range(0, n_prompts, batch):
+            chunk = prompts[a:a + batch]
+            T = max(map(len, chunk))
+            ids = torch.tensor([[0] * (T - len(p)) + p for p in chunk])
+            mask = torch.tensor([[0] * (T - len(p)) + [1] * len(p) for p in chunk])
+            gen = hf.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new_tokens, do_sample=False,
+                              pad_token_id=0, stopping_criteria=[StopAt(T, stop_at[a:a + batch])])
+            res += [row[T:T + stop_at[a + i]].tolist() for i, row in enumerate(gen)]
+        out["hf"] = res
+
+    with torch.inference_mode():
+        t_ours, t_hf = timed_pair(run_ours, run_hf, repeats)
+    useful = sum(stop_at)
+    same = sum(a == b for a, b in zip(out["ours"], out["hf"]))
+    return useful / t_ours, useful / t_hf, (f"{n_prompts} prompts of {lo}-{hi} tokens, stops at 8-{new_tokens}, "
+                                            f"batch {batch}; {same}/{n_prompts} sequences identical")
+
+
+def bench_serving(ours, tok, clients, n_requests, max_tokens):
+    """model.py serve through the official openai client: n_requests chat completions sent one after another, then
+    by `clients` threads at once. -> rows of (name, requests/s, p50 s, p99 s)"""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+    import openai
+    srv = model.make_server(ours, tok, port=0, model_name="bench", max_batch=clients)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{srv.server_address[1]}/v1", api_key="none", max_retries=0)
+    rows = []
+
+    def one(i):
+        t0 = time.perf_counter()
+        client.chat.completions.create(model="bench", messages=[{"role": "user", "content": f"request {i} " * 20}],
+                                       max_tokens=max_tokens, temperature=0)
+        return time.perf_counter() - t0
+
+    try:
+        one(-1)  # warm-up
+        for name, workers in (("sequential", 1), (f"{clients} concurrent clients", clients)):
+            t0 = time.perf_counter()
+            with ThreadPoolExecutor(workers) as pool:
+                lat = sorted(pool.map(one, range(n_requests)))
+            wall = time.perf_counter() - t0
+            rows.append((name, n_requests / wall, lat[len(lat) // 2], lat[min(len(lat) - 1, int(0.99 * len(lat)))]))
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    return rows
+
+
 def bench_training(ours, hf, batch, seq, vocab, repeats):
     ids = torch.randint(0, vocab, (batch, seq), generator=torch.Generator().manual_seed(0))
 
@@ -173,6 +250,14 @@ def main():
     ap.add_argument("--skip-load", action="store_true")
     ap.add_argument("--skip-speed", action="store_true")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    ap.add_argument("--rollout-prompts", type=int, default=64)
+    ap.add_argument("--rollout-batch", type=int, default=16)
+    ap.add_argument("--rollout-prompt-len", type=int, nargs=2, default=[500, 2000], metavar=("LO", "HI"))
+    ap.add_argument("--rollout-new-tokens", type=int, default=128)
+    ap.add_argument("--skip-rollout", action="store_true")
+    ap.add_argument("--serve-clients", type=int, default=8)
+    ap.add_argument("--serve-requests", type=int, default=32)
+    ap.add_argument("--skip-serve", action="store_true")
     ap.add_argument("--json", help="also write the results to this file")
     args = ap.parse_args()
     if args.threads:
@@ -196,6 +281,22 @@ def main():
                 rows.append((f"greedy generation tok/s, batch {b}, {args.new_tokens} new", o, t, o / t, note))
                 results[f"generate_b{b}"] = {"ours": o, "transformers": t, "ratio": o / t}
                 print(f"  generation batch {b}: ours {o:.1f} tok/s, transformers {t:.1f} tok/s ({note})", flush=True)
+            if not args.skip_rollout:
+                o, t, note = bench_rollout(ours, hf, args.rollout_prompts, args.rollout_batch,
+                                           args.rollout_new_tokens, *args.rollout_prompt_len, args.repeats)
+                rows.append(("rollout-like generation, useful tok/s", o, t, o / t, note))
+                results["rollout"] = {"ours": o, "transformers": t, "ratio": o / t, "note": note}
+                print(f"  rollout: ours {o:.1f} tok/s, transformers {t:.1f} tok/s ({note})", flush=True)
+            if not args.skip_serve:
+                serve_rows = bench_serving(ours, model.load(str(folder), device="cpu")[1], args.serve_clients,
+                                           args.serve_requests, 32)
+                for name, rps, p50, p99 in serve_rows:
+                    print(f"  serving, {name}: {rps:.2f} requests/s, latency p50 {p50:.2f} s, p99 {p99:.2f} s",
+                          flush=True)
+                results["serve"] = [dict(zip(("name", "requests_per_s", "p50_s", "p99_s"), r)) for r in serve_rows]
+                seq, conc = serve_rows[0][1], serve_rows[1][1]
+                rows.append((f"serving requests/s, {args.serve_clients} clients", conc, seq, conc / seq,
+                             "the transformers column is ours, sequential requests"))
             o, t = bench_training(ours, hf, args.train_batch, args.train_seq, args.vocab, args.repeats)
             rows.append((f"train fwd+bwd tok/s, {args.train_batch}x{args.train_seq}", o, t, o / t, ""))
             results["train"] = {"ours": o, "transformers": t, "ratio": o / t}
@@ -225,7 +326,8 @@ def main():
     print(f"|{'-' * 46}|{'-' * 12}|{'-' * 14}|{'-' * 13}|------")
     for name, o, t, r, note in rows:
         print(f"| {name:<44} | {o:>10.2f} | {t:>12.2f} | {r:>11.2f} | {note}")
-    print("\naims: generation and training ratios >= 1; load peak of ours < 1.3 (x the weights' bytes)")
+    print("\naims: generation and training ratios >= 1 (batch 1: >= 1.2, rollout-like: >= 2); load peak of ours < 1.3 "
+          "(x the weights' bytes)")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
 

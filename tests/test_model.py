@@ -931,3 +931,14 @@ def test_cuda_matches_cpu(cases):
     b16, _ = model.load(str(c.path), device="cuda", dtype=torch.bfloat16)
     lo16 = our_logits(b16, ids.cuda(), mask.cuda()).cpu()
     assert (lo16[valid] - lo[valid]).abs().max() < 0.1 * lo.abs().max() + 0.05
+
+
+def test_truncated_safetensors_is_one_clear_error_not_a_hang(cases, tmp_path):
+    c = cases("qwen2-tied")
+    shutil.copytree(c.path, tmp_path / "ckpt")
+    f = tmp_path / "ckpt" / "model.safetensors"
+    f.write_bytes(f.read_bytes()[:-1000])  # an interrupted download
+    with pytest.raises(ValueError, match="truncated"):
+        model.load(str(tmp_path / "ckpt"), "cpu")
+    r = run_cli("generate", "--model", str(tmp_path / "ckpt"), "--prompt", "hi")
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "truncated" in r.stderr
