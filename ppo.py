@@ -54,6 +54,7 @@ resume with other reward flags stops rather than mixing two rewards in one run.
 """
 import argparse
 import dataclasses
+import fcntl
 import json
 import math
 import os
@@ -670,6 +671,52 @@ def find_resume(out):
     return None
 
 
+def claim_out(cfg, model_path):
+    """Refuse an --out this run does not own (a file, the model, or a folder that is not a ppo.py checkpoint: saving
+    replaces the folder), and lock it against a second ppo.py on the same --out. -> the open lock file."""
+    out = os.path.abspath(cfg.out)
+    if os.path.isfile(out):
+        raise ValueError(f"--out {cfg.out} is a file; give a folder")
+    if os.path.isdir(model_path) and os.path.abspath(model_path) == out:
+        raise ValueError(f"--out {cfg.out} is the --model folder; ppo.py would replace it")
+    if os.path.isdir(out) and os.listdir(out) and not find_resume(out):
+        raise ValueError(f"--out {cfg.out} holds something that is not a ppo.py checkpoint; give another folder")
+    os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
+    lock = open(out + ".lock", "w")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.close()
+        raise ValueError(f"--out {cfg.out} is in use by another ppo.py run ({out}.lock is held)") from None
+    return lock
+
+
+def trim_log(path, out, iteration):
+    """The log as the checkpoint knows it: lines of iterations after the checkpoint's (a run killed between its log
+    line and its checkpoint) are dropped, so a resume neither duplicates nor loses a line. A log of another --out is
+    refused rather than mixed in."""
+    if not os.path.exists(path):
+        return
+    with open(path, encoding="utf-8", errors="replace") as f:
+        lines = [line for line in f.read().splitlines() if line.strip()]
+    keep = []
+    for n, line in enumerate(lines, 1):
+        try:
+            row = json.loads(line)
+        except ValueError:
+            if n == len(lines):  # a line cut by the kill
+                break
+            raise ValueError(f"{path}:{n}: not a JSON line") from None
+        if not isinstance(row, dict) or os.path.abspath(row.get("out", "")) != os.path.abspath(out):
+            raise ValueError(f"{path}:{n} is the log of another run (not of --out {out}); pass another --log-file")
+        if row.get("iteration", 0) <= iteration:
+            keep.append(line)
+    if len(keep) != len(lines):
+        with open(path + ".tmp", "w", encoding="utf-8") as f:
+            f.writelines(line + "\n" for line in keep)
+        os.replace(path + ".tmp", path)
+
+
 def check_resume_reward(folder, cfg):
     """ValueError (one line) when the checkpoint in `folder` was trained with another reward config than cfg.reward:
     one run, one reward. A checkpoint that recorded none (older than the field) is accepted."""
@@ -765,6 +812,7 @@ def train(cfg):
     if (episodes if cfg.episodic else cfg.batch_size) < world:
         raise ValueError(f"--batch-size {cfg.batch_size} gives {'episodes' if cfg.episodic else 'states'} to fewer "
                          f"than the {world} ranks")
+    lock = claim_out(cfg, cfg.model) if rank == 0 else None  # rank 0 owns --out and the log
     resume = find_resume(cfg.out)
     if resume:
         check_resume_reward(resume, cfg)
@@ -804,6 +852,7 @@ def train(cfg):
     total = cfg.iterations or max(math.ceil(cfg.epochs * per_epoch), 1)
     if rank == 0:
         os.makedirs(os.path.dirname(cfg.log_file) or ".", exist_ok=True)
+        trim_log(cfg.log_file, cfg.out, progress["iteration"])
     pool = ThreadPoolExecutor(cfg.workers)
     for it in range(progress["iteration"], total):
         t0 = last = time.time()
@@ -881,7 +930,7 @@ def train(cfg):
                "kl": float(ranks.sum(kl.sum())) / len(kinds), "response_tokens": n_tokens / len(kinds),
                "explained_variance": ev, "generate_vs_forward_logprob_gap": gen_gap, **upd,
                "time_generate": times["generate"], "time_execute": times["execute"], "time_update": times["update"],
-               "time_total": time.time() - t0, "world_size": world,
+               "time_total": time.time() - t0, "world_size": world, "out": os.path.abspath(cfg.out),
                "actor_updated": it >= cfg.critic_warmup, "reward_config": dataclasses.asdict(cfg.reward)}
         say(f"it {it + 1}/{total} reward {log['reward']:+.3f} (invalid {log['frac_invalid']:.2f} error "
             f"{log['frac_error']:.2f} corner {log['frac_corner']:.2f} neutral {log['frac_neutral']:.2f} edit "
@@ -898,6 +947,8 @@ def train(cfg):
     if world > 1:
         dist.barrier()
         dist.destroy_process_group()
+    if lock:
+        lock.close()
     return progress
 
 

@@ -70,8 +70,10 @@ import contextlib
 import dataclasses
 import glob
 import json
+import fcntl
 import math
 import os
+import pickle
 import random
 import shutil
 import sys
@@ -398,6 +400,52 @@ def save_checkpoint(net, lm, tokenizer, optim, sched, info, args, rank, device):
             os.replace(os.path.join(args.out, name + ".tmp"), os.path.join(args.out, name))
 
 
+def claim_out(args, resume):
+    """--out for this run: refused when it is a file, or when a fresh run would mix into another run's checkpoints
+    and log; locked (out/.lock) against a second sft.py on it. -> the open lock file."""
+    if os.path.isfile(args.out):
+        raise ValueError(f"--out {args.out} is a file; give a folder")
+    if not resume and os.path.isdir(args.out) and (latest_checkpoint(args.out) or
+                                                   os.path.exists(os.path.join(args.out, "log.jsonl"))):
+        raise ValueError(f"--out {args.out} holds another run (checkpoints or log.jsonl); pass --resume to continue "
+                         f"it, or another --out")
+    os.makedirs(args.out, exist_ok=True)
+    lock = open(os.path.join(args.out, ".lock"), "w")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.close()
+        raise ValueError(f"--out {args.out} is in use by another sft.py run") from None
+    return lock
+
+
+def check_same_run(recorded, args, resume):
+    """A resume continues the run that wrote the checkpoint: the same data, model and seed, or a one-line error."""
+    for key in ("data", "model", "seed", "prompt_loss_weight"):
+        if key in recorded and getattr(args, key) is not None and recorded[key] != getattr(args, key) and \
+                not (key == "data" and os.path.abspath(recorded[key]) == os.path.abspath(args.data)):
+            raise ValueError(f"{resume} was trained with --{key.replace('_', '-')} {recorded[key]}, not "
+                             f"{getattr(args, key)}; pass the same or another --out")
+
+
+def trim_log(path, step):
+    """log.jsonl as the checkpoint knows it: the lines of steps after it (written before a kill) are dropped, so
+    the resumed run neither duplicates nor loses a line."""
+    if not os.path.exists(path):
+        return
+    keep = []
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for line in f:
+            try:
+                if json.loads(line)["step"] <= step:
+                    keep.append(line if line.endswith("\n") else line + "\n")
+            except (ValueError, KeyError, TypeError):
+                pass  # a line cut by the kill
+    with open(path + ".tmp", "w", encoding="utf-8") as f:
+        f.writelines(keep)
+    os.replace(path + ".tmp", path)
+
+
 def latest_checkpoint(out):
     found = [p for p in glob.glob(os.path.join(out, "checkpoint-*"))
              if p.rsplit("-", 1)[1].isdigit() and os.path.exists(os.path.join(p, "trainer_state.pt"))]
@@ -505,9 +553,18 @@ def train(args):
     resume = latest_checkpoint(args.out) if args.resume == "auto" else args.resume
     if args.resume == "auto" and resume is None:
         say(f"no checkpoint under {args.out}: starting fresh")
+    lock = claim_out(args, resume) if rank == 0 else None
     # mmap: under torchrun every rank maps the same file and reads only what it uses (optimizer state is 2x the model)
-    st = torch.load(os.path.join(resume, "trainer_state.pt"), weights_only=False, map_location="cpu",
-                    mmap=True) if resume else {}
+    try:
+        st = torch.load(os.path.join(resume, "trainer_state.pt"), weights_only=False, map_location="cpu",
+                        mmap=True) if resume else {}
+    except (RuntimeError, EOFError, pickle.UnpicklingError) as e:
+        raise ValueError(f"{resume}/trainer_state.pt cannot be read ({type(e).__name__}); resume from an earlier "
+                         f"checkpoint-<step>") from None
+    if resume:
+        check_same_run(st.get("args", {}), args, resume)
+        if rank == 0:
+            trim_log(os.path.join(args.out, "log.jsonl"), st["step"])
     source = resume or args.model
     if source:  # on the meta device first: the weights are read once it is known whether they are sharded
         lm, tokenizer = qwen.load(source, "cpu", torch.float32, meta=True)
@@ -629,6 +686,8 @@ def train(args):
     if world > 1:
         dist.barrier()
         dist.destroy_process_group()
+    if lock:
+        lock.close()
     return summary, lm
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -552,3 +552,56 @@ def test_the_readmes_torchrun_lines_run_with_their_flags(pool, tmp_path):
                            timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
         assert r.returncode == 0, (line, r.stderr[-3000:])
         assert "2 rank(s)" in r.stdout, line
+
+
+def test_out_that_is_not_ours_or_in_use_is_refused_with_one_line(pool, tmp_path, capsys):
+    out, _, _ = pool
+    base = ["--model", str(out / "tiny"), "--states", str(out / "states.jsonl"), "--iterations", "1"]
+    (tmp_path / "file").write_text("mine")
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "notes.txt").write_text("mine too")
+    for target, says in ((out / "tiny", "is the --model folder"), (tmp_path / "file", "is a file"),
+                         (tmp_path / "other", "not a ppo.py checkpoint")):
+        with pytest.raises(SystemExit) as e:
+            ppo.main(base + ["--out", str(target)])
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and says in err and len(err.strip().splitlines()) == 1
+    assert (tmp_path / "file").read_text() == "mine" and (tmp_path / "other" / "notes.txt").exists()
+    assert (out / "tiny" / "config.json").exists()
+    busy = tmp_path / "busy"
+    with open(str(busy) + ".lock", "w") as held:  # another ppo.py holds this --out
+        import fcntl
+        fcntl.flock(held, fcntl.LOCK_EX)
+        with pytest.raises(SystemExit) as e:
+            ppo.main(base + ["--out", str(busy)])
+    assert e.value.code == 2 and "in use" in capsys.readouterr().err
+
+
+def test_log_is_trimmed_to_the_checkpoint_and_another_runs_log_is_refused(tmp_path):
+    log, out = tmp_path / "log.jsonl", str(tmp_path / "ckpt")
+    log.write_text("".join(json.dumps({"iteration": i, "out": out}) + "\n" for i in (1, 2, 3)) + '{"iterat')
+    ppo.trim_log(str(log), out, 2)  # the kill came after iteration 3's line, before its checkpoint
+    assert [json.loads(x)["iteration"] for x in log.read_text().splitlines()] == [1, 2]
+    with pytest.raises(ValueError, match="another run"):
+        ppo.trim_log(str(log), str(tmp_path / "elsewhere"), 2)
+
+
+@pytest.mark.slow
+def test_killed_run_resumes_without_losing_or_duplicating_log_lines(pool, tmp_path):
+    import signal
+    import time
+    out, _, _ = pool
+    args = [sys.executable, str(ROOT / "ppo.py"), "--model", str(out / "tiny"), "--states", str(out / "states.jsonl"),
+            "--out", str(tmp_path / "ckpt"), "--log-file", str(tmp_path / "log.jsonl"), "--batch-size", "2",
+            "--micro-batch", "1", "--max-new-tokens", "6", "--workers", "1", "--iterations", "4", "--save-every",
+            "2", "--critic-warmup", "0"]
+    p = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    log = tmp_path / "log.jsonl"
+    deadline = time.time() + 120
+    while time.time() < deadline and not (log.exists() and log.read_text().strip()):
+        time.sleep(0.02)
+    os.killpg(p.pid, signal.SIGKILL)  # after iteration 1's log line, most likely before the checkpoint at 2
+    p.wait()
+    r = subprocess.run(args, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert [json.loads(x)["iteration"] for x in log.read_text().splitlines()] == [1, 2, 3, 4]

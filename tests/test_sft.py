@@ -357,3 +357,46 @@ def test_cli_usage_errors_exit_2(tmp_path):
     bad.write_text('{"text": "no messages"}\n')
     r = run_cli("--data", str(bad), "--out", str(tmp_path / "o"), cwd=tmp_path)
     assert r.returncode == 2 and "expected" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_out_of_another_run_and_out_in_use_are_refused(tmp_path, chats):
+    data = write_jsonl(tmp_path / "d.jsonl", chats[:6])
+    out = tmp_path / "ckpt"
+    (out / "checkpoint-3").mkdir(parents=True)
+    (out / "checkpoint-3" / "trainer_state.pt").write_bytes(b"truncated")
+    r = run_cli("--data", data, "--out", str(out), "--epochs", "1", cwd=tmp_path)  # fresh, into another run
+    assert r.returncode == 2 and "holds another run" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    r = run_cli("--data", data, "--out", str(out), "--resume", cwd=tmp_path)  # the checkpoint is unreadable
+    assert r.returncode == 2 and "cannot be read" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    busy = tmp_path / "busy"
+    busy.mkdir()
+    with open(busy / ".lock", "w") as held:
+        import fcntl
+        fcntl.flock(held, fcntl.LOCK_EX)
+        r = run_cli("--data", data, "--out", str(busy), "--epochs", "1", cwd=tmp_path)
+    assert r.returncode == 2 and "in use" in r.stderr
+
+
+@pytest.mark.slow
+def test_killed_run_resumes_with_each_step_logged_once_and_refuses_other_data(tmp_path, chats):
+    import signal
+    import time
+    data = write_jsonl(tmp_path / "d.jsonl", chats[:10])
+    out = tmp_path / "ckpt"
+    argv = ["--data", data, "--out", str(out), "--epochs", "3", "--threads", "1", "--scratch-hidden", "32",
+            "--scratch-vocab", "320", "--eval-parse", "0", "--heldout", "0.1"]
+    p = subprocess.Popen([sys.executable, str(ROOT / "sft.py"), *argv], cwd=tmp_path, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL, start_new_session=True)
+    log, deadline = out / "log.jsonl", time.time() + 120
+    while time.time() < deadline and not (log.exists() and len(log.read_text().splitlines()) >= 6):
+        time.sleep(0.02)  # epoch 1 (5 steps) is checkpointed; a step of epoch 2 is logged
+    os.killpg(p.pid, signal.SIGKILL)
+    p.wait()
+    other = write_jsonl(tmp_path / "other.jsonl", chats[10:20])
+    r = run_cli("--data", other, "--out", str(out), "--resume", cwd=tmp_path)
+    assert r.returncode == 2 and "--data" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    r = run_cli(*argv, "--resume", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    steps = [json.loads(x)["step"] for x in log.read_text().splitlines()]
+    summary = json.loads(r.stdout.strip().splitlines()[-1])
+    assert steps == list(range(1, summary["steps"] + 1))  # every step once, none lost, none twice
