@@ -492,10 +492,17 @@ class Engine:
     def _decode(self):
         m, A = self.model, len(self.live)
         self.most_live = max(self.most_live, A)
-        end = max(len(s.prompt) + len(s.tokens) for s in self.live) + 2  # host-side bound on every slot's length
+        # each slot's cached positions, known on the host: the prompt, and every token but the newest (a fresh
+        # sequence's first token is not in its list yet)
+        at = [len(s.prompt) + max(len(s.tokens) - 1, 0) for s in self.live]
         pos = self.lengths[:A]
-        self.cache.at(slice(0, A), pos=pos, end=end)
-        mask = (torch.arange(end, device=pos.device) <= pos[:, None])[:, None, None]  # (A, 1, 1, end)
+        if min(at) == max(at):  # all at one position (batch 1, the n samples of a prompt): a slice, no mask
+            self.cache.at(slice(0, A), start=at[0])
+            mask = None
+        else:
+            end = max(at) + 1
+            self.cache.at(slice(0, A), pos=pos, end=end)
+            mask = (torch.arange(end, device=pos.device) <= pos[:, None])[:, None, None]  # (A, 1, 1, end)
         h = m.blocks(self.last[:A, None], pos[:, None], mask, self.cache)[:, -1]
         tok, lp = self._sample(m.lm_head(h).float()[:, :m.sample_vocab_size], self.live, self.temp[:A],
                                self.top_p[:A])

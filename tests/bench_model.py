@@ -122,7 +122,7 @@ def bench_rollout(ours, hf, n_prompts, batch, new_tokens, lo, hi, repeats):
             self.start, self.lengths = start, torch.tensor(lengths)
 
         def __call__(self, input_ids, scores, **kw):
-            return (input_ids.shape[1] - self.start) >= self.lengths
+            return (input_ids.shape[1] - self.start) >= self.lengths.to(input_ids.device)
 
     def run_ours():
         out["ours"] = ours.generate(prompts, new_tokens, stop_token_ids=[], max_batch=batch,
@@ -135,13 +135,15 @@ def bench_rollout(ours, hf, n_prompts, batch, new_tokens, lo, hi, repeats):
             T = max(map(len, chunk))
             ids = torch.tensor([[0] * (T - len(p)) + p for p in chunk])
             mask = torch.tensor([[0] * (T - len(p)) + [1] * len(p) for p in chunk])
+            ids, mask = ids.to(hf.device), mask.to(hf.device)
             gen = hf.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new_tokens, do_sample=False,
                               pad_token_id=0, stopping_criteria=[StopAt(T, stop_at[a:a + batch])])
             res += [row[T:T + stop_at[a + i]].tolist() for i, row in enumerate(gen)]
         out["hf"] = res
 
+    sync = torch.cuda.synchronize if hf.device.type == "cuda" else (lambda: None)
     with torch.inference_mode():
-        t_ours, t_hf = timed_pair(run_ours, run_hf, repeats)
+        t_ours, t_hf = timed_pair(lambda: (run_ours(), sync()), lambda: (run_hf(), sync()), repeats)
     useful = sum(stop_at)
     same = sum(a == b for a, b in zip(out["ours"], out["hf"]))
     return useful / t_ours, useful / t_hf, (f"{n_prompts} prompts of {lo}-{hi} tokens, stops at 8-{new_tokens}, "

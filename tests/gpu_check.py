@@ -6,8 +6,10 @@ states and chats) and prints one block per check:
 
 1. parity: logits of model.py against transformers on the same bf16 weights (left padding included), and how many
    greedy tokens agree;
-2. decode: greedy tokens/s of model.generate and of transformers' generate, batch 1 and 16, against the memory
-   bandwidth roofline at batch 1 (every bf16 weight is read once per token: bandwidth / weight bytes);
+2. decode: greedy tokens/s of model.generate and of transformers' generate, batch 1 and 16, on a Qwen2.5-1.5B-shaped
+   bf16 model, against the memory bandwidth roofline at batch 1 (each token reads every weight and the KV cache so
+   far: bandwidth / (weight bytes + KV bytes)); then the rollout-like workload of tests/bench_model.py (64 prompts of
+   500-2,000 tokens, stops at varied lengths, at most 16 rows at a time) against transformers;
 3. ppo: one PPO iteration (ppo.train, world 1, fp32 master weights, bf16 autocast, gradient checkpointing) with the
    sandbox replaced by a stub reward (the environment needs scikit-learn, which the GPU image may lack): time split
    and peak memory; then the same with --lora-rank 16 (frozen bf16 base);
@@ -115,8 +117,11 @@ def check_parity(folder, tok, device, report):
                             greedy_tokens_agree=agree)
 
 
-def check_decode(folder, tok, device, report, n_params, new_tokens):
+def check_decode(work, device, report, size, new_tokens, rollout):
     import transformers
+    folder = os.path.join(work, "decode-model")
+    n_params, tok = build(size, folder)
+    cfg = model.Config(**SIZES[size])
     ours, _ = model.load(folder, device, torch.bfloat16)
     hf = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16).to(device).eval()
     rows = {}
@@ -133,10 +138,18 @@ def check_decode(folder, tok, device, report, n_params, new_tokens):
             run()
             sync(device)
             rows[f"{name}_batch{batch}_tokens_per_s"] = batch * new_tokens / (time.perf_counter() - t)
-    rows["roofline_batch1_tokens_per_s"] = BANDWIDTH / (2 * n_params)
+    kv = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * 2 * (128 + new_tokens / 2)  # mean
+    rows["params"], rows["roofline_batch1_tokens_per_s"] = n_params, BANDWIDTH / (2 * n_params + kv)
     rows["ours_batch1_of_roofline"] = rows["ours_batch1_tokens_per_s"] / rows["roofline_batch1_tokens_per_s"]
     rows["ours_over_transformers_batch1"] = rows["ours_batch1_tokens_per_s"] / rows["transformers_batch1_tokens_per_s"]
     rows["ours_over_transformers_batch16"] = rows["ours_batch16_tokens_per_s"] / rows["transformers_batch16_tokens_per_s"]
+    if rollout:
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        import bench_model
+        ours.sample_vocab_size = hf.config.vocab_size  # transformers samples every row: the same work
+        o, t, note = bench_model.bench_rollout(ours, hf, 64, 16, 128, 500, 2000, 1)
+        rows.update(rollout_ours_tokens_per_s=o, rollout_transformers_tokens_per_s=t, rollout_ratio=o / t,
+                    rollout_note=note)
     report["decode"] = rows
 
 
@@ -208,7 +221,8 @@ def main(argv=None):
         n_params, tok = build(a.size, folder)
         report["params"] = n_params
         checks = {"parity": lambda: check_parity(folder, tok, device, report),
-                  "decode": lambda: check_decode(folder, tok, device, report, n_params, 32 if tiny else 256),
+                  "decode": lambda: check_decode(work, device, report, "tiny" if tiny else "1.5b", 32 if tiny else 256,
+                                                 not tiny),
                   "ppo": lambda: check_ppo(folder, tok, device, report, work, 60 if tiny else 1500,
                                            16 if tiny else 256),
                   "sft": lambda: check_sft(folder, tok, device, report, work, n_params, 60 if tiny else 1800)}
