@@ -35,6 +35,7 @@ import time
 from dataclasses import asdict, dataclass, field
 
 import requests
+import urllib3
 
 import env
 from reward import RewardConfig, reward
@@ -82,14 +83,16 @@ HINTS = {401: "check OPENAI_API_KEY", 403: "check OPENAI_API_KEY and the model's
 class OpenAIBackend:
     """Any OpenAI-compatible endpoint (OpenAI, vLLM, `python model.py serve`) over plain `requests`."""
 
-    def __init__(self, model=None, base_url=None, api_key=None, timeout=300.0, max_retries=5, backoff=1.0,
+    def __init__(self, model=None, base_url=None, api_key=None, timeout=None, max_retries=5, backoff=1.0,
                  price_in=0.0, price_out=0.0, embedding_model=None):
         url = (base_url or os.environ.get("OPENAI_BASE_URL") or "https://api.openai.com/v1").rstrip("/")
         self.base_url = url if re.search(r"/v\d+$", url) else url + "/v1"  # "http://host:8000" means ".../v1"
         self.api_key = api_key if api_key is not None else os.environ.get("OPENAI_API_KEY", "")
         self.model = model or os.environ.get("OPENAI_MODEL")  # None: the first model the endpoint lists
         self.embedding_model = embedding_model or os.environ.get("OPENAI_EMBEDDING_MODEL", "text-embedding-3-small")
-        self.timeout, self.max_retries, self.backoff = timeout, max_retries, backoff
+        # seconds for a whole answer (not per read: a server trickling one byte a second still times out)
+        self.timeout = float(timeout or os.environ.get("OPENAI_TIMEOUT") or 600.0)
+        self.max_retries, self.backoff = max_retries, backoff
         self.usage = Usage(price_in=price_in, price_out=price_out)
 
     def _request(self, method: str, path: str, payload=None) -> dict:
@@ -98,18 +101,30 @@ class OpenAIBackend:
         for attempt in range(self.max_retries + 1):
             retry_after = None
             try:
-                r = requests.request(method, url, json=payload, headers=headers, timeout=self.timeout)
-            except (requests.ConnectionError, requests.Timeout) as e:  # dropped or refused connection: retry
+                r = self._send(method, url, payload, headers)
+            except requests.ConnectTimeout:
+                why = f"cannot reach {url} within {self.timeout:g} s (connect timeout); check OPENAI_BASE_URL"
+            except TimeoutError:
+                why = f"{url} did not answer within {self.timeout:g} s (OPENAI_TIMEOUT sets the limit)"
+            except requests.Timeout:
+                why = f"{url} did not answer within {self.timeout:g} s (read timeout; OPENAI_TIMEOUT sets the limit)"
+            except (requests.exceptions.ChunkedEncodingError, requests.exceptions.ContentDecodingError) as e:
+                why = f"{url} broke off its answer ({type(e).__name__})"  # a truncated body: worth another try
+            except requests.ConnectionError as e:  # dropped or refused connection: retry
                 why = f"cannot reach {url} ({type(e).__name__}); check OPENAI_BASE_URL"
             except requests.RequestException as e:  # a malformed URL: no point retrying
                 raise BackendError(f"bad endpoint URL {url!r}: {e}") from None
             else:
                 if r.status_code == 200:
                     try:
-                        return r.json()
+                        out = json.loads(r.content)
                     except ValueError:
-                        raise BackendError(f"{url} answered with something that is not JSON; is {self.base_url} "
-                                           f"an OpenAI-compatible endpoint?") from None
+                        out = None
+                    if isinstance(out, dict):
+                        return out
+                    why = f"{url} answered with something that is not a JSON object: {r.content[:120]!r}"
+                    if attempt == self.max_retries:  # a cut-off body is retried; a steady non-JSON answer is not ours
+                        raise BackendError(why + f"; is {self.base_url} an OpenAI-compatible endpoint?")
                 try:
                     message = r.json()["error"]["message"]
                 except (ValueError, KeyError, TypeError):
@@ -127,33 +142,89 @@ class OpenAIBackend:
                 delay = max(delay, float(retry_after))
             time.sleep(min(delay, 60.0))
 
+    def _send(self, method, url, payload, headers):
+        """One HTTP exchange within self.timeout seconds in all: the body is read in pieces against a deadline."""
+        deadline = time.monotonic() + self.timeout
+        r = requests.request(method, url, json=payload, headers=headers, timeout=self.timeout, stream=True)
+        body, read1 = bytearray(), getattr(r.raw, "read1", None)  # urllib3 2: what has arrived, however little
+        with r:
+            while True:
+                try:
+                    piece = read1(65536, decode_content=True) if read1 else r.raw.read(65536, decode_content=True)
+                except urllib3.exceptions.ReadTimeoutError as e:  # urllib3's own errors, as requests names them
+                    raise requests.exceptions.ReadTimeout(e) from None
+                except (urllib3.exceptions.HTTPError, OSError) as e:
+                    raise requests.exceptions.ChunkedEncodingError(e) from None
+                if not piece:
+                    break
+                body += piece
+                if time.monotonic() > deadline:
+                    raise TimeoutError
+        r._content = bytes(body)  # requests' own slot for a read body: .json() and .text work as usual
+        return r
+
     def _model(self) -> str:
         if self.model is None:
-            self.model = self._request("GET", "/models")["data"][0]["id"]
+            out = self._request("GET", "/models")
+            try:
+                self.model = out["data"][0]["id"]
+            except (KeyError, IndexError, TypeError):
+                raise BackendError(f"{self.base_url}/models lists no model; pass --model") from None
         return self.model
 
     def chat(self, messages, n=1, temperature=0.0, max_tokens=1024, stop=None) -> Completion:
-        start = time.time()
-        payload = {"model": self._model(), "messages": messages, "n": n, "temperature": temperature,
-                   "max_tokens": max_tokens}
-        if stop:
-            payload["stop"] = stop
-        out = self._request("POST", "/chat/completions", payload)
-        if not out.get("choices"):
-            raise BackendError(f"{self.base_url}/chat/completions answered without choices: {str(out)[:200]}")
-        usage = out.get("usage") or {}
-        texts = [c["message"].get("content") or "" for c in sorted(out["choices"], key=lambda c: c.get("index", 0))]
-        c = Completion(texts, usage.get("prompt_tokens", 0), usage.get("completion_tokens", 0))
+        """n completions. A server that returns fewer choices than asked (transformers serve ignores n) is asked
+        again for the rest; an answer without choices is retried like a server error."""
+        start, texts, prompt_tokens, completion_tokens = time.time(), [], 0, 0
+        for attempt in range(self.max_retries + 1):
+            payload = {"model": self._model(), "messages": messages, "n": n - len(texts), "temperature": temperature,
+                       "max_tokens": max_tokens}
+            if stop:
+                payload["stop"] = stop
+            out = self._request("POST", "/chat/completions", payload)
+            choices = out.get("choices") if isinstance(out.get("choices"), list) else []
+            got = [self._text(ch) for ch in sorted((ch for ch in choices if isinstance(ch, dict)),
+                                                   key=lambda ch: ch.get("index", 0))]
+            got = [t for t in got if t is not None]
+            usage = out.get("usage") if isinstance(out.get("usage"), dict) else {}
+            prompt_tokens += usage.get("prompt_tokens", 0) if got else 0
+            completion_tokens += usage.get("completion_tokens", 0)
+            texts += got[:n - len(texts)]
+            if len(texts) == n:
+                break
+            if not got and attempt == self.max_retries:
+                raise BackendError(f"{self.base_url}/chat/completions answered without choices "
+                                   f"{self.max_retries + 1} times: {str(out)[:200]}")
+            if not got:
+                time.sleep(min(self.backoff * 2 ** attempt, 60.0))
+        else:
+            raise BackendError(f"{self.base_url}/chat/completions gave {len(texts)} of the {n} choices asked for")
+        c = Completion(texts, prompt_tokens, completion_tokens)
         self.usage.add(c, time.time() - start)
         return c
+
+    @staticmethod
+    def _text(choice):  # a chat choice's message content, or a legacy completion choice's text; None if neither
+        message = choice.get("message")
+        if isinstance(message, dict):
+            return message.get("content") or ""
+        return choice["text"] if isinstance(choice.get("text"), str) else None
 
     def embeddings(self, texts: list[str], batch=256):
         """(N, D) numpy array of the endpoint's `/v1/embeddings` for `texts`."""
         import numpy as np
         rows = []
         for i in range(0, len(texts), batch):
-            out = self._request("POST", "/embeddings", {"model": self.embedding_model, "input": texts[i:i + batch]})
-            rows += [d["embedding"] for d in sorted(out["data"], key=lambda d: d["index"])]
+            part = texts[i:i + batch]
+            out = self._request("POST", "/embeddings", {"model": self.embedding_model, "input": part})
+            try:
+                data = sorted(out["data"], key=lambda d: d.get("index", 0))
+                got = [[float(x) for x in d["embedding"]] for d in data]
+                assert len(got) == len(part) and len({len(g) for g in got}) == 1
+            except (KeyError, TypeError, ValueError, AttributeError, AssertionError):
+                raise BackendError(f"{self.base_url}/embeddings answered in an unexpected shape for {len(part)} "
+                                   f"inputs: {str(out)[:160]}") from None
+            rows += got
             self.usage.prompt_tokens += (out.get("usage") or {}).get("prompt_tokens", 0)
         return np.asarray(rows, dtype=np.float64)
 
@@ -540,12 +611,17 @@ def run_episode(env_, backend, ideas=(), max_steps=15, time_limit=1800.0, max_re
 
 
 def make_backend(model_name: str | None, base_url: str | None = None, price_in=0.0, price_out=0.0):
-    """"scripted" (or None) -> ScriptedExpert; an existing folder -> LocalBackend; anything else -> an endpoint
-    (prices: dollars per million input / output tokens, for the reported cost)."""
+    """"scripted" (or None) -> ScriptedExpert; with base_url -> that endpoint; an existing folder -> LocalBackend;
+    a path that does not exist -> BackendError; anything else -> the endpoint at $OPENAI_BASE_URL (prices: dollars
+    per million input / output tokens, for the reported cost)."""
     if model_name in (None, "scripted"):
         return ScriptedExpert()
+    if base_url:  # an endpoint was named: it serves the model, even one named by a path (transformers serve does)
+        return OpenAIBackend(model=model_name, base_url=base_url, price_in=price_in, price_out=price_out)
     if os.path.isdir(model_name):
         return LocalBackend(model_name)
+    if model_name.startswith((".", "/", "~")) or os.sep in model_name.rstrip(os.sep) and model_name.count("/") != 1:
+        raise BackendError(f"no model folder {model_name!r}; for an endpoint's model pass --base-url")
     return OpenAIBackend(model=model_name, base_url=base_url, price_in=price_in, price_out=price_out)
 
 

@@ -290,7 +290,7 @@ def collect(tasks, trajectories=5, workers=2, expert="scripted", base_url=None, 
     # 1. idea pools: reused from ideas.json when resuming, so a resumed run samples from the same pools
     ideas_path = out / "ideas.json"
     pools = json.loads(ideas_path.read_text()) if ideas_path.exists() else {}
-    llm = expert not in ("scripted", None) and not os.path.isdir(expert)  # ideas from the endpoint model
+    llm = expert not in ("scripted", None) and (bool(base_url) or not os.path.isdir(expert))  # an endpoint model
     for task in loaded:
         if task.name in pools:
             continue
@@ -300,7 +300,8 @@ def collect(tasks, trajectories=5, workers=2, expert="scripted", base_url=None, 
             try:
                 backend.embeddings(["probe"])
                 embed = backend.embeddings
-            except agent.BackendError:  # no /v1/embeddings here: TF-IDF instead
+            except agent.BackendError as e:  # no /v1/embeddings here: TF-IDF instead, and say so
+                print(f"collect.py: embeddings unavailable ({e}); the diversity filter uses TF-IDF", file=sys.stderr)
                 embed = tfidf_embed
         else:
             cands, embed = recipe_ideas(task.name), tfidf_embed

@@ -167,6 +167,102 @@ def test_backend_embeddings_in_input_order():
         stub.close()
 
 
+def test_replies_of_other_shapes_are_read_or_retried_never_a_traceback():
+    legacy = {"choices": [{"index": 0, "text": "legacy text", "finish_reason": "stop"}]}
+    stub = Stub([(200, {"choices": []}), (200, legacy)])  # an empty answer is retried; a `text` choice is read
+    try:
+        b = agent.OpenAIBackend(model="m", base_url=stub.url, backoff=0.01)
+        assert b.chat([{"role": "user", "content": "hi"}]).texts == ["legacy text"] and len(stub.requests) == 2
+    finally:
+        stub.close()
+    stub = Stub([(200, {"data": [{"index": 0}]})])  # an embeddings reply without vectors: one clear error
+    try:
+        with pytest.raises(agent.BackendError, match="unexpected shape"):
+            agent.OpenAIBackend(model="m", base_url=stub.url).embeddings(["a"])
+    finally:
+        stub.close()
+
+
+def test_fewer_choices_than_n_are_asked_for_again():
+    stub = Stub([(200, chat_body("one")), (200, chat_body("two")), (200, chat_body("three"))])  # ignores n
+    try:
+        c = agent.OpenAIBackend(model="m", base_url=stub.url).chat([{"role": "user", "content": "hi"}], n=3)
+        assert c.texts == ["one", "two", "three"] and [r[1]["n"] for r in stub.requests] == [3, 2, 1]
+        assert c.prompt_tokens == 21 and c.completion_tokens == 9
+    finally:
+        stub.close()
+
+
+def _raw_server(reply):
+    """A loopback server that answers every request with `reply(wfile)` (raw bytes: broken or slow answers)."""
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *a):
+            pass
+
+        def do_POST(self):
+            self.rfile.read(int(self.headers["Content-Length"]))
+            reply(self)
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, f"http://127.0.0.1:{server.server_address[1]}/v1"
+
+
+def test_truncated_and_trickling_answers_are_retried_and_time_out_with_the_right_words():
+    calls = []
+
+    def truncated(h):  # the first answer breaks off mid-body, the second is whole
+        calls.append(1)
+        body = json.dumps(chat_body("whole")).encode()
+        h.send_response(200)
+        h.send_header("Content-Length", str(len(body)))
+        h.end_headers()
+        h.wfile.write(body if len(calls) > 1 else body[:10])
+        h.close_connection = True
+
+    server, url = _raw_server(truncated)
+    try:
+        assert agent.OpenAIBackend(model="m", base_url=url, backoff=0.01).chat([{"role": "user",
+                                                                               "content": "hi"}]).texts == ["whole"]
+        assert len(calls) == 2
+    finally:
+        server.shutdown()
+        server.server_close()
+
+    def trickle(h):  # one byte every 0.3 s, for ever: each read is quick, the whole answer never comes
+        h.send_response(200)
+        h.send_header("Content-Length", "100000")
+        h.end_headers()
+        for _ in range(100):
+            h.wfile.write(b" ")
+            h.wfile.flush()
+            time.sleep(0.3)
+
+    server, url = _raw_server(trickle)
+    try:
+        b = agent.OpenAIBackend(model="m", base_url=url, timeout=1.0, max_retries=0)
+        start = time.time()
+        with pytest.raises(agent.BackendError, match="did not answer within 1 s") as e:
+            b.chat([{"role": "user", "content": "hi"}])
+        assert time.time() - start < 5 and "OPENAI_BASE_URL" not in str(e.value)
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_routing_a_folder_with_a_base_url_goes_to_the_endpoint_and_a_missing_path_fails_at_once(tmp_path):
+    folder = tmp_path / "ckpt"
+    folder.mkdir()
+    b = agent.make_backend(str(folder), "http://127.0.0.1:9/v1")  # transformers serve names models by path
+    assert isinstance(b, agent.OpenAIBackend) and b.model == str(folder)
+    start = time.time()
+    with pytest.raises(agent.BackendError, match="no model folder"):
+        agent.make_backend("./no-such-checkpoint")
+    assert time.time() - start < 1
+    assert isinstance(agent.make_backend("Qwen/Qwen2.5-7B-Instruct"), agent.OpenAIBackend)  # a hub-style name
+
+
 # ------------------------------------------------------------------------------------------------------- editor
 
 def test_llm_editor_extracts_the_script():
