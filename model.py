@@ -1280,6 +1280,23 @@ def serve(model, tokenizer, host="127.0.0.1", port=8000, model_name="model", max
 # ----------------------------------------------------------------------------------------------------------------
 # 7. Command line
 
+def bad_device(name):
+    """Why `name` is not a device torch can use here (a one-line reason), or None: the CLIs check --device with it."""
+    if name is None:
+        return None
+    try:
+        dev = torch.device(name)
+    except (RuntimeError, ValueError) as e:
+        return f"--device {name!r} is not a device ({str(e).splitlines()[0]})"
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        return f"--device {name}: CUDA is not available on this machine"
+    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+        return f"--device {name}: this machine has {torch.cuda.device_count()} GPU(s)"
+    if dev.type not in ("cpu", "cuda", "mps"):
+        return f"--device {name}: only cpu, cuda and mps are supported"
+    return None
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message):  # usage errors: one line, exit status 2
         print(f"{self.prog}: error: {message}", file=sys.stderr)
@@ -1306,6 +1323,13 @@ def main(argv=None):
             p.add_argument("--name", default=None, help="model name the API reports (default: --model)")
             p.add_argument("--max-batch", type=int, default=16, help="sequences decoded together (all requests)")
     args = parser.parse_args(argv)
+    if bad_device(args.device):
+        parser.error(bad_device(args.device))
+    if args.command == "generate" and not (args.max_new_tokens >= 1 and 0 <= args.temperature < math.inf and
+                                           0 < args.top_p <= 1):
+        parser.error("need --max-new-tokens >= 1, a finite --temperature >= 0, 0 < --top-p <= 1")
+    if args.command == "serve" and not (0 <= args.port <= 65535 and args.max_batch >= 1):
+        parser.error(f"need 0 <= --port <= 65535 (not {args.port}) and --max-batch >= 1")
     try:
         model, tokenizer = load(args.model, args.device, args.dtype)
     except (OSError, ValueError) as e:  # missing folder, no network, bad checkpoint: one line, exit 2

@@ -732,9 +732,24 @@ def check_resume_reward(folder, cfg):
 # ----------------------------------------------------------------------------------------------------------------
 # Training
 
+STATE_KEYS = ("task", "task_dir", "step", "messages", "snapshot", "m_init", "m_best", "higher_is_better")
+
+
 def load_states(path):
-    with open(path, encoding="utf-8") as f:
-        states = [json.loads(line) for line in f if line.strip()]
+    """The states pool (collect.py's states.jsonl); a bad line is a one-line error naming the file and line."""
+    states = []
+    with open(path, "rb") as f:
+        for n, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8")
+                row = json.loads(line) if line.strip() else None
+            except ValueError as e:
+                raise ValueError(f"{path}:{n}: not a JSON line ({type(e).__name__})") from None
+            if row is None:
+                continue
+            if not isinstance(row, dict) or any(k not in row for k in STATE_KEYS):
+                raise ValueError(f"{path}:{n}: not a state of collect.py (needs {', '.join(STATE_KEYS)})")
+            states.append(row)
     if not states:
         raise ValueError(f"{path} holds no states; run collect.py first")
     return states
@@ -1007,6 +1022,15 @@ def main(argv=None):
                  "episode_steps", "save_every", "micro_tokens", "logits_chunk", "gen_batch"):
         if getattr(cfg, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be at least 1")
+    floats = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(Config) if isinstance(getattr(cfg, f.name), float)}
+    if any(not math.isfinite(v) for v in floats.values()):
+        p.error(f"--{next(k for k, v in floats.items() if not math.isfinite(v)).replace('_', '-')} must be finite")
+    if not (cfg.kl_coef >= 0 and 0 <= cfg.gamma <= 1 and 0 <= cfg.lam <= 1 and cfg.clip_coef > 0 and cfg.vf_clip > 0
+            and cfg.max_grad_norm > 0 and cfg.adam_eps > 0 and cfg.lora_alpha > 0):
+        p.error("need --kl-coef >= 0, 0 <= --gamma <= 1, 0 <= --lam <= 1, and --clip-coef, --vf-clip, "
+                "--max-grad-norm, --adam-eps, --lora-alpha > 0")
+    if model.bad_device(cfg.device):
+        p.error(model.bad_device(cfg.device))
     if cfg.save_dtype not in ("auto", "float32"):
         p.error(f"--save-dtype must be auto or float32, not {cfg.save_dtype!r}")
     if cfg.temperature <= 0 or cfg.epochs <= 0 or cfg.lora_rank < 0 or cfg.iterations < 0 or cfg.tasks < 0:

@@ -164,13 +164,20 @@ def encode_chat(tokenizer, messages, max_len=None, counts=None):
 
 def read_jsonl(path):
     rows = []
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if line.strip():
-                row = json.loads(line)
-                if not isinstance(row, dict) or not isinstance(row.get("messages"), list):
-                    raise ValueError(f"{path}:{n}: expected {{\"messages\": [...]}}")
-                rows.append(row)
+    with open(path, "rb") as f:
+        for n, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8")
+                row = json.loads(line) if line.strip() else None
+            except ValueError as e:  # invalid UTF-8 or JSON
+                raise ValueError(f"{path}:{n}: not a JSON line ({type(e).__name__})") from None
+            if row is None:
+                continue
+            msgs = row.get("messages") if isinstance(row, dict) else None
+            if not isinstance(msgs, list) or not all(isinstance(m, dict) and isinstance(m.get("role"), str) and
+                                                     isinstance(m.get("content"), str) for m in msgs):
+                raise ValueError(f"{path}:{n}: expected {{\"messages\": [{{\"role\": str, \"content\": str}}, ...]}}")
+            rows.append(row)
     return rows
 
 
@@ -724,6 +731,18 @@ def parse_args(argv=None):
         p.error(f"{args.resume} is not a checkpoint folder (no trainer_state.pt)")
     if args.save_dtype not in ("auto", "float32"):
         p.error(f"--save-dtype must be auto or float32, not {args.save_dtype!r}")
+    for f in dataclasses.fields(Args):
+        v = getattr(args, f.name)
+        if isinstance(v, float) and not math.isfinite(v):
+            p.error(f"--{f.name.replace('_', '-')} must be finite, not {v}")
+    if not (args.grad_clip >= 0 and 0 <= args.warmup_ratio < 1 and args.weight_decay >= 0 and args.threads >= 0):
+        p.error("need --grad-clip >= 0 (0: off), 0 <= --warmup-ratio < 1, --weight-decay >= 0, --threads >= 0")
+    if args.scratch_layers < 1 or args.scratch_heads < 1 or args.scratch_hidden % (2 * args.scratch_heads) or \
+            (args.scratch_hidden // args.scratch_heads) % 2:
+        p.error(f"need --scratch-layers >= 1 and --scratch-hidden ({args.scratch_hidden}) divisible by "
+                f"--scratch-heads ({args.scratch_heads}) into an even head size")
+    if qwen.bad_device(args.device):
+        p.error(qwen.bad_device(args.device))
     for name in ("batch_size", "micro_batch", "max_len", "max_new_tokens", "scratch_vocab"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1")

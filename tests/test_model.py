@@ -896,6 +896,15 @@ def test_cli_generate(cases):
     assert r.returncode == 0, r.stderr
 
 
+@pytest.mark.parametrize("extra", [["generate", "--prompt", "hi", "--temperature", "nan"],
+                                   ["generate", "--prompt", "hi", "--max-new-tokens", "0"],
+                                   ["generate", "--prompt", "hi", "--device", "tpu9"],
+                                   ["serve", "--port", "99999"], ["serve", "--max-batch", "0"]])
+def test_cli_bad_values_are_one_line_exit_2(cases, extra):
+    r = run_cli(extra[0], "--model", str(cases("qwen2-tied").path), *extra[1:])
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
 def test_cli_missing_model_is_one_line_exit_2(tmp_path):
     r = run_cli("generate", "--model", str(tmp_path / "no-such-model"), "--prompt", "hi")
     assert r.returncode == 2

@@ -417,7 +417,10 @@ def test_episodic_run_of_two_iterations_in_one_process(pool, tmp_path):
 
 @pytest.mark.parametrize("args", [["--model", "/no/such/folder"], ["--states", "/no/such/states.jsonl"],
                                   ["--batch-size", "0"], ["--temperature", "0"], ["--bogus", "1"],
-                                  ["--reward-clip", "-1"], ["--reward-alpha", "0"]])
+                                  ["--reward-clip", "-1"], ["--reward-alpha", "0"], ["--kl-coef", "-1"],
+                                  ["--temperature", "nan"], ["--actor-lr", "inf"], ["--lam", "2"],
+                                  ["--device", "tpu9"], ["--max-grad-norm", "0"], ["--save-dtype", "fp8"],
+                                  ["--micro-tokens", "0"]])
 def test_usage_errors_exit_2_with_one_line(args, pool, tmp_path, capsys):
     out, _, _ = pool
     base = {"--model": str(out / "tiny"), "--states": str(out / "states.jsonl"), "--out": str(tmp_path / "o")}
@@ -605,3 +608,12 @@ def test_killed_run_resumes_without_losing_or_duplicating_log_lines(pool, tmp_pa
     r = subprocess.run(args, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     assert [json.loads(x)["iteration"] for x in log.read_text().splitlines()] == [1, 2, 3, 4]
+
+
+@pytest.mark.parametrize("content, says", [(b'{"task": "digits"}\n', "not a state"), (b"\xff\xfe\n", "not a JSON"),
+                                           (b'[1, 2]\n', "not a state"), (b'{"task": \n', "not a JSON")])
+def test_bad_states_lines_name_the_file_and_line(tmp_path, content, says):
+    path = tmp_path / "states.jsonl"
+    path.write_bytes(b"\n" + content)
+    with pytest.raises(ValueError, match=f"states.jsonl:2: {says}"):
+        ppo.load_states(str(path))

@@ -344,8 +344,14 @@ def test_cli_from_scratch_writes_a_checkpoint_model_py_loads(tmp_path, chats):
 
 
 def test_cli_usage_errors_exit_2(tmp_path):
+    chat = [{"role": "user", "content": "1+1"}, {"role": "assistant", "content": "2"}]
+    data = write_jsonl(tmp_path / "ok.jsonl", [chat])
     for argv in (["--data", str(tmp_path / "missing.jsonl")], ["--batch-size", "0"], ["--bogus"],
-                 ["--resume", str(tmp_path)], ["--heldout", "1.5"]):
+                 ["--resume", str(tmp_path)], ["--heldout", "1.5"], ["--data", data, "--grad-clip", "-1"],
+                 ["--data", data, "--warmup-ratio", "-1"], ["--data", data, "--scratch-layers", "0"],
+                 ["--data", data, "--scratch-heads", "0"], ["--data", data, "--threads", "-1"],
+                 ["--data", data, "--lr", "nan"], ["--data", data, "--device", "tpu9"],
+                 ["--data", data, "--scratch-hidden", "30"]):
         r = run_cli(*argv, cwd=tmp_path)
         assert r.returncode == 2, (argv, r.stderr)
         assert len(r.stderr.strip().splitlines()) == 1 and "error" in r.stderr
@@ -400,3 +406,12 @@ def test_killed_run_resumes_with_each_step_logged_once_and_refuses_other_data(tm
     steps = [json.loads(x)["step"] for x in log.read_text().splitlines()]
     summary = json.loads(r.stdout.strip().splitlines()[-1])
     assert steps == list(range(1, summary["steps"] + 1))  # every step once, none lost, none twice
+
+
+@pytest.mark.parametrize("content", [b'{"messages": [{"content": "no role"}]}\n', b"\xff\xfe\n", b'{"messages": [1]}\n',
+                                     b'{"messages": [{"role": "user", "content": {"a": 1}}]}\n'])
+def test_bad_chat_lines_are_one_line_errors_naming_file_and_line(tmp_path, content):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_bytes(b'{"messages": [{"role": "user", "content": "ok"}]}\n' + content)
+    r = run_cli("--data", str(bad), "--out", str(tmp_path / "o"), cwd=tmp_path)
+    assert r.returncode == 2 and "bad.jsonl:2" in r.stderr and len(r.stderr.strip().splitlines()) == 1
