@@ -1079,6 +1079,7 @@ CACHE_SKIP = ("timeout", "resource")  # outcomes that depend on machine load are
 
 _libc = ctypes.CDLL(None, use_errno=True)
 CLONE_NEWNS, CLONE_NEWUSER, CLONE_NEWNET = 0x00020000, 0x10000000, 0x40000000  # <sched.h>
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>: a signal the kernel sends this process when its parent dies
 MS_BIND, MS_REC, MS_PRIVATE = 0x1000, 0x4000, 0x40000  # <sys/mount.h>
 
 
@@ -1128,7 +1129,10 @@ def _reveal_plan() -> tuple:
 
 
 def _preexec(iso: _Isolation, uid: int | None, limits: list, stage: str):
-    """Runs in the child between fork and exec. Order matters: namespaces and mounts need root, then drop it."""
+    """Runs in the child between fork and exec. Order matters: namespaces and mounts need root, then drop it; the
+    parent-death signal last (a change of uid clears it), so the script dies with the process that runs it."""
+    parent = os.getpid()
+
     def child():
         flags = (CLONE_NEWNET if iso.net else 0) | (CLONE_NEWNS if iso.reveal else 0)
         if flags:
@@ -1149,7 +1153,19 @@ def _preexec(iso: _Isolation, uid: int | None, limits: list, stage: str):
             os.setgroups([])
             os.setgid(uid)
             os.setuid(uid)
+        _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent:  # the parent died before the line above: nobody would stop this run
+            os._exit(1)
     return child
+
+
+def _sweep_stale():
+    """Remove the /tmp/mlenv-* folders of processes that no longer exist (killed runs; multiprocessing workers,
+    whose atexit never runs): each folder's name carries the pid that made it."""
+    for path in Path(tempfile.gettempdir()).glob("mlenv-*-p*-*"):
+        pid = path.name.split("-p")[-1].split("-")[0]
+        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            shutil.rmtree(path, ignore_errors=True)
 
 
 _ISOLATION: list = []  # [(_Isolation, stage folder)] once probed
@@ -1160,7 +1176,8 @@ def _isolation() -> tuple[_Isolation, str]:
     if not _ISOLATION:
         root = os.geteuid() == 0
         reveal = _reveal_plan() if root else ()
-        stage = tempfile.mkdtemp(prefix="mlenv-stage-")  # empty mount points, used inside each run's namespace
+        _sweep_stale()
+        stage = tempfile.mkdtemp(prefix=f"mlenv-stage-p{os.getpid()}-")  # empty mount points for each run
         atexit.register(shutil.rmtree, stage, True)
         for i, (_, paths) in enumerate(reveal):
             for j in range(len(paths)):
@@ -1294,7 +1311,7 @@ def _run(task: Task, files: dict[str, str], script: str, timeout: float, memory_
     uid, lock = _claim_uid() if iso.uid else (None, None)
     LOG_DIR.mkdir(parents=True, exist_ok=True)
     os.chmod(LOG_DIR, 0o700)
-    work = Path(tempfile.mkdtemp(prefix=f"mlenv-{task.name}-"))
+    work = Path(tempfile.mkdtemp(prefix=f"mlenv-{task.name}-p{os.getpid()}-"))
     log_path = LOG_DIR / f"{work.name}.log"
     try:
         shutil.copytree(task.public_dir, work, dirs_exist_ok=True)  # copies: the task's own files stay intact

@@ -1203,3 +1203,38 @@ def test_cli_import_mlebench_wrong_metric_exits_2(tmp_path):
                "--leaderboard", str(board))
     assert out.returncode == 2
     assert len(out.stderr.strip().splitlines()) == 1 and "accuracy" in out.stderr, out.stderr
+
+
+def test_the_sandboxed_script_dies_with_its_parent_and_its_folder_is_swept(digits):
+    """SIGKILL of the process running env.run_script: the script (its own session) dies too, and the next run
+    removes the dead run's /tmp/mlenv-* folder."""
+    import signal
+    token = f"envtest-orphan-{uuid.uuid4().hex}"
+    parent = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import sys; sys.path.insert(0, {str(ROOT)!r})
+        import env
+        env.run_script("digits", "import time; print({token!r}, flush=True); time.sleep(60)", timeout=120,
+                       cache=False)
+    """)], cwd=ROOT, start_new_session=True)
+    deadline = time.time() + 60
+
+    def script_pids():
+        out = subprocess.run(["pgrep", "-f", "train.py"], capture_output=True, text=True).stdout.split()
+        return [p for p in out if Path(f"/proc/{p}/cwd").exists() and
+                str(os.readlink(f"/proc/{p}/cwd")).startswith(tempfile.gettempdir() + "/mlenv-digits-p"
+                                                                + str(parent.pid))]
+
+    while time.time() < deadline and not script_pids():
+        time.sleep(0.05)
+    assert script_pids(), "the sandboxed script never started"
+    folders = list(Path(tempfile.gettempdir()).glob(f"mlenv-digits-p{parent.pid}-*"))
+    assert folders
+    os.kill(parent.pid, signal.SIGKILL)  # the parent alone: the script is in another session
+    parent.wait()
+    deadline = time.time() + 10
+    while time.time() < deadline and script_pids():
+        time.sleep(0.05)
+    assert not script_pids(), "the sandboxed script outlived its parent"
+    env._ISOLATION.clear()  # a fresh process's first run sweeps; here the same call is made again
+    env._isolation()
+    assert not any(f.exists() for f in folders)
