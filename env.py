@@ -53,6 +53,7 @@ import difflib
 import fcntl
 import hashlib
 import json
+import math
 import os
 import posixpath
 import re
@@ -1904,7 +1905,13 @@ def main(argv=None):
             script = Path(args.script)
             if not script.is_file():
                 parser.error(f"no such script: {args.script}")
-            result = run_script(load_task(args.task), script.read_text(), timeout=args.timeout,
+            if args.timeout is not None and not (math.isfinite(args.timeout) and args.timeout > 0):
+                parser.error(f"--timeout must be a finite number of seconds > 0, not {args.timeout}")
+            try:
+                code = script.read_text(encoding="utf-8")
+            except UnicodeDecodeError:
+                parser.error(f"{args.script} is not a UTF-8 text file")
+            result = run_script(load_task(args.task), code, timeout=args.timeout,
                                 cache=not args.no_cache)
             print(json.dumps(asdict(result)))
     except TaskError as e:

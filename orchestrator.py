@@ -940,6 +940,18 @@ def main(argv=None):
             for flag, typ in [("iterations", int), ("beta", float), ("lr", float), ("epochs", int)]:
                 t.add_argument(f"--{flag}", type=typ)
     args = p.parse_args(argv)
+    for name, v in vars(args).items():  # every number given must be usable: one line, exit 2, before any work
+        if isinstance(v, float) and not math.isfinite(v):
+            p.error(f"--{name.replace('_', '-')} must be finite, not {v}")
+        at_least = 0 if name in ("seed",) else 1
+        if isinstance(v, int) and not isinstance(v, bool) and name in ("rounds", "calls", "sub_iters", "workers",
+                                                                         "max_tokens", "depth", "children",
+                                                                         "iterations", "epochs") and v < at_least:
+            p.error(f"--{name.replace('_', '-')} must be at least {at_least}, not {v}")
+        if isinstance(v, float) and name in ("time_limit", "script_timeout", "lr", "beta") and v <= 0:
+            p.error(f"--{name.replace('_', '-')} must be > 0, not {v}")
+        if isinstance(v, float) and name == "tree_temperature" and v < 0:
+            p.error(f"--tree-temperature must be >= 0, not {v}")
     cfg = _config(args)
     out = Path(args.out or Path("runs") / "matryoshka" / Path(args.task).name)
     if args.cmd == "train" and args.collector == "policy" and not args.model:

@@ -1189,6 +1189,15 @@ def test_cli_missing_script_exits_2(tmp_path):
     assert len(out.stderr.strip().splitlines()) == 1, out.stderr
 
 
+@pytest.mark.parametrize("timeout, content", [("nan", b"print(1)\n"), ("-5", b"print(1)\n"), ("0", b"print(1)\n"),
+                                              (None, b"\xff\xfe\x00binary")])
+def test_cli_bad_timeout_or_binary_script_exits_2(tmp_path, timeout, content):
+    script = tmp_path / "s.py"
+    script.write_bytes(content)
+    out = _cli("run", "--task", "digits", "--script", str(script), *(["--timeout", timeout] if timeout else []))
+    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
+
+
 def test_cli_import_mlebench(tmp_path):
     prepared, board = _mlebench(tmp_path)
     out = _cli("import-mlebench", "--prepared", str(prepared), "--out", str(tmp_path / "task"), "--metric", "accuracy",

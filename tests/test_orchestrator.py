@@ -411,3 +411,12 @@ def test_cli_run_writes_the_best_script_and_its_submission(tmp_path, capsys):
     g = env.grade(TASK, tmp_path / "best_submission.csv")
     assert g.valid and (g.public, g.private) == pytest.approx((res["best"]["public"], res["best"]["private"]))
     assert "best attempt #" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv", [["run", "--rounds", "0"], ["run", "--calls", "-2"], ["tree", "--depth", "-1"],
+                                  ["run", "--time-limit", "nan"], ["train", "--lr", "0"]])
+def test_bad_numbers_are_one_line_exit_2(argv, capsys):
+    with pytest.raises(SystemExit) as e:
+        orc.main(argv)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and len(err.strip().splitlines()) == 1 and "error" in err
