@@ -407,15 +407,11 @@ def save_checkpoint(net, lm, tokenizer, optim, sched, info, args, rank, device):
             os.replace(os.path.join(args.out, name + ".tmp"), os.path.join(args.out, name))
 
 
-def claim_out(args, resume):
-    """--out for this run: refused when it is a file, or when a fresh run would mix into another run's checkpoints
-    and log; locked (out/.lock) against a second sft.py on it. -> the open lock file."""
+def claim_out(args):
+    """--out for this run: refused when it is a file; locked (out/.lock) against a second sft.py on it.
+    -> the open lock file."""
     if os.path.isfile(args.out):
         raise ValueError(f"--out {args.out} is a file; give a folder")
-    if not resume and os.path.isdir(args.out) and (latest_checkpoint(args.out) or
-                                                   os.path.exists(os.path.join(args.out, "log.jsonl"))):
-        raise ValueError(f"--out {args.out} holds another run (checkpoints or log.jsonl); pass --resume to continue "
-                         f"it, or another --out")
     os.makedirs(args.out, exist_ok=True)
     lock = open(os.path.join(args.out, ".lock"), "w")
     try:
@@ -427,7 +423,8 @@ def claim_out(args, resume):
 
 
 def check_same_run(recorded, args, resume):
-    """A resume continues the run that wrote the checkpoint: the same data, model and seed, or a one-line error."""
+    """A resume continues the run that wrote the checkpoint: the same data, model and seed, or a one-line error
+    (an --out that holds another run is never trained over)."""
     for key in ("data", "model", "seed", "prompt_loss_weight"):
         if key in recorded and getattr(args, key) is not None and recorded[key] != getattr(args, key) and \
                 not (key == "data" and os.path.abspath(recorded[key]) == os.path.abspath(args.data)):
@@ -557,10 +554,12 @@ def train(args):
     if len(rows) < 2 and args.heldout > 0:
         raise ValueError(f"{args.data}: need at least 2 conversations (one is held out)")
     train_idx, held_idx = split_heldout(len(rows), args.heldout, args.seed)
-    resume = latest_checkpoint(args.out) if args.resume == "auto" else args.resume
+    # a checkpoint under --out is resumed (as ppo.py does), provided it is of this run (check_same_run)
+    resume = latest_checkpoint(args.out) if args.resume in (None, "auto") and os.path.isdir(args.out) \
+        else args.resume
     if args.resume == "auto" and resume is None:
         say(f"no checkpoint under {args.out}: starting fresh")
-    lock = claim_out(args, resume) if rank == 0 else None
+    lock = claim_out(args) if rank == 0 else None
     # mmap: under torchrun every rank maps the same file and reads only what it uses (optimizer state is 2x the model)
     try:
         st = torch.load(os.path.join(resume, "trainer_state.pt"), weights_only=False, map_location="cpu",
@@ -570,8 +569,8 @@ def train(args):
                          f"checkpoint-<step>") from None
     if resume:
         check_same_run(st.get("args", {}), args, resume)
-        if rank == 0:
-            trim_log(os.path.join(args.out, "log.jsonl"), st["step"])
+    if rank == 0:  # the lines after the checkpoint (none before the first one) are redone: drop them
+        trim_log(os.path.join(args.out, "log.jsonl"), st["step"] if resume else 0)
     source = resume or args.model
     if source:  # on the meta device first: the weights are read once it is known whether they are sharded
         lm, tokenizer = qwen.load(source, "cpu", torch.float32, meta=True)

@@ -365,15 +365,17 @@ def test_cli_usage_errors_exit_2(tmp_path):
     assert r.returncode == 2 and "expected" in r.stderr and len(r.stderr.strip().splitlines()) == 1
 
 
-def test_out_of_another_run_and_out_in_use_are_refused(tmp_path, chats):
+def test_an_unreadable_checkpoint_a_file_and_an_out_in_use_are_refused(tmp_path, chats):
     data = write_jsonl(tmp_path / "d.jsonl", chats[:6])
     out = tmp_path / "ckpt"
     (out / "checkpoint-3").mkdir(parents=True)
     (out / "checkpoint-3" / "trainer_state.pt").write_bytes(b"truncated")
-    r = run_cli("--data", data, "--out", str(out), "--epochs", "1", cwd=tmp_path)  # fresh, into another run
-    assert r.returncode == 2 and "holds another run" in r.stderr and len(r.stderr.strip().splitlines()) == 1
-    r = run_cli("--data", data, "--out", str(out), "--resume", cwd=tmp_path)  # the checkpoint is unreadable
-    assert r.returncode == 2 and "cannot be read" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    for extra in ([], ["--resume"]):  # a checkpoint under --out is resumed, here an unreadable one
+        r = run_cli("--data", data, "--out", str(out), "--epochs", "1", *extra, cwd=tmp_path)
+        assert r.returncode == 2 and "cannot be read" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    (tmp_path / "a-file").write_text("mine")
+    r = run_cli("--data", data, "--out", str(tmp_path / "a-file"), cwd=tmp_path)
+    assert r.returncode == 2 and "is a file" in r.stderr and (tmp_path / "a-file").read_text() == "mine"
     busy = tmp_path / "busy"
     busy.mkdir()
     with open(busy / ".lock", "w") as held:
@@ -399,9 +401,9 @@ def test_killed_run_resumes_with_each_step_logged_once_and_refuses_other_data(tm
     os.killpg(p.pid, signal.SIGKILL)
     p.wait()
     other = write_jsonl(tmp_path / "other.jsonl", chats[10:20])
-    r = run_cli("--data", other, "--out", str(out), "--resume", cwd=tmp_path)
+    r = run_cli("--data", other, "--out", str(out), cwd=tmp_path)  # another run's data: not trained over this one
     assert r.returncode == 2 and "--data" in r.stderr and len(r.stderr.strip().splitlines()) == 1
-    r = run_cli(*argv, "--resume", cwd=tmp_path)
+    r = run_cli(*argv, cwd=tmp_path)  # the same command again resumes
     assert r.returncode == 0, r.stderr
     steps = [json.loads(x)["step"] for x in log.read_text().splitlines()]
     summary = json.loads(r.stdout.strip().splitlines()[-1])
