@@ -59,7 +59,7 @@ The held-out parse rate at the end is split over the ranks.
 Run:
   python sft.py                                        # tiny model from scratch on runs/data/sft.jsonl (CPU, minutes)
   python sft.py --model Qwen/Qwen2.5-0.5B-Instruct --grad-checkpointing
-  python sft.py --resume                               # continue from the latest checkpoint under --out
+  python sft.py                                        # again: resumes the latest checkpoint under --out (same run)
   python sft.py --prompt-loss-weight 0                 # from scratch with the paper's assistant-only loss
   torchrun --nproc_per_node 2 sft.py --epochs 1        # DDP, also on CPU (gloo)
 Outputs under --out (default runs/ckpt/sft): the final Hugging Face folder itself, `checkpoint-<step>/` per epoch
@@ -120,7 +120,7 @@ class Args:
                                             # anyway on CUDA when the training states do not fit one GPU)
     save_dtype: str = "auto"                # weights of the Hugging Face folders: auto = bfloat16 from CUDA runs
                                             # (vLLM's dtype=auto reads fp32 as fp16), float32 on CPU; or float32
-    resume: str | None = None               # a checkpoint-<step> folder, or "auto": the latest under --out
+    resume: str | None = None               # a checkpoint-<step> folder; None / "auto": the latest under --out, if any
     seed: int = 0                           # data order, held-out split, from-scratch init
     device: str | None = None               # default: cuda (this rank's GPU) if available, else cpu
     threads: int = 0                        # CPU threads per process (torch.set_num_threads); 0: torch's default
