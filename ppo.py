@@ -274,8 +274,12 @@ class Ranks:
 def rollout_copy(actor, device):
     """What generates the rollouts. Generation decodes token by token; through FSDP every token would all-gather every
     block again, so each rank gathers one full copy of the policy (bf16 on CUDA) for the rollout and frees it before
-    the update (VeRL's "hybrid engine" does the same with vLLM). Unsharded: the policy itself."""
-    if not any(isinstance(p, DTensor) for p in actor.parameters()):
+    the update (VeRL's "hybrid engine" does the same with vLLM). On one CUDA device the fp32 master weights get a
+    bf16 copy too (under autocast every fp32 weight would be cast again at every token); LoRA's base is bf16 already,
+    and on CPU the policy itself generates."""
+    sharded = any(isinstance(p, DTensor) for p in actor.parameters())
+    lora = any(isinstance(m, LoRALinear) for m in actor.modules())
+    if lora or not (sharded or (device.type == "cuda" and actor.lm.lm_head.weight.dtype == torch.float32)):
         return actor.lm
     lm = actor.lm
     with torch.device("meta"):
