@@ -54,7 +54,6 @@ resume with other reward flags stops rather than mixing two rewards in one run.
 """
 import argparse
 import dataclasses
-import fcntl
 import json
 import math
 import os
@@ -686,13 +685,7 @@ def claim_out(cfg, model_path):
     if os.path.isdir(out) and os.listdir(out) and not find_resume(out):
         raise ValueError(f"--out {cfg.out} holds something that is not a ppo.py checkpoint; give another folder")
     os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
-    lock = open(out + ".lock", "w")
-    try:
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        lock.close()
-        raise ValueError(f"--out {cfg.out} is in use by another ppo.py run ({out}.lock is held)") from None
-    return lock
+    return sft.lock_file(out + ".lock", f"--out {cfg.out}")  # beside the folder: saving replaces the folder
 
 
 def trim_log(path, out, iteration):

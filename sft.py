@@ -407,19 +407,25 @@ def save_checkpoint(net, lm, tokenizer, optim, sched, info, args, rank, device):
             os.replace(os.path.join(args.out, name + ".tmp"), os.path.join(args.out, name))
 
 
+def lock_file(path, what):
+    """An exclusive flock on `path`, held while the returned file is open (the kernel drops it when the process
+    dies, so a killed run never leaves a stale lock); ValueError when another process holds it."""
+    lock = open(path, "w")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.close()
+        raise ValueError(f"{what} is in use by another run ({path} is locked)") from None
+    return lock
+
+
 def claim_out(args):
     """--out for this run: refused when it is a file; locked (out/.lock) against a second sft.py on it.
     -> the open lock file."""
     if os.path.isfile(args.out):
         raise ValueError(f"--out {args.out} is a file; give a folder")
     os.makedirs(args.out, exist_ok=True)
-    lock = open(os.path.join(args.out, ".lock"), "w")
-    try:
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        lock.close()
-        raise ValueError(f"--out {args.out} is in use by another sft.py run") from None
-    return lock
+    return lock_file(os.path.join(args.out, ".lock"), f"--out {args.out}")
 
 
 def check_same_run(recorded, args, resume):
