@@ -735,18 +735,10 @@ STATE_KEYS = ("task", "task_dir", "step", "messages", "snapshot", "m_init", "m_b
 def load_states(path):
     """The states pool (collect.py's states.jsonl); a bad line is a one-line error naming the file and line."""
     states = []
-    with open(path, "rb") as f:
-        for n, raw in enumerate(f, 1):
-            try:
-                line = raw.decode("utf-8")
-                row = json.loads(line) if line.strip() else None
-            except ValueError as e:
-                raise ValueError(f"{path}:{n}: not a JSON line ({type(e).__name__})") from None
-            if row is None:
-                continue
-            if not isinstance(row, dict) or any(k not in row for k in STATE_KEYS):
-                raise ValueError(f"{path}:{n}: not a state of collect.py (needs {', '.join(STATE_KEYS)})")
-            states.append(row)
+    for n, row in sft.jsonl_rows(path):
+        if not isinstance(row, dict) or any(k not in row for k in STATE_KEYS):
+            raise ValueError(f"{path}:{n}: not a state of collect.py (needs {', '.join(STATE_KEYS)})")
+        states.append(row)
     if not states:
         raise ValueError(f"{path} holds no states; run collect.py first")
     return states

@@ -162,22 +162,28 @@ def encode_chat(tokenizer, messages, max_len=None, counts=None):
     return ids, labels
 
 
-def read_jsonl(path):
-    rows = []
+def jsonl_rows(path):
+    """(line number, object) for each non-empty line of a JSONL file; invalid UTF-8 or JSON is a one-line ValueError
+    naming the file and the line. ppo.py reads its states pool with it too."""
     with open(path, "rb") as f:
         for n, raw in enumerate(f, 1):
             try:
                 line = raw.decode("utf-8")
                 row = json.loads(line) if line.strip() else None
-            except ValueError as e:  # invalid UTF-8 or JSON
+            except ValueError as e:
                 raise ValueError(f"{path}:{n}: not a JSON line ({type(e).__name__})") from None
-            if row is None:
-                continue
-            msgs = row.get("messages") if isinstance(row, dict) else None
-            if not isinstance(msgs, list) or not all(isinstance(m, dict) and isinstance(m.get("role"), str) and
-                                                     isinstance(m.get("content"), str) for m in msgs):
-                raise ValueError(f"{path}:{n}: expected {{\"messages\": [{{\"role\": str, \"content\": str}}, ...]}}")
-            rows.append(row)
+            if row is not None:
+                yield n, row
+
+
+def read_jsonl(path):
+    rows = []
+    for n, row in jsonl_rows(path):
+        msgs = row.get("messages") if isinstance(row, dict) else None
+        if not isinstance(msgs, list) or not all(isinstance(m, dict) and isinstance(m.get("role"), str) and
+                                                 isinstance(m.get("content"), str) for m in msgs):
+            raise ValueError(f"{path}:{n}: expected {{\"messages\": [{{\"role\": str, \"content\": str}}, ...]}}")
+        rows.append(row)
     return rows
 
 
