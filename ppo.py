@@ -92,7 +92,9 @@ class Config:
                                              # (ML-Agent Figure 5: the number of RL training tasks)
     epochs: float = 1.0                      # passes over the states pool (paper: 1 epoch)
     iterations: int = 0                      # if > 0, stop after this many iterations instead
-    batch_size: int = 16                     # states (actions) per iteration (paper ~256: 10k states / 39 steps)
+    batch_size: int = 16                     # states per iteration (paper ~256: 10k states / 39 steps)
+    samples_per_state: int = 1               # actions sampled in each state (OpenRLHF's n_samples_per_prompt); they
+                                             # share the prompt's prefill, and the critic's V(s) is their baseline
     num_minibatches: int = 2                 # PPO minibatches per iteration (N-details: 1)
     micro_batch: int = 4                     # at most this many rows per forward pass (gradient accumulation)
     micro_tokens: int = 16384                # and at most this many tokens (rows x the longest row; one longer row
@@ -462,19 +464,20 @@ def autocast(device):  # bf16 matmuls on CUDA, fp32 master weights (an lr of 1e-
 # ----------------------------------------------------------------------------------------------------------------
 # Acting: generation (step 2) and execution in the sandboxes (step 3)
 
-def generate(lm, tokenizer, messages, cfg, device, seeds=None):
-    """One sampled response per prompt: token ids, their generation log-probs, decoded texts. seeds: one per prompt
-    (model.generate samples each row from its own generator, so the rows a rank holds do not change its samples)."""
+def generate(lm, tokenizer, messages, cfg, device, seeds=None, n=1):
+    """n sampled responses per prompt (prompt-major; the n share one prefill): prompt ids, token ids, their generation
+    log-probs, decoded texts. seeds: one per prompt (model.generate samples each row from its own generator, so the
+    rows a rank holds do not change its samples)."""
     room = max(lm.config.max_position_embeddings - cfg.max_new_tokens, 1)  # as agent.LocalBackend: keep the end
     prompts = [tokenizer.encode(tokenizer.apply_chat_template(m))[-room:] for m in messages]
     stops = [i for i in dict.fromkeys([*lm.stop_token_ids, tokenizer.eos_token_id, tokenizer.im_end_id])
              if i is not None]
     with autocast(device):  # continuous batching: at most gen_batch rows (and their KV cache) at a time
         g = lm.generate(prompts, cfg.max_new_tokens, cfg.temperature, stop_token_ids=stops, seeds=seeds,
-                        max_batch=cfg.gen_batch)
+                        max_batch=cfg.gen_batch, n=n)
     tokens, logprobs = g.tokens, g.logprobs
     texts = [tokenizer.decode(t, skip_special_tokens=True) for t in tokens]
-    return prompts, tokens, logprobs, texts
+    return [p for p in prompts for _ in range(n)], tokens, logprobs, texts
 
 
 def execute(e, text, m_init, m_best, higher, reward_config):
@@ -495,21 +498,21 @@ def make_env(task, task_dir, editor):
     return env.Env(task if task in env.BUILTIN_TASKS else task_dir, editor=editor)
 
 
-def step_rollout(states, lm, tokenizer, cfg, pool, editor, device, timer, seeds=None):
-    """Steps 2-3, step-wise: one action per expert state, executed from the restored state."""
+def step_rollout(states, lm, tokenizer, cfg, pool, editor, device, timer, seeds=None, n=1):
+    """Steps 2-3, step-wise: n actions per expert state (rows state-major), each executed from the restored state."""
     prompts, tokens, gen_lp, texts = generate(lm, tokenizer, [s["messages"] for s in states], cfg, device,
-                                              seeds=seeds)
+                                              seeds=seeds, n=n)
     timer("generate")
 
     def run(i):
-        s = states[i]
+        s = states[i // n]
         e = make_env(s["task"], s["task_dir"], editor)
         e.restore(s["snapshot"])  # the environment exactly as the expert found it at s_t
         return execute(e, texts[i], s["m_init"], s["m_best"], s["higher_is_better"], cfg.reward)
 
-    outcomes = list(pool.map(run, range(len(states))))
+    outcomes = list(pool.map(run, range(len(texts))))
     timer("execute")
-    return prompts, tokens, gen_lp, outcomes, [-1] * len(states)
+    return prompts, tokens, gen_lp, outcomes, [-1] * len(texts)
 
 
 def episode_rollout(starts, lm, tokenizer, cfg, pool, editor, device, timer, seeds=None):
@@ -887,10 +890,11 @@ def train(cfg):
             batch = [states[i] for i in order[k * cfg.batch_size:(k + 1) * cfg.batch_size]]
             # 2. the policy generates one action per state (batched, left-padded, KV cache, log-probs kept)
             # 3. each environment restores its state and executes the action, several sandboxes in parallel
+            n = cfg.samples_per_state
             prompts, tokens, gen_lp, outcomes, nxt = step_rollout(
                 batch[rank::world], policy, tokenizer, cfg, pool, editor, device, timer,
-                seeds=[seed(g) for g in range(rank, len(batch), world)])
-            places = list(range(rank, len(batch), world))
+                seeds=[seed(g) for g in range(rank, len(batch), world)], n=n)
+            places = [g * n + j for g in range(rank, len(batch), world) for j in range(n)]
         del policy
         if sharded and device.type == "cuda":
             torch.cuda.empty_cache()
@@ -1008,7 +1012,7 @@ def main(argv=None):
         p.error(str(e))
     cfg = Config(**{f.name: getattr(args, f.name) for f in dataclasses.fields(Config) if f.name != "reward"}, reward=rc)
     for name in ("batch_size", "num_minibatches", "micro_batch", "update_epochs", "max_new_tokens", "workers",
-                 "episode_steps", "save_every", "micro_tokens", "logits_chunk", "gen_batch"):
+                 "episode_steps", "save_every", "micro_tokens", "logits_chunk", "gen_batch", "samples_per_state"):
         if getattr(cfg, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be at least 1")
     floats = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(Config) if isinstance(getattr(cfg, f.name), float)}
@@ -1020,6 +1024,8 @@ def main(argv=None):
                 "--max-grad-norm, --adam-eps, --lora-alpha > 0")
     if model.bad_device(cfg.device):
         p.error(model.bad_device(cfg.device))
+    if cfg.episodic and cfg.samples_per_state > 1:
+        p.error("--samples-per-state is step-wise only: --episodic samples one action per episode step")
     if cfg.save_dtype not in ("auto", "float32"):
         p.error(f"--save-dtype must be auto or float32, not {cfg.save_dtype!r}")
     if cfg.temperature <= 0 or cfg.epochs <= 0 or cfg.lora_rank < 0 or cfg.iterations < 0 or cfg.tasks < 0:

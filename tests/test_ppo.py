@@ -305,7 +305,7 @@ def test_episodic_rollout_links_the_steps_of_each_episode(pool, monkeypatch):
     _, _, states = pool
     seen = []
 
-    def fake_generate(lm, tokenizer, messages, cfg, device, seeds=None):  # the policy always lists the files
+    def fake_generate(lm, tokenizer, messages, cfg, device, seeds=None, n=1):  # the policy always lists the files
         seen.append(messages)
         return [[1, 2]] * len(messages), [[4, 5, 6]] * len(messages), [[-0.1] * 3] * len(messages), \
             [LIST] * len(messages)
@@ -322,10 +322,27 @@ def test_episodic_rollout_links_the_steps_of_each_episode(pool, monkeypatch):
     assert "Step 0:" in seen[1][0][1]["content"] and "train.py" in seen[1][0][1]["content"]  # the observation
 
 
+def test_n_samples_per_state_are_state_major_each_from_the_restored_state(pool, monkeypatch):
+    _, _, states = pool
+    edit = ("Reflection: none\nResearch Plan and Status: 1. edit [in progress]\nFact Check: none\nThought: edit\n"
+            "Action: Edit Script (AI)\nAction Input: {\"script_name\": \"train.py\", \"edit_instruction\": "
+            "\"Use a random forest.\", \"save_name\": \"train.py\"}")
+    monkeypatch.setattr(ppo, "generate", lambda lm, tokenizer, messages, cfg, device, seeds=None, n=1: (
+        [[1]] * (len(messages) * n), [[4]] * (len(messages) * n), [[-0.1]] * (len(messages) * n),
+        [t for _ in messages for t in ([LIST, edit] * n)[:n]]))
+    with ppo.ThreadPoolExecutor(2) as pool_:
+        outcomes, nxt = ppo.step_rollout([states[0], states[0]], None, None, ppo.Config(), pool_,
+                                         env.recipe_editor, "cpu", lambda name: None, n=2)[3:]
+    # each edit runs in its own restored copy: both start from the state's metric and are paid the same
+    assert [o["kind"] for o in outcomes] == ["neutral", "edit", "neutral", "edit"] and nxt == [-1] * 4
+    assert outcomes[1]["m_prev"] == outcomes[3]["m_prev"] == states[0]["m_t"]
+    assert outcomes[1]["reward"] == outcomes[3]["reward"] != 0
+
+
 @pytest.mark.parametrize("episodic", [False, True])
 def test_reward_config_reaches_the_rollouts(pool, monkeypatch, episodic):
     _, _, states = pool
-    monkeypatch.setattr(ppo, "generate", lambda lm, tokenizer, messages, cfg, device, seeds=None: (
+    monkeypatch.setattr(ppo, "generate", lambda lm, tokenizer, messages, cfg, device, seeds=None, n=1: (
         [[1, 2]] * len(messages), [[4, 5]] * len(messages), [[-0.1] * 2] * len(messages),
         ["no format at all"] * len(messages)))
     rollout_ = ppo.episode_rollout if episodic else ppo.step_rollout
@@ -420,7 +437,7 @@ def test_episodic_run_of_two_iterations_in_one_process(pool, tmp_path):
                                   ["--reward-clip", "-1"], ["--reward-alpha", "0"], ["--kl-coef", "-1"],
                                   ["--temperature", "nan"], ["--actor-lr", "inf"], ["--lam", "2"],
                                   ["--device", "tpu9"], ["--max-grad-norm", "0"], ["--save-dtype", "fp8"],
-                                  ["--micro-tokens", "0"]])
+                                  ["--micro-tokens", "0"], ["--samples-per-state", "0"]])
 def test_usage_errors_exit_2_with_one_line(args, pool, tmp_path, capsys):
     out, _, _ = pool
     base = {"--model": str(out / "tiny"), "--states": str(out / "states.jsonl"), "--out": str(tmp_path / "o")}
@@ -459,22 +476,22 @@ def _weights(folder):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("lora", [0, 2])
-def test_two_gloo_ranks_match_one_process(pool, tmp_path, lora):
-    """The batch of 3 states split over 2 ranks (2 + 1 rows; FSDP2 without LoRA, data-parallel adapters with it) gives
-    the same rewards and,
-    after one iteration, the same weights as one process on the whole batch. Tolerance: 1e-5 absolute, 1% of one
-    Adam step at lr 1e-3 (the sums run in another order)."""
+@pytest.mark.parametrize("lora, n", [(0, 2), (2, 1)])
+def test_two_gloo_ranks_match_one_process(pool, tmp_path, lora, n):
+    """The batch of 3 states split over 2 ranks (2 + 1 states, each with n sampled actions; FSDP2 without LoRA,
+    data-parallel adapters with it) gives the same rewards and, after one iteration, the same weights as one process
+    on the whole batch. Tolerance: 1e-5 absolute, 1% of one Adam step at lr 1e-3 (the sums run in another order)."""
     out, _, _ = pool
     cfg = lambda name, **kw: ppo.Config(
         model=str(out / "tiny"), states=str(out / "states.jsonl"), out=str(tmp_path / name),
         log_file=str(tmp_path / f"{name}.jsonl"), batch_size=3, num_minibatches=2, micro_batch=1, max_new_tokens=8,
         workers=1, iterations=1, actor_lr=1e-3, critic_lr=1e-3, critic_warmup=0, lora_rank=lora,
-        grad_checkpointing=True, device="cpu", max_grad_norm=1e9, **kw)  # no clipping: Adam's moments keep |g|
+        grad_checkpointing=True, device="cpu", max_grad_norm=1e9, samples_per_state=n, **kw)  # no clipping: Adam's
+    # moments keep |g|
     ppo.train(cfg("one"))
     torchrun(cfg("two"))
     one, two = (json.loads((tmp_path / f"{n}.jsonl").read_text().splitlines()[-1]) for n in ("one", "two"))
-    assert two["world_size"] == 2 and one["world_size"] == 1 and two["states"] == one["states"] == 3
+    assert two["world_size"] == 2 and one["world_size"] == 1 and two["states"] == one["states"] == 3 * n
     assert two["rewards"] == one["rewards"]  # each state sampled with its own seed, on whichever rank
     assert two["response_tokens"] == one["response_tokens"]
     assert two["pg_loss"] == pytest.approx(one["pg_loss"], abs=1e-5)
