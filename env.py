@@ -16,7 +16,9 @@ What comes from where, and how this departs from it:
   `part` column: the Kaggle public/private split of the test rows). Built-in tasks are made from scikit-learn's shipped
   datasets or generated, with fixed seeds; their `private/leaderboard.csv` is a *reference panel* of scikit-learn
   pipelines scored on the private part, not human Kaggle entries. An MLE-bench competition becomes such a folder with
-  `import_mlebench` (its section says what carries over and what does not).
+  `import_mlebench` (its section says what carries over and what does not). METRICS follow scikit-learn and
+  MLE-bench's graders: sklearn's log-loss (no row rescaling; rows must sum to 1), macro-averaged multi-column AUC,
+  extra submission columns ignored.
 - `Edit Script (AI)` takes any editor `(instruction, code) -> code`; `recipe_editor` is an offline stand-in that only
   knows the recipes below for the built-in starter scripts (an LLM editor from agent.py replaces it when configured).
 
@@ -42,7 +44,7 @@ private mount namespace in which that folder is covered by an empty tmpfs with o
 
 Run:  python env.py list | python env.py prepare | python env.py run --task digits --script my_train.py
       python env.py import-mlebench --prepared ~/.cache/mle-bench/data/ID/prepared --out runs/tasks-mle/ID
-          --metric accuracy --leaderboard mle-bench/mlebench/competitions/ID/leaderboard.csv
+          --mlebench ../mle-bench   (graded by the competition's grade.py; or --metric accuracy --leaderboard ...)
 """
 from __future__ import annotations
 
