@@ -16,7 +16,9 @@ What comes from where, and how this departs from it:
   `part` column: the Kaggle public/private split of the test rows). Built-in tasks are made from scikit-learn's shipped
   datasets or generated, with fixed seeds; their `private/leaderboard.csv` is a *reference panel* of scikit-learn
   pipelines scored on the private part, not human Kaggle entries. An MLE-bench competition becomes such a folder with
-  `import_mlebench` (its section says what carries over and what does not).
+  `import_mlebench` (its section says what carries over and what does not). METRICS follow scikit-learn and
+  MLE-bench's graders: sklearn's log-loss (no row rescaling; rows must sum to 1), macro-averaged multi-column AUC,
+  extra submission columns ignored.
 - `Edit Script (AI)` takes any editor `(instruction, code) -> code`; `recipe_editor` is an offline stand-in that only
   knows the recipes below for the built-in starter scripts (an LLM editor from agent.py replaces it when configured).
 
@@ -42,7 +44,7 @@ private mount namespace in which that folder is covered by an empty tmpfs with o
 
 Run:  python env.py list | python env.py prepare | python env.py run --task digits --script my_train.py
       python env.py import-mlebench --prepared ~/.cache/mle-bench/data/ID/prepared --out runs/tasks-mle/ID
-          --metric accuracy --leaderboard mle-bench/mlebench/competitions/ID/leaderboard.csv
+          --mlebench ../mle-bench   (graded by the competition's grade.py; or --metric accuracy --leaderboard ...)
 """
 from __future__ import annotations
 
@@ -52,6 +54,7 @@ import ctypes
 import difflib
 import fcntl
 import hashlib
+import inspect
 import json
 import math
 import os
@@ -78,7 +81,7 @@ ROOT = Path(__file__).parent
 TASKS_DIR = ROOT / "runs" / "tasks"
 CACHE_DIR = ROOT / "runs" / "cache"
 LOG_DIR = ROOT / "runs" / "logs"
-TASKS_VERSION = 4  # bump when a generator changes: prepare() rebuilds tasks made by an older version
+TASKS_VERSION = 5  # bump when a generator changes: prepare() rebuilds tasks made by an older version
 
 # ================================================================================================== metrics
 
@@ -101,21 +104,26 @@ def _f1_macro(y, p) -> float:
 
 
 def _roc_auc(y, p) -> float:
-    """Mann-Whitney form: the chance that a random positive is scored above a random negative (ties count 1/2)."""
-    y = np.asarray(y, dtype=float).ravel()
-    ranks = pd.Series(np.asarray(p, dtype=float).ravel()).rank().to_numpy()
+    """Mann-Whitney form: the chance that a random positive is scored above a random negative (ties count 1/2); with
+    several columns, their mean (sklearn's roc_auc_score average="macro", as in MLE-bench's
+    mlebench/competitions/jigsaw-toxic-comment-classification-challenge/grade.py), not one pooled column."""
+    y, p = np.asarray(y, dtype=float), np.asarray(p, dtype=float)
+    if y.ndim == 2:
+        return float(np.mean([_roc_auc(y[:, j], p[:, j]) for j in range(y.shape[1])]))
+    ranks = pd.Series(p).rank().to_numpy()
     n1 = y.sum()
     n0 = len(y) - n1
     return float((ranks[y == 1].sum() - n1 * (n1 + 1) / 2) / (n1 * n0))
 
 
 def _log_loss(y, p) -> float:
-    """Multi-class log-loss as Kaggle computes it: clip to [1e-15, 1 - 1e-15], then rescale each row to sum 1."""
+    """Log-loss as sklearn.metrics.log_loss (>= 1.5) computes it, which MLE-bench's grade.py files call: clip to
+    [eps, 1 - eps], eps the float64 machine epsilon, and no rescaling of rows (rows must sum to 1: _check_submission)."""
     y, p = np.asarray(y, dtype=float), np.asarray(p, dtype=float)
     if y.ndim == 1:  # one probability column: the positive class of a binary task
         y, p = np.column_stack([1 - y, y]), np.column_stack([1 - p, p])
-    p = np.clip(p, 1e-15, 1 - 1e-15)
-    p = p / p.sum(axis=1, keepdims=True)
+    eps = np.finfo(float).eps
+    p = np.clip(p, eps, 1 - eps)
     return float(-np.mean(np.sum(y * np.log(p), axis=1)))
 
 
@@ -208,14 +216,18 @@ def load_task(name_or_path) -> Task:
     missing = [k for k in REQUIRED_KEYS if k not in info]
     if missing:
         raise TaskError(f"{folder / 'task.json'}: missing field(s) {', '.join(missing)}")
-    if info["metric"] not in METRICS:
+    grade_py = info.get("mlebench", {}).get("grade_fn")  # graded by the competition's own grade.py (import_mlebench)
+    if info["metric"] not in METRICS and not grade_py:
         raise TaskError(f"{folder / 'task.json'}: unknown metric {info['metric']!r} (known: {', '.join(METRICS)})")
-    missing = [f for f in REQUIRED_FILES if not (folder / f).is_file()]
-    if missing:
+    optional = ("public/train.csv", "public/test.csv") if "mlebench" in info else ()
+    missing = [f for f in REQUIRED_FILES if not (folder / f).is_file() and f not in optional]
+    if missing:  # an MLE-bench competition need not have train.csv and test.csv (e.g. public/labels.csv)
         raise TaskError(f"{folder}: missing {', '.join(missing)}")
     with open(folder / "private" / "answers.csv") as f:
         header = f.readline().strip().split(",")
-    missing = [c for c in (info["id_column"], *info["target_columns"], "part") if c not in header]
+    rule = [info["score_rows"]["column"]] if info.get("score_rows") else []
+    missing = [c for c in (info["id_column"], *([] if grade_py else info["target_columns"]), *rule, "part")
+               if c not in header]
     if missing:
         raise TaskError(f"{folder / 'private/answers.csv'}: missing column(s) {', '.join(missing)}")
     task = Task(name=info["name"], dir=folder.resolve(), metric=info["metric"],
@@ -255,9 +267,9 @@ def _check_submission(task: Task, path: Path) -> tuple[np.ndarray, np.ndarray, n
         raise ValueError(f"{path.name} cannot be read as CSV: {str(e).splitlines()[0]}") from None
     ans = pd.read_csv(task.private_dir / "answers.csv")
     want = [task.id_column, *task.target_columns]
-    missing, extra = [c for c in want if c not in sub.columns], [c for c in sub.columns if c not in want]
-    if missing or extra:
-        raise ValueError(f"wrong columns in {path.name}: missing {missing}, unexpected {extra}; expected {want}")
+    missing = [c for c in want if c not in sub.columns]  # other columns are ignored, as MLE-bench's graders do
+    if missing:  # (mlebench/competitions/utils.py, one_hot_dfs_to_log_loss_inputs: "only include columns ...")
+        raise ValueError(f"wrong columns in {path.name}: missing {missing}; expected {want} (others are ignored)")
     if len(sub) != len(ans):
         raise ValueError(f"{path.name} has {len(sub)} rows, expected {len(ans)} (one per row of test.csv)")
     sub_ids, ans_ids = _labels(sub[task.id_column]), _labels(ans[task.id_column])
@@ -281,15 +293,23 @@ def _check_submission(task: Task, path: Path) -> tuple[np.ndarray, np.ndarray, n
         pred = values.to_numpy(dtype=float)
         if metric.kind == "probability" and ((pred < 0) | (pred > 1)).any():
             raise ValueError(f"probabilities outside [0, 1] in {path.name}")
+        # rows of probabilities must sum to 1: np.isclose(..., atol=1e-6) as in MLE-bench's log-loss graders
+        # (mlebench/competitions/dog-breed-identification/grade.py, leaf-classification/grade.py)
+        if task.metric == "log_loss" and pred.shape[1] > 1 and not np.isclose(pred.sum(axis=1), 1, atol=1e-6).all():
+            raise ValueError(f"rows of probabilities that do not sum to 1 in {path.name}")
         truth = ans[task.target_columns].to_numpy(dtype=float)
         if len(task.target_columns) == 1:
             truth, pred = truth.ravel(), pred.ravel()
-    return truth, pred, (ans["part"] == "public").to_numpy()
+    rule = task.info.get("score_rows")  # e.g. ventilator scores only u_out == 0 (its grade.py, prepare_for_metric)
+    scored = _labels(ans[rule["column"]]) == _labels([rule["value"]])[0] if rule else np.ones(len(ans), bool)
+    return truth[scored], pred[scored], (ans["part"] == "public").to_numpy()[scored]
 
 
 def grade(task, submission_path) -> Grade:
     """Score a submission on the public and the private part of the test rows, or say why it is rejected."""
     task = load_task(task)
+    if task.info.get("mlebench", {}).get("grade_fn"):
+        return _grade_mlebench(task, Path(submission_path))
     try:
         truth, pred, public = _check_submission(task, Path(submission_path))
     except ValueError as e:
@@ -883,7 +903,7 @@ def _make(spec: TaskSpec) -> dict:
     board = _leaderboard(spec, train, test_x, answers)
     y = train[spec.target]
     if spec.submit == SUBMIT_CLASSES:
-        default = round(1 / len(spec.target_columns), 4)  # uniform class probabilities
+        default = 1 / len(spec.target_columns)  # uniform class probabilities, unrounded: rows must sum to 1
     elif spec.submit == SUBMIT_PROBA:
         default = round(y.mean(), 4)  # the base rate
     else:
@@ -958,12 +978,76 @@ def _current(folder: Path) -> bool:
         return False
 
 # ================================================================================== MLE-bench competitions
-# MLE-bench (Chan et al., 2024; github.com/openai/mle-bench) prepares a Kaggle competition into
-# <data>/<id>/prepared/public/ (train.csv, test.csv, sample_submission.csv, description.md: what the agent sees)
-# and prepared/private/test.csv (the answers); Kaggle's leaderboard is mlebench/competitions/<id>/leaderboard.csv
-# (a `score` column, best first). Departures: MLE-bench grades the whole test set with the competition's own
-# grade.py; here the test rows get a seeded public/private split, as Kaggle had, and grading uses one of METRICS (a
-# competition's own metric code is out of scope), so only competitions with CSV data and one of these metrics fit.
+# MLE-bench (Chan et al., 2024; github.com/openai/mle-bench) prepares a Kaggle competition into <data>/<id>/prepared/
+# (public/: what the agent sees; private/: the answers); mlebench/competitions/<id>/ in its checkout holds config.yaml
+# (the answers and sample submission files, the grade function), grade.py and Kaggle's leaderboard.csv (best first).
+# Here the test rows get a seeded public/private split, as Kaggle had, and each part is graded either by the
+# competition's own grade.py (given a checkout: exactly MLE-bench's grading, in a subprocess) or by one of METRICS,
+# which follow MLE-bench's conventions (sklearn's log-loss, macro AUC, extra columns ignored, `score_rows`).
+GRADE_TIMEOUT = 600.0  # seconds for one grading by a competition's grade.py
+MLEBENCH_GRADE = """import importlib, json, sys
+import numpy as np, pandas as pd
+LABELS
+fn, submission, answers, id_column = sys.argv[1:]
+module, name = fn.split(":")  # as mlebench/utils.py import_fn
+try:
+    grade = getattr(importlib.import_module(module), name)
+except Exception as e:
+    sys.exit(f"cannot import {fn}: {type(e).__name__}: {e}")
+read = lambda path: pd.read_csv(path, float_precision="round_trip")  # as mlebench/utils.py read_csv
+ans = read(answers)
+try:  # any exception of grade() makes the submission invalid, as in mlebench/grade_helpers.py Grader.__call__
+    sub = read(submission)
+    grade(sub, ans.drop(columns="part"))  # valid as a whole, as MLE-bench grades it; then each part alone
+    ids = _labels(sub[id_column]) if id_column in sub else None
+    out = {}
+    for part in ("public", "private"):
+        a = ans[ans["part"] == part].drop(columns="part").reset_index(drop=True)
+        s = sub if ids is None else sub[np.isin(ids, _labels(a[id_column]))].reset_index(drop=True)
+        out[part] = float(grade(s, a))
+except Exception as e:
+    out = {"error": f"{type(e).__name__}: {e}".splitlines()[0]}
+print(json.dumps(out))
+"""
+
+
+def _grade_mlebench(task: Task, path: Path) -> Grade:
+    """Grade with the competition's grade.py (task.json `mlebench`), the checkout on PYTHONPATH; TaskError if it fails."""
+    m = task.info["mlebench"]
+    if path.is_symlink() or not path.is_file():  # the grader runs as root: a link could lead it to private/
+        return Grade(False, None, None, f"no submission: {path.name} does not exist or is not a plain file")
+    script = MLEBENCH_GRADE.replace("LABELS", inspect.getsource(_labels))
+    env_ = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [m["checkout"], os.environ.get("PYTHONPATH")]))}
+    try:
+        r = subprocess.run([m["python"], "-c", script, m["grade_fn"], str(path), str(task.private_dir / "answers.csv"),
+                            task.id_column], cwd=m["checkout"], env=env_, capture_output=True, text=True,
+                           timeout=GRADE_TIMEOUT)
+        out = json.loads(r.stdout.strip().splitlines()[-1]) if r.returncode == 0 else None
+    except (OSError, subprocess.TimeoutExpired, json.JSONDecodeError, IndexError) as e:
+        raise TaskError(f"{m['competition']}: grading with {m['grade_fn']} failed: {str(e).splitlines()[0]}") from None
+    if out is None:
+        tail = (r.stderr.strip().splitlines() or [f"exit status {r.returncode}"])[-1]
+        raise TaskError(f"{m['competition']}: grading with {m['grade_fn']} failed: {tail}")
+    return Grade(False, None, None, out["error"]) if "error" in out else Grade(True, out["public"], out["private"], None)
+
+
+def _read_yaml(path: Path) -> dict:
+    """The YAML that an MLE-bench config.yaml needs here (mlebench/registry.py reads it with yaml.safe_load): nested
+    `key: value` mappings by indentation, quotes stripped; list items (prizes) are skipped. PyYAML is no dependency."""
+    root: dict = {}
+    stack = [(-1, root)]
+    for line in path.read_text().splitlines():
+        body = line.split(" #")[0].rstrip()
+        if not body.strip() or body.lstrip().startswith(("#", "-")):
+            continue
+        indent = len(body) - len(body.lstrip())
+        key, _, value = (x.strip() for x in body.partition(":"))
+        while stack[-1][0] >= indent:
+            stack.pop()
+        stack[-1][1][key] = value.strip("'\"") if value else {}
+        if not value:
+            stack.append((indent, stack[-1][1][key]))
+    return root
 
 GENERIC_BASELINE = '''"""Generic baseline of an imported MLE-bench task: it writes sample_submission.csv unchanged.
 
@@ -985,49 +1069,79 @@ The competition's files ({files}) are in the working directory, with `train.py`:
 """ + EVALUATION
 
 
-def import_mlebench(prepared, out, metric: str, leaderboard=None, id_column=None, higher_is_better=None,
+def import_mlebench(prepared, out, metric=None, leaderboard=None, id_column=None, higher_is_better=None,
                     starter=None, name=None, split="held-out", time_limit=600.0, public_fraction=0.5,
-                    seed=0) -> Path:
-    """Write a task folder at `out` from an MLE-bench prepared competition (`<data>/<id>/prepared`, or its parent)."""
+                    seed=0, mlebench=None, config=None, score_rows=None) -> Path:
+    """Write a task folder at `out` from an MLE-bench prepared competition (`<data>/<id>/prepared`, or its parent),
+    graded by its grade.py when `mlebench` (a checkout) is given, else by `metric` (one of METRICS)."""
     prepared, out = Path(prepared), Path(out)
     prepared = prepared / "prepared" if (prepared / "prepared").is_dir() else prepared
-    missing = [f for f in ("public/train.csv", "public/test.csv", "public/sample_submission.csv", "private/test.csv")
-               if not (prepared / f).is_file()]
-    if missing:
-        raise TaskError(f"{prepared}: not an MLE-bench prepared competition with CSV data (missing "
-                        f"{', '.join(missing)})")
+    competition = prepared.parent.name if prepared.name == "prepared" else prepared.name
+    checkout = Path(mlebench).resolve() if mlebench else None
+    if checkout and not config:
+        config = checkout / "mlebench" / "competitions" / competition / "config.yaml"
+    if config and not Path(config).is_file():
+        raise TaskError(f"{competition}: no config.yaml at {config}")
+    cfg = _read_yaml(Path(config)) if config else {}
+    if checkout and leaderboard is None:
+        leaderboard = Path(config).parent / "leaderboard.csv"
+    competition = cfg.get("id", competition)
+    # config.yaml names the files relative to the data folder, <id>/prepared/... (mlebench/registry.py)
+    answers_file, sample_file = (cfg.get("dataset", {}).get(k, d).split("prepared/", 1)[-1] for k, d in
+                                 (("answers", "private/test.csv"), ("sample_submission", "public/sample_submission.csv")))
+    missing = [f for f in (answers_file, sample_file) if not (prepared / f).is_file()]
+    if missing or not answers_file.endswith(".csv") or not sample_file.startswith("public/"):
+        raise TaskError(f"{prepared}: not an MLE-bench prepared competition with CSV answers and a public sample "
+                        f"submission (answers {answers_file}, sample {sample_file}; missing {missing or 'none'})")
     if leaderboard is not None and not Path(leaderboard).is_file():
         raise TaskError(f"no such leaderboard: {leaderboard}")
-    if metric not in METRICS:
-        raise TaskError(f"unknown metric {metric!r}: env.py grades with {', '.join(METRICS)} (a competition's own "
-                        f"metric code is out of scope)")
-    m = METRICS[metric]
-    direction = "higher" if m.higher_is_better else "lower"
-    if higher_is_better not in (None, m.higher_is_better):
-        raise TaskError(f"{metric}: {direction} is better, not the direction given")
-    if out.exists() and not (out / "task.json").is_file():
-        raise TaskError(f"{out} exists and is not a task folder: choose a new --out")
-    sample = pd.read_csv(prepared / "public" / "sample_submission.csv")
-    id_column = id_column or sample.columns[0]
-    targets = [c for c in sample.columns if c != id_column]
-    truth = pd.read_csv(prepared / "private" / "test.csv")
-    missing = [c for c in (id_column, *targets) if c not in truth.columns or c not in sample.columns]
-    if missing or not targets or len(truth) != len(sample):
-        raise TaskError(f"{prepared}: private/test.csv ({len(truth)} rows) must hold the id column and the target "
-                        f"column(s) of sample_submission.csv ({len(sample)} rows); missing: {missing or 'none'}")
-    answers = truth[[id_column, *targets]].assign(part=_parts(len(truth), public_fraction, seed))
+    if not checkout and metric not in METRICS:
+        raise TaskError(f"unknown metric {metric!r}: env.py grades with {', '.join(METRICS)} (another metric needs "
+                        f"--mlebench, the competition's own grade.py)")
+    if checkout and score_rows:
+        raise TaskError("--score-rows is for env.py's metrics: with --mlebench the competition's grade.py picks its rows")
+    m = METRICS.get(metric)
+    board = None
     if leaderboard is not None:
         board = pd.read_csv(leaderboard)
         if "score" not in board or board["score"].isna().all():
             raise TaskError(f"{leaderboard}: no `score` column with values")
         board = board.dropna(subset=["score"])
-        # MLE-bench reads the direction off the leaderboard, best first (mlebench/grade_helpers.py, is_lower_better)
-        if (board["score"].iloc[0] - board["score"].iloc[-1]) * (1 if m.higher_is_better else -1) < 0:
+    # MLE-bench reads the direction off the leaderboard, best first (mlebench/grade_helpers.py, is_lower_better)
+    higher = m.higher_is_better if m else not board["score"].iloc[0] < board["score"].iloc[-1]
+    direction = "higher" if higher else "lower"
+    if higher_is_better not in (None, higher):
+        raise TaskError(f"{metric or competition}: {direction} is better, not the direction given")
+    if out.exists() and not (out / "task.json").is_file():
+        raise TaskError(f"{out} exists and is not a task folder: choose a new --out")
+    sample = pd.read_csv(prepared / sample_file)
+    id_column = id_column or sample.columns[0]
+    targets = [c for c in sample.columns if c != id_column]
+    truth = pd.read_csv(prepared / answers_file)
+    need = [id_column] if checkout else [id_column, *targets]
+    missing = [c for c in need if c not in truth.columns or c not in sample.columns]
+    if missing or not targets or (not checkout and len(truth) != len(sample)):
+        raise TaskError(f"{prepared}: {answers_file} ({len(truth)} rows) must hold the id column and the target "
+                        f"column(s) of {sample_file} ({len(sample)} rows); missing: {missing or 'none'}")
+    rule = None
+    if score_rows:  # the one subset rule expressed here: COLUMN == VALUE (ventilator-pressure-prediction's u_out=0)
+        column, eq, value = score_rows.partition("=")
+        if not eq or column not in truth.columns or column in need:
+            raise TaskError(f"--score-rows {score_rows!r}: not COLUMN=VALUE with COLUMN a non-target column of "
+                            f"{answers_file} (another subset rule needs --mlebench, the competition's own grade.py)")
+        rule = {"column": column, "value": value}
+    if m and m.kind == "probability" and not checkout and not truth[targets].isin([0, 1]).all().all():
+        raise TaskError(f"{answers_file}: {metric} needs 0/1 answers, these hold other values (e.g. jigsaw's -1 "
+                        f"rows, which its grade.py skips): import with --mlebench")
+    keep = list(truth.columns) if checkout else [*need, *([rule["column"]] if rule else [])]
+    answers = truth[keep].assign(part=_parts(len(truth), public_fraction, seed))
+    if board is not None:
+        if (board["score"].iloc[0] - board["score"].iloc[-1]) * (1 if higher else -1) < 0:
             raise TaskError(f"{leaderboard} ranks the other way round from {metric} ({direction} is better): "
                             f"is {metric} the competition's metric?")
         teams = board["teamId"].tolist() if "teamId" in board else range(1, len(board) + 1)  # MLE-bench drops names
         board = pd.DataFrame({"entry": [f"team {t}" for t in teams], "score": board["score"].to_numpy(float)})
-        board = board.sort_values("score", ascending=not m.higher_is_better, kind="stable")
+        board = board.sort_values("score", ascending=not higher, kind="stable")
         best = float(board["score"].iloc[0])
     else:  # no leaderboard: the best score is the perfect one, the answers graded against themselves
         values = answers[targets].to_numpy()
@@ -1036,32 +1150,46 @@ def import_mlebench(prepared, out, metric: str, leaderboard=None, id_column=None
         except ValueError:
             raise TaskError(f"{prepared}: the answers are not numbers, as {metric} needs") from None
         best = m.fn(values, values)
-    name = name or (prepared.parent.name if prepared.name == "prepared" else prepared.name)
+    name = name or competition
     about = prepared / "public" / "description.md"
-    info = {"name": name, "title": name, "metric": metric, "higher_is_better": m.higher_is_better,
+    grader = {"grader": "env.py metric"} if not checkout else \
+        {"grader": "grade.py", "grade_fn": cfg.get("grader", {}).get("grade_fn"), "checkout": str(checkout),
+         "python": sys.executable}
+    metric = metric or cfg.get("grader", {}).get("name") or "grade.py"
+    info = {"name": name, "title": name, "metric": metric, "higher_is_better": higher,
             "id_column": id_column, "target_columns": targets, "best_score": best, "time_limit": float(time_limit),
             "split": split, "source": f"MLE-bench prepared competition {prepared.resolve()}",
             "public_fraction": public_fraction, "split_seed": seed,
+            "mlebench": {"competition": competition, "config": str(config) if config else None,
+                         "answers": answers_file, "sample_submission": sample_file, **grader},
+            **({"score_rows": rule} if rule else {}),
             "leaderboard": "MLE-bench's copy of the Kaggle leaderboard: scored by the competition's own metric on "
                            "Kaggle's test rows, not on these" if leaderboard is not None else
                            "none: best_score is the perfect score"}
+    if checkout and not grader["grade_fn"]:
+        raise TaskError(f"{competition}: {config} has no grader: grade_fn")
     baseline = "the starter script given at import" if starter else \
         "a generic baseline that writes sample_submission.csv unchanged (a placeholder, not a model: replace it)"
     description = MLEBENCH_DESCRIPTION.format(
         title=name, about=about.read_text().strip() if about.is_file() else f"MLE-bench competition {name}.",
         files=_columns(sorted(p.name for p in (prepared / "public").iterdir())), baseline=baseline,
         submission=_columns(sample.columns), metric=metric, direction=direction, time_limit=time_limit)
-    files = {"public": prepared / "public", "public/train.py": Path(starter).read_text() if starter
-             else GENERIC_BASELINE, "private/answers.csv": answers, "task.json": info, "description.md": description}
-    if leaderboard is not None:
+    files = {"public": prepared / "public", "public/sample_submission.csv": (prepared / sample_file).read_text(),
+             "public/train.py": Path(starter).read_text() if starter else GENERIC_BASELINE,
+             "private/answers.csv": answers, "task.json": info, "description.md": description}
+    if board is not None:
         files["private/leaderboard.csv"] = board
     out.parent.mkdir(parents=True, exist_ok=True)
     _write_task(out, files)
-    task = load_task(out)
-    check = grade(task, task.public_dir / "sample_submission.csv")
+    try:
+        task = load_task(out)
+        check = grade(task, task.public_dir / "sample_submission.csv")
+    except TaskError:
+        shutil.rmtree(out)
+        raise
     if not check.valid:
         shutil.rmtree(out)
-        raise TaskError(f"sample_submission.csv does not grade under {metric}: {check.error}")
+        raise TaskError(f"{competition}: sample_submission.csv does not grade under {metric}: {check.error}")
     return out
 
 # ============================================================================================= the sandbox
@@ -1873,7 +2001,14 @@ def main(argv=None):
     imp = sub.add_parser("import-mlebench", help="make a task folder from an MLE-bench prepared competition")
     imp.add_argument("--prepared", required=True, help="<data>/<competition id>/prepared, holding public/ and private/")
     imp.add_argument("--out", required=True, help="the task folder to write")
-    imp.add_argument("--metric", required=True, help=f"the competition's metric, one of: {', '.join(METRICS)}")
+    imp.add_argument("--metric", help=f"the competition's metric, one of: {', '.join(METRICS)} (with --mlebench: "
+                     "optional, its name for the agent)")
+    imp.add_argument("--mlebench", metavar="PATH", help="an MLE-bench checkout (its root): grade with the "
+                     "competition's own grade.py, config.yaml and leaderboard.csv")
+    imp.add_argument("--config", help="the competition's config.yaml, for its file names (default: the checkout's; "
+                     "without one, private/test.csv and public/sample_submission.csv)")
+    imp.add_argument("--score-rows", metavar="COLUMN=VALUE", help="score only the test rows whose answers have "
+                     "COLUMN == VALUE (e.g. u_out=0 for ventilator-pressure-prediction)")
     imp.add_argument("--leaderboard", help="mlebench/competitions/<id>/leaderboard.csv (a `score` column)")
     imp.add_argument("--id-column", help="default: the first column of sample_submission.csv")
     imp.add_argument("--higher-is-better", dest="higher", action="store_const", const=True,
@@ -1899,8 +2034,11 @@ def main(argv=None):
         elif args.command == "import-mlebench":
             if args.starter and not Path(args.starter).is_file():
                 parser.error(f"no such starter script: {args.starter}")
+            if not (args.metric or args.mlebench):
+                parser.error("--metric is required without --mlebench")
             print(import_mlebench(args.prepared, args.out, args.metric, args.leaderboard, args.id_column, args.higher,
-                                  args.starter, args.name, args.split, args.time_limit))
+                                  args.starter, args.name, args.split, args.time_limit, mlebench=args.mlebench,
+                                  config=args.config, score_rows=args.score_rows))
         else:
             script = Path(args.script)
             if not script.is_file():
