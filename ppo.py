@@ -18,6 +18,9 @@ How this departs from the paper and the references:
   move at all), and its critic, whose value head starts random, trains alone for the first iterations. Everything
   else (batch, temperature, KL coefficient, clip ranges) is silent in the paper and taken from
   summarize_from_feedback_details / OpenRLHF, cited on each field of `Config`.
+- `--samples-per-state n` samples n actions in each state of a batch (OpenRLHF's n_samples_per_prompt; the paper
+  samples one): they share the prompt's prefill in model.generate, each is executed in its own restored copy of the
+  state, and the critic's V(s) is their common baseline.
 - `--tasks N` trains on the states of N of the pool's tasks (ML-Agent Figure 5 varies the number of RL training
   tasks); `estimate_objective` measures J_step of a checkpoint on a fixed sample of states (eval.py's claims).
 - The critic is a separate copy of the policy with a scalar value head (as OpenRLHF's critic; the paper's Appendix
