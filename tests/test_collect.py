@@ -223,8 +223,9 @@ def test_reward_flags_reach_the_recorded_rewards_and_a_resume_must_match(tmp_pat
 
 
 def test_a_resume_reads_lines_without_a_reward_config_as_the_default(tmp_path):
-    (tmp_path / "trajectories.jsonl").write_text(json.dumps({"id": "digits-0000", "task": "digits", "steps": []})
-                                                 + "\n")  # a line from before the key
+    (tmp_path / "trajectories.jsonl").write_text(json.dumps({
+        "id": "digits-0000", "task": "digits", "steps": [], "ideas": [], "m_init": 0.9, "m_best": 0.9,
+        "higher_is_better": True}) + "\n")  # a line from before the key
     with pytest.raises(collect.RewardMismatch, match="corner_term=False"):
         collect.collect(["digits"], trajectories=1, workers=1, out=tmp_path, progress=False,
                         reward_config=reward.RewardConfig(corner_term=False))
@@ -285,7 +286,9 @@ def test_collection_on_an_endpoint_expert(tmp_path):
     trajs = [json.loads(line) for line in (tmp_path / "trajectories.jsonl").read_text().splitlines()]
     assert [len(t["steps"]) for t in trajs] == [1, 1] and all(t["steps"][0]["kind"] == "final" for t in trajs)
     assert all(t["usage"]["calls"] == 1 and t["usage"]["cost"] == pytest.approx(15) for t in trajs)
-    assert "cost $30.0000" in text and "idea proposals" in text
+    assert "cost $30.0000" in text
+    # the idea proposals alone (6 calls of 10 + 5 tokens): one worker shares the backend with the rollouts
+    assert "idea proposals: tokens in/out 60/30, cost $90.0000" in text
 
 
 def test_sft_and_states_follow_the_trajectory_ids_not_the_finishing_order(tmp_path):
