@@ -91,9 +91,11 @@ from torch.distributed.tensor import DTensor, distribute_tensor
 from torch.utils.checkpoint import checkpoint
 from tqdm import tqdm
 
+import agent  # torch-free file helpers shared with collect.py, eval.py and orchestrator.py
 import model as qwen
-# torch-free helpers shared with collect.py, eval.py, orchestrator.py; ppo.py uses sft.lock_file and sft.jsonl_rows
-from agent import check_checkpoint, claim_folder, jsonl_rows, lock_file, recover_folder, swap_folder  # noqa: F401
+from agent import check_checkpoint, claim_folder, jsonl_rows, recover_folder, swap_folder
+
+lock_file = agent.lock_file  # ppo.py locks its --out with sft.lock_file and reads states.jsonl with sft.jsonl_rows
 
 
 @dataclasses.dataclass
