@@ -420,7 +420,7 @@ def recover_out(out):
     the latest checkpoint again."""
     for old in glob.glob(os.path.join(out, "checkpoint-*.old")):
         recover_folder(old.removesuffix(".old"))
-    for tmp in glob.glob(os.path.join(out, "checkpoint-*.tmp")) + glob.glob(os.path.join(out, "*.tmp")):
+    for tmp in glob.glob(os.path.join(out, "*.tmp")):  # checkpoint-<step>.tmp folders, <file>.tmp files
         shutil.rmtree(tmp) if os.path.isdir(tmp) else os.remove(tmp)
     if os.path.exists(os.path.join(out, ".publishing")):
         latest = latest_checkpoint(out)
