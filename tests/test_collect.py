@@ -150,6 +150,19 @@ def test_failing_rollout_is_logged_and_the_rest_go_on(tmp_path, capsys):
     assert "digits-0001 failed: RuntimeError: boom" in capsys.readouterr().err and "1 rollouts failed" in text
 
 
+def no_step(job):  # what a time limit spent before the first step gives
+    return {**short(job), "steps": [], "stopped": "time"}
+
+
+def test_a_trajectory_of_no_step_is_a_failed_rollout_and_retried(tmp_path):
+    (tmp_path / "ideas.json").write_text(json.dumps(CHEAP))
+    text = collect.collect(["digits"], trajectories=1, workers=1, out=tmp_path, rollout_fn=no_step, progress=False)
+    assert not (tmp_path / "trajectories.jsonl").exists() and "1 rollouts failed" in text
+    assert "no step within --time-limit" in (tmp_path / "errors.jsonl").read_text()
+    collect.collect(["digits"], trajectories=1, workers=1, out=tmp_path, rollout_fn=short, progress=False)
+    assert ids(tmp_path / "trajectories.jsonl") == ["digits-0000"]
+
+
 @pytest.fixture(scope="module")
 def scripted_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("data")
