@@ -15,7 +15,8 @@ Outputs under --out (default runs/data/):
 - states.jsonl        one state s_t per step: task, step, prompt messages, env snapshot (env.Env.restore), m_t,
                       m_init, m_best, the expert's step and its reward config; ppo.py samples its states from
                       here (the step-wise objective J_step);
-- errors.jsonl        failed rollouts (id, error); they are retried by the next run.
+- errors.jsonl        failed rollouts (id, error), trajectories of no step among them; they are retried by the next run;
+- .lock               held while a collect.py runs on the folder: a second one is refused.
 
 Departures from the paper: it collects 10k GPT-4o-mini trajectories on 9 MLAgentBench/MLE-bench tasks; offline, this
 file uses agent.ScriptedExpert (a STAND-IN for the LLM expert, see agent.py) on the built-in held-in tasks, with the

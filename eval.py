@@ -832,8 +832,8 @@ def main(argv=None):
         if not 0 <= v < math.inf or (name == "time_limit" and v == 0):  # nan fails too
             p.error(f"--{name.replace('_', '-')} must be finite and {'> 0' if name == 'time_limit' else '>= 0'}, "
                     f"not {v}")
-    for flag, names in (("--policy", cfg.policies), ("--sub-agent", [cfg.sub_agent or "scripted"]),
-                        ("--editor", [cfg.editor])):
+    for flag, names in (("--policy", cfg.policies or default_policies()),
+                        ("--sub-agent", [cfg.sub_agent or "scripted"]), ("--editor", [cfg.editor])):
         for name in names:
             if re.match(r"^(\.{0,2}/|runs/)", name) and not os.path.isdir(name):
                 p.error(f"{flag}: no checkpoint folder {name!r}")
