@@ -3,7 +3,8 @@ scripted expert, all driven by one episode loop (`run_episode`) that records eve
 
 Reading order: backends (an OpenAI-compatible endpoint over `requests`; `model.py` in-process) -> the prompt (tools
 block, research problem, instructions, response format; `build_messages`) -> `parse_response` -> `LLMEditor` ->
-`ScriptedExpert` -> `run_episode` -> command line.
+`ScriptedExpert` -> `run_episode` -> the files every command line shares (locks, JSONL lines, folder swaps, checkpoint
+checks; torch-free, so collect.py, eval.py and orchestrator.py start fast) -> command line.
 
 ML-Agent (seed 000, "Training") collects its expert trajectories with a GPT-4o-mini agent in the MLAgentBench (MLAB)
 scaffold (Huang et al., 2023, `MLAgentBench/agents/agent_research.py`), 15 steps and 30 minutes per trajectory. This
@@ -26,10 +27,12 @@ Run one episode:  python agent.py --task digits                          (script
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
 import os
 import random
 import re
+import shutil
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -606,6 +609,82 @@ def run_episode(env_, backend, ideas=(), max_steps=15, time_limit=1800.0, max_re
     traj.stopped = traj.stopped or "max_steps"
     traj.seconds, traj.reset_seconds = time.time() - start, reset_seconds
     return traj
+
+# ================================================================================ files every command line shares
+
+
+def lock_file(path, what):
+    """An exclusive flock on `path`, held while the returned file is open (the kernel drops it when the process
+    dies, so a killed run never leaves a stale lock); ValueError when another process holds it."""
+    lock = open(path, "w")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.close()
+        raise ValueError(f"{what} is in use by another run ({path} is locked)") from None
+    return lock
+
+
+def claim_folder(path, flag="--out"):
+    """The output folder of this run: refused when it is a file, made, locked (folder/.lock) against a second run on
+    it. -> the open lock file (close it, or use it as a context manager)."""
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise ValueError(f"{flag} {path} is a file; give a folder")
+    os.makedirs(path, exist_ok=True)
+    return lock_file(os.path.join(path, ".lock"), f"{flag} {path}")
+
+
+def jsonl_rows(path, complete_only=False):
+    """(line number, object) for each non-empty line of a JSONL file; invalid UTF-8 or JSON is a one-line ValueError
+    naming the file and the line. complete_only: an unterminated last line (a kill mid-write) is skipped."""
+    with open(path, "rb") as f:
+        for n, raw in enumerate(f, 1):
+            if complete_only and not raw.endswith(b"\n"):
+                return
+            try:
+                line = raw.decode("utf-8")
+                row = json.loads(line) if line.strip() else None
+            except ValueError as e:
+                raise ValueError(f"{path}:{n}: not a JSON line ({type(e).__name__})") from None
+            if row is not None:
+                yield n, row
+
+
+def swap_folder(tmp, path):
+    """The complete folder `tmp` becomes `path` with no moment where neither exists: path goes aside to path.old, tmp
+    is renamed in, path.old is deleted. A kill in between is undone by recover_folder."""
+    old = f"{path}.old"
+    shutil.rmtree(old, ignore_errors=True)
+    if os.path.exists(path):
+        os.replace(path, old)
+    os.replace(tmp, path)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def recover_folder(path, tmp=None):
+    """After a kill inside swap_folder: path.old is renamed back when path is missing, else deleted; a half-written
+    tmp is deleted."""
+    old = f"{path}.old"
+    if os.path.isdir(old):
+        shutil.rmtree(old) if os.path.exists(path) else os.replace(old, path)
+    if tmp:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def check_checkpoint(folder):
+    """ValueError (one line naming the folder) when the local checkpoint `folder` cannot be loaded: its config,
+    tokenizer or weight files, truncated weights included. Reads no weights, so a command checks before any work."""
+    import model
+    try:
+        model.load(folder, "cpu", meta=True)
+        for path in model._weight_files(folder):
+            header, start = model._read_header(path)
+            need = start + max((int(t["data_offsets"][1]) for t in header.values()), default=0)
+            if os.path.getsize(path) < need:
+                raise ValueError(f"{os.path.basename(path)} is truncated ({os.path.getsize(path)} of {need} bytes)")
+    except Exception as e:  # noqa: BLE001 - whatever the loader meets (JSON, missing files, tokenizer), it is unusable
+        why = (str(e).splitlines() or [type(e).__name__])[0]
+        raise ValueError(f"{folder} is not a loadable checkpoint: {why}") from None
 
 # ================================================================================================= command line
 

@@ -15,7 +15,8 @@ Outputs under --out (default runs/data/):
 - states.jsonl        one state s_t per step: task, step, prompt messages, env snapshot (env.Env.restore), m_t,
                       m_init, m_best, the expert's step and its reward config; ppo.py samples its states from
                       here (the step-wise objective J_step);
-- errors.jsonl        failed rollouts (id, error); they are retried by the next run.
+- errors.jsonl        failed rollouts (id, error), trajectories of no step among them; they are retried by the next run;
+- .lock               held while a collect.py runs on the folder: a second one is refused.
 
 Departures from the paper: it collects 10k GPT-4o-mini trajectories on 9 MLAgentBench/MLE-bench tasks; offline, this
 file uses agent.ScriptedExpert (a STAND-IN for the LLM expert, see agent.py) on the built-in held-in tasks, with the
@@ -32,6 +33,7 @@ Run:  python collect.py                                          (offline: scrip
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import multiprocessing as mp
 import os
@@ -181,22 +183,37 @@ def append_line(path: Path, obj: dict):
         os.fsync(f.fileno())
 
 
-def read_jsonl(path: Path, repair=False) -> list[dict]:
-    """The complete lines of a JSONL file; with repair, a torn last line (a kill mid-write) is cut off the file."""
+def read_jsonl(path: Path, repair=False, need=()) -> list[dict]:
+    """The objects of a JSONL file's complete lines; a line cut by a kill mid-write is skipped (with repair, cut off
+    the file). A bad line (not UTF-8, not JSON, not an object, or without the keys `need`) is a one-line ValueError
+    naming the file and the line."""
     if not path.exists():
         return []
-    data = path.read_bytes()
-    if repair and data and not data.endswith(b"\n"):
-        data = data[:data.rfind(b"\n") + 1]
-        with open(path, "r+b") as f:
-            f.truncate(len(data))
+    if repair:
+        data = path.read_bytes()
+        if data and not data.endswith(b"\n"):
+            with open(path, "r+b") as f:
+                f.truncate(data.rfind(b"\n") + 1)
     rows = []
-    for line in data.decode("utf-8").splitlines():
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
+    for n, row in agent.jsonl_rows(path, complete_only=True):
+        if not isinstance(row, dict) or any(k not in row for k in need):
+            raise ValueError(f"{path}:{n}: expected a JSON object" + (f" with {', '.join(need)}" if need else ""))
+        rows.append(row)
     return rows
+
+
+def read_pools(path: Path) -> dict:
+    """ideas.json ({task: {category: [idea, ...]}}), or {}; anything else is a one-line ValueError naming it."""
+    if not path.exists():
+        return {}
+    try:
+        pools = json.loads(path.read_bytes().decode("utf-8"))
+    except ValueError as e:
+        raise ValueError(f"{path}: not valid JSON ({type(e).__name__}); delete it to make the pools again") from None
+    if not (isinstance(pools, dict) and all(isinstance(p, dict) and all(
+            isinstance(v, list) and all(isinstance(i, str) for i in v) for v in p.values()) for p in pools.values())):
+        raise ValueError(f"{path}: expected {{task: {{category: [idea, ...]}}}}; delete it to make the pools again")
+    return pools
 
 
 def write_atomic(path: Path, rows):
@@ -278,9 +295,18 @@ def collect(tasks, trajectories=5, workers=2, expert="scripted", base_url=None, 
     """Collect `trajectories` per task into `out` (resuming what is there); returns the printed summary.
     RewardMismatch if `out` holds trajectories whose rewards another reward config computed."""
     start, out = time.time(), Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    with agent.claim_folder(out):  # one run per --out: a second one would append every row again
+        return _collect(start, out, tasks, trajectories, workers, expert, base_url, seed, k, candidates, max_steps,
+                        time_limit, prices, rollout_fn, progress, reward_config)
+
+
+TRAJECTORY_KEYS = ("id", "task", "steps", "ideas", "m_init", "m_best", "higher_is_better")
+
+
+def _collect(start, out, tasks, trajectories, workers, expert, base_url, seed, k, candidates, max_steps, time_limit,
+             prices, rollout_fn, progress, reward_config) -> str:
     traj_path, err_path = out / "trajectories.jsonl", out / "errors.jsonl"
-    existing = read_jsonl(traj_path, repair=True)
+    existing = read_jsonl(traj_path, repair=True, need=TRAJECTORY_KEYS)
     for old in {reward.from_record(t.get("reward_config")) for t in existing}:  # no key: older, the default config
         if old != reward_config:  # one folder, one reward
             raise RewardMismatch(f"{traj_path} holds trajectories collected with {old}, the flags give "
@@ -289,8 +315,9 @@ def collect(tasks, trajectories=5, workers=2, expert="scripted", base_url=None, 
 
     # 1. idea pools: reused from ideas.json when resuming, so a resumed run samples from the same pools
     ideas_path = out / "ideas.json"
-    pools = json.loads(ideas_path.read_text()) if ideas_path.exists() else {}
+    pools = read_pools(ideas_path)
     llm = expert not in ("scripted", None) and (bool(base_url) or not os.path.isdir(expert))  # an endpoint model
+    before = copy.copy(expert_backend(expert, base_url, prices).usage) if llm else None
     for task in loaded:
         if task.name in pools:
             continue
@@ -306,6 +333,10 @@ def collect(tasks, trajectories=5, workers=2, expert="scripted", base_url=None, 
         else:
             cands, embed = recipe_ideas(task.name), tfidf_embed
         pools[task.name] = diverse_pool(cands, k, embed)
+    if llm:  # this run's idea proposals, counted before the rollouts (with one worker they share this backend)
+        u = _BACKENDS[expert, base_url].usage
+        ideas_line = (f"\nidea proposals: tokens in/out {u.prompt_tokens - before.prompt_tokens}/"
+                      f"{u.completion_tokens - before.completion_tokens}, cost ${u.cost - before.cost:.4f}")
     tmp = ideas_path.with_suffix(".tmp")
     tmp.write_text(json.dumps(pools, indent=1))
     os.replace(tmp, ideas_path)
@@ -329,6 +360,8 @@ def collect(tasks, trajectories=5, workers=2, expert="scripted", base_url=None, 
     results = pool.imap_unordered(_safe_rollout, work) if pool else map(_safe_rollout, work)
     try:
         for job, traj, error in tqdm(results, total=len(jobs), desc="trajectories", disable=not progress):
+            if traj is not None and not traj["steps"]:  # recorded, it would never be retried
+                traj, error = None, f"no step within --time-limit {job['time_limit']} s (stopped: {traj['stopped']})"
             if traj is not None:
                 append_line(traj_path, traj)
                 new += 1
@@ -346,9 +379,8 @@ def collect(tasks, trajectories=5, workers=2, expert="scripted", base_url=None, 
     write_atomic(out / "sft.jsonl", sft_rows(trajs))
     write_atomic(out / "states.jsonl", state_rows(trajs))
     text = summarize(trajs, time.time() - start, new)
-    if llm and (expert, base_url) in _BACKENDS:  # the idea proposals of this run (main process)
-        u = _BACKENDS[expert, base_url].usage
-        text += f"\nidea proposals: tokens in/out {u.prompt_tokens}/{u.completion_tokens}, cost ${u.cost:.4f}"
+    if llm:
+        text += ideas_line
     if failed:
         text += f"\n{failed} rollouts failed (see {err_path}); run again to retry them"
     return text
@@ -386,22 +418,25 @@ def main(argv=None):
     for name in ("trajectories", "workers", "k", "candidates", "max_steps"):
         if getattr(args, name) < (0 if name == "workers" else 1):
             p.error(f"--{name.replace('_', '-')} must be positive")
+    if not args.time_limit > 0:  # nan too; a time limit of 0 or less records trajectories of no step
+        p.error(f"--time-limit must be > 0 seconds, not {args.time_limit}")
+    if not all(0 <= x < float("inf") for x in args.price):
+        p.error(f"--price must be finite and >= 0, not {' '.join(map(str, args.price))}")
     try:
         reward_config = reward.from_flags(args)
-    except ValueError as e:
-        p.error(str(e))
-    try:
+        if os.path.isdir(args.expert) and not args.base_url:  # a local checkpoint: fail now, not in every rollout
+            agent.check_checkpoint(args.expert)
         for t in args.tasks:
             env.load_task(t)
-    except env.TaskError as e:
-        p.error(str(e))
+    except (ValueError, env.TaskError) as e:
+        p.error(f"--expert {e}" if "checkpoint" in str(e) else str(e))
     try:
         print(collect(args.tasks, args.trajectories, args.workers, args.expert, args.base_url, args.out, args.seed,
                       args.k, args.candidates, args.max_steps, args.time_limit, tuple(args.price),
                       reward_config=reward_config))
     except agent.BackendError as e:
         sys.exit(f"collect.py: {e}")
-    except RewardMismatch as e:
+    except (ValueError, OSError) as e:  # a bad file under --out, another reward config, --out in use: one line
         p.error(str(e))
 
 

@@ -443,8 +443,12 @@ def resolve_tasks(cfg: Config) -> list:
 
 def evaluate(cfg: Config, log=print) -> dict:
     """Run what runs.jsonl does not hold yet, then write report.json, report.md and the plots; returns the report."""
+    with agent.claim_folder(cfg.out):  # one evaluation per --out: a second one would run and append every run again
+        return _evaluate(cfg, log)
+
+
+def _evaluate(cfg: Config, log) -> dict:
     out = Path(cfg.out)
-    out.mkdir(parents=True, exist_ok=True)
     tasks, policies = resolve_tasks(cfg), cfg.policies or default_policies()
     path = out / "runs.jsonl"
     done = read_runs(path)
@@ -600,6 +604,11 @@ def _gt(a: dict, b: dict) -> bool | None:
 
 def run_claims(preset: dict, out: Path, log=print) -> dict:
     """Every step and measurement of the claims run (resumable), then claims.json, claims.md and the plots."""
+    with agent.claim_folder(out):  # one claims run per --out
+        return _run_claims(preset, Path(out), log)
+
+
+def _run_claims(preset: dict, out: Path, log) -> dict:
     import ppo
     R, p = ClaimsRun(preset, out, log), preset
     data, data1, unseen = R.path("data"), R.path("data-k1"), R.path("unseen")
@@ -777,6 +786,8 @@ def claims_main(argv) -> None:
         result = run_claims(CLAIM_PRESETS["quick" if args.quick else "full"], Path(args.out))
     except RuntimeError as e:
         sys.exit(f"eval.py claims: {e}")
+    except ValueError as e:  # --out a file or in use
+        p.error(str(e))
     print(claims_markdown(result))
     print(f"wrote {Path(args.out) / 'claims.json'}, {Path(args.out) / 'claims.md'}"
           + "".join(f", {Path(args.out) / n}" for n in result["plots"]))
@@ -816,19 +827,33 @@ def main(argv=None):
     for name in ("k", "max_steps", "max_tokens", "rounds", "calls", "sub_iters"):
         if getattr(cfg, name) is not None and getattr(cfg, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be at least 1")
-    if cfg.time_limit <= 0 or cfg.temperature < 0:
-        p.error("--time-limit must be positive and --temperature not negative")
-    for name in cfg.policies + [cfg.sub_agent or "scripted"]:
-        if re.match(r"^(\.{0,2}/|runs/)", name) and not os.path.isdir(name):
-            p.error(f"no checkpoint folder {name!r}")
+    for name in ("time_limit", "temperature", "price_in", "price_out", "threads"):
+        v = getattr(cfg, name)
+        if not 0 <= v < math.inf or (name == "time_limit" and v == 0):  # nan fails too
+            p.error(f"--{name.replace('_', '-')} must be finite and {'> 0' if name == 'time_limit' else '>= 0'}, "
+                    f"not {v}")
+    for flag, names in (("--policy", cfg.policies or default_policies()),
+                        ("--sub-agent", [cfg.sub_agent or "scripted"]), ("--editor", [cfg.editor])):
+        for name in names:
+            if re.match(r"^(\.{0,2}/|runs/)", name) and not os.path.isdir(name):
+                p.error(f"{flag}: no checkpoint folder {name!r}")
+            if os.path.isdir(name) and not cfg.base_url:  # a broken checkpoint fails now, not as K failed runs
+                try:
+                    agent.check_checkpoint(name)
+                except ValueError as e:
+                    p.error(f"{flag} {e}")
     try:
         resolve_tasks(cfg)
-    except env.TaskError as e:
+        if cfg.plots and os.path.exists(cfg.ppo_log):  # read for a plot at the end: checked before the runs
+            collect.read_jsonl(Path(cfg.ppo_log))
+    except (env.TaskError, ValueError) as e:
         p.error(str(e))
     try:
         report = evaluate(cfg)
     except agent.BackendError as e:
         sys.exit(f"eval.py: {e}")
+    except (ValueError, OSError) as e:  # --out a file or in use, a bad line of runs.jsonl: one line
+        p.error(str(e))
     print(markdown(report))
     print(f"wrote {Path(cfg.out) / 'report.json'}, {Path(cfg.out) / 'report.md'}"
           + "".join(f", {Path(cfg.out) / name}" for name in report["plots"]))

@@ -435,7 +435,7 @@ class ScriptedOrchestrator:
     with temperature > 0 the parent and the ideas are sampled. Writes the same JSON an LLM would."""
 
     def __init__(self, seed=0):
-        self.rng, self.usage = random.Random(seed), agent.Usage()
+        self.seed, self.rng, self.usage = seed, random.Random(seed), agent.Usage()
 
     def chat(self, messages, n=1, temperature=0.0, max_tokens=1024, stop=None):
         text = [m["content"] for m in messages if m["role"] == "user"][0]
@@ -547,8 +547,32 @@ def save_json(path: Path, obj):
     os.replace(tmp, path)  # atomic: readers see the old file or the new one
 
 
-def load_json(path: Path):
-    return json.loads(path.read_text()) if path and path.exists() else None
+def load_json(path: Path, shape=None):
+    """The object saved at path, None when there is none; not JSON, or without the keys of `shape` ({key: type}),
+    is a one-line ValueError naming the file."""
+    if not path or not path.exists():
+        return None
+    try:
+        obj = json.loads(path.read_bytes().decode("utf-8"))
+    except ValueError as e:
+        raise ValueError(f"{path}: not valid JSON ({type(e).__name__}); delete it or give another --out") from None
+    bad = [k for k, t in (shape or {}).items() if not isinstance(obj, dict) or not isinstance(obj.get(k), t)]
+    if bad:
+        raise ValueError(f"{path}: not a file of orchestrator.py (bad or missing {', '.join(bad)}); delete it or give "
+                         "another --out")
+    return obj
+
+
+def attempts_of(path: Path, rows) -> list[Attempt]:
+    try:
+        return [Attempt(**a) for a in rows]
+    except TypeError:
+        raise ValueError(f"{path}: an attempt is not an orchestrator.py attempt; delete it or give another --out") \
+            from None
+
+
+RUN_SHAPE = {"attempts": list, "records": list, "round": int, "seconds": (int, float), "finished": bool}
+TREE_SHAPE = {"attempts": dict, "nodes": list, "next_id": int, "higher_is_better": bool}
 
 
 def _recorder(records: list):
@@ -592,9 +616,9 @@ def run_matryoshka(cfg: Config, orch, sub, out: Path | None = None, resume=True,
     """Rounds of: the Orchestrator's tool calls from compact memory -> Tools in parallel -> attempts appended.
     The state is saved after every round to out/run.json (atomic) and resumed from it."""
     task = env.load_task(cfg.task)
-    state = load_json(out / "run.json") if out and resume else None
+    state = load_json(out / "run.json", RUN_SHAPE) if out and resume else None
     if state:
-        attempts, records = [Attempt(**a) for a in state["attempts"]], state["records"]
+        attempts, records = attempts_of(out / "run.json", state["attempts"]), state["records"]
         rnd, spent, finished = state["round"], state["seconds"], state["finished"]
         log(f"resumed {out / 'run.json'} at round {rnd}")
     else:
@@ -654,12 +678,19 @@ def _path(tree, node_id) -> list[dict]:
     return path[::-1]
 
 
+def _tree_ok(tree) -> bool:
+    return all(isinstance(a, dict) and {"id", "parent", "score"} <= set(a) for a in tree["attempts"].values()) and \
+        all(isinstance(n, dict) and {"id", "parent", "depth", "status", "calls"} <= set(n) for n in tree["nodes"])
+
+
 def collect_tree(cfg: Config, orch, sub, path: Path, log=print) -> dict:
     """Expand every node with cfg.children decisions sampled from the same state (its path's attempts: the shared
     prefix, run once), to cfg.depth; run the decisions' tool calls; r(v) from the environment. Saved after every
     decision and attempt, so an interrupted collection resumes where it stopped."""
     task = env.load_task(cfg.task)
-    tree = load_json(path)
+    tree = load_json(path, TREE_SHAPE)
+    if tree is not None and not _tree_ok(tree):
+        raise ValueError(f"{path}: a node or attempt is not orchestrator.py's; delete it or give another --out")
     if tree is None:
         tree = {"task": task.name, "higher_is_better": task.higher_is_better, "next_id": 1,
                 "attempts": {"0": asdict(starter_attempt(task, cfg))},
@@ -680,6 +711,8 @@ def collect_tree(cfg: Config, orch, sub, path: Path, log=print) -> dict:
                     or node.get("error"):  # a finishing or unparsable decision is a leaf
                 continue
             node["prompt"] = orchestrator_messages(task, memory(node["id"]), node["depth"] + 1, cfg.depth, cfg.calls)
+            if isinstance(orch, ScriptedOrchestrator):  # each node's samples from (seed, node): a resume makes the same
+                orch.rng.seed(f"{orch.seed}:{node['id']}")
             for text in orch.chat(node["prompt"], n=cfg.children, temperature=cfg.tree_temperature,
                                   max_tokens=cfg.max_tokens).texts:
                 tree["nodes"].append({"id": len(tree["nodes"]), "parent": node["id"], "depth": node["depth"] + 1,
@@ -850,14 +883,22 @@ def save_checkpoint(lm, tok, path: Path, dtype=None):
     tmp = path.with_name(f".{path.name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     model.save(lm, tok, str(tmp), dtype=dtype)
-    shutil.rmtree(path, ignore_errors=True)
-    os.replace(tmp, path)
+    agent.swap_folder(tmp, path)  # never a moment without ckpt-<i>; a kill in between: train_loop recovers
+
+
+def recover_checkpoints(out: Path):
+    """At start, what a kill inside save_checkpoint left: ckpt-<i>.old back or gone, half-written .ckpt-<i>.tmp."""
+    for old in out.glob("ckpt-*.old"):
+        agent.recover_folder(str(old)[:-len(".old")])
+    for tmp in out.glob(".ckpt-*.tmp"):
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def train_loop(cfg: Config, model_path: str | None, collector: str, sub, out: Path, log=print) -> Path:
     """Online iterations: collect a tree with the current orchestrator, train on its groups against the current
     orchestrator as reference, the trained one becomes the next. Resumes from out/ckpt-<i> and out/tree-<i>.json."""
     import model
+    recover_checkpoints(out)
     current = Path(model_path) if model_path else out / "ckpt-0"
     for it in range(cfg.iterations):
         nxt = out / f"ckpt-{it + 1}"
@@ -883,7 +924,7 @@ def train_loop(cfg: Config, model_path: str | None, collector: str, sub, out: Pa
             train_orchestrator(policy, ref, tok, groups, cfg, log=log)
         save_checkpoint(policy, tok, nxt, dtype=getattr(model.torch, policy.config.torch_dtype))  # as it came (bf16)
         current = nxt
-    rows = [r for p in sorted(out.glob("tree-*.json")) for t in [load_json(p)]
+    rows = [r for p in sorted(out.glob("tree-*.json")) for t in [load_json(p, TREE_SHAPE)]
             for r in sft_rows(list(t["attempts"].values()), t["higher_is_better"])]
     write_jsonl(out / "sft.jsonl", rows)
     log(f"orchestrator checkpoint: {current}; {len(rows)} successful Sub-Agent trajectories -> {out / 'sft.jsonl'}")
@@ -959,8 +1000,17 @@ def main(argv=None):
     if args.cmd == "train" and args.model and not os.path.isdir(args.model):
         p.error(f"--model {args.model!r} is not a folder; pass a local Qwen2/Qwen3 checkpoint folder (config.json, "
                 "*.safetensors, tokenizer.json), or no --model for a tiny model from scratch")
+    for flag, name, url in (("--orchestrator", args.orchestrator, args.orchestrator_url),
+                            ("--sub-agent", args.sub_agent, args.sub_agent_url),
+                            ("--model", getattr(args, "model", None), None)):
+        if name and os.path.isdir(name) and not url:  # a broken checkpoint: one line now, before any work
+            try:
+                agent.check_checkpoint(name)
+            except ValueError as err:
+                p.error(f"{flag} {err}")
     try:
         env.load_task(cfg.task)
+        lock = agent.claim_folder(out)  # one command per --out: run.json, tree.json, train/, sft.jsonl resume
         orch = make_backend(args.orchestrator, args.orchestrator_url, "orchestrator", cfg.seed)
         coder = make_backend(args.sub_agent, args.sub_agent_url, "sub-agent")
     except (env.TaskError, OSError, ValueError) as err:
@@ -968,22 +1018,28 @@ def main(argv=None):
     for role, b in (("orchestrator", orch), ("sub-agent", coder)):
         if isinstance(b, (ScriptedOrchestrator, RecipeCoder)):
             print(f"{role}: OFFLINE STAND-IN ({type(b).__name__})")
-    try:
-        if args.cmd == "run" and args.monolithic:
-            res = run_monolithic(cfg, coder, out)
-        elif args.cmd == "run":
-            res = run_matryoshka(cfg, orch, coder, out, resume=not args.fresh)
-        elif args.cmd == "tree":
-            tree = collect_tree(cfg, orch, coder, out / "tree.json")
-            write_jsonl(out / "sft.jsonl", sft_rows(list(tree["attempts"].values()), tree["higher_is_better"]))
-            print(f"{len(preference_groups(tree))} preference group(s); saved {out / 'tree.json'}, {out / 'sft.jsonl'}")
-            return
-        else:
-            collector = args.collector if args.collector != "auto" else ("policy" if args.model else "scripted")
-            train_loop(cfg, args.model, collector, coder, out / "train")
-            return
-    except agent.BackendError as err:
-        sys.exit(f"orchestrator.py: {err}")
+    with lock:
+        try:
+            command(args, cfg, orch, coder, out)
+        except agent.BackendError as err:
+            sys.exit(f"orchestrator.py: {err}")
+        except (ValueError, OSError) as err:  # a bad run.json or tree.json: one line
+            p.error(str(err))
+
+
+def command(args, cfg: Config, orch, coder, out: Path):
+    """run, tree or train, with what each writes under out."""
+    if args.cmd == "tree":
+        tree = collect_tree(cfg, orch, coder, out / "tree.json")
+        write_jsonl(out / "sft.jsonl", sft_rows(list(tree["attempts"].values()), tree["higher_is_better"]))
+        print(f"{len(preference_groups(tree))} preference group(s); saved {out / 'tree.json'}, {out / 'sft.jsonl'}")
+        return
+    if args.cmd == "train":
+        collector = args.collector if args.collector != "auto" else ("policy" if args.model else "scripted")
+        train_loop(cfg, args.model, collector, coder, out / "train")
+        return
+    res = run_monolithic(cfg, coder, out) if args.monolithic else \
+        run_matryoshka(cfg, orch, coder, out, resume=not args.fresh)
     print(token_table(res["records"]) + f"\ntoken counts: {res['token_counter']}")
     best = res["best"]
     print(f"best attempt #{best['id']}: public {_fmt(best['public'])}, private {_fmt(best['private'])}; "
@@ -994,7 +1050,6 @@ def main(argv=None):
                                                    else "best_submission.csv"))
     if not args.monolithic:  # the Sub-Agents' successful trajectories, for sft.py
         write_jsonl(out / "sft.jsonl", sft_rows(res["attempts"], env.load_task(cfg.task).higher_is_better))
-
 
 if __name__ == "__main__":
     main()

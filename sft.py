@@ -70,7 +70,6 @@ import contextlib
 import dataclasses
 import glob
 import json
-import fcntl
 import math
 import os
 import pickle
@@ -92,7 +91,11 @@ from torch.distributed.tensor import DTensor, distribute_tensor
 from torch.utils.checkpoint import checkpoint
 from tqdm import tqdm
 
+import agent  # torch-free file helpers shared with collect.py, eval.py and orchestrator.py
 import model as qwen
+from agent import check_checkpoint, claim_folder, jsonl_rows, recover_folder, swap_folder
+
+lock_file = agent.lock_file  # ppo.py locks its --out with sft.lock_file and reads states.jsonl with sft.jsonl_rows
 
 
 @dataclasses.dataclass
@@ -160,20 +163,6 @@ def encode_chat(tokenizer, messages, max_len=None, counts=None):
         if counts is not None:
             counts["cut"] = counts.get("cut", 0) + 1
     return ids, labels
-
-
-def jsonl_rows(path):
-    """(line number, object) for each non-empty line of a JSONL file; invalid UTF-8 or JSON is a one-line ValueError
-    naming the file and the line. ppo.py reads its states pool with it too."""
-    with open(path, "rb") as f:
-        for n, raw in enumerate(f, 1):
-            try:
-                line = raw.decode("utf-8")
-                row = json.loads(line) if line.strip() else None
-            except ValueError as e:
-                raise ValueError(f"{path}:{n}: not a JSON line ({type(e).__name__})") from None
-            if row is not None:
-                yield n, row
 
 
 def read_jsonl(path):
@@ -405,33 +394,43 @@ def save_checkpoint(net, lm, tokenizer, optim, sched, info, args, rank, device):
     master = {k.removeprefix("lm."): v for k, v in state.items()} if dtype != torch.float32 else None
     torch.save({"optimizer": ostate, "scheduler": sched.state_dict(), "master": master, **info},
                os.path.join(tmp, "trainer_state.pt"))
-    shutil.rmtree(path, ignore_errors=True)
-    os.replace(tmp, path)
-    for name in os.listdir(path):  # the latest weights also at out/ itself, file by file (each rename is atomic)
-        if name != "trainer_state.pt":
-            shutil.copyfile(os.path.join(path, name), os.path.join(args.out, name + ".tmp"))
-            os.replace(os.path.join(args.out, name + ".tmp"), os.path.join(args.out, name))
+    swap_folder(tmp, path)  # a kill at any moment leaves the old checkpoint-<step> or the new one (recover_out)
+    publish(path, args.out)
 
 
-def lock_file(path, what):
-    """An exclusive flock on `path`, held while the returned file is open (the kernel drops it when the process
-    dies, so a killed run never leaves a stale lock); ValueError when another process holds it."""
-    lock = open(path, "w")
-    try:
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        lock.close()
-        raise ValueError(f"{what} is in use by another run ({path} is locked)") from None
-    return lock
+def publish(ckpt, out):
+    """The checkpoint's model files also at out/ itself, file by file (each rename is atomic), stale weight shards
+    removed. A kill in between leaves a mix, which the next start repairs (recover_out publishes the checkpoint it
+    resumes)."""
+    names = [n for n in os.listdir(ckpt) if n != "trainer_state.pt"]
+    marker = os.path.join(out, ".publishing")  # present while out/ may hold a mix of two checkpoints
+    open(marker, "w").close()
+    for name in os.listdir(out):
+        if name.startswith("model") and ".safetensors" in name and name not in names:
+            os.remove(os.path.join(out, name))
+    for name in names:
+        shutil.copyfile(os.path.join(ckpt, name), os.path.join(out, name + ".tmp"))
+        os.replace(os.path.join(out, name + ".tmp"), os.path.join(out, name))
+    os.remove(marker)
+
+
+def recover_out(out):
+    """At start, what a kill while saving left under out/: each checkpoint-<step>.old back or gone, half-written
+    checkpoint-<step>.tmp folders and out/*.tmp files deleted, and out/'s model files, if a kill mixed them, those of
+    the latest checkpoint again."""
+    for old in glob.glob(os.path.join(out, "checkpoint-*.old")):
+        recover_folder(old.removesuffix(".old"))
+    for tmp in glob.glob(os.path.join(out, "*.tmp")):  # checkpoint-<step>.tmp folders, <file>.tmp files
+        shutil.rmtree(tmp) if os.path.isdir(tmp) else os.remove(tmp)
+    if os.path.exists(os.path.join(out, ".publishing")):
+        latest = latest_checkpoint(out)
+        publish(latest, out) if latest else os.remove(os.path.join(out, ".publishing"))
 
 
 def claim_out(args):
     """--out for this run: refused when it is a file; locked (out/.lock) against a second sft.py on it.
     -> the open lock file."""
-    if os.path.isfile(args.out):
-        raise ValueError(f"--out {args.out} is a file; give a folder")
-    os.makedirs(args.out, exist_ok=True)
-    return lock_file(os.path.join(args.out, ".lock"), f"--out {args.out}")
+    return claim_folder(args.out)
 
 
 def check_same_run(recorded, args, resume):
@@ -566,12 +565,16 @@ def train(args):
     if len(rows) < 2 and args.heldout > 0:
         raise ValueError(f"{args.data}: need at least 2 conversations (one is held out)")
     train_idx, held_idx = split_heldout(len(rows), args.heldout, args.seed)
+    lock = claim_out(args) if rank == 0 else None
+    if rank == 0:
+        recover_out(args.out)  # what a kill while saving left
+    if world > 1:
+        dist.barrier()
     # a checkpoint under --out is resumed (as ppo.py does), provided it is of this run (check_same_run)
     resume = latest_checkpoint(args.out) if args.resume in (None, "auto") and os.path.isdir(args.out) \
         else args.resume
     if args.resume == "auto" and resume is None:
         say(f"no checkpoint under {args.out}: starting fresh")
-    lock = claim_out(args) if rank == 0 else None
     # mmap: under torchrun every rank maps the same file and reads only what it uses (optimizer state is 2x the model)
     try:
         st = torch.load(os.path.join(resume, "trainer_state.pt"), weights_only=False, map_location="cpu",
@@ -579,8 +582,11 @@ def train(args):
     except (RuntimeError, EOFError, pickle.UnpicklingError) as e:
         raise ValueError(f"{resume}/trainer_state.pt cannot be read ({type(e).__name__}); resume from an earlier "
                          f"checkpoint-<step>") from None
+    if resume and not (isinstance(st, dict) and {"step", "epoch", "optimizer", "scheduler"} <= set(st)):
+        raise ValueError(f"{resume}/trainer_state.pt is not an sft.py trainer state; resume from another checkpoint")
     if resume:
         check_same_run(st.get("args", {}), args, resume)
+        check_checkpoint(resume)
     if rank == 0:  # the lines after the checkpoint (none before the first one) are redone: drop them
         trim_log(os.path.join(args.out, "log.jsonl"), st["step"] if resume else 0)
     source = resume or args.model
@@ -754,6 +760,11 @@ def parse_args(argv=None):
                 f"--scratch-heads ({args.scratch_heads}) into an even head size")
     if qwen.bad_device(args.device):
         p.error(qwen.bad_device(args.device))
+    if args.model and os.path.isdir(args.model):  # a hub id is checked when it is fetched
+        try:
+            check_checkpoint(args.model)
+        except ValueError as e:
+            p.error(f"--model {e}")
     for name in ("batch_size", "micro_batch", "max_len", "max_new_tokens", "scratch_vocab"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1")

@@ -150,6 +150,19 @@ def test_failing_rollout_is_logged_and_the_rest_go_on(tmp_path, capsys):
     assert "digits-0001 failed: RuntimeError: boom" in capsys.readouterr().err and "1 rollouts failed" in text
 
 
+def no_step(job):  # what a time limit spent before the first step gives
+    return {**short(job), "steps": [], "stopped": "time"}
+
+
+def test_a_trajectory_of_no_step_is_a_failed_rollout_and_retried(tmp_path):
+    (tmp_path / "ideas.json").write_text(json.dumps(CHEAP))
+    text = collect.collect(["digits"], trajectories=1, workers=1, out=tmp_path, rollout_fn=no_step, progress=False)
+    assert not (tmp_path / "trajectories.jsonl").exists() and "1 rollouts failed" in text
+    assert "no step within --time-limit" in (tmp_path / "errors.jsonl").read_text()
+    collect.collect(["digits"], trajectories=1, workers=1, out=tmp_path, rollout_fn=short, progress=False)
+    assert ids(tmp_path / "trajectories.jsonl") == ["digits-0000"]
+
+
 @pytest.fixture(scope="module")
 def scripted_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("data")
@@ -223,8 +236,9 @@ def test_reward_flags_reach_the_recorded_rewards_and_a_resume_must_match(tmp_pat
 
 
 def test_a_resume_reads_lines_without_a_reward_config_as_the_default(tmp_path):
-    (tmp_path / "trajectories.jsonl").write_text(json.dumps({"id": "digits-0000", "task": "digits", "steps": []})
-                                                 + "\n")  # a line from before the key
+    (tmp_path / "trajectories.jsonl").write_text(json.dumps({
+        "id": "digits-0000", "task": "digits", "steps": [], "ideas": [], "m_init": 0.9, "m_best": 0.9,
+        "higher_is_better": True}) + "\n")  # a line from before the key
     with pytest.raises(collect.RewardMismatch, match="corner_term=False"):
         collect.collect(["digits"], trajectories=1, workers=1, out=tmp_path, progress=False,
                         reward_config=reward.RewardConfig(corner_term=False))
@@ -285,7 +299,9 @@ def test_collection_on_an_endpoint_expert(tmp_path):
     trajs = [json.loads(line) for line in (tmp_path / "trajectories.jsonl").read_text().splitlines()]
     assert [len(t["steps"]) for t in trajs] == [1, 1] and all(t["steps"][0]["kind"] == "final" for t in trajs)
     assert all(t["usage"]["calls"] == 1 and t["usage"]["cost"] == pytest.approx(15) for t in trajs)
-    assert "cost $30.0000" in text and "idea proposals" in text
+    assert "cost $30.0000" in text
+    # the idea proposals alone (6 calls of 10 + 5 tokens): one worker shares the backend with the rollouts
+    assert "idea proposals: tokens in/out 60/30, cost $90.0000" in text
 
 
 def test_sft_and_states_follow_the_trajectory_ids_not_the_finishing_order(tmp_path):

@@ -16,6 +16,10 @@ from __future__ import annotations
 import copy
 import json
 import math
+import os
+import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -335,6 +339,59 @@ def test_tree_save_and_resume(tmp_path):
     for n in deeper["nodes"][3:]:  # each grandchild's prompt state is its parent's path: the shared prefix
         parent = deeper["nodes"][n["parent"]]
         assert f"#{parent['calls'][0]['attempt']} parent #0" in parent["prompt"][1]["content"]
+
+
+SLOW_SANDBOX = ("import sys, time, env, orchestrator; run = env.run_script; "  # each script run 0.3 s longer
+                "env.run_script = lambda *a, **k: (time.sleep(0.3), run(*a, **k))[1]; orchestrator.main(sys.argv[1:])")
+
+
+def test_killed_tree_resumes_to_the_uninterrupted_tree(tmp_path):
+    """SIGKILL of the process group after the root's decisions, before its children's; the same command again
+    makes the tree the uninterrupted run made (each decision is sampled from (seed, node), not one running stream)."""
+    argv = ["tree", "--task", TASK, "--depth", "2", "--sub-iters", "1", "--calls", "1"]
+    run = lambda *extra: subprocess.run([sys.executable, "orchestrator.py", *argv, *extra], cwd=env.ROOT,  # noqa
+                                        capture_output=True, text=True)
+    assert run("--out", str(tmp_path / "whole")).returncode == 0
+    p = subprocess.Popen([sys.executable, "-c", SLOW_SANDBOX, *argv, "--out", str(tmp_path / "killed")], cwd=env.ROOT,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    path, nodes, deadline = tmp_path / "killed" / "tree.json", 0, time.time() + 60
+    while nodes < 3 and time.time() < deadline:
+        try:
+            nodes = len(json.loads(path.read_text())["nodes"])
+        except (OSError, ValueError):
+            pass
+        time.sleep(0.01)
+    os.killpg(p.pid, signal.SIGKILL)
+    p.wait()
+    assert 3 <= nodes < 7  # killed between the root's decisions and its children's
+    r = run("--out", str(tmp_path / "killed"))
+    assert r.returncode == 0, r.stderr
+    whole, resumed = (json.loads((tmp_path / d / "tree.json").read_text()) for d in ("whole", "killed"))
+    shape = lambda t: [(n["parent"], n["decision"], n["score"]) for n in t["nodes"]]  # noqa: E731
+    assert len(whole["nodes"]) == 7 and shape(resumed) == shape(whole)
+
+
+def test_a_second_command_on_an_out_in_use_is_refused(tmp_path):
+    with agent.claim_folder(tmp_path):
+        r = subprocess.run([sys.executable, "orchestrator.py", "tree", "--task", TASK, "--out", str(tmp_path)],
+                           cwd=env.ROOT, capture_output=True, text=True)
+    assert r.returncode == 2 and "in use" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_a_kill_between_the_checkpoint_renames_is_recovered(tmp_path):
+    new, old = tmp_path / ".ckpt-1.tmp", tmp_path / "ckpt-1.old"
+    for folder, text in ((new, "half-written"), (old, "complete")):
+        folder.mkdir()
+        (folder / "config.json").write_text(text)
+    orc.recover_checkpoints(tmp_path)  # killed after ckpt-1 went aside: the old one comes back
+    assert (tmp_path / "ckpt-1" / "config.json").read_text() == "complete" and not new.exists() and not old.exists()
+    new.mkdir()
+    (new / "config.json").write_text("newer")
+    agent.swap_folder(new, tmp_path / "ckpt-1")
+    assert (tmp_path / "ckpt-1" / "config.json").read_text() == "newer" and sorted(os.listdir(tmp_path)) == ["ckpt-1"]
+    old.mkdir()  # killed after the new one came in, before the old one was deleted
+    orc.recover_checkpoints(tmp_path)
+    assert sorted(os.listdir(tmp_path)) == ["ckpt-1"]
 
 
 # ------------------------------------------------------------------------------------------- small pieces

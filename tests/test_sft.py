@@ -417,3 +417,21 @@ def test_bad_chat_lines_are_one_line_errors_naming_file_and_line(tmp_path, conte
     bad.write_bytes(b'{"messages": [{"role": "user", "content": "ok"}]}\n' + content)
     r = run_cli("--data", str(bad), "--out", str(tmp_path / "o"), cwd=tmp_path)
     assert r.returncode == 2 and "bad.jsonl:2" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_what_a_kill_while_saving_leaves_is_recovered_at_start(tmp_path):
+    """checkpoint-4 went aside (.old) before the new one came in; a half-written checkpoint-6.tmp; out/'s model
+    files a mix of two checkpoints (the .publishing marker): recover_out restores checkpoint-4, deletes the rest and
+    publishes checkpoint-4's files at out/ again."""
+    for name, text in (("checkpoint-2", "step 2"), ("checkpoint-4.old", "step 4"), ("checkpoint-6.tmp", "half")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text(text)
+        (tmp_path / name / "trainer_state.pt").write_text("state")
+    (tmp_path / "config.json").write_text("step 2")  # the kill came after this file of step 4 ...
+    (tmp_path / "tokenizer.json").write_text("step 4")  # ... and after this one
+    (tmp_path / "model-00002-of-00002.safetensors").write_text("a stale shard")
+    (tmp_path / ".publishing").touch()
+    sft.recover_out(str(tmp_path))
+    assert sorted(os.listdir(tmp_path)) == ["checkpoint-2", "checkpoint-4", "config.json", "tokenizer.json"]
+    assert (tmp_path / "config.json").read_text() == "step 4" and not (tmp_path / "config.json.tmp").exists()
+    assert sft.latest_checkpoint(str(tmp_path)).endswith("checkpoint-4")

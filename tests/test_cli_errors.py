@@ -1,0 +1,116 @@
+"""Bad input to the command lines (issue 15): each case runs the CLI as a subprocess and expects exit status 2, one
+line on stderr that names the input, and no traceback; a run on an --out that another run holds is refused alike.
+The arguments are checked before any heavy work, so each case takes about a second (sft.py: a few, for torch)."""
+from __future__ import annotations
+
+import pickle
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import agent
+
+ROOT = Path(agent.__file__).resolve().parent
+COLLECT = ["collect.py", "--tasks", "digits", "--trajectories", "1", "--workers", "1", "--max-steps", "1"]
+EVAL = ["eval.py", "--tasks", "wine", "--k", "1", "--max-steps", "1", "--no-plots"]
+RUN = ["orchestrator.py", "run", "--task", "wine", "--rounds", "1", "--sub-iters", "1", "--calls", "1"]
+TREE = ["orchestrator.py", "tree", "--task", "wine", "--depth", "1", "--sub-iters", "1", "--calls", "1"]
+TRAIN = ["orchestrator.py", "train", "--task", "wine", "--depth", "1", "--sub-iters", "1"]
+SFT = ["sft.py", "--data", "{d}/chat.jsonl", "--epochs", "1", "--scratch-hidden", "32", "--scratch-vocab", "300"]
+CHAT = b'{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}\n' * 4
+
+# (id, argv ({d}: the case's folder, {ck}: broken checkpoints), files to write under {d}, words the error must say)
+CASES = [
+    ("collect-trajectories-utf8", COLLECT + ["--out", "{d}/o"], {"o/trajectories.jsonl": b"\xff\xfe\n"},
+     "trajectories.jsonl:1"),
+    ("collect-trajectories-not-object", COLLECT + ["--out", "{d}/o"], {"o/trajectories.jsonl": b"[1, 2]\n"},
+     "trajectories.jsonl:1"),
+    ("collect-ideas-corrupt", COLLECT + ["--out", "{d}/o"], {"o/ideas.json": b"{bad"}, "ideas.json"),
+    ("collect-ideas-shape", COLLECT + ["--out", "{d}/o"], {"o/ideas.json": b'{"digits": 5}'}, "ideas.json"),
+    ("collect-out-file", COLLECT + ["--out", "{d}/f"], {"f": b"mine"}, "--out"),
+    ("collect-time-limit-negative", COLLECT + ["--time-limit", "-5", "--out", "{d}/o"], {}, "--time-limit"),
+    ("collect-time-limit-nan", COLLECT + ["--time-limit", "nan", "--out", "{d}/o"], {}, "--time-limit"),
+    ("collect-max-steps-0", COLLECT + ["--max-steps", "0", "--out", "{d}/o"], {}, "--max-steps"),
+    ("collect-price-nan", COLLECT + ["--price", "nan", "1", "--out", "{d}/o"], {}, "--price"),
+    ("collect-expert-truncated", COLLECT + ["--expert", "{ck}/truncated", "--out", "{d}/o"], {}, "--expert"),
+    ("eval-runs-utf8", EVAL + ["--out", "{d}/o"], {"o/runs.jsonl": b"\xff\n"}, "runs.jsonl:1"),
+    ("eval-runs-not-object", EVAL + ["--out", "{d}/o"], {"o/runs.jsonl": b"5\n"}, "runs.jsonl:1"),
+    ("eval-temperature-nan", EVAL + ["--temperature", "nan", "--out", "{d}/o"], {}, "--temperature"),
+    ("eval-threads-negative", EVAL + ["--threads", "-1", "--out", "{d}/o"], {}, "--threads"),
+    ("eval-time-limit-nan", EVAL + ["--time-limit", "nan", "--out", "{d}/o"], {}, "--time-limit"),
+    ("eval-out-file", EVAL + ["--out", "{d}/f"], {"f": b"mine"}, "--out"),
+    ("eval-policy-truncated", EVAL + ["--policy", "{ck}/truncated", "--out", "{d}/o"], {}, "--policy"),
+    ("eval-policy-bad-config", EVAL + ["--policy", "{ck}/bad-config", "--out", "{d}/o"], {}, "--policy"),
+    ("eval-ppo-log-not-object", EVAL[:-1] + ["--ppo-log", "{d}/log.jsonl", "--out", "{d}/o"], {"log.jsonl": b"5\n"},
+     "log.jsonl:1"),
+    ("orchestrator-run-json-corrupt", RUN + ["--out", "{d}/o"], {"o/run.json": b"{bad"}, "run.json"),
+    ("orchestrator-run-json-shape", RUN + ["--out", "{d}/o"], {"o/run.json": b'{"attempts": 5}'}, "run.json"),
+    ("orchestrator-tree-json-corrupt", TREE + ["--out", "{d}/o"], {"o/tree.json": b"\xff"}, "tree.json"),
+    ("orchestrator-tree-json-shape", TREE + ["--out", "{d}/o"], {"o/tree.json": b'{"nodes": 1}'}, "tree.json"),
+    ("orchestrator-out-file", RUN + ["--out", "{d}/f"], {"f": b"mine"}, "--out"),
+    ("orchestrator-rounds-0", RUN + ["--rounds", "0"], {}, "--rounds"),
+    ("orchestrator-calls-negative", RUN + ["--calls", "-2"], {}, "--calls"),
+    ("orchestrator-depth-negative", TREE + ["--depth", "-1"], {}, "--depth"),
+    ("orchestrator-orchestrator-bad-config", RUN + ["--orchestrator", "{ck}/bad-config", "--out", "{d}/o"], {},
+     "--orchestrator"),
+    ("orchestrator-train-model-truncated", TRAIN + ["--model", "{ck}/truncated", "--out", "{d}/o"], {}, "--model"),
+    ("sft-message-without-role", ["sft.py", "--data", "{d}/d.jsonl", "--out", "{d}/o"],
+     {"d.jsonl": b'{"messages": [{"content": "x"}]}\n'}, "d.jsonl:1"),
+    ("sft-trainer-state-truncated", SFT + ["--out", "{d}/o"], {"chat.jsonl": CHAT, "o/checkpoint-3/trainer_state.pt":
+                                                               b"trunc"}, "trainer_state.pt"),
+    ("sft-trainer-state-not-sfts", SFT + ["--out", "{d}/o"], {"chat.jsonl": CHAT, "o/checkpoint-3/trainer_state.pt":
+                                                              pickle.dumps({})}, "trainer_state.pt"),
+    ("sft-model-bad-config", SFT + ["--model", "{ck}/bad-config", "--out", "{d}/o"], {"chat.jsonl": CHAT}, "--model"),
+    ("sft-threads-negative", SFT + ["--threads", "-1", "--out", "{d}/o"], {"chat.jsonl": CHAT}, "--threads"),
+]
+IN_USE = [("collect", COLLECT), ("eval", EVAL), ("orchestrator-run", RUN), ("orchestrator-train", TRAIN),
+          ("sft", SFT)]
+
+
+@pytest.fixture(scope="module")
+def ck(tmp_path_factory):
+    """Broken checkpoints: a truncated weight file, a config.json that is not JSON."""
+    import model
+    root = tmp_path_factory.mktemp("ck")
+    tok = model.train_tokenizer(["hello world " * 20], 300)
+    lm = model.Qwen(model.tiny_config(vocab_size=len(tok), hidden_size=32, intermediate_size=64,
+                                      num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1))
+    model.save(lm, tok, str(root / "truncated"))
+    shutil.copytree(root / "truncated", root / "bad-config")
+    weights = root / "truncated" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-100])
+    (root / "bad-config" / "config.json").write_text("{bad")
+    return root
+
+
+def run_cli(argv, d, ck):
+    argv = [a.format(d=d, ck=ck) for a in argv]
+    return subprocess.run([sys.executable, *argv], cwd=ROOT, capture_output=True, text=True, timeout=120)
+
+
+def assert_one_line_error(r, words):
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert len(lines) == 1 and "error" in lines[0] and words in lines[0], r.stderr
+
+
+@pytest.mark.parametrize("argv, files, words", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_bad_input_is_one_line_exit_2(argv, files, words, tmp_path, ck):
+    for rel, data in files.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_bytes(data)
+    before = {rel: (tmp_path / rel).read_bytes() for rel in files}
+    assert_one_line_error(run_cli(argv, tmp_path, ck), words)
+    assert {rel: (tmp_path / rel).read_bytes() for rel in files} == before  # nothing given was changed
+
+
+@pytest.mark.parametrize("argv", [c[1] for c in IN_USE], ids=[c[0] for c in IN_USE])
+def test_an_out_in_use_by_another_run_is_refused(argv, tmp_path, ck):
+    (tmp_path / "chat.jsonl").write_bytes(CHAT)
+    with agent.claim_folder(tmp_path / "o"):  # what a running command on this --out holds
+        r = run_cli(argv + ["--out", "{d}/o"], tmp_path, ck)
+    assert_one_line_error(r, "in use")
+    assert sorted(p.name for p in (tmp_path / "o").iterdir()) == [".lock"]  # it wrote nothing
