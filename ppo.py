@@ -658,18 +658,14 @@ def save_checkpoint(cfg, actor, tokenizer, critic, opt_a, opt_c, progress, ranks
         lm.stop_token_ids = actor.lm.stop_token_ids
     if dtype != torch.float32 and not cfg.lora_rank:  # the master weights, which the bf16 folder rounds
         state["actor"] = {k.removeprefix("lm."): v for k, v in actor_state.items()}
-    tmp, old = cfg.out + ".tmp", cfg.out + ".old"
+    tmp = cfg.out + ".tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     save_actor(lm, tokenizer, tmp, dtype)
     os.makedirs(os.path.join(tmp, "trainer_state"))
     torch.save(state, os.path.join(tmp, "trainer_state", "state.pt"))
     with open(os.path.join(tmp, "trainer_state", "progress.json"), "w") as f:
         json.dump({**progress, "config": dataclasses.asdict(cfg), "world_size": ranks.world}, f, indent=1)
-    if os.path.exists(cfg.out):
-        shutil.rmtree(old, ignore_errors=True)
-        os.replace(cfg.out, old)
-    os.replace(tmp, cfg.out)
-    shutil.rmtree(old, ignore_errors=True)
+    agent.swap_folder(tmp, cfg.out)  # no moment without a checkpoint; a kill inside is repaired by claim_out
 
 
 def find_resume(out):
@@ -691,7 +687,9 @@ def claim_out(cfg, model_path):
     if os.path.isdir(out) and os.listdir(out) and not find_resume(out):
         raise ValueError(f"--out {cfg.out} holds something that is not a ppo.py checkpoint; give another folder")
     os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
-    return sft.lock_file(out + ".lock", f"--out {cfg.out}")  # beside the folder: saving replaces the folder
+    lock = agent.lock_file(out + ".lock", f"--out {cfg.out}")  # beside the folder: saving replaces the folder
+    agent.recover_folder(out, out + ".tmp")  # what a kill while saving left: <out>.old back in place, no .tmp
+    return lock
 
 
 def trim_log(path, out, iteration):
@@ -741,7 +739,7 @@ STATE_KEYS = ("task", "task_dir", "step", "messages", "snapshot", "m_init", "m_b
 def load_states(path):
     """The states pool (collect.py's states.jsonl); a bad line is a one-line error naming the file and line."""
     states = []
-    for n, row in sft.jsonl_rows(path):
+    for n, row in agent.jsonl_rows(path):
         if not isinstance(row, dict) or any(k not in row for k in STATE_KEYS):
             raise ValueError(f"{path}:{n}: not a state of collect.py (needs {', '.join(STATE_KEYS)})")
         states.append(row)
@@ -823,6 +821,8 @@ def train(cfg):
         raise ValueError(f"--batch-size {cfg.batch_size} gives {'episodes' if cfg.episodic else 'states'} to fewer "
                          f"than the {world} ranks")
     lock = claim_out(cfg, cfg.model) if rank == 0 else None  # rank 0 owns --out and the log
+    if world > 1:
+        dist.barrier()  # the other ranks look for the checkpoint once rank 0 has repaired --out
     resume = find_resume(cfg.out)
     if resume:
         check_resume_reward(resume, cfg)

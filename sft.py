@@ -41,8 +41,9 @@ on CUDA. Departures and choices:
   - Batches: sequences of similar length are grouped (length buckets) and right-padded; no packing. Right padding
     needs no attention mask: a real token never attends to a later pad under the causal mask.
   - The logits are computed only at trained positions (the lm_head is the memory peak for 150k-token vocabularies).
-  - The held-out parse rate imports agent.parse_response lazily inside `parse_rate` (DESIGN.md lets sft.py import
-    only model.py; the check is an evaluation step, switched off with --eval-parse 0).
+  - sft.py imports agent.py (DESIGN.md's table lists model.py only): for the torch-free file helpers every CLI
+    shares (locks, JSONL lines, folder swaps, checkpoint checks) and for the held-out parse rate's
+    agent.parse_response (an evaluation step, switched off with --eval-parse 0).
 
 Several GPUs or nodes: `torchrun --nproc_per_node 8 sft.py --model Qwen/Qwen2.5-7B-Instruct --grad-checkpointing`.
 A pre-trained model gets the paper's recipe: 64 conversations per optimizer step (ML-Agent's effective batch; one per
@@ -95,7 +96,6 @@ import agent  # torch-free file helpers shared with collect.py, eval.py and orch
 import model as qwen
 from agent import check_checkpoint, claim_folder, jsonl_rows, recover_folder, swap_folder
 
-lock_file = agent.lock_file  # ppo.py locks its --out with sft.lock_file and reads states.jsonl with sft.jsonl_rows
 
 
 @dataclasses.dataclass
@@ -490,8 +490,7 @@ def heldout_loss(net, data, args, rank, world, pad_id, device):
 @torch.no_grad()
 def parse_rate(lm, tokenizer, rows, max_new_tokens, batch=8):
     """Share of greedy responses to the held-out prompts that agent.parse_response accepts, and share whose action
-    equals the expert's. agent is imported here, at call time: it is an evaluation aid, not a dependency of training."""
-    import agent
+    equals the expert's."""
     prompts, expert = [], []
     for r in rows:
         last = max(i for i, m in enumerate(r["messages"]) if m["role"] == "assistant")

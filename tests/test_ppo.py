@@ -597,6 +597,25 @@ def test_out_that_is_not_ours_or_in_use_is_refused_with_one_line(pool, tmp_path,
     assert e.value.code == 2 and "in use" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("killed_after", ["aside", "renamed in"])
+def test_a_kill_inside_the_checkpoint_swap_is_repaired_at_start(tmp_path, killed_after):
+    """save_checkpoint moves <out> aside to <out>.old, renames <out>.tmp in, deletes <out>.old; a kill after the
+    first rename leaves only <out>.old, after the second both. The next start puts the checkpoint back at <out>."""
+    out = tmp_path / "ckpt"
+    old, tmp = tmp_path / "ckpt.old", tmp_path / "ckpt.tmp"
+    (old / "trainer_state").mkdir(parents=True)
+    (old / "trainer_state" / "state.pt").write_text("previous")
+    (tmp / "trainer_state").mkdir(parents=True)  # a half-written next checkpoint
+    if killed_after == "renamed in":
+        (out / "trainer_state").mkdir(parents=True)
+        (out / "trainer_state" / "state.pt").write_text("new")
+    lock = ppo.claim_out(ppo.Config(out=str(out)), str(tmp_path / "model"))
+    lock.close()
+    want = "new" if killed_after == "renamed in" else "previous"
+    assert (out / "trainer_state" / "state.pt").read_text() == want and not old.exists() and not tmp.exists()
+    assert ppo.find_resume(str(out)) == str(out)
+
+
 def test_log_is_trimmed_to_the_checkpoint_and_another_runs_log_is_refused(tmp_path):
     log, out = tmp_path / "log.jsonl", str(tmp_path / "ckpt")
     log.write_text("".join(json.dumps({"iteration": i, "out": out}) + "\n" for i in (1, 2, 3)) + '{"iterat')
