@@ -192,6 +192,15 @@ class Task:
 
 
 REQUIRED_KEYS = ("name", "metric", "higher_is_better", "id_column", "target_columns")
+_number = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+FIELD_CHECKS = {  # task.json field -> (check, what it must be)
+    "name": (lambda v: isinstance(v, str) and v.strip() != "", "a non-empty string"),
+    "metric": (lambda v: isinstance(v, str), "a string"), "id_column": (lambda v: isinstance(v, str), "a string"),
+    "higher_is_better": (lambda v: isinstance(v, bool), "true or false"),
+    "target_columns": (lambda v: isinstance(v, list) and v != [] and all(isinstance(c, str) for c in v),
+                       "a list of column names"),
+    "best_score": (_number, "a finite number"), "time_limit": (lambda v: _number(v) and v > 0, "a number > 0"),
+    "split": (lambda v: v in ("held-in", "held-out"), "held-in or held-out")}
 REQUIRED_FILES = ("description.md", "public/train.csv", "public/test.csv", "public/sample_submission.csv",
                   "public/train.py", "private/answers.csv")
 
@@ -213,9 +222,15 @@ def load_task(name_or_path) -> Task:
         info = json.loads((folder / "task.json").read_text())
     except json.JSONDecodeError as e:
         raise TaskError(f"{folder / 'task.json'}: not valid JSON ({e})") from None
+    if not isinstance(info, dict):
+        raise TaskError(f"{folder / 'task.json'}: not a JSON object")
     missing = [k for k in REQUIRED_KEYS if k not in info]
     if missing:
         raise TaskError(f"{folder / 'task.json'}: missing field(s) {', '.join(missing)}")
+    wrong = [f"{k} must be {rule}, not {info[k]!r}" for k, (ok, rule) in FIELD_CHECKS.items()
+             if k in info and info[k] is not None and not ok(info[k])]
+    if wrong:
+        raise TaskError(f"{folder / 'task.json'}: {'; '.join(wrong)}")
     grade_py = info.get("mlebench", {}).get("grade_fn")  # graded by the competition's own grade.py (import_mlebench)
     if info["metric"] not in METRICS and not grade_py:
         raise TaskError(f"{folder / 'task.json'}: unknown metric {info['metric']!r} (known: {', '.join(METRICS)})")
@@ -929,7 +944,8 @@ def _make(spec: TaskSpec) -> dict:
 def _write_task(folder: Path, files: dict):
     """Write a task folder from {relative path: DataFrame (CSV) | dict (JSON) | text | folder to copy}, private/
     root-only; it is built next to `folder` and swapped in by two renames, so no reader sees half a folder."""
-    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
+    _sweep_stale(folder.parent, f".{folder.name}-p*-*")  # what a killed writer left (answers included)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}-p{os.getpid()}-", dir=folder.parent))
     try:
         (tmp / "task" / "private").mkdir(parents=True, mode=0o700)
         for name, content in files.items():
@@ -1288,10 +1304,10 @@ def _preexec(iso: _Isolation, uid: int | None, limits: list, stage: str):
     return child
 
 
-def _sweep_stale():
-    """Remove the /tmp/mlenv-* folders of processes that no longer exist (killed runs; multiprocessing workers,
-    whose atexit never runs): each folder's name carries the pid that made it."""
-    for path in Path(tempfile.gettempdir()).glob("mlenv-*-p*-*"):
+def _sweep_stale(where=None, pattern="mlenv-*-p*-*"):
+    """Remove the folders (default /tmp/mlenv-*) of processes that no longer exist (killed runs; multiprocessing
+    workers, whose atexit never runs): each folder's name carries the pid that made it, after "-p"."""
+    for path in Path(where or tempfile.gettempdir()).glob(pattern):
         pid = path.name.split("-p")[-1].split("-")[0]
         if pid.isdigit() and not Path(f"/proc/{pid}").exists():
             shutil.rmtree(path, ignore_errors=True)

@@ -596,6 +596,19 @@ def test_prepare_is_idempotent(tmp_path):
     assert {p: p.stat().st_mtime_ns for p in tmp_path.rglob("*") if p.is_file()} == stamps  # nothing rewritten
 
 
+def test_a_killed_builders_half_written_folder_is_removed_by_the_next(tmp_path):
+    """A folder is written as .<name>-p<pid>-* beside its place; a builder killed meanwhile leaves it, answers
+    included. The next write removes those of dead processes and leaves a live one's alone."""
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    stale = tmp_path / f".diabetes-p{dead.stdout.strip()}-abc123"
+    (stale / "task" / "private").mkdir(parents=True)
+    (stale / "task" / "private" / "answers.csv").write_text("id,target\n")
+    live = tmp_path / f".diabetes-p{os.getpid()}-xyz789"
+    live.mkdir()
+    env.prepare(["diabetes"], root=tmp_path)
+    assert not stale.exists() and live.exists() and env.load_task(tmp_path / "diabetes").name == "diabetes"
+
+
 def test_prepare_is_deterministic(tmp_path):
     # The generated tasks are the ones at risk: the text and the time-series one, built here and compared with the
     # copies in TASKS_DIR (built by another process). A stale TASKS_DIR after a generator change also fails here.
@@ -673,6 +686,19 @@ def test_load_task_missing_field(task_copy):
     del meta["metric"]
     (task_copy / "task.json").write_text(json.dumps(meta))
     assert "metric" in _task_error(task_copy)
+
+
+@pytest.mark.parametrize("field, value, says", [
+    (None, [1, 2], "not a JSON object"), ("best_score", "abc", "best_score must be a finite number"),
+    ("time_limit", "x", "time_limit must be a number > 0"), ("time_limit", -5, "time_limit must be a number > 0"),
+    ("target_columns", "label", "target_columns must be a list"), ("higher_is_better", "no", "true or false"),
+    ("id_column", ["id"], "id_column must be a string"), ("metric", ["accuracy"], "metric must be a string"),
+    ("split", 3, "split must be held-in or held-out"), ("name", 5, "name must be a non-empty string")])
+def test_load_task_wrong_values_are_one_line_naming_the_field(task_copy, field, value, says):
+    meta = json.loads((task_copy / "task.json").read_text())
+    (task_copy / "task.json").write_text(json.dumps(value if field is None else {**meta, field: value}))
+    msg = _task_error(task_copy)
+    assert says in msg and "task.json" in msg
 
 
 def test_load_task_missing_train_csv(task_copy):
