@@ -6,7 +6,7 @@ block, research problem, instructions, response format; `build_messages`) -> `pa
 `ScriptedExpert` -> `run_episode` -> the files every command line shares (locks, JSONL lines, folder swaps, checkpoint
 checks; torch-free, so collect.py, eval.py and orchestrator.py start fast) -> command line.
 
-ML-Agent (seed 000, "Training") collects its expert trajectories with a GPT-4o-mini agent in the MLAgentBench (MLAB)
+ML-Agent (arXiv:2505.23723, §Experiments "Training") collects its expert trajectories with a GPT-4o-mini agent in the MLAgentBench (MLAB)
 scaffold (Huang et al., 2023, `MLAgentBench/agents/agent_research.py`), 15 steps and 30 minutes per trajectory. This
 file rebuilds that agent, in its own words, with these departures:
 - The prompt is chat-shaped: one system message (tools, research problem, instructions, response format) and one

@@ -1,4 +1,4 @@
-"""Exploration-enriched expert data (ML-Agent, seed 000, Section "Exploration-enriched fine-tuning", Appendix B.1):
+"""Exploration-enriched expert data (ML-Agent, arXiv:2505.23723, §"Exploration-enriched fine-tuning", Appendix B.1):
 idea pools per task and category, a diversity filter, expert trajectories with ideas injected into the first prompt,
 and from them the SFT data and the states pool of step-wise RL.
 

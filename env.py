@@ -6,7 +6,7 @@ leaderboards, prepare) -> MLE-bench competitions (import_mlebench) -> the sandbo
 
 What comes from where, and how this departs from it:
 - The action set, its JSON arguments and the wording of observations follow MLAgentBench (Huang et al., 2023;
-  `MLAgentBench/high_level_actions.py`, `low_level_actions.py`), the environment ML-Agent trains in (seed 000).
+  `MLAgentBench/high_level_actions.py`, `low_level_actions.py`), the environment ML-Agent trains in (arXiv:2505.23723, §Experiments).
   Departures: `Understand File` is answered without an LLM (a CSV gets its shape, columns and first rows, a script its
   first lines); the workspace is a dict of scripts kept in memory (the data files stay in the task's `public/`), so a
   state can be snapshotted and restored exactly; every `Edit Script (AI)` of a script runs it to measure the new metric,
@@ -1520,8 +1520,8 @@ def _run(task: Task, files: dict[str, str], script: str, timeout: float, memory_
             os.close(lock)
 
 # ============================================================================ offline recipes for Edit Script (AI)
-# The stand-in for the LLM editor (DESIGN.md "Running with no network and no API key"): each recipe is one real code
-# change to a built-in starter script, in one of ML-Agent's idea categories (seed 000: data, model, learning). A
+# The stand-in for the LLM editor (so that everything runs with no network and no API key): each recipe is one real code
+# change to a built-in starter script, in one of ML-Agent's idea categories (arXiv:2505.23723, §"Exploration-enriched fine-tuning": data, model, learning). A
 # recipe appends lines to a `# --- data ---` or `# --- model ---` block, or replaces one line of it, so recipes
 # compose. $kind, $scoring, $selector and $voting are filled in for the script's task.
 

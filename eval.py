@@ -7,15 +7,15 @@ scaffold (MLAB research agent, Matryoshka, monolithic) -> the resumable run log 
 command line.
 
 What comes from where:
-- Performance gain (ML-Agent, seed 000, "Testing"): Delta_r = beta * (m_avg@K - m_init) / m_init, beta = -1 when lower
+- Performance gain (ML-Agent, arXiv:2505.23723, §Experiments "Testing"): Delta_r = beta * (m_avg@K - m_init) / m_init, beta = -1 when lower
   is better, K = 8, m_init the starter script's score. We divide by |m_init| so the sign stays right for a negative
   m_init (identical for the positive metrics of the built-in tasks). All scores here are PRIVATE-part scores: the
   final train.py of every run is re-run in the sandbox (env.run_script, cached) and graded on the hidden rows.
-- HumanRank (Matryoshka, seed 001, App. A Eq. 5): s = 1 - p / N, p the leaderboard entries strictly better than the
-  submission, N the leaderboard size (the agent not counted); an invalid submission scores 0. The seed's review asks
+- HumanRank (Matryoshka Agent, arXiv:2607.25090, App. A Eq. 5): s = 1 - p / N, p the leaderboard entries strictly better than the
+  submission, N the leaderboard size (the agent not counted); an invalid submission scores 0. The paper's review asks
   for the tie rule: a tie is not "strictly better", so a submission tied with entry k ranks with it. The built-in
   tasks' leaderboards are reference panels of scikit-learn pipelines (env.py), not human Kaggle entries.
-- Failed runs count (DESIGN.md). A run that crashes, or whose final train.py has no valid submission, keeps its place
+- Failed runs count (a run that fails is not dropped from avg@K). A run that crashes, or whose final train.py has no valid submission, keeps its place
   among the K runs: it is invalid (valid rate; HumanRank 0, as MLE-bench gives an invalid submission no medal) and
   scores FAILED_RUN_SCORE = m_init in avg@K and best@K, i.e. no improvement. The papers are silent here; our reason:
   the MLAB workspace starts from a working starter, so "no improvement" is the neutral outcome of an attempt that
@@ -31,8 +31,8 @@ What comes from where:
 Matryoshka and the monolithic baseline run through orchestrator.py (run_matryoshka, run_monolithic) with its budgets
 (rounds x tool calls x Sub-Agent iterations); their submission is the best attempt by public score, which may be the
 starter, so their runs also record `valid_attempts`. Context growth is the Orchestrator's prompt per round against the
-monolithic chat's prompt per execution (seed 001, App. F). Besides agent, orchestrator and env (DESIGN.md), this file
-imports collect.py, a lower file, for the offline idea pools and its append-only JSONL helpers.
+monolithic chat's prompt per execution (Matryoshka Agent, arXiv:2607.25090, App. F). Besides agent, orchestrator and
+env, this file imports collect.py, a lower file, for the offline idea pools and its append-only JSONL helpers.
 
 Offline stand-ins (labelled in agent.py / orchestrator.py): the scripted expert, the scripted Orchestrator and the
 recipe Sub-Agent; `Edit Script (AI)` uses env.py's recipe editor for scripted and local-checkpoint policies (as
@@ -93,7 +93,7 @@ class Config:
     price_out: float = 0.0  # dollars per million completion tokens
     rounds: int = orchestrator.Config.rounds  # Matryoshka: Orchestrator rounds (monolithic: rounds x calls x iters)
     calls: int = orchestrator.Config.calls  # Matryoshka: tool calls per round
-    sub_iters: int = orchestrator.Config.sub_iters  # Matryoshka: executions per Sub-Agent (seed: 10)
+    sub_iters: int = orchestrator.Config.sub_iters  # Matryoshka: executions per Sub-Agent (the paper: 10)
     seed: int = 0  # base seed; run r of a task uses seed * 100003 + r
     out: str = str(ROOT / "runs/eval")  # runs.jsonl, report.json, report.md, plots
     ppo_log: str = str(ROOT / "runs/ppo/log.jsonl")  # ppo.py's log, one line per iteration (its "reward" field)

@@ -1,5 +1,5 @@
 """Matryoshka Agent: a persistent Orchestrator, Tools that launch fresh Sub-Agents, the monolithic baseline, and the
-Orchestrator's training on Solution Refinement Trees (seed 001, a review of Qiang et al., arXiv 2607.25090).
+Orchestrator's training on Solution Refinement Trees (Matryoshka Agent, Qiang et al., arXiv:2607.25090).
 
 Reading order: config -> token counting and clipping -> attempts and the Orchestrator's compact memory -> the
 Orchestrator's prompt and its tool calls -> the Sub-Agent (prompt, code-execute-debug loop) and the Tool -> offline
@@ -71,7 +71,7 @@ import env
 @dataclass
 class Config:
     task: str = "breast-cancer"  # a built-in task name or a task folder
-    # --- inference budgets (seed: 12 h wall clock, up to 10 Sub-Agent iterations, App. B)
+    # --- inference budgets (the paper: 12 h wall clock, up to 10 Sub-Agent iterations, App. B)
     rounds: int = 6  # Orchestrator rounds
     calls: int = 2  # tool calls per round at most (run in parallel)
     sub_iters: int = 10  # code executions per Sub-Agent at most
@@ -109,7 +109,7 @@ def counter_name(tokenizer) -> str:
 
 
 def clip_tokens(text: str, limit: int, tokenizer=None) -> str:
-    """Text over `limit` tokens keeps its first and last limit / 2 tokens (seed: 5k -> 2.5k + 2.5k)."""
+    """Text over `limit` tokens keeps its first and last limit / 2 tokens (the paper: 5k -> 2.5k + 2.5k)."""
     n, keep = count_tokens(text, tokenizer), limit // 2
     if n <= limit:
         return text
@@ -632,7 +632,7 @@ def run_matryoshka(cfg: Config, orch, sub, out: Path | None = None, resume=True,
         calls, finished, _ = decide(orch, messages, {a.id for a in attempts}, cfg, record, rnd)
         by_id = {a.id: a for a in attempts}
         jobs = list(zip(range(len(attempts), len(attempts) + len(calls)), calls))
-        with ThreadPoolExecutor(max(1, cfg.workers)) as pool:  # the calls of one round run in parallel (seed §3.4)
+        with ThreadPoolExecutor(max(1, cfg.workers)) as pool:  # the calls of one round run in parallel (Matryoshka §3.4)
             attempts += list(pool.map(lambda job: tool(job[0], job[1], by_id, rnd), jobs))
         best = best_attempt(attempts, task.higher_is_better)
         log(f"round {rnd}: " + (", ".join(f"#{a.id}<-#{a.parent} {_fmt(a.score)} ({a.status}, {a.iterations} it)"
@@ -667,7 +667,7 @@ def run_monolithic(cfg: Config, coder, out: Path | None = None, log=print) -> di
         save_json(out / "monolithic.json", result)
     return result
 
-# ============================================================================= Solution Refinement Trees (seed §3.6)
+# ============================================================================= Solution Refinement Trees (Matryoshka §3.6)
 
 
 def _path(tree, node_id) -> list[dict]:
@@ -757,7 +757,7 @@ def collect_tree(cfg: Config, orch, sub, path: Path, log=print) -> dict:
 
 
 def branch_labels(tree) -> dict[int, float]:
-    """R(c) = max over the subtree of c of r(v), r the node's signed score (seed §3.6, Preference Construction)."""
+    """R(c) = max over the subtree of c of r(v), r the node's signed score (Matryoshka §3.6, Preference Construction)."""
     kids, higher, R = {}, tree["higher_is_better"], {}
     for n in tree["nodes"]:
         kids.setdefault(n["parent"], []).append(n["id"])
@@ -914,7 +914,7 @@ def train_loop(cfg: Config, model_path: str | None, collector: str, sub, out: Pa
             texts = [m["content"] for g in groups for m in g["messages"]] + [r for g in groups for r in g["responses"]]
             save_checkpoint(*tiny_orchestrator(texts or ["{}"], seed=cfg.seed), current)
         policy, tok = model.load(str(current), dtype="float32")  # fp32 master weights, whatever the checkpoint's dtype
-        # the previous orchestrator is the reference (seed §3.6); frozen (no updates), it stays in the checkpoint's
+        # the previous orchestrator is the reference (Matryoshka §3.6); frozen (no updates), it stays in the checkpoint's
         # dtype (the load default: torch_dtype, e.g. bf16, on CUDA; fp32 on CPU)
         ref, _ = model.load(str(current))
         for p in ref.parameters():

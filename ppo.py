@@ -1,4 +1,4 @@
-"""Step-wise PPO of ML-Agent (seed 000, "Step-wise RL paradigm"): an actor, a critic and a frozen reference, trained on
+"""Step-wise PPO of ML-Agent (arXiv:2505.23723, §"Step-wise RL paradigm"): an actor, a critic and a frozen reference, trained on
 states sampled from the expert's state distribution d^{pi_e} (runs/data/states.jsonl, written by collect.py).
 
 J_step(theta) = E_{s ~ d^{pi_e}, a ~ pi_theta(.|s)} [R(s, a)]: each iteration samples expert states, lets the policy
@@ -24,7 +24,7 @@ How this departs from the paper and the references:
 - `--tasks N` trains on the states of N of the pool's tasks (ML-Agent Figure 5 varies the number of RL training
   tasks); `estimate_objective` measures J_step of a checkpoint on a fixed sample of states (eval.py's claims).
 - The critic is a separate copy of the policy with a scalar value head (as OpenRLHF's critic; the paper's Appendix
-  C.1 is not in the seed text); the N-details initialise it from the reward model, which this task does not have.
+  C.1 is not in the text this project follows); the N-details initialise it from the reward model, which this task does not have.
 - The masks come from the lengths of prompts and responses, not from `ids != pad`, so the pad token may equal EOS
   (it does in Qwen's and the tiny tokenizers); the N-details' "pad distinct from EOS" guards against that comparison.
 - `Edit Script (AI)` is executed by env.py's offline recipe editor unless `--editor` names an endpoint model.
@@ -107,15 +107,15 @@ class Config:
                                              # (tests/bench_memory.py: 16 x 16k tokens of Qwen2.5-7B is 14 GiB)
     grad_checkpointing: bool = False         # recompute each block in backward; always on for models past TINY_PARAMS
     update_epochs: int = 1                   # PPO epochs over each batch (OpenRLHF examples: 1; N-details: 4)
-    actor_lr: float | None = None            # None: 1e-6 (paper, seed 000 "Training"); the tiny model: TINY below
-    critic_lr: float | None = None           # None: 1e-5 (paper, seed 000 "Training"); the tiny model: TINY below
+    actor_lr: float | None = None            # None: 1e-6 (ML-Agent §Experiments "Training"); the tiny model: TINY below
+    critic_lr: float | None = None           # None: 1e-5 (ML-Agent §Experiments "Training"); the tiny model: TINY below
     critic_warmup: int | None = None         # first iterations that update only the critic; None: 0, tiny: TINY
     adam_eps: float = 1e-5                   # N-details (TF Adam's 1e-5)
     max_grad_norm: float = 1.0               # OpenRLHF default
     max_new_tokens: int = 400                # tokens per action (the scripted expert's responses: <= ~400 tiny tokens)
     temperature: float = 0.7                 # N-details (summarize_from_feedback_details): 0.7
     kl_coef: float = 0.05                    # N-details: per-token KL penalty coefficient 0.05
-    gamma: float = 1.0                       # N-details / DESIGN.md: no discount
+    gamma: float = 1.0                       # N-details: no discount
     lam: float = 0.95                        # GAE lambda (N-details)
     clip_coef: float = 0.2                   # PPO ratio clip (Schulman et al. 2017; N-details)
     vf_clip: float = 0.2                     # value clip around the rollout values (N-details cliprange_value)

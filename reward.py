@@ -1,6 +1,6 @@
 """The agentic-ML reward of ML-Agent: one execution outcome in, one scalar out.
 
-ML-Agent (seed 000, "Agentic ML-specific reward module") turns every kind of feedback an agent can get from an ML
+ML-Agent (arXiv:2505.23723, §"Agentic ML-specific reward module") turns every kind of feedback an agent can get from an ML
 environment into one number, so that step-wise PPO (ppo.py) can learn from crashes, timeouts and metric changes
 alike. The cases, as this file implements them (default config):
 
@@ -36,7 +36,7 @@ Where the paper is silent (its equation fixes neither a scale factor nor a clip)
   relative change, dividing by `|m_init|`, and by 1 when that is 0 too.
 - A successful edit without a metric (`m_new` or `m_prev` missing) is treated as neutral (0).
 
-The three ablation switches follow the paper's Table 3 (seed 000, "Effectiveness of agentic-ML specific reward
+The three ablation switches follow the paper's Table 3 (arXiv:2505.23723, "Effectiveness of agentic-ML specific reward
 module"):
 - `binary_performance`: the scaled difference becomes +1 when the edit set a new best submission score and 0
   otherwise (the paper: +1 for an improvement; "new best" is our reading that pays each improvement once);

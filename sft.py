@@ -1,6 +1,6 @@
 """Supervised fine-tuning with the loss on assistant tokens only: ML-Agent's exploration-enriched fine-tuning stage.
 
-ML-Agent (seed 000, "Exploration-enriched fine-tuning"; Experiments, "Training") fine-tunes Qwen2.5-7B on the expert
+ML-Agent (arXiv:2505.23723, §"Exploration-enriched fine-tuning"; §Experiments "Training") fine-tunes Qwen2.5-7B on the expert
 trajectories with SFT, 2 epochs at learning rate 2e-5 on 8 A100s. This file does that on `runs/data/sft.jsonl`
 (collect.py): each line {"messages": [system, user, assistant, ...]} is rendered with ChatML (model.py's template)
 and the cross-entropy is put only on the assistant turns' content and their closing <|im_end|> (the tiny model
@@ -41,7 +41,7 @@ on CUDA. Departures and choices:
   - Batches: sequences of similar length are grouped (length buckets) and right-padded; no packing. Right padding
     needs no attention mask: a real token never attends to a later pad under the causal mask.
   - The logits are computed only at trained positions (the lm_head is the memory peak for 150k-token vocabularies).
-  - sft.py imports agent.py (DESIGN.md's table lists model.py only): for the torch-free file helpers every CLI
+  - sft.py imports agent.py (the house's import table lists model.py only): for the torch-free file helpers every CLI
     shares (locks, JSONL lines, folder swaps, checkpoint checks) and for the held-out parse rate's
     agent.parse_response (an evaluation step, switched off with --eval-parse 0).
 
