@@ -707,13 +707,7 @@ class Tokenizer:
     def from_file(cls, path, config_path=None):
         """tokenizer.json, plus tokenizer_config.json (eos / pad tokens) given or found next to it."""
         config_path = config_path or os.path.join(os.path.dirname(path), "tokenizer_config.json")
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-        config = None
-        if os.path.exists(config_path):
-            with open(config_path, encoding="utf-8") as f:
-                config = json.load(f)
-        return cls(data, config)
+        return cls(read_json(path), read_json(config_path) if os.path.exists(config_path) else None)
 
     def __len__(self):
         return max(self.id_to_token) + 1
@@ -936,12 +930,23 @@ def weight_tensors(path_or_hub_id):
                 yield name, t
 
 
+def read_json(path) -> dict:
+    """A JSON object file of a model folder; ValueError naming the file when it is not one (a cut download)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            obj = json.load(f)
+    except ValueError as e:  # invalid JSON or UTF-8
+        raise ValueError(f"{path}: not valid JSON ({type(e).__name__}: {str(e).splitlines()[0][:80]})") from None
+    if not isinstance(obj, dict):
+        raise ValueError(f"{path}: not a JSON object")
+    return obj
+
+
 def load(path_or_hub_id, device=None, dtype=None, meta=False):
     """-> (model, tokenizer). dtype default: the config's torch_dtype on CUDA, float32 on CPU. meta=True: the model
     on the meta device, no weights read (to be sharded first, then filled from `weight_tensors`)."""
     folder = resolve(path_or_hub_id)
-    with open(os.path.join(folder, "config.json")) as f:
-        cfg = Config.from_dict(json.load(f))
+    cfg = Config.from_dict(read_json(os.path.join(folder, "config.json")))
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     dtype = dtype or (cfg.torch_dtype if device.type == "cuda" else torch.float32)
     dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
@@ -959,8 +964,7 @@ def load(path_or_hub_id, device=None, dtype=None, meta=False):
     model.sample_vocab_size = min(len(tokenizer), cfg.vocab_size)
     gen_path = os.path.join(folder, "generation_config.json")
     if os.path.exists(gen_path):  # instruct models list <|im_end|> as an extra eos here
-        with open(gen_path) as f:
-            eos = json.load(f).get("eos_token_id")
+        eos = read_json(gen_path).get("eos_token_id")
         for e in _as_list(eos):
             if e not in model.stop_token_ids:
                 model.stop_token_ids.append(e)

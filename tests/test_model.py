@@ -951,3 +951,14 @@ def test_truncated_safetensors_is_one_clear_error_not_a_hang(cases, tmp_path):
         model.load(str(tmp_path / "ckpt"), "cpu")
     r = run_cli("generate", "--model", str(tmp_path / "ckpt"), "--prompt", "hi")
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "truncated" in r.stderr
+
+
+@pytest.mark.parametrize("name, content", [("config.json", b'{"hidden_size": 6'), ("tokenizer.json", b"\xff\xfe"),
+                                           ("generation_config.json", b"[1, 2]")])
+def test_a_broken_json_file_of_a_checkpoint_is_named(cases, tmp_path, name, content):
+    c = cases("qwen2-tied")
+    shutil.copytree(c.path, tmp_path / "ckpt")
+    (tmp_path / "ckpt" / name).write_bytes(content)
+    with pytest.raises(ValueError, match=name.replace(".", r"\.")) as e:
+        model.load(str(tmp_path / "ckpt"), "cpu")
+    assert "\n" not in str(e.value)
