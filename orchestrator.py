@@ -92,6 +92,11 @@ class Config:
     epochs: int = 2  # passes over the preference groups per iteration (paper tables: 2)
     iterations: int = 1  # online iterations: collect, train, the trained model becomes the next reference
     max_len: int = 8192  # tokens of prompt + decision kept for log-probs (the prompt is cut from the left)
+    # --- the tiny from-scratch ckpt-0 (offline, no --model): imitation of the scripted orchestrator first
+    imitation_steps: int = 600  # AdamW updates of cross-entropy on scripted decisions (one prompt's decisions each)
+    imitation_lr: float = 6e-3  # peak learning rate, linear decay to 0 (a from-scratch 64-wide model, not 1e-5)
+    imitation_tasks: int = 2  # held-in built-in tasks per (kind, modality, metric direction) whose starter state is
+    # added to the tree's states (format across tasks; 0: the tree's task only)
     seed: int = 0
 
 
@@ -683,6 +688,12 @@ def _tree_ok(tree) -> bool:
         all(isinstance(n, dict) and {"id", "parent", "depth", "status", "calls"} <= set(n) for n in tree["nodes"])
 
 
+def tree_state(tree, node_id) -> list[Attempt]:
+    """The state of a node: the starter and the attempts its path launched (those that exist yet)."""
+    ids = [0] + [c["attempt"] for n in _path(tree, node_id) for c in n["calls"] or []]
+    return [Attempt(**tree["attempts"][str(i)]) for i in ids if str(i) in tree["attempts"]]
+
+
 def collect_tree(cfg: Config, orch, sub, path: Path, log=print) -> dict:
     """Expand every node with cfg.children decisions sampled from the same state (its path's attempts: the shared
     prefix, run once), to cfg.depth; run the decisions' tool calls; r(v) from the environment. Saved after every
@@ -699,10 +710,7 @@ def collect_tree(cfg: Config, orch, sub, path: Path, log=print) -> dict:
         tree["nodes"][0]["score"] = tree["attempts"]["0"]["score"]
     lock, record = threading.Lock(), lambda *a, **k: None
     tool = Tool(task, sub, cfg, time.time() + cfg.time_limit, record)
-
-    def memory(node_id) -> list[Attempt]:  # the state of a node: the starter and its path's attempts
-        ids = [0] + [c["attempt"] for n in _path(tree, node_id) for c in n["calls"] or []]
-        return [Attempt(**tree["attempts"][str(i)]) for i in ids if str(i) in tree["attempts"]]
+    memory = lambda node_id: tree_state(tree, node_id)  # noqa: E731
     while True:
         # 1. decisions: every finished node above the depth limit, with no children yet, gets cfg.children samples
         for node in list(tree["nodes"]):
@@ -877,12 +885,133 @@ def tiny_orchestrator(texts, vocab_size=1024, seed=0):
     return lm.eval(), tok
 
 
-def save_checkpoint(lm, tok, path: Path, dtype=None):
-    """A model folder written atomically; dtype: the stored dtype (default: the model's)."""
+def imitation_tasks(tree_task: str, per_group: int) -> list[str]:
+    """Held-in built-in tasks: the first `per_group` of each (kind, modality, metric direction), the tree's own task
+    left out (the tree gives its states). Never a held-out task."""
+    groups: dict = {}
+    for name, spec in env.BUILTIN_TASKS.items():
+        if spec.split == "held-in" and name != tree_task:
+            groups.setdefault((spec.kind, spec.modality, env.METRICS[spec.metric].higher_is_better), []).append(name)
+    return [n for names in groups.values() for n in names[:per_group]]
+
+
+IMITATION_VIEWS = 3  # renderings of each state: the tree's own header, then two with another round count and a clock
+
+
+def imitation_examples(tree, cfg: Config) -> list[dict]:
+    """What the tiny ckpt-0 imitates: the scripted orchestrator's decisions on every state of the tree (a node's path
+    of attempts) and on the starter state of `cfg.imitation_tasks` held-in tasks per kind (imitation_tasks). Each
+    state is rendered IMITATION_VIEWS times: as collect_tree asks it (round depth + 1 of cfg.depth, no clock; a node
+    that was expanded keeps the tree's own decisions there), and with another "Round r of R, about s left" header
+    as runs ask it. Other views and states get cfg.children decisions sampled at cfg.tree_temperature, seeded.
+    -> [{"messages", "responses", "known", "tree": whether the prompt is the tree's own}]"""
+    task, rng, orch = env.load_task(cfg.task), random.Random(f"{cfg.seed}:imitation"), ScriptedOrchestrator(cfg.seed)
+    states = [(task, tree_state(tree, n["id"]), n) for n in tree["nodes"] if n["status"] == "done"]
+    for name in imitation_tasks(task.name, cfg.imitation_tasks):
+        t = env.load_task(name)
+        states.append((t, [starter_attempt(t, cfg)], None))
+    kids: dict = {}
+    for n in tree["nodes"]:
+        kids.setdefault(n["parent"], []).append(n["decision"])
+    out, seen = [], set()
+    for t, attempts, node in states:
+        depth = node["depth"] if node else 0
+        for view in range(IMITATION_VIEWS):
+            if view == 0:
+                messages = orchestrator_messages(t, attempts, depth + 1, max(cfg.depth, depth + 1), cfg.calls)
+            else:
+                rounds = rng.randint(max(2, depth + 1), 8)
+                messages = orchestrator_messages(t, attempts, rng.randint(depth + 1, rounds), rounds, cfg.calls,
+                                                 rng.uniform(60.0, cfg.time_limit))
+            key = json.dumps(messages)
+            if key in seen:  # an unparsable or finishing decision leaves its parent's state: the same prompt
+                continue
+            seen.add(key)
+            if view == 0 and node is not None and node["prompt"] == messages and kids.get(node["id"]):
+                responses = kids[node["id"]]
+            else:
+                orch.rng.seed(f"{cfg.seed}:imitation:{rng.random()}")
+                responses = orch.chat(messages, n=cfg.children, temperature=cfg.tree_temperature).texts
+            out.append({"messages": messages, "responses": list(dict.fromkeys(responses)),
+                        "known": sorted(a.id for a in attempts), "tree": t.name == task.name and view == 0})
+    return out
+
+
+def imitate(lm, tok, examples, cfg: Config, log=print) -> dict:
+    """Behaviour cloning: the mean over decision tokens of -log pi(token | prompt, earlier tokens) (the sums of
+    response_logprobs over the example's decisions, divided by their token count); AdamW from cfg.imitation_lr
+    decaying linearly to 0 over cfg.imitation_steps updates, one example per update, each pass in a seeded order,
+    gradient norm clipped at 1."""
+    import torch
+    torch.manual_seed(cfg.seed)
+    sizes = [sum(len(tok.encode(r)) + (tok.im_end_id is not None) for r in e["responses"]) for e in examples]
+    opt = torch.optim.AdamW(lm.parameters(), lr=cfg.imitation_lr, weight_decay=0.0)
+    total = cfg.imitation_steps if examples else 0
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0 - step / max(total, 1))
+    order, losses, rng, start = list(range(len(examples))), [], random.Random(f"{cfg.seed}:imitate"), time.time()
+    lm.train()
+    for step in range(total):
+        if step % len(examples) == 0:
+            rng.shuffle(order)
+        i = order[step % len(examples)]
+        e = examples[i]
+        loss = -response_logprobs(lm, tok, e["messages"], e["responses"], cfg.max_len).sum() / sizes[i]
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(lm.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        losses.append(loss.item())
+    lm.eval()
+    last = losses[-len(examples):]
+    stats = {"examples": len(examples), "steps": len(losses), "lr": cfg.imitation_lr,
+             "loss_first": losses[0] if losses else None, "loss_last_pass": sum(last) / len(last) if last else None,
+             "seconds": round(time.time() - start, 1)}
+    log(f"imitation: {stats}")
+    return stats
+
+
+def greedy_parse_rate(lm, tok, examples, cfg: Config) -> float | None:
+    """The share of examples whose greedy decision parses (parse_decision against the state's attempt ids); each
+    answer at most twice the longest imitated decision's tokens."""
+    backend, ok = agent.LocalBackend(lm=lm, tokenizer=tok), 0
+    for e in examples:
+        n = 2 * max(len(tok.encode(r)) for r in e["responses"]) + 16
+        try:
+            parse_decision(backend.chat(e["messages"], temperature=0.0, max_tokens=n).texts[0], set(e["known"]),
+                           cfg.calls)
+            ok += 1
+        except ParseError:
+            pass
+    return ok / len(examples) if examples else None
+
+
+def imitation_orchestrator(tree, groups, cfg: Config, log=print):
+    """OFFLINE STAND-IN for "the same model before tree training" (Matryoshka's pre-trained LLM, which already
+    answers in the Orchestrator's format): a tiny Qwen from scratch, its tokenizer fit on the imitation prompts and
+    decisions and the preference groups, then `imitate`d on imitation_examples. -> (lm, tok, stats); stats holds the
+    greedy parse rate on the tree's own prompts and on the other tasks' prompts."""
+    examples = imitation_examples(tree, cfg)
+    texts = [m["content"] for e in examples for m in e["messages"]] + [r for e in examples for r in e["responses"]] \
+        + [m["content"] for g in groups for m in g["messages"]] + [r for g in groups for r in g["responses"]]
+    lm, tok = tiny_orchestrator(texts or ["{}"], seed=cfg.seed)
+    stats = imitate(lm, tok, examples, cfg, log) if cfg.imitation_steps > 0 else {"steps": 0}
+    stats["parse_rate_tree_prompts"] = greedy_parse_rate(lm, tok, [e for e in examples if e["tree"]], cfg)
+    stats["parse_rate_other_prompts"] = greedy_parse_rate(lm, tok, [e for e in examples if not e["tree"]], cfg)
+    log(f"ckpt-0 greedy decisions that parse: {stats['parse_rate_tree_prompts']} of the tree's prompts, "
+        f"{stats['parse_rate_other_prompts']} of the other imitation prompts")
+    return lm, tok, stats
+
+
+def save_checkpoint(lm, tok, path: Path, dtype=None, notes: dict | None = None):
+    """A model folder written atomically; dtype: the stored dtype (default: the model's); notes: {file name: JSON
+    object} written beside the weights."""
     import model
     tmp = path.with_name(f".{path.name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     model.save(lm, tok, str(tmp), dtype=dtype)
+    for name, obj in (notes or {}).items():
+        (tmp / name).write_text(json.dumps(obj, indent=1))
     agent.swap_folder(tmp, path)  # never a moment without ckpt-<i>; a kill in between: train_loop recovers
 
 
@@ -910,9 +1039,9 @@ def train_loop(cfg: Config, model_path: str | None, collector: str, sub, out: Pa
             log("collecting with the scripted orchestrator (OFFLINE STAND-IN: decisions are not the policy's)")
         tree = collect_tree(dataclasses.replace(cfg, seed=cfg.seed + it), orch, sub, out / f"tree-{it}.json", log)
         groups = preference_groups(tree)
-        if not current.exists():  # no checkpoint given: a tiny model from scratch, its tokenizer fit on the prompts
-            texts = [m["content"] for g in groups for m in g["messages"]] + [r for g in groups for r in g["responses"]]
-            save_checkpoint(*tiny_orchestrator(texts or ["{}"], seed=cfg.seed), current)
+        if not current.exists():  # no checkpoint given: a tiny model from scratch that first imitates the format
+            lm, tok, stats = imitation_orchestrator(tree, groups, cfg, log)
+            save_checkpoint(lm, tok, current, notes={"imitation.json": stats})
         policy, tok = model.load(str(current), dtype="float32")  # fp32 master weights, whatever the checkpoint's dtype
         # the previous orchestrator is the reference (Matryoshka §3.6); frozen (no updates), it stays in the checkpoint's
         # dtype (the load default: torch_dtype, e.g. bf16, on CUDA; fp32 on CPU)
@@ -978,18 +1107,20 @@ def main(argv=None):
         if name == "train":
             t.add_argument("--model", help="orchestrator checkpoint (default: a tiny model from scratch)")
             t.add_argument("--collector", choices=("auto", "policy", "scripted"), default="auto")
-            for flag, typ in [("iterations", int), ("beta", float), ("lr", float), ("epochs", int)]:
+            for flag, typ in [("iterations", int), ("beta", float), ("lr", float), ("epochs", int),
+                              ("imitation-steps", int), ("imitation-lr", float), ("imitation-tasks", int)]:
                 t.add_argument(f"--{flag}", type=typ)
     args = p.parse_args(argv)
     for name, v in vars(args).items():  # every number given must be usable: one line, exit 2, before any work
         if isinstance(v, float) and not math.isfinite(v):
             p.error(f"--{name.replace('_', '-')} must be finite, not {v}")
-        at_least = 0 if name in ("seed",) else 1
+        at_least = 0 if name in ("seed", "imitation_steps", "imitation_tasks") else 1
         if isinstance(v, int) and not isinstance(v, bool) and name in ("rounds", "calls", "sub_iters", "workers",
                                                                          "max_tokens", "depth", "children",
-                                                                         "iterations", "epochs") and v < at_least:
+                                                                         "iterations", "epochs", "imitation_steps",
+                                                                         "imitation_tasks") and v < at_least:
             p.error(f"--{name.replace('_', '-')} must be at least {at_least}, not {v}")
-        if isinstance(v, float) and name in ("time_limit", "script_timeout", "lr", "beta") and v <= 0:
+        if isinstance(v, float) and name in ("time_limit", "script_timeout", "lr", "beta", "imitation_lr") and v <= 0:
             p.error(f"--{name.replace('_', '-')} must be > 0, not {v}")
         if isinstance(v, float) and name == "tree_temperature" and v < 0:
             p.error(f"--tree-temperature must be >= 0, not {v}")
