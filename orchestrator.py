@@ -39,6 +39,13 @@ Where the seed is silent (our choices):
   (a Sub-Agent that applies env.py's recipe for its instruction). They write the same JSON and ```python messages an
   LLM would, so the same parsing code runs. Offline `train` collects with the scripted orchestrator (not on-policy)
   and trains a tiny model made from scratch, with a tokenizer trained on the tree's prompts.
+- OFFLINE STAND-IN for "the same model before tree training": the paper's Orchestrator before tree training is a
+  pre-trained LLM that already answers in the decision format; a tiny model from scratch answers nothing parsable.
+  So without --model, ckpt-0 is the tiny model after imitation (cross-entropy on the scripted orchestrator's
+  decisions on the tree's states, states resampled from its attempts and the starter states of held-in tasks;
+  never a held-out task; `imitation_orchestrator`), AdamW at 6e-3 for 1000 updates (the paper has no such step).
+  The ranking loss then trains ckpt-0 -> ckpt-1 with ckpt-0 as the reference, as for a given checkpoint.
+  ckpt-0/imitation.json keeps the imitation's loss and the share of its greedy answers that parse.
 
 Run:  python orchestrator.py run --task breast-cancer                 (scripted orchestrator + recipe sub-agent)
       python orchestrator.py run --task breast-cancer --monolithic    (the baseline)
@@ -93,7 +100,7 @@ class Config:
     iterations: int = 1  # online iterations: collect, train, the trained model becomes the next reference
     max_len: int = 8192  # tokens of prompt + decision kept for log-probs (the prompt is cut from the left)
     # --- the tiny from-scratch ckpt-0 (offline, no --model): imitation of the scripted orchestrator first
-    imitation_steps: int = 600  # AdamW updates of cross-entropy on scripted decisions (one prompt's decisions each)
+    imitation_steps: int = 1000  # AdamW updates of cross-entropy on scripted decisions (one prompt's decisions each)
     imitation_lr: float = 6e-3  # peak learning rate, linear decay to 0 (a from-scratch 64-wide model, not 1e-5)
     imitation_tasks: int = 2  # held-in built-in tasks per (kind, modality, metric direction) whose starter state is
     # added to the tree's states (format across tasks; 0: the tree's task only)
@@ -449,7 +456,8 @@ class ScriptedOrchestrator:
         return c
 
     @staticmethod
-    def decide(text: str, rng) -> str:
+    def decide(text: str, rng, sample_parent=True) -> str:
+        """The decision for a prompt's user text; rng None: greedy; sample_parent=False: only the ideas sampled."""
         task = re.search(r"^Task: (\S+) \|.*\((higher|lower) is better\)", text, re.M)
         calls = int(re.search(r"At most (\d+) tool calls", text).group(1))
         nodes = {int(i): (int(p) if p else None, None if s == "none" else float(s))
@@ -457,7 +465,7 @@ class ScriptedOrchestrator:
         said = dict((int(i), ins) for i, ins in re.findall(r"^#(\d+) parent.*\n  instruction: (.*)$", text, re.M))
         ranked = sorted(nodes, key=lambda i: (-signed(nodes[i][1], task.group(2) == "higher"), i))
         ranked = [i for i in ranked if nodes[i][1] is not None]
-        if rng is not None and len(ranked) > 1:  # sample: the best first with probability 1/2, else one of the top 3
+        if rng is not None and sample_parent and len(ranked) > 1:  # the best first with probability 1/2, else top 3
             first = rng.choice(ranked[:3]) if rng.random() < 0.5 else ranked[0]
             ranked = [first] + [i for i in ranked if i != first]
         ideas, out = _recipe_ideas(task.group(1)), []
@@ -896,17 +904,51 @@ def imitation_tasks(tree_task: str, per_group: int) -> list[str]:
 
 
 IMITATION_VIEWS = 3  # renderings of each state: the tree's own header, then two with another round count and a clock
+IMITATION_RESAMPLED = 24  # further states made of the tree's attempts (resampled_states)
+
+
+def resampled_states(tree, n: int, rng) -> list[list[Attempt]]:
+    """n states as a run would hold them, made of the tree's attempts: a random ancestor-closed subset (from the
+    starter, each next attempt one whose parent is in already), numbered 0, 1, 2, ... in that order, with parents,
+    references and the "parent #k" of each summary renumbered. Their best attempt, the parent a greedy decision
+    picks, varies far more than along the tree's own paths."""
+    pool = {int(i): a for i, a in tree["attempts"].items()}
+    out = []
+    for _ in range(n if len(pool) > 1 else 0):
+        order = [0]
+        for _ in range(rng.randint(1, len(pool) - 1)):
+            ready = [i for i, a in pool.items() if i not in order and a["parent"] in order]
+            if not ready:
+                break
+            order.append(rng.choice(ready))
+        new = {old: k for k, old in enumerate(order)}
+        attempts = []
+        for old in order:
+            a = dict(pool[old], id=new[old], parent=None if pool[old]["parent"] is None else new[pool[old]["parent"]],
+                     references=[new[r] for r in pool[old]["references"] if r in new])
+            a["summary"] = {k: re.sub(r"parent #(\d+)", lambda m: f"parent #{new.get(int(m.group(1)), 0)}", str(v))
+                            for k, v in a["summary"].items()}
+            attempts.append(Attempt(**a))
+        out.append(attempts)
+    return out
 
 
 def imitation_examples(tree, cfg: Config) -> list[dict]:
     """What the tiny ckpt-0 imitates: the scripted orchestrator's decisions on every state of the tree (a node's path
     of attempts) and on the starter state of `cfg.imitation_tasks` held-in tasks per kind (imitation_tasks). Each
-    state is rendered IMITATION_VIEWS times: as collect_tree asks it (round depth + 1 of cfg.depth, no clock; a node
-    that was expanded keeps the tree's own decisions there), and with another "Round r of R, about s left" header
-    as runs ask it. Other views and states get cfg.children decisions sampled at cfg.tree_temperature, seeded.
+    state is rendered IMITATION_VIEWS times: as collect_tree asks it (round depth + 1 of cfg.depth, no clock), and
+    with another "Round r of R, about s left" header, as runs ask it; and states resampled from the tree's attempts
+    (resampled_states). A node the tree expanded answers its own prompt with the tree's decisions (its children,
+    sampled at cfg.tree_temperature: the texts the ranking loss then compares); every other prompt with
+    cfg.children decisions of the scripted orchestrator that take the best attempt as parent and sample its untried
+    ideas (ScriptedOrchestrator.decide, sample_parent=False). Why: the parent is then a function of the prompt that a
+    64-wide model can learn to copy (with sampled parents its answers on runs' prompts named attempts that do not
+    exist), while the ideas keep a spread for the ranking loss to reshape (with greedy ideas ckpt-0 answered every
+    held-out prompt with one decision, and no trained ckpt-1 answered otherwise).
     -> [{"messages", "responses", "known", "tree": whether the prompt is the tree's own}]"""
-    task, rng, orch = env.load_task(cfg.task), random.Random(f"{cfg.seed}:imitation"), ScriptedOrchestrator(cfg.seed)
+    task, rng = env.load_task(cfg.task), random.Random(f"{cfg.seed}:imitation")
     states = [(task, tree_state(tree, n["id"]), n) for n in tree["nodes"] if n["status"] == "done"]
+    states += [(task, attempts, None) for attempts in resampled_states(tree, IMITATION_RESAMPLED, rng)]
     for name in imitation_tasks(task.name, cfg.imitation_tasks):
         t = env.load_task(name)
         states.append((t, [starter_attempt(t, cfg)], None))
@@ -915,7 +957,7 @@ def imitation_examples(tree, cfg: Config) -> list[dict]:
         kids.setdefault(n["parent"], []).append(n["decision"])
     out, seen = [], set()
     for t, attempts, node in states:
-        depth = node["depth"] if node else 0
+        depth = node["depth"] if node else min(len(attempts) - 1, 1)  # a run's round 1 sees the starter only
         for view in range(IMITATION_VIEWS):
             if view == 0:
                 messages = orchestrator_messages(t, attempts, depth + 1, max(cfg.depth, depth + 1), cfg.calls)
@@ -929,11 +971,12 @@ def imitation_examples(tree, cfg: Config) -> list[dict]:
             seen.add(key)
             if view == 0 and node is not None and node["prompt"] == messages and kids.get(node["id"]):
                 responses = kids[node["id"]]
-            else:
-                orch.rng.seed(f"{cfg.seed}:imitation:{rng.random()}")
-                responses = orch.chat(messages, n=cfg.children, temperature=cfg.tree_temperature).texts
+            else:  # the scripted orchestrator's decisions with the best attempt as parent, its untried ideas sampled
+                ideas = random.Random(f"{cfg.seed}:imitation:{rng.random()}")
+                responses = [ScriptedOrchestrator.decide(messages[1]["content"], ideas, sample_parent=False)
+                             for _ in range(cfg.children)]
             out.append({"messages": messages, "responses": list(dict.fromkeys(responses)),
-                        "known": sorted(a.id for a in attempts), "tree": t.name == task.name and view == 0})
+                        "known": sorted(a.id for a in attempts), "tree": node is not None and view == 0})
     return out
 
 
