@@ -39,6 +39,13 @@ Where the seed is silent (our choices):
   (a Sub-Agent that applies env.py's recipe for its instruction). They write the same JSON and ```python messages an
   LLM would, so the same parsing code runs. Offline `train` collects with the scripted orchestrator (not on-policy)
   and trains a tiny model made from scratch, with a tokenizer trained on the tree's prompts.
+- OFFLINE STAND-IN for "the same model before tree training": the paper's Orchestrator before tree training is a
+  pre-trained LLM that already answers in the decision format; a tiny model from scratch answers nothing parsable.
+  So without --model, ckpt-0 is the tiny model after imitation (cross-entropy on the scripted orchestrator's
+  decisions on the tree's states, states resampled from its attempts and the starter states of held-in tasks;
+  never a held-out task; `imitation_orchestrator`), AdamW at 6e-3 for 1000 updates (the paper has no such step).
+  The ranking loss then trains ckpt-0 -> ckpt-1 with ckpt-0 as the reference, as for a given checkpoint.
+  ckpt-0/imitation.json keeps the imitation's loss and the share of its greedy answers that parse.
 
 Run:  python orchestrator.py run --task breast-cancer                 (scripted orchestrator + recipe sub-agent)
       python orchestrator.py run --task breast-cancer --monolithic    (the baseline)
@@ -92,6 +99,11 @@ class Config:
     epochs: int = 2  # passes over the preference groups per iteration (paper tables: 2)
     iterations: int = 1  # online iterations: collect, train, the trained model becomes the next reference
     max_len: int = 8192  # tokens of prompt + decision kept for log-probs (the prompt is cut from the left)
+    # --- the tiny from-scratch ckpt-0 (offline, no --model): imitation of the scripted orchestrator first
+    imitation_steps: int = 1000  # AdamW updates of cross-entropy on scripted decisions (one prompt's decisions each)
+    imitation_lr: float = 6e-3  # peak learning rate, linear decay to 0 (a from-scratch 64-wide model, not 1e-5)
+    imitation_tasks: int = 2  # held-in built-in tasks per (kind, modality, metric direction) whose starter state is
+    # added to the tree's states (format across tasks; 0: the tree's task only)
     seed: int = 0
 
 
@@ -444,7 +456,8 @@ class ScriptedOrchestrator:
         return c
 
     @staticmethod
-    def decide(text: str, rng) -> str:
+    def decide(text: str, rng, sample_parent=True) -> str:
+        """The decision for a prompt's user text; rng None: greedy; sample_parent=False: only the ideas sampled."""
         task = re.search(r"^Task: (\S+) \|.*\((higher|lower) is better\)", text, re.M)
         calls = int(re.search(r"At most (\d+) tool calls", text).group(1))
         nodes = {int(i): (int(p) if p else None, None if s == "none" else float(s))
@@ -452,7 +465,7 @@ class ScriptedOrchestrator:
         said = dict((int(i), ins) for i, ins in re.findall(r"^#(\d+) parent.*\n  instruction: (.*)$", text, re.M))
         ranked = sorted(nodes, key=lambda i: (-signed(nodes[i][1], task.group(2) == "higher"), i))
         ranked = [i for i in ranked if nodes[i][1] is not None]
-        if rng is not None and len(ranked) > 1:  # sample: the best first with probability 1/2, else one of the top 3
+        if rng is not None and sample_parent and len(ranked) > 1:  # the best first with probability 1/2, else top 3
             first = rng.choice(ranked[:3]) if rng.random() < 0.5 else ranked[0]
             ranked = [first] + [i for i in ranked if i != first]
         ideas, out = _recipe_ideas(task.group(1)), []
@@ -683,6 +696,12 @@ def _tree_ok(tree) -> bool:
         all(isinstance(n, dict) and {"id", "parent", "depth", "status", "calls"} <= set(n) for n in tree["nodes"])
 
 
+def tree_state(tree, node_id) -> list[Attempt]:
+    """The state of a node: the starter and the attempts its path launched (those that exist yet)."""
+    ids = [0] + [c["attempt"] for n in _path(tree, node_id) for c in n["calls"] or []]
+    return [Attempt(**tree["attempts"][str(i)]) for i in ids if str(i) in tree["attempts"]]
+
+
 def collect_tree(cfg: Config, orch, sub, path: Path, log=print) -> dict:
     """Expand every node with cfg.children decisions sampled from the same state (its path's attempts: the shared
     prefix, run once), to cfg.depth; run the decisions' tool calls; r(v) from the environment. Saved after every
@@ -699,10 +718,7 @@ def collect_tree(cfg: Config, orch, sub, path: Path, log=print) -> dict:
         tree["nodes"][0]["score"] = tree["attempts"]["0"]["score"]
     lock, record = threading.Lock(), lambda *a, **k: None
     tool = Tool(task, sub, cfg, time.time() + cfg.time_limit, record)
-
-    def memory(node_id) -> list[Attempt]:  # the state of a node: the starter and its path's attempts
-        ids = [0] + [c["attempt"] for n in _path(tree, node_id) for c in n["calls"] or []]
-        return [Attempt(**tree["attempts"][str(i)]) for i in ids if str(i) in tree["attempts"]]
+    memory = lambda node_id: tree_state(tree, node_id)  # noqa: E731
     while True:
         # 1. decisions: every finished node above the depth limit, with no children yet, gets cfg.children samples
         for node in list(tree["nodes"]):
@@ -877,12 +893,168 @@ def tiny_orchestrator(texts, vocab_size=1024, seed=0):
     return lm.eval(), tok
 
 
-def save_checkpoint(lm, tok, path: Path, dtype=None):
-    """A model folder written atomically; dtype: the stored dtype (default: the model's)."""
+def imitation_tasks(tree_task: str, per_group: int) -> list[str]:
+    """Held-in built-in tasks: the first `per_group` of each (kind, modality, metric direction), the tree's own task
+    left out (the tree gives its states). Never a held-out task."""
+    groups: dict = {}
+    for name, spec in env.BUILTIN_TASKS.items():
+        if spec.split == "held-in" and name != tree_task:
+            groups.setdefault((spec.kind, spec.modality, env.METRICS[spec.metric].higher_is_better), []).append(name)
+    return [n for names in groups.values() for n in names[:per_group]]
+
+
+IMITATION_VIEWS = 3  # renderings of each state: the tree's own header, then two with another round count and a clock
+IMITATION_RESAMPLED = 24  # further states made of the tree's attempts (resampled_states)
+
+
+def resampled_states(tree, n: int, rng) -> list[list[Attempt]]:
+    """n states as a run would hold them, made of the tree's attempts: a random ancestor-closed subset (from the
+    starter, each next attempt one whose parent is in already), numbered 0, 1, 2, ... in that order, with parents,
+    references and the "parent #k" of each summary renumbered. Their best attempt, the parent a greedy decision
+    picks, varies far more than along the tree's own paths."""
+    pool = {int(i): a for i, a in tree["attempts"].items()}
+    out = []
+    for _ in range(n if len(pool) > 1 else 0):
+        order = [0]
+        for _ in range(rng.randint(1, len(pool) - 1)):
+            ready = [i for i, a in pool.items() if i not in order and a["parent"] in order]
+            if not ready:
+                break
+            order.append(rng.choice(ready))
+        new = {old: k for k, old in enumerate(order)}
+        attempts = []
+        for old in order:
+            a = dict(pool[old], id=new[old], parent=None if pool[old]["parent"] is None else new[pool[old]["parent"]],
+                     references=[new[r] for r in pool[old]["references"] if r in new])
+            a["summary"] = {k: re.sub(r"parent #(\d+)", lambda m: f"parent #{new.get(int(m.group(1)), 0)}", str(v))
+                            for k, v in a["summary"].items()}
+            attempts.append(Attempt(**a))
+        out.append(attempts)
+    return out
+
+
+def imitation_examples(tree, cfg: Config) -> list[dict]:
+    """What the tiny ckpt-0 imitates: the scripted orchestrator's decisions on every state of the tree (a node's path
+    of attempts) and on the starter state of `cfg.imitation_tasks` held-in tasks per kind (imitation_tasks). Each
+    state is rendered IMITATION_VIEWS times: as collect_tree asks it (round depth + 1 of cfg.depth, no clock), and
+    with another "Round r of R, about s left" header, as runs ask it; and states resampled from the tree's attempts
+    (resampled_states). A node the tree expanded answers its own prompt with the tree's decisions (its children,
+    sampled at cfg.tree_temperature: the texts the ranking loss then compares); every other prompt with
+    cfg.children decisions of the scripted orchestrator that take the best attempt as parent and sample its untried
+    ideas (ScriptedOrchestrator.decide, sample_parent=False). Why: the parent is then a function of the prompt that a
+    64-wide model can learn to copy (with sampled parents its answers on runs' prompts named attempts that do not
+    exist), while the ideas keep a spread for the ranking loss to reshape (with greedy ideas ckpt-0 answered every
+    held-out prompt with one decision, and no trained ckpt-1 answered otherwise).
+    -> [{"messages", "responses", "known", "tree": whether the prompt is the tree's own}]"""
+    task, rng = env.load_task(cfg.task), random.Random(f"{cfg.seed}:imitation")
+    states = [(task, tree_state(tree, n["id"]), n) for n in tree["nodes"] if n["status"] == "done"]
+    states += [(task, attempts, None) for attempts in resampled_states(tree, IMITATION_RESAMPLED, rng)]
+    for name in imitation_tasks(task.name, cfg.imitation_tasks):
+        t = env.load_task(name)
+        states.append((t, [starter_attempt(t, cfg)], None))
+    kids: dict = {}
+    for n in tree["nodes"]:
+        kids.setdefault(n["parent"], []).append(n["decision"])
+    out, seen = [], set()
+    for t, attempts, node in states:
+        depth = node["depth"] if node else min(len(attempts) - 1, 1)  # a run's round 1 sees the starter only
+        for view in range(IMITATION_VIEWS):
+            if view == 0:
+                messages = orchestrator_messages(t, attempts, depth + 1, max(cfg.depth, depth + 1), cfg.calls)
+            else:
+                rounds = rng.randint(max(2, depth + 1), 8)
+                messages = orchestrator_messages(t, attempts, rng.randint(depth + 1, rounds), rounds, cfg.calls,
+                                                 rng.uniform(60.0, cfg.time_limit))
+            key = json.dumps(messages)
+            if key in seen:  # an unparsable or finishing decision leaves its parent's state: the same prompt
+                continue
+            seen.add(key)
+            if view == 0 and node is not None and node["prompt"] == messages and kids.get(node["id"]):
+                responses = kids[node["id"]]
+            else:  # the scripted orchestrator's decisions with the best attempt as parent, its untried ideas sampled
+                ideas = random.Random(f"{cfg.seed}:imitation:{rng.random()}")
+                responses = [ScriptedOrchestrator.decide(messages[1]["content"], ideas, sample_parent=False)
+                             for _ in range(cfg.children)]
+            out.append({"messages": messages, "responses": list(dict.fromkeys(responses)),
+                        "known": sorted(a.id for a in attempts), "tree": node is not None and view == 0})
+    return out
+
+
+def imitate(lm, tok, examples, cfg: Config, log=print) -> dict:
+    """Behaviour cloning: the mean over decision tokens of -log pi(token | prompt, earlier tokens) (the sums of
+    response_logprobs over the example's decisions, divided by their token count); AdamW from cfg.imitation_lr
+    decaying linearly to 0 over cfg.imitation_steps updates, one example per update, each pass in a seeded order,
+    gradient norm clipped at 1."""
+    import torch
+    torch.manual_seed(cfg.seed)
+    sizes = [sum(len(tok.encode(r)) + (tok.im_end_id is not None) for r in e["responses"]) for e in examples]
+    opt = torch.optim.AdamW(lm.parameters(), lr=cfg.imitation_lr, weight_decay=0.0)
+    total = cfg.imitation_steps if examples else 0
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0 - step / max(total, 1))
+    order, losses, rng, start = list(range(len(examples))), [], random.Random(f"{cfg.seed}:imitate"), time.time()
+    lm.train()
+    for step in range(total):
+        if step % len(examples) == 0:
+            rng.shuffle(order)
+        i = order[step % len(examples)]
+        e = examples[i]
+        loss = -response_logprobs(lm, tok, e["messages"], e["responses"], cfg.max_len).sum() / sizes[i]
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(lm.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        losses.append(loss.item())
+    lm.eval()
+    last = losses[-len(examples):]
+    stats = {"examples": len(examples), "steps": len(losses), "lr": cfg.imitation_lr,
+             "loss_first": losses[0] if losses else None, "loss_last_pass": sum(last) / len(last) if last else None,
+             "seconds": round(time.time() - start, 1)}
+    log(f"imitation: {stats}")
+    return stats
+
+
+def greedy_parse_rate(lm, tok, examples, cfg: Config) -> float | None:
+    """The share of examples whose greedy decision parses (parse_decision against the state's attempt ids); each
+    answer at most twice the longest imitated decision's tokens."""
+    backend, ok = agent.LocalBackend(lm=lm, tokenizer=tok), 0
+    for e in examples:
+        n = 2 * max(len(tok.encode(r)) for r in e["responses"]) + 16
+        try:
+            parse_decision(backend.chat(e["messages"], temperature=0.0, max_tokens=n).texts[0], set(e["known"]),
+                           cfg.calls)
+            ok += 1
+        except ParseError:
+            pass
+    return ok / len(examples) if examples else None
+
+
+def imitation_orchestrator(tree, groups, cfg: Config, log=print):
+    """OFFLINE STAND-IN for "the same model before tree training" (Matryoshka's pre-trained LLM, which already
+    answers in the Orchestrator's format): a tiny Qwen from scratch, its tokenizer fit on the imitation prompts and
+    decisions and the preference groups, then `imitate`d on imitation_examples. -> (lm, tok, stats); stats holds the
+    greedy parse rate on the tree's own prompts and on the other tasks' prompts."""
+    examples = imitation_examples(tree, cfg)
+    texts = [m["content"] for e in examples for m in e["messages"]] + [r for e in examples for r in e["responses"]] \
+        + [m["content"] for g in groups for m in g["messages"]] + [r for g in groups for r in g["responses"]]
+    lm, tok = tiny_orchestrator(texts or ["{}"], seed=cfg.seed)
+    stats = imitate(lm, tok, examples, cfg, log) if cfg.imitation_steps > 0 else {"steps": 0}
+    stats["parse_rate_tree_prompts"] = greedy_parse_rate(lm, tok, [e for e in examples if e["tree"]], cfg)
+    stats["parse_rate_other_prompts"] = greedy_parse_rate(lm, tok, [e for e in examples if not e["tree"]], cfg)
+    log(f"ckpt-0 greedy decisions that parse: {stats['parse_rate_tree_prompts']} of the tree's prompts, "
+        f"{stats['parse_rate_other_prompts']} of the other imitation prompts")
+    return lm, tok, stats
+
+
+def save_checkpoint(lm, tok, path: Path, dtype=None, notes: dict | None = None):
+    """A model folder written atomically; dtype: the stored dtype (default: the model's); notes: {file name: JSON
+    object} written beside the weights."""
     import model
     tmp = path.with_name(f".{path.name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     model.save(lm, tok, str(tmp), dtype=dtype)
+    for name, obj in (notes or {}).items():
+        (tmp / name).write_text(json.dumps(obj, indent=1))
     agent.swap_folder(tmp, path)  # never a moment without ckpt-<i>; a kill in between: train_loop recovers
 
 
@@ -910,9 +1082,9 @@ def train_loop(cfg: Config, model_path: str | None, collector: str, sub, out: Pa
             log("collecting with the scripted orchestrator (OFFLINE STAND-IN: decisions are not the policy's)")
         tree = collect_tree(dataclasses.replace(cfg, seed=cfg.seed + it), orch, sub, out / f"tree-{it}.json", log)
         groups = preference_groups(tree)
-        if not current.exists():  # no checkpoint given: a tiny model from scratch, its tokenizer fit on the prompts
-            texts = [m["content"] for g in groups for m in g["messages"]] + [r for g in groups for r in g["responses"]]
-            save_checkpoint(*tiny_orchestrator(texts or ["{}"], seed=cfg.seed), current)
+        if not current.exists():  # no checkpoint given: a tiny model from scratch that first imitates the format
+            lm, tok, stats = imitation_orchestrator(tree, groups, cfg, log)
+            save_checkpoint(lm, tok, current, notes={"imitation.json": stats})
         policy, tok = model.load(str(current), dtype="float32")  # fp32 master weights, whatever the checkpoint's dtype
         # the previous orchestrator is the reference (Matryoshka §3.6); frozen (no updates), it stays in the checkpoint's
         # dtype (the load default: torch_dtype, e.g. bf16, on CUDA; fp32 on CPU)
@@ -978,18 +1150,20 @@ def main(argv=None):
         if name == "train":
             t.add_argument("--model", help="orchestrator checkpoint (default: a tiny model from scratch)")
             t.add_argument("--collector", choices=("auto", "policy", "scripted"), default="auto")
-            for flag, typ in [("iterations", int), ("beta", float), ("lr", float), ("epochs", int)]:
+            for flag, typ in [("iterations", int), ("beta", float), ("lr", float), ("epochs", int),
+                              ("imitation-steps", int), ("imitation-lr", float), ("imitation-tasks", int)]:
                 t.add_argument(f"--{flag}", type=typ)
     args = p.parse_args(argv)
     for name, v in vars(args).items():  # every number given must be usable: one line, exit 2, before any work
         if isinstance(v, float) and not math.isfinite(v):
             p.error(f"--{name.replace('_', '-')} must be finite, not {v}")
-        at_least = 0 if name in ("seed",) else 1
+        at_least = 0 if name in ("seed", "imitation_steps", "imitation_tasks") else 1
         if isinstance(v, int) and not isinstance(v, bool) and name in ("rounds", "calls", "sub_iters", "workers",
                                                                          "max_tokens", "depth", "children",
-                                                                         "iterations", "epochs") and v < at_least:
+                                                                         "iterations", "epochs", "imitation_steps",
+                                                                         "imitation_tasks") and v < at_least:
             p.error(f"--{name.replace('_', '-')} must be at least {at_least}, not {v}")
-        if isinstance(v, float) and name in ("time_limit", "script_timeout", "lr", "beta") and v <= 0:
+        if isinstance(v, float) and name in ("time_limit", "script_timeout", "lr", "beta", "imitation_lr") and v <= 0:
             p.error(f"--{name.replace('_', '-')} must be > 0, not {v}")
         if isinstance(v, float) and name == "tree_temperature" and v < 0:
             p.error(f"--tree-temperature must be >= 0, not {v}")

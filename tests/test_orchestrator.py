@@ -156,6 +156,56 @@ def test_stand_in_messages_parse_like_llm_messages():
     assert kind == "code" and code != starter.code
 
 
+def tiny_tree():
+    """A finished depth-1 tree on TASK: the starter and two scripted decisions of two calls each, the second
+    decision's attempts scoring higher (one preference group)."""
+    task = env.load_task(TASK)
+    starter = orc.starter_attempt(task, cfg())
+    prompt = orc.orchestrator_messages(task, [starter], 1, 1, 2)
+    orch = orc.ScriptedOrchestrator(0)
+    orch.rng.seed("0:0")
+    tree = {"task": task.name, "higher_is_better": True, "next_id": 1, "attempts": {"0": orc.asdict(starter)},
+            "nodes": [{"id": 0, "parent": None, "depth": 0, "decision": None, "calls": [], "status": "done",
+                       "prompt": prompt, "score": starter.score}]}
+    for k, text in enumerate(orch.chat(prompt, n=2, temperature=1.0).texts):
+        calls, _ = orc.parse_decision(text, {0}, 2)
+        node = {"id": k + 1, "parent": 0, "depth": 1, "decision": text, "calls": [], "status": "done",
+                "prompt": None, "score": None}
+        for c in calls:
+            a = orc.Attempt(tree["next_id"], 0, c["instruction"], [], starter.score + 0.01 * (k + 1), None, "success",
+                            dict(starter.summary, result="public score 0.9, better than parent #0 (0.8)"),
+                            starter.code)
+            tree["attempts"][str(a.id)] = orc.asdict(a)
+            node["calls"].append({**c, "attempt": a.id})
+            tree["next_id"] += 1
+        node["score"] = max(tree["attempts"][str(c["attempt"])]["score"] for c in node["calls"])
+        tree["nodes"].append(node)
+    return tree
+
+
+def test_a_from_scratch_ckpt0_imitates_the_decision_format(tmp_path, monkeypatch):
+    """Without --model, ckpt-0 is the tiny model after imitation of the scripted decisions (the stand-in for a
+    pre-trained model's format): its greedy answers on the tree's prompts parse, imitation.json says so, and the
+    ranking loss then writes ckpt-1. The resampled states are renumbered 0, 1, 2, ... with their parents in."""
+    tree = tiny_tree()
+    for state in orc.resampled_states(tree, 5, orc.random.Random(0)):
+        assert [a.id for a in state] == list(range(len(state))) and state[0].parent is None
+        assert all(a.parent is not None and a.parent < a.id for a in state[1:])
+    (tmp_path / "train").mkdir()
+    (tmp_path / "train" / "tree-0.json").write_text(json.dumps(tree))
+    monkeypatch.setattr(orc, "IMITATION_RESAMPLED", 2)
+    c = cfg(depth=1, iterations=1, imitation_tasks=0, imitation_steps=400)
+    final = orc.train_loop(c, None, "scripted", orc.RecipeCoder(), tmp_path / "train", log=lambda *_: 0)
+    notes = json.loads((tmp_path / "train" / "ckpt-0" / "imitation.json").read_text())
+    assert final.name == "ckpt-1" and notes["steps"] == 400 and notes["loss_last_pass"] < notes["loss_first"]
+    assert notes["parse_rate_tree_prompts"] >= 2 / 3, notes  # the tree's 3 states (root, 2 leaves): greedy answers
+    import model
+    lm, tok = model.load(str(tmp_path / "train" / "ckpt-0"))
+    text = agent.LocalBackend(lm=lm, tokenizer=tok).chat(tree["nodes"][0]["prompt"], max_tokens=600).texts[0]
+    calls, finished = orc.parse_decision(text, {0}, 2)
+    assert calls and not finished
+
+
 class SlowSummary:
     """A Sub-Agent backend that thinks for 0.5 s and answers with a summary only."""
     def __init__(self):
@@ -452,7 +502,8 @@ def test_cli_usage_errors_exit_2(capsys):
 @pytest.mark.slow
 def test_cli_train_offline_end_to_end(tmp_path):
     import model
-    orc.main(["train", "--task", TASK, "--depth", "1", "--sub-iters", "1", "--out", str(tmp_path), "--lr", "1e-3"])
+    orc.main(["train", "--task", TASK, "--depth", "1", "--sub-iters", "1", "--out", str(tmp_path), "--lr", "1e-3",
+              "--imitation-steps", "20", "--imitation-tasks", "0"])
     lm, tok = model.load(str(tmp_path / "train" / "ckpt-1"))
     assert lm.config.num_hidden_layers == 2 and len(tok) > 256
     tree = json.loads((tmp_path / "train" / "tree-0.json").read_text())
@@ -471,7 +522,8 @@ def test_cli_run_writes_the_best_script_and_its_submission(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("argv", [["run", "--rounds", "0"], ["run", "--calls", "-2"], ["tree", "--depth", "-1"],
-                                  ["run", "--time-limit", "nan"], ["train", "--lr", "0"]])
+                                  ["run", "--time-limit", "nan"], ["train", "--lr", "0"],
+                                  ["train", "--imitation-steps", "-1"], ["train", "--imitation-lr", "0"]])
 def test_bad_numbers_are_one_line_exit_2(argv, capsys):
     with pytest.raises(SystemExit) as e:
         orc.main(argv)
