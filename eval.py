@@ -506,7 +506,8 @@ CLAIM_PRESETS = {
                          "synth-text-0"], few_tasks=2, trajectories=1, sft_seeds=(0,), sft=["--epochs", "2"],
                   unseen_states=40, ppo=["--iterations", "2", "--batch-size", "8"], objective_states=16,
                   eval=["--k", "1", "--max-steps", "4"], eval_tasks=["wine", "diabetes"], orch_task="breast-cancer",
-                  orch=["--iterations", "1", "--depth", "1"], c7_rounds=3, c8_tasks=["wine"]),
+                  orch=["--iterations", "1", "--depth", "1", "--imitation-steps", "200", "--imitation-tasks", "1"],
+                  c7_rounds=3, c8_tasks=["wine"]),
 }
 
 
