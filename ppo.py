@@ -107,6 +107,8 @@ class Config:
                                              # (tests/bench_memory.py: 16 x 16k tokens of Qwen2.5-7B is 14 GiB)
     grad_checkpointing: bool = False         # recompute each block in backward; always on for models past TINY_PARAMS
     update_epochs: int = 1                   # PPO epochs over each batch (OpenRLHF examples: 1; N-details: 4)
+    target_kl: float = 0.0                   # > 0: the actor stops stepping for the iteration once a minibatch's
+                                             # approx KL to the rollout policy passes 1.5 x this (Spinning Up: 0.01)
     actor_lr: float | None = None            # None: 1e-6 (ML-Agent §Experiments "Training"); the tiny model: TINY below
     critic_lr: float | None = None           # None: 1e-5 (ML-Agent §Experiments "Training"); the tiny model: TINY below
     critic_warmup: int | None = None         # first iterations that update only the critic; None: 0, tiny: TINY
@@ -588,7 +590,7 @@ def ppo_update(actor, critic, opt_a, opt_c, data, cfg, device, gen, step_actor=T
     sharded = any(isinstance(p, DTensor) for p in critic.parameters())
     scale = W if sharded else 1.0
     mb_size = max(B // cfg.num_minibatches, 1)
-    stats, first_ratio = [], None
+    stats, first_ratio, actor_steps = [], None, 0
     for _ in range(cfg.update_epochs):
         perm = torch.randperm(B, generator=gen)
         for mb in perm.split(mb_size):
@@ -616,6 +618,11 @@ def ppo_update(actor, critic, opt_a, opt_c, data, cfg, device, gen, step_actor=T
                 s["vf_loss"] += float(vf.detach())
                 s["clipfrac"] += float(cf)
                 s["approx_kl"] += float((0.5 * (lp.detach() - data["logprobs"][idx, :n]) ** 2 * m).sum() / denom)
+            kl = float(ranks.sum(torch.tensor(s["approx_kl"], device=device)))  # this minibatch, every rank's rows
+            if step_actor and cfg.target_kl and kl > 1.5 * cfg.target_kl:  # early stop (Spinning Up's PPO, CleanRL
+                step_actor = False  # --target-kl): the policy has moved far enough this iteration; the critic goes on
+                actor.zero_grad(set_to_none=True)
+            actor_steps += step_actor
             for net, opt in ((actor, opt_a), (critic, opt_c))[0 if step_actor else 1:]:
                 trained = [q for q in net.parameters() if q.requires_grad]
                 if W > 1 and not sharded:  # LoRA over several ranks: sum the adapters' gradients (data parallel)
@@ -626,7 +633,7 @@ def ppo_update(actor, critic, opt_a, opt_c, data, cfg, device, gen, step_actor=T
                 opt.zero_grad(set_to_none=True)
             stats.append({k: float(ranks.sum(torch.tensor(v, device=device))) for k, v in s.items()})
     mean = {k: sum(s[k] for s in stats) / len(stats) for k in stats[0]}
-    return {**mean, "ratio_first_minibatch_max_dev": ranks.max(first_ratio or 0.0)}
+    return {**mean, "ratio_first_minibatch_max_dev": ranks.max(first_ratio or 0.0), "actor_steps": actor_steps}
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -1021,9 +1028,10 @@ def main(argv=None):
     floats = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(Config) if isinstance(getattr(cfg, f.name), float)}
     if any(not math.isfinite(v) for v in floats.values()):
         p.error(f"--{next(k for k, v in floats.items() if not math.isfinite(v)).replace('_', '-')} must be finite")
-    if not (cfg.kl_coef >= 0 and 0 <= cfg.gamma <= 1 and 0 <= cfg.lam <= 1 and cfg.clip_coef > 0 and cfg.vf_clip > 0
-            and cfg.max_grad_norm > 0 and cfg.adam_eps > 0 and cfg.lora_alpha > 0):
-        p.error("need --kl-coef >= 0, 0 <= --gamma <= 1, 0 <= --lam <= 1, and --clip-coef, --vf-clip, "
+    if not (cfg.kl_coef >= 0 and cfg.target_kl >= 0 and 0 <= cfg.gamma <= 1 and 0 <= cfg.lam <= 1
+            and cfg.clip_coef > 0 and cfg.vf_clip > 0 and cfg.max_grad_norm > 0 and cfg.adam_eps > 0
+            and cfg.lora_alpha > 0):
+        p.error("need --kl-coef >= 0, --target-kl >= 0, 0 <= --gamma <= 1, 0 <= --lam <= 1, and --clip-coef, --vf-clip, "
                 "--max-grad-norm, --adam-eps, --lora-alpha > 0")
     if model.bad_device(cfg.device):
         p.error(model.bad_device(cfg.device))

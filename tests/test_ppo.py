@@ -203,6 +203,31 @@ def test_ratio_is_one_on_the_first_minibatch_only(tiny):
     assert ((after - lp).abs() * mask).max() > 1e-3
 
 
+@pytest.mark.parametrize("target_kl", [0.0, 1e-6])
+def test_target_kl_stops_the_actor_once_it_has_moved_and_the_critic_goes_on(tiny, target_kl):
+    """6 minibatch steps (3 minibatches x 2 epochs) at lr 1e-2: without a target the actor takes all 6; with a tiny
+    target it takes the first (its KL is 0: nothing has moved yet) and stops at the second. The critic takes all 6."""
+    lm, _ = tiny
+    cfg = ppo.Config(micro_batch=2, num_minibatches=3, update_epochs=2, target_kl=target_kl)
+    actor, ref = ppo.Actor(copy.deepcopy(lm), cfg.temperature), ppo.Actor(copy.deepcopy(lm), cfg.temperature)
+    critic = ppo.Critic(copy.deepcopy(lm))
+    prompts, gen = rollout(actor.lm, seed=2)
+    ids, lengths, mask, starts = ppo.make_batch(prompts * 2, gen.tokens * 2, 0, "cpu")
+    dev = torch.device("cpu")
+    lp, ref_lp, values = (x * mask for x in ppo.forward_scores(actor, critic, ref, ids, lengths, starts, mask.shape[1],
+                                                               cfg, dev))
+    rewards, _ = ppo.token_rewards(torch.tensor([1.0, -1.0, 0.0] * 2), lp, ref_lp, mask, cfg.kl_coef)
+    adv, ret = ppo.gae(rewards, values, mask, 1.0, 0.95)
+    data = dict(ids=ids, lengths=lengths, starts=starts, mask=mask, logprobs=lp, values=values,
+                advantages=ppo.whiten(adv, mask), returns=ret)
+    opt_a, opt_c = torch.optim.AdamW(actor.parameters(), lr=1e-2), torch.optim.AdamW(critic.parameters(), lr=1e-2)
+    stats = ppo.ppo_update(actor, critic, opt_a, opt_c, data, cfg, dev, torch.Generator().manual_seed(0))
+    assert stats["actor_steps"] == (6 if target_kl == 0 else 1)
+    assert opt_c.state[critic.head.weight]["step"] == 6 and opt_a.state[next(actor.parameters())]["step"] == \
+        stats["actor_steps"]
+    assert all(p.grad is None for p in actor.parameters())  # the skipped steps leave no gradient behind
+
+
 def test_critic_warmup_leaves_the_actor_and_fits_the_critic(tiny):
     lm, _ = tiny
     cfg = ppo.Config(micro_batch=2, actor_lr=1e-2, critic_lr=1e-2)
@@ -437,7 +462,7 @@ def test_episodic_run_of_two_iterations_in_one_process(pool, tmp_path):
                                   ["--reward-clip", "-1"], ["--reward-alpha", "0"], ["--kl-coef", "-1"],
                                   ["--temperature", "nan"], ["--actor-lr", "inf"], ["--lam", "2"],
                                   ["--device", "tpu9"], ["--max-grad-norm", "0"], ["--save-dtype", "fp8"],
-                                  ["--micro-tokens", "0"], ["--samples-per-state", "0"]])
+                                  ["--micro-tokens", "0"], ["--samples-per-state", "0"], ["--target-kl", "-1"]])
 def test_usage_errors_exit_2_with_one_line(args, pool, tmp_path, capsys):
     out, _, _ = pool
     base = {"--model": str(out / "tiny"), "--states": str(out / "states.jsonl"), "--out": str(tmp_path / "o")}
