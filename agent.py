@@ -673,15 +673,11 @@ def recover_folder(path, tmp=None):
 
 def check_checkpoint(folder):
     """ValueError (one line naming the folder) when the local checkpoint `folder` cannot be loaded: its config,
-    tokenizer or weight files, truncated weights included. Reads no weights, so a command checks before any work."""
+    tokenizer or weight files, truncated weights included (model.load checks the files' sizes). Reads no weights, so
+    a command checks before any work."""
     import model
     try:
         model.load(folder, "cpu", meta=True)
-        for path in model._weight_files(folder):
-            header, start = model._read_header(path)
-            need = start + max((int(t["data_offsets"][1]) for t in header.values()), default=0)
-            if os.path.getsize(path) < need:
-                raise ValueError(f"{os.path.basename(path)} is truncated ({os.path.getsize(path)} of {need} bytes)")
     except Exception as e:  # noqa: BLE001 - whatever the loader meets (JSON, missing files, tokenizer), it is unusable
         why = (str(e).splitlines() or [type(e).__name__])[0]
         raise ValueError(f"{folder} is not a loadable checkpoint: {why}") from None

@@ -953,6 +953,11 @@ def load(path_or_hub_id, device=None, dtype=None, meta=False):
     files = _weight_files(folder)
     if not files:
         raise FileNotFoundError(f"{folder}: no model.safetensors (or incomplete shards)")
+    for path in files:  # a cut download or copy fails here, before any memory or sharding (meta=True reads nothing)
+        header, start = _read_header(path)
+        need = start + max((int(t["data_offsets"][1]) for t in header.values()), default=0)
+        if os.path.getsize(path) < need:
+            raise ValueError(f"{path}: truncated ({os.path.getsize(path)} of {need} bytes; an interrupted download?)")
     with torch.device("meta"):  # no memory yet: parameters are allocated empty, then filled tensor by tensor
         model = Qwen(cfg)
     model = model.to(dtype)

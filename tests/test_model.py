@@ -949,6 +949,8 @@ def test_truncated_safetensors_is_one_clear_error_not_a_hang(cases, tmp_path):
     f.write_bytes(f.read_bytes()[:-1000])  # an interrupted download
     with pytest.raises(ValueError, match="truncated"):
         model.load(str(tmp_path / "ckpt"), "cpu")
+    with pytest.raises(ValueError, match="truncated"):  # and before anything is built or sharded
+        model.load(str(tmp_path / "ckpt"), "cpu", meta=True)
     r = run_cli("generate", "--model", str(tmp_path / "ckpt"), "--prompt", "hi")
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "truncated" in r.stderr
 
