@@ -121,6 +121,8 @@ class Config:
     lam: float = 0.95                        # GAE lambda (N-details)
     clip_coef: float = 0.2                   # PPO ratio clip (Schulman et al. 2017; N-details)
     vf_clip: float = 0.2                     # value clip around the rollout values (N-details cliprange_value)
+    unfinished_invalid: bool = True          # a response with no stop token within max_new_tokens is invalid
+                                             # (R_format); N-details: responses without EOS get the score -1
     workers: int = 4                         # sandboxes executing actions in parallel (threads over subprocesses)
     episodic: bool = False                   # the ablation: whole episodes from the task start
     episode_steps: int = 4                   # steps per episode in --episodic (paper's trajectories: 15)
@@ -471,8 +473,9 @@ def autocast(device):  # bf16 matmuls on CUDA, fp32 master weights (an lr of 1e-
 
 def generate(lm, tokenizer, messages, cfg, device, seeds=None, n=1):
     """n sampled responses per prompt (prompt-major; the n share one prefill): prompt ids, token ids, their generation
-    log-probs, decoded texts. seeds: one per prompt (model.generate samples each row from its own generator, so the
-    rows a rank holds do not change its samples)."""
+    log-probs, decoded texts, and whether each ended with a stop token (False: cut at max_new_tokens). seeds: one
+    per prompt (model.generate samples each row from its own generator, so the rows a rank holds do not change its
+    samples)."""
     room = max(lm.config.max_position_embeddings - cfg.max_new_tokens, 1)  # as agent.LocalBackend: keep the end
     prompts = [tokenizer.encode(tokenizer.apply_chat_template(m))[-room:] for m in messages]
     stops = [i for i in dict.fromkeys([*lm.stop_token_ids, tokenizer.eos_token_id, tokenizer.im_end_id])
@@ -482,12 +485,18 @@ def generate(lm, tokenizer, messages, cfg, device, seeds=None, n=1):
                         max_batch=cfg.gen_batch, n=n)
     tokens, logprobs = g.tokens, g.logprobs
     texts = [tokenizer.decode(t, skip_special_tokens=True) for t in tokens]
-    return [p for p in prompts for _ in range(n)], tokens, logprobs, texts
+    return [p for p in prompts for _ in range(n)], tokens, logprobs, texts, [r == "stop" for r in g.finish_reasons]
 
 
-def execute(e, text, m_init, m_best, higher, reward_config):
-    """Parse and run one action in env `e` (already in its state) -> {kind, reward, m_prev, m_new, done, obs}."""
+def execute(e, text, m_init, m_best, higher, reward_config, finished=True):
+    """Parse and run one action in env `e` (already in its state) -> {kind, reward, m_prev, m_new, done, obs}.
+    finished=False: the response was cut at max_new_tokens, which is invalid whatever it holds. Without this, a
+    policy that writes a valid action and then runs on (it learns to write the Observation itself) is paid as if it
+    had stopped, and PPO drifts toward responses that never end (issue 12: 5 of 64 SFT responses were cut and paid
+    as valid; after PPO at lr 3e-4 all 64 were cut)."""
     try:
+        if not finished:
+            raise agent.ParseError("it did not end within max_new_tokens")
         action, action_input = agent.parse_response(text)
     except agent.ParseError as err:  # unparsable, unknown action or bad JSON: invalid (R_format)
         result = env.StepResult(f"Invalid response ({err}); nothing was done.", "invalid", e.metric, e.metric)
@@ -505,15 +514,16 @@ def make_env(task, task_dir, editor):
 
 def step_rollout(states, lm, tokenizer, cfg, pool, editor, device, timer, seeds=None, n=1):
     """Steps 2-3, step-wise: n actions per expert state (rows state-major), each executed from the restored state."""
-    prompts, tokens, gen_lp, texts = generate(lm, tokenizer, [s["messages"] for s in states], cfg, device,
-                                              seeds=seeds, n=n)
+    prompts, tokens, gen_lp, texts, ended = generate(lm, tokenizer, [s["messages"] for s in states], cfg, device,
+                                                     seeds=seeds, n=n)
     timer("generate")
 
     def run(i):
         s = states[i // n]
         e = make_env(s["task"], s["task_dir"], editor)
         e.restore(s["snapshot"])  # the environment exactly as the expert found it at s_t
-        return execute(e, texts[i], s["m_init"], s["m_best"], s["higher_is_better"], cfg.reward)
+        return execute(e, texts[i], s["m_init"], s["m_best"], s["higher_is_better"], cfg.reward,
+                       ended[i] or not cfg.unfinished_invalid)
 
     outcomes = list(pool.map(run, range(len(texts))))
     timer("execute")
@@ -534,10 +544,11 @@ def episode_rollout(starts, lm, tokenizer, cfg, pool, editor, device, timer, see
         msgs = [agent.build_messages(problems[i], histories[i], [tuple(x) for x in starts[i]["ideas"]])
                 for i in alive]
         step_seeds = None if seeds is None else [seeds[i] * 1000 + len(histories[i]) for i in alive]
-        p, t, lp, texts = generate(lm, tokenizer, msgs, cfg, device, seeds=step_seeds)
+        p, t, lp, texts, ended = generate(lm, tokenizer, msgs, cfg, device, seeds=step_seeds)
         timer("generate")
         res = list(pool.map(lambda j: execute(envs[alive[j]], texts[j], envs[alive[j]].m_init, envs[alive[j]].m_best,
-                                              envs[alive[j]].task.higher_is_better, cfg.reward), range(len(alive))))
+                                              envs[alive[j]].task.higher_is_better, cfg.reward,
+                                              ended[j] or not cfg.unfinished_invalid), range(len(alive))))
         timer("execute")
         for j, i in enumerate(alive):
             histories[i].append((texts[j], res[j]["observation"]))

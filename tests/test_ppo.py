@@ -320,6 +320,9 @@ def test_expert_response_from_restored_state_reproduces_its_reward(pool):
     e.restore(states[0]["snapshot"])
     bad = ppo.execute(e, "no format at all", 0.5, 0.9, True, ppo.RewardConfig())
     assert (bad["kind"], bad["reward"]) == ("invalid", -1.0)
+    e.restore(states[0]["snapshot"])  # the expert's own first action, cut at max_new_tokens: invalid, nothing runs
+    cut = ppo.execute(e, traj["steps"][0]["response"], 0.5, 0.9, True, ppo.RewardConfig(), finished=False)
+    assert (cut["kind"], cut["reward"]) == ("invalid", -1.0) and "max_new_tokens" in cut["observation"]
 
 
 LIST = ("Reflection: none\nResearch Plan and Status: 1. look [in progress]\nFact Check: none\nThought: look\n"
@@ -333,7 +336,7 @@ def test_episodic_rollout_links_the_steps_of_each_episode(pool, monkeypatch):
     def fake_generate(lm, tokenizer, messages, cfg, device, seeds=None, n=1):  # the policy always lists the files
         seen.append(messages)
         return [[1, 2]] * len(messages), [[4, 5, 6]] * len(messages), [[-0.1] * 3] * len(messages), \
-            [LIST] * len(messages)
+            [LIST] * len(messages), [True] * len(messages)
 
     monkeypatch.setattr(ppo, "generate", fake_generate)
     cfg = ppo.Config(episode_steps=2)
@@ -354,7 +357,7 @@ def test_n_samples_per_state_are_state_major_each_from_the_restored_state(pool, 
             "\"Use a random forest.\", \"save_name\": \"train.py\"}")
     monkeypatch.setattr(ppo, "generate", lambda lm, tokenizer, messages, cfg, device, seeds=None, n=1: (
         [[1]] * (len(messages) * n), [[4]] * (len(messages) * n), [[-0.1]] * (len(messages) * n),
-        [t for _ in messages for t in ([LIST, edit] * n)[:n]]))
+        [t for _ in messages for t in ([LIST, edit] * n)[:n]], [True] * (len(messages) * n)))
     with ppo.ThreadPoolExecutor(2) as pool_:
         outcomes, nxt = ppo.step_rollout([states[0], states[0]], None, None, ppo.Config(), pool_,
                                          env.recipe_editor, "cpu", lambda name: None, n=2)[3:]
@@ -369,7 +372,7 @@ def test_reward_config_reaches_the_rollouts(pool, monkeypatch, episodic):
     _, _, states = pool
     monkeypatch.setattr(ppo, "generate", lambda lm, tokenizer, messages, cfg, device, seeds=None, n=1: (
         [[1, 2]] * len(messages), [[4, 5]] * len(messages), [[-0.1] * 2] * len(messages),
-        ["no format at all"] * len(messages)))
+        ["no format at all"] * len(messages), [True] * len(messages)))
     rollout_ = ppo.episode_rollout if episodic else ppo.step_rollout
     got = {}
     for name, rc in (("default", RewardConfig()), ("no format term", RewardConfig(format_term=False))):
@@ -678,3 +681,19 @@ def test_bad_states_lines_name_the_file_and_line(tmp_path, content, says):
     path.write_bytes(b"\n" + content)
     with pytest.raises(ValueError, match=f"states.jsonl:2: {says}"):
         ppo.load_states(str(path))
+
+
+@pytest.mark.parametrize("episodic", [False, True])
+def test_a_response_cut_at_max_new_tokens_is_invalid_unless_switched_off(pool, monkeypatch, episodic):
+    _, _, states = pool
+    monkeypatch.setattr(ppo, "generate", lambda lm, tokenizer, messages, cfg, device, seeds=None, n=1: (
+        [[1]] * len(messages), [[4]] * len(messages), [[-0.1]] * len(messages), [LIST] * len(messages),
+        [False] * len(messages)))  # a valid List Files action, but no stop token came
+    rollout_ = ppo.episode_rollout if episodic else ppo.step_rollout
+    got = []
+    for unfinished_invalid in (True, False):
+        cfg = ppo.Config(episode_steps=1, unfinished_invalid=unfinished_invalid)
+        with ppo.ThreadPoolExecutor(1) as pool_:
+            outcomes = rollout_([states[0]], None, None, cfg, pool_, env.recipe_editor, "cpu", lambda n: None)[3]
+        got.append([(o["kind"], o["reward"]) for o in outcomes])
+    assert got == [[("invalid", -1.0)], [("neutral", 0.0)]]
