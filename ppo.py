@@ -1015,8 +1015,8 @@ def parser():
         if f.name == "reward":  # reward.py's own flags, below
             continue
         flag = "--" + f.name.replace("_", "-")
-        if f.type is bool:
-            p.add_argument(flag, action="store_true")
+        if f.type is bool:  # --flag / --no-flag
+            p.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default)
         else:
             kind = {int: int, float: float, int | None: int, float | None: float}.get(f.type, str)
             p.add_argument(flag, type=kind, default=f.default)
