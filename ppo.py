@@ -488,14 +488,14 @@ def generate(lm, tokenizer, messages, cfg, device, seeds=None, n=1):
     return [p for p in prompts for _ in range(n)], tokens, logprobs, texts, [r == "stop" for r in g.finish_reasons]
 
 
-def execute(e, text, m_init, m_best, higher, reward_config, finished=True):
+def execute(e, text, m_init, m_best, higher, reward_config, finished=True, unfinished_invalid=True):
     """Parse and run one action in env `e` (already in its state) -> {kind, reward, m_prev, m_new, done, obs}.
-    finished=False: the response was cut at max_new_tokens, which is invalid whatever it holds. Without this, a
-    policy that writes a valid action and then runs on (it learns to write the Observation itself) is paid as if it
-    had stopped, and PPO drifts toward responses that never end (issue 12: 5 of 64 SFT responses were cut and paid
-    as valid; after PPO at lr 3e-4 all 64 were cut)."""
+    finished=False: the response was cut at max_new_tokens; unless unfinished_invalid=False (--no-unfinished-invalid)
+    that is invalid whatever it holds. Otherwise a policy that writes a valid action and then runs on (writing the
+    Observation itself) is paid as if it had stopped, and PPO drifts toward responses that never end (README, "PPO
+    on the tiny model")."""
     try:
-        if not finished:
+        if not finished and unfinished_invalid:
             raise agent.ParseError("it did not end within max_new_tokens")
         action, action_input = agent.parse_response(text)
     except agent.ParseError as err:  # unparsable, unknown action or bad JSON: invalid (R_format)
@@ -505,7 +505,7 @@ def execute(e, text, m_init, m_best, higher, reward_config, finished=True):
     r = reward(result.kind, result.metric_prev, result.metric_new, m_init, m_best, higher, reward_config,
                m_high=result.metric_high)
     return {"kind": result.kind, "reward": r, "m_prev": result.metric_prev, "m_new": result.metric_new,
-            "done": result.done, "observation": result.observation}
+            "done": result.done, "observation": result.observation, "finished": finished}
 
 
 def make_env(task, task_dir, editor):
@@ -522,8 +522,8 @@ def step_rollout(states, lm, tokenizer, cfg, pool, editor, device, timer, seeds=
         s = states[i // n]
         e = make_env(s["task"], s["task_dir"], editor)
         e.restore(s["snapshot"])  # the environment exactly as the expert found it at s_t
-        return execute(e, texts[i], s["m_init"], s["m_best"], s["higher_is_better"], cfg.reward,
-                       ended[i] or not cfg.unfinished_invalid)
+        return execute(e, texts[i], s["m_init"], s["m_best"], s["higher_is_better"], cfg.reward, ended[i],
+                       cfg.unfinished_invalid)
 
     outcomes = list(pool.map(run, range(len(texts))))
     timer("execute")
@@ -548,7 +548,7 @@ def episode_rollout(starts, lm, tokenizer, cfg, pool, editor, device, timer, see
         timer("generate")
         res = list(pool.map(lambda j: execute(envs[alive[j]], texts[j], envs[alive[j]].m_init, envs[alive[j]].m_best,
                                               envs[alive[j]].task.higher_is_better, cfg.reward,
-                                              ended[j] or not cfg.unfinished_invalid), range(len(alive))))
+                                              ended[j], cfg.unfinished_invalid), range(len(alive))))
         timer("execute")
         for j, i in enumerate(alive):
             histories[i].append((texts[j], res[j]["observation"]))
@@ -954,6 +954,7 @@ def train(cfg):
                "rewards": [o["reward"] for o in outcomes],
                **{f"frac_{k}": kinds.count(k) / len(kinds) for k in ("invalid", "error", "corner", "neutral", "edit")},
                "frac_final": kinds.count("final") / len(kinds),
+               "frac_unfinished": sum(not o.get("finished", True) for o in outcomes) / len(kinds),  # cut responses
                "frac_improved": sum(o["reward"] > 0 for o in edits) / len(kinds),
                "metric_change": sum(o["m_new"] - o["m_prev"] for o in edits) / len(edits) if edits else 0.0,
                "kl": float(ranks.sum(kl.sum())) / len(kinds), "response_tokens": n_tokens / len(kinds),
