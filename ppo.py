@@ -27,6 +27,9 @@ How this departs from the paper and the references:
   C.1 is not in the text this project follows); the N-details initialise it from the reward model, which this task does not have.
 - The masks come from the lengths of prompts and responses, not from `ids != pad`, so the pad token may equal EOS
   (it does in Qwen's and the tiny tokenizers); the N-details' "pad distinct from EOS" guards against that comparison.
+- A response that reaches --max-new-tokens without a stop token is invalid (R_format), whatever it holds: the
+  N-details give responses without EOS a fixed low score for the same reason (a policy paid for a valid action it
+  never ended drifts toward never ending). `--no-unfinished-invalid` scores such responses as written.
 - `Edit Script (AI)` is executed by env.py's offline recipe editor unless `--editor` names an endpoint model.
 - `--episodic` is the paper's ablation "episode-wise RL": the policy rolls out whole trajectories from the task start
   (env reset, agent.build_messages with the ideas of an expert's first step), rewards on each step's last token, GAE
