@@ -338,9 +338,9 @@ def feedback(run, task, limit: int, tokenizer=None) -> str:
 
 
 def code_loop(task, backend, messages, max_iters: int, cfg: Config, deadline: float, on_prompt, start_code: str,
-              **attempt) -> tuple[Attempt, object, list[str]]:
+              **fields) -> tuple[Attempt, object, list[str]]:
     """Write the whole script, execute, read the feedback, fix; until a summary, max_iters executions or the
-    deadline. -> (the Attempt, with the `attempt` fields given: its best script by public score, else the last one,
+    deadline. -> (the Attempt, with the `fields` given: its best script by public score, else the last one,
     else start_code; the best script's run or None; the errors met)."""
     tok, higher = getattr(backend, "tokenizer", None), task.higher_is_better
     best = best_run = last = summary = None
@@ -379,11 +379,11 @@ def code_loop(task, backend, messages, max_iters: int, cfg: Config, deadline: fl
         except ParseError:
             pass
     summary = {k: (summary or {}).get(k, "") for k in SUMMARY_KEYS}
-    return Attempt(**attempt, score=best_run.score if best_run else None,
-                   private=best_run.test_score if best_run else None, status=status, summary=summary,
-                   code=(best if best is not None else last) or start_code, messages=messages, iterations=iters,
-                   ended=time.time(), submission=best_run.kept.get("submission.csv", "") if best_run else ""), \
-        best_run, list(dict.fromkeys(errors))
+    attempt = Attempt(**fields, score=best_run.score if best_run else None,
+                      private=best_run.test_score if best_run else None, status=status, summary=summary,
+                      code=(best if best is not None else last) or start_code, messages=messages, iterations=iters,
+                      ended=time.time(), submission=best_run.kept.get("submission.csv", "") if best_run else "")
+    return attempt, best_run, list(dict.fromkeys(errors))
 
 
 class Tool:
@@ -1110,6 +1110,11 @@ def token_table(records) -> str:
                      for (rnd, role), v in sorted(rows.items()))
 
 
+LEAST = {**dict.fromkeys(("rounds", "calls", "sub_iters", "workers", "max_tokens", "depth", "children", "iterations",
+                          "epochs"), 1), "imitation_steps": 0, "imitation_tasks": 0}  # the least each count may be
+POSITIVE = ("time_limit", "script_timeout", "lr", "beta", "imitation_lr")  # the numbers that must be > 0
+
+
 def main(argv=None):
     p = _Parser(prog="orchestrator.py", description="Matryoshka Agent: run, tree collection, orchestrator training.")
     sub = p.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
@@ -1141,18 +1146,15 @@ def main(argv=None):
                 t.add_argument(f"--{flag}", type=typ)
     args = p.parse_args(argv)
     for name, v in vars(args).items():  # every number given must be usable: one line, exit 2, before any work
+        flag = "--" + name.replace("_", "-")
         if isinstance(v, float) and not math.isfinite(v):
-            p.error(f"--{name.replace('_', '-')} must be finite, not {v}")
-        at_least = 0 if name in ("seed", "imitation_steps", "imitation_tasks") else 1
-        if isinstance(v, int) and not isinstance(v, bool) and name in ("rounds", "calls", "sub_iters", "workers",
-                                                                         "max_tokens", "depth", "children",
-                                                                         "iterations", "epochs", "imitation_steps",
-                                                                         "imitation_tasks") and v < at_least:
-            p.error(f"--{name.replace('_', '-')} must be at least {at_least}, not {v}")
-        if isinstance(v, float) and name in ("time_limit", "script_timeout", "lr", "beta", "imitation_lr") and v <= 0:
-            p.error(f"--{name.replace('_', '-')} must be > 0, not {v}")
+            p.error(f"{flag} must be finite, not {v}")
+        if isinstance(v, int) and not isinstance(v, bool) and v < LEAST.get(name, v):
+            p.error(f"{flag} must be at least {LEAST[name]}, not {v}")
+        if isinstance(v, float) and name in POSITIVE and v <= 0:
+            p.error(f"{flag} must be > 0, not {v}")
         if isinstance(v, float) and name == "tree_temperature" and v < 0:
-            p.error(f"--tree-temperature must be >= 0, not {v}")
+            p.error(f"{flag} must be >= 0, not {v}")
     cfg = _config(args)
     out = Path(args.out or Path("runs") / "matryoshka" / Path(args.task).name)
     if args.cmd == "train" and args.collector == "policy" and not args.model:
