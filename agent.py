@@ -341,7 +341,7 @@ def build_messages(problem: str, history=(), ideas=(), last_k=3, actions=None) -
 
 
 class ParseError(ValueError):
-    """A response that is not in the response format; the message says what is wrong."""
+    """A response not in its format (here, or orchestrator.py's decisions and summaries); the message says why."""
 
 
 ENTRY = re.compile(r"^[ \t#*]*(" + "|".join(sorted(map(re.escape, FORMAT), key=len, reverse=True))
@@ -365,17 +365,23 @@ def parse_response(text: str, actions=None) -> tuple[str, dict]:
     action = entries["Action"].strip().strip("`'\".").strip()
     if action not in actions:
         raise ParseError(f"unknown action {action!r}; the actions are: {', '.join(actions)}")
-    raw = re.sub(r"^```\w*|```$", "", entries["Action Input"].strip(), flags=re.M).strip()
+    return action, json_object(entries["Action Input"], "Action Input")
+
+
+def json_object(text: str, what="the answer") -> dict:
+    """The JSON object in `text` (a ```json fence and words around the braces dropped; strict=False: raw newlines
+    inside strings); ParseError naming `what` otherwise. orchestrator.py parses its answers with it too."""
+    raw = re.sub(r"^```\w*|```$", "", (text or "").strip(), flags=re.M).strip()
     start, end = raw.find("{"), raw.rfind("}")
     if start < 0 or end < start:
-        raise ParseError("Action Input holds no JSON object")
+        raise ParseError(f"{what} holds no JSON object")
     try:
-        action_input = json.loads(raw[start:end + 1], strict=False)  # strict=False: raw newlines inside strings
+        obj = json.loads(raw[start:end + 1], strict=False)
     except json.JSONDecodeError as e:
-        raise ParseError(f"Action Input is not valid JSON: {e}") from None
-    if not isinstance(action_input, dict):
-        raise ParseError("Action Input must be a JSON object")
-    return action, action_input
+        raise ParseError(f"{what} is not valid JSON: {e}") from None
+    if not isinstance(obj, dict):
+        raise ParseError(f"{what} must be a JSON object")
+    return obj
 
 # ============================================================================================== the LLM editor
 
@@ -685,12 +691,13 @@ def check_checkpoint(folder):
 # ================================================================================================= command line
 
 
-def make_backend(model_name: str | None, base_url: str | None = None, price_in=0.0, price_out=0.0):
-    """"scripted" (or None) -> ScriptedExpert; with base_url -> that endpoint; an existing folder -> LocalBackend;
-    a path that does not exist -> BackendError; anything else -> the endpoint at $OPENAI_BASE_URL (prices: dollars
-    per million input / output tokens, for the reported cost)."""
+def make_backend(model_name: str | None, base_url: str | None = None, price_in=0.0, price_out=0.0,
+                 stand_in=ScriptedExpert):
+    """"scripted" (or None) -> stand_in() (ScriptedExpert; orchestrator.py passes its own); with base_url -> that
+    endpoint; an existing folder -> LocalBackend; a path that does not exist -> BackendError; anything else -> the
+    endpoint at $OPENAI_BASE_URL (prices: dollars per million input / output tokens, for the reported cost)."""
     if model_name in (None, "scripted"):
-        return ScriptedExpert()
+        return stand_in()
     if base_url:  # an endpoint was named: it serves the model, even one named by a path (transformers serve does)
         return OpenAIBackend(model=model_name, base_url=base_url, price_in=price_in, price_out=price_out)
     if os.path.isdir(model_name):

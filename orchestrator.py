@@ -73,6 +73,10 @@ from pathlib import Path
 
 import agent
 import env
+from agent import ParseError, json_object  # response parsing lives in agent.py
+
+# torch and model.py (which imports torch) are imported inside the training functions only: a run, a tree, a usage
+# error and eval.py's import of this file never need them, and importing torch takes seconds.
 
 
 @dataclass
@@ -219,32 +223,16 @@ def orchestrator_messages(task, attempts, rnd: int, rounds: int, calls: int, sec
     return [{"role": "system", "content": ORCH_SYSTEM}, {"role": "user", "content": user}]
 
 
-class ParseError(ValueError):
-    """An answer in the wrong format; the message says what is wrong."""
-
-
-def _json_object(text: str):
-    raw = re.sub(r"^```\w*|```$", "", (text or "").strip(), flags=re.M).strip()
-    start, end = raw.find("{"), raw.rfind("}")
-    if start < 0 or end < start:
-        raise ParseError("no JSON object found")
-    try:
-        return json.loads(raw[start:end + 1], strict=False)
-    except json.JSONDecodeError as e:
-        raise ParseError(f"not valid JSON: {e}") from None
-
-
 def parse_decision(text: str, known, max_calls: int) -> tuple[list[dict], bool]:
     """(calls, finished) of an Orchestrator answer; calls beyond max_calls are dropped, unknown references too."""
-    obj = _json_object(text)
-    calls = obj.get("tool_calls") if isinstance(obj, dict) else None
+    calls = json_object(text).get("tool_calls")
     if not isinstance(calls, list) or not calls:
         raise ParseError('the object needs a non-empty "tool_calls" list')
     out = []
     for c in calls:
         name, args = (c.get("name"), c.get("arguments", {})) if isinstance(c, dict) else (None, None)
         if isinstance(args, str):  # OpenAI tool calls carry their arguments as a JSON string
-            args = _json_object(args)
+            args = json_object(args, "the arguments string")
         if name == "finish":
             return [], True
         if name != "refine" or not isinstance(args, dict):
@@ -308,8 +296,8 @@ def parse_coder(text: str) -> tuple[str, object]:
     blocks = re.findall(r"```(?:python|py)[ \t]*\n(.*?)```", text or "", re.S)
     if blocks:
         return "code", max(blocks, key=len)
-    obj = _json_object(text)
-    if not isinstance(obj, dict) or not any(k in obj for k in SUMMARY_KEYS):
+    obj = json_object(text)
+    if not any(k in obj for k in SUMMARY_KEYS):
         raise ParseError("neither a ```python block nor a JSON summary")
     return "summary", {k: str(obj.get(k, "")) for k in SUMMARY_KEYS}
 
@@ -349,9 +337,11 @@ def feedback(run, task, limit: int, tokenizer=None) -> str:
     return text + "\nOutput:\n```\n" + clip_tokens(run_log(run).strip(), limit, tokenizer) + "\n```"
 
 
-def code_loop(task, backend, messages, max_iters: int, cfg: Config, deadline: float, on_prompt) -> dict:
+def code_loop(task, backend, messages, max_iters: int, cfg: Config, deadline: float, on_prompt, start_code: str,
+              **fields) -> tuple[Attempt, object, list[str]]:
     """Write the whole script, execute, read the feedback, fix; until a summary, max_iters executions or the
-    deadline. Returns the best script (public score), its run, the summary, the chat and the errors met."""
+    deadline. -> (the Attempt, with the `fields` given: its best script by public score, else the last one,
+    else start_code; the best script's run or None; the errors met)."""
     tok, higher = getattr(backend, "tokenizer", None), task.higher_is_better
     best = best_run = last = summary = None
     iters, errors, status = 0, [], "no_code"
@@ -388,9 +378,12 @@ def code_loop(task, backend, messages, max_iters: int, cfg: Config, deadline: fl
             summary = summary if kind == "summary" else None
         except ParseError:
             pass
-    return dict(code=best if best is not None else last, run=best_run, summary=summary or {}, messages=messages,
-                iterations=iters, errors=list(dict.fromkeys(errors)), status=status,
-                submission=best_run.kept.get("submission.csv", "") if best_run else "")
+    summary = {k: (summary or {}).get(k, "") for k in SUMMARY_KEYS}
+    attempt = Attempt(**fields, score=best_run.score if best_run else None,
+                      private=best_run.test_score if best_run else None, status=status, summary=summary,
+                      code=(best if best is not None else last) or start_code, messages=messages, iterations=iters,
+                      ended=time.time(), submission=best_run.kept.get("submission.csv", "") if best_run else "")
+    return attempt, best_run, list(dict.fromkeys(errors))
 
 
 class Tool:
@@ -405,19 +398,18 @@ class Tool:
         messages = sub_messages(self.task, parent, [attempts[r] for r in call["references"]], call["instruction"],
                                 self.cfg.sub_iters)
         tok = getattr(self.backend, "tokenizer", None)
-        out = code_loop(self.task, self.backend, messages, self.cfg.sub_iters, self.cfg, self.deadline,
-                        lambda m: self.record(rnd, "sub-agent", m, tok, attempt_id))
-        run, summary = out["run"], {k: out["summary"].get(k, "") for k in SUMMARY_KEYS}
+        a, run, errors = code_loop(self.task, self.backend, messages, self.cfg.sub_iters, self.cfg, self.deadline,
+                                   lambda m: self.record(rnd, "sub-agent", m, tok, attempt_id), parent.code,
+                                   id=attempt_id, parent=parent.id, instruction=call["instruction"],
+                                   references=call["references"], round=rnd, started=started)
         if run:  # the Tool reports what it measured, not what the Sub-Agent claims
             delta = "better than" if signed(run.score, self.task.higher_is_better) > signed(
                 parent.score, self.task.higher_is_better) else "not better than"
-            summary["result"] = f"public score {run.score:.4f}, {delta} parent #{parent.id} ({_fmt(parent.score)})"
+            a.summary["result"] = f"public score {run.score:.4f}, {delta} parent #{parent.id} ({_fmt(parent.score)})"
         else:
-            summary["result"] = f"no valid submission after {out['iterations']} execution(s)"
-        summary["errors"] = "; ".join(out["errors"]) or summary["errors"] or "none"
-        return Attempt(attempt_id, parent.id, call["instruction"], call["references"], run.score if run else None,
-                       run.test_score if run else None, out["status"], summary, out["code"] or parent.code,
-                       out["messages"], out["iterations"], rnd, started, time.time(), out["submission"])
+            a.summary["result"] = f"no valid submission after {a.iterations} execution(s)"
+        a.summary["errors"] = "; ".join(errors) or a.summary["errors"] or "none"
+        return a
 
 
 def starter_attempt(task, cfg: Config) -> Attempt:
@@ -545,19 +537,22 @@ class RecipeCoder:
 
 
 def make_backend(name: str | None, base_url: str | None, role: str, seed=0):
-    """"scripted" -> the role's offline stand-in; a folder -> agent.LocalBackend; else an OpenAI-compatible endpoint."""
-    if name in (None, "scripted"):
-        return ScriptedOrchestrator(seed) if role == "orchestrator" else RecipeCoder()
-    return agent.make_backend(name, base_url)
+    """agent.make_backend with the role's offline stand-in for "scripted" (eval.py calls it too)."""
+    return agent.make_backend(name, base_url, stand_in=lambda: ScriptedOrchestrator(seed) if role == "orchestrator"
+                              else RecipeCoder())
 
 # ===================================================================================== the runs: Matryoshka, monolithic
 
 
-def save_json(path: Path, obj):
+def write_text(path: Path, text: str):
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(obj))
+    tmp.write_text(text)
     os.replace(tmp, path)  # atomic: readers see the old file or the new one
+
+
+def save_json(path: Path, obj):
+    write_text(path, json.dumps(obj))
 
 
 def load_json(path: Path, shape=None):
@@ -666,15 +661,11 @@ def run_monolithic(cfg: Config, coder, out: Path | None = None, log=print) -> di
     tok = getattr(coder, "tokenizer", None)
     record = _recorder(records)
     started = time.time()
-    res = code_loop(task, coder, mono_messages(task, starter, steps), steps, cfg, started + cfg.time_limit,
-                    lambda m: record(len(records) + 1, "monolithic", m, tok))
-    run = res["run"]
-    attempts = [starter, Attempt(1, 0, "monolithic", [], run.score if run else None, run.test_score if run else None,
-                                 res["status"], {k: res["summary"].get(k, "") for k in SUMMARY_KEYS},
-                                 res["code"] or starter.code, res["messages"], res["iterations"], 1, started,
-                                 time.time(), res["submission"])]
-    result = _result(task, attempts, records, True, time.time() - started)
-    log(f"monolithic: {res['iterations']} executions, best {_fmt(result['best']['public'])}, last prompt "
+    mono, _, _ = code_loop(task, coder, mono_messages(task, starter, steps), steps, cfg, started + cfg.time_limit,
+                           lambda m: record(len(records) + 1, "monolithic", m, tok), starter.code, id=1, parent=0,
+                           instruction="monolithic", references=[], round=1, started=started)
+    result = _result(task, [starter, mono], records, True, time.time() - started)
+    log(f"monolithic: {mono.iterations} executions, best {_fmt(result['best']['public'])}, last prompt "
         f"{records[-1]['tokens'] if records else 0} tokens")
     if out:
         save_json(out / "monolithic.json", result)
@@ -805,10 +796,7 @@ def sft_rows(attempts, higher: bool) -> list[dict]:
 
 
 def write_jsonl(path: Path, rows):
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    os.replace(tmp, path)
+    write_text(path, "".join(json.dumps(r) + "\n" for r in rows))
 
 # ========================================================================================= ranking loss and training
 
@@ -816,7 +804,7 @@ def write_jsonl(path: Path, rows):
 def ranking_loss(scores, R):
     """Plackett-Luce ranking NCE over children ranked by R, ties skipped (see the docstring); scores (K,) are
     beta * log(pi_theta / pi_ref). Two children: DPO. None when every child is tied."""
-    import torch
+    import torch  # lazy: see the imports
     terms = []
     for k in range(len(R)):
         worse = [j for j in range(len(R)) if R[j] < R[k]]
@@ -829,7 +817,7 @@ def response_logprobs(lm, tok, messages, responses, max_len: int):
     """Sum of log pi(decision token | prompt, earlier decision tokens) per response: (K,). One forward pass with
     right padding; the lm_head only on the response positions (the mask to response tokens). On CUDA under bf16
     autocast (bf16 matmuls over fp32 master weights), in the weights' own dtype elsewhere."""
-    import torch
+    import torch  # lazy: see the imports
     prompt = tok.encode(tok.apply_chat_template(messages))
     seqs, starts = [], []
     for r in responses:
@@ -850,32 +838,44 @@ def response_logprobs(lm, tok, messages, responses, max_len: int):
     return torch.stack(out)
 
 
-def train_orchestrator(policy, ref, tok, groups, cfg: Config, steps=None, log=print) -> dict:
-    """AdamW on the ranking loss over the groups, cfg.epochs passes (or `steps` updates); ref stays frozen."""
-    import torch
-    torch.manual_seed(cfg.seed)
-    with torch.no_grad():
-        ref_lp = [response_logprobs(ref, tok, g["messages"], g["responses"], cfg.max_len) for g in groups]
-    opt = torch.optim.AdamW(policy.parameters(), lr=cfg.lr, weight_decay=0.0)
-    policy.train()
-    order, losses, rng = list(range(len(groups))), [], random.Random(cfg.seed)
-    total = steps if steps is not None else cfg.epochs * len(groups)
-    for step in range(total if groups else 0):
-        if step % len(groups) == 0:  # a new pass, in a new order
+def adamw_passes(lm, n: int, steps: int, lr: float, seed, rng, loss_of, decay=False) -> list[float]:
+    """`steps` AdamW updates (no weight decay, gradient norm clipped at 1) of loss_of(i), one item i of n each, every
+    pass over the n items in a new order drawn from rng; decay: the learning rate falls linearly to 0; torch seeded
+    with `seed` first. -> the losses."""
+    import torch  # lazy: see the imports
+    torch.manual_seed(seed)
+    opt = torch.optim.AdamW(lm.parameters(), lr=lr, weight_decay=0.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0 - step / max(steps, 1)) if decay else None
+    order, losses = list(range(n)), []
+    lm.train()
+    for step in range(steps if n else 0):
+        if step % n == 0:  # a new pass, in a new order
             rng.shuffle(order)
-        i = order[step % len(groups)]
-        lp = response_logprobs(policy, tok, groups[i]["messages"], groups[i]["responses"], cfg.max_len)  # (K,)
-        loss = ranking_loss(cfg.beta * (lp - ref_lp[i]), groups[i]["R"])
+        loss = loss_of(order[step % n])
         opt.zero_grad()
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(policy.parameters(), 1.0)
+        torch.nn.utils.clip_grad_norm_(lm.parameters(), 1.0)
         opt.step()
+        if sched is not None:
+            sched.step()
         losses.append(loss.item())
-    policy.eval()
+    lm.eval()
+    return losses
+
+
+def train_orchestrator(policy, ref, tok, groups, cfg: Config, steps=None, log=print) -> dict:
+    """AdamW on the ranking loss over the groups, cfg.epochs passes (or `steps` updates); ref stays frozen."""
+    import torch  # lazy: see the imports
+    with torch.no_grad():
+        ref_lp = [response_logprobs(ref, tok, g["messages"], g["responses"], cfg.max_len) for g in groups]
+
+    def scores(i):  # (K,) log-ratio scores of group i's decisions
+        g = groups[i]
+        return cfg.beta * (response_logprobs(policy, tok, g["messages"], g["responses"], cfg.max_len) - ref_lp[i])
+    losses = adamw_passes(policy, len(groups), cfg.epochs * len(groups) if steps is None else steps, cfg.lr,
+                          cfg.seed, random.Random(cfg.seed), lambda i: ranking_loss(scores(i), groups[i]["R"]))
     with torch.no_grad():  # how often the top-ranked child now has the highest score
-        top = [int(torch.argmax(cfg.beta * (response_logprobs(policy, tok, g["messages"], g["responses"],
-                                                              cfg.max_len) - ref_lp[i])) == g["R"].index(max(g["R"])))
-               for i, g in enumerate(groups)]
+        top = [int(torch.argmax(scores(i))) == g["R"].index(max(g["R"])) for i, g in enumerate(groups)]
     stats = {"steps": len(losses), "loss_first": losses[0] if losses else None, "loss_last": losses[-1] if losses else None,
              "top_accuracy": sum(top) / len(top) if top else None}
     log(f"train: {stats}")
@@ -884,13 +884,17 @@ def train_orchestrator(policy, ref, tok, groups, cfg: Config, steps=None, log=pr
 
 def tiny_orchestrator(texts, vocab_size=1024, seed=0):
     """A tiny Qwen made from scratch with a BPE tokenizer trained on `texts` (offline, no checkpoint given)."""
-    import torch
-    import model
+    import model  # lazy: see the imports
     tok = model.train_tokenizer(texts, vocab_size)
-    torch.manual_seed(seed)
+    model.torch.manual_seed(seed)
     lm = model.Qwen(model.tiny_config(vocab_size=len(tok), max_position_embeddings=16384,
                                       eos_token_id=tok.im_end_id))
     return lm.eval(), tok
+
+# ------------------------------------------------------------- the from-scratch ckpt-0 imitates the decision format
+# OFFLINE STAND-IN (see the docstring at the top), one idea: ckpt-0 is cloned from the scripted orchestrator's decisions
+# with the best attempt as parent, on prompts as trees and runs show them: the states (imitation_examples), each state
+# as a few prompts, each prompt with its answers; then `imitate` trains on them and greedy_parse_rate measures it.
 
 
 def imitation_tasks(tree_task: str, per_group: int) -> list[str]:
@@ -903,7 +907,7 @@ def imitation_tasks(tree_task: str, per_group: int) -> list[str]:
     return [n for names in groups.values() for n in names[:per_group]]
 
 
-IMITATION_VIEWS = 3  # renderings of each state: the tree's own header, then two with another round count and a clock
+IMITATION_VIEWS = 3  # prompts per state: the tree's own header, then two with another round count and a clock
 IMITATION_RESAMPLED = 24  # further states made of the tree's attempts (resampled_states)
 
 
@@ -912,100 +916,82 @@ def resampled_states(tree, n: int, rng) -> list[list[Attempt]]:
     starter, each next attempt one whose parent is in already), numbered 0, 1, 2, ... in that order, with parents,
     references and the "parent #k" of each summary renumbered. Their best attempt, the parent a greedy decision
     picks, varies far more than along the tree's own paths."""
-    pool = {int(i): a for i, a in tree["attempts"].items()}
-    out = []
+    pool = {int(i): Attempt(**a) for i, a in tree["attempts"].items()}
+    states = []
     for _ in range(n if len(pool) > 1 else 0):
         order = [0]
         for _ in range(rng.randint(1, len(pool) - 1)):
-            ready = [i for i, a in pool.items() if i not in order and a["parent"] in order]
+            ready = [i for i, a in pool.items() if i not in order and a.parent in order]
             if not ready:
                 break
             order.append(rng.choice(ready))
         new = {old: k for k, old in enumerate(order)}
-        attempts = []
-        for old in order:
-            a = dict(pool[old], id=new[old], parent=None if pool[old]["parent"] is None else new[pool[old]["parent"]],
-                     references=[new[r] for r in pool[old]["references"] if r in new])
-            a["summary"] = {k: re.sub(r"parent #(\d+)", lambda m: f"parent #{new.get(int(m.group(1)), 0)}", str(v))
-                            for k, v in a["summary"].items()}
-            attempts.append(Attempt(**a))
-        out.append(attempts)
-    return out
+        renumber = lambda m: f"parent #{new.get(int(m.group(1)), 0)}"  # noqa: E731
+        states.append([dataclasses.replace(
+            a, id=new[a.id], parent=None if a.parent is None else new[a.parent],
+            references=[new[r] for r in a.references if r in new],
+            summary={k: re.sub(r"parent #(\d+)", renumber, str(v)) for k, v in a.summary.items()})
+            for a in (pool[i] for i in order)])
+    return states
 
 
 def imitation_examples(tree, cfg: Config) -> list[dict]:
-    """What the tiny ckpt-0 imitates: the scripted orchestrator's decisions on every state of the tree (a node's path
-    of attempts) and on the starter state of `cfg.imitation_tasks` held-in tasks per kind (imitation_tasks). Each
-    state is rendered IMITATION_VIEWS times: as collect_tree asks it (round depth + 1 of cfg.depth, no clock), and
-    with another "Round r of R, about s left" header, as runs ask it; and states resampled from the tree's attempts
-    (resampled_states). A node the tree expanded answers its own prompt with the tree's decisions (its children,
-    sampled at cfg.tree_temperature: the texts the ranking loss then compares); every other prompt with
-    cfg.children decisions of the scripted orchestrator that take the best attempt as parent and sample its untried
-    ideas (ScriptedOrchestrator.decide, sample_parent=False). Why: the parent is then a function of the prompt that a
-    64-wide model can learn to copy (with sampled parents its answers on runs' prompts named attempts that do not
-    exist), while the ideas keep a spread for the ranking loss to reshape (with greedy ideas ckpt-0 answered every
-    held-out prompt with one decision, and no trained ckpt-1 answered otherwise).
-    -> [{"messages", "responses", "known", "tree": whether the prompt is the tree's own}]"""
+    """What the tiny ckpt-0 imitates.
+    - States: every done node of the tree (its path's attempts), resampled_states of the tree's attempts, and the
+      starter of cfg.imitation_tasks held-in tasks per kind (imitation_tasks).
+    - Prompts: each state IMITATION_VIEWS times, first as collect_tree asks it (round depth + 1 of cfg.depth, no
+      clock), then with another "Round r of R, about s left" header, as runs ask it; a prompt met before is skipped.
+    - Answers: a node's own prompt keeps the tree's decisions (its children, sampled at cfg.tree_temperature: the texts
+      the ranking loss then compares); every other prompt gets cfg.children decisions of ScriptedOrchestrator.decide
+      with the best attempt as parent and its untried ideas sampled (sample_parent=False).
+    Why: the parent is then a function of the prompt that a 64-wide model can learn to copy (with sampled parents its
+    answers on runs' prompts named attempts that do not exist), while the ideas keep a spread for the ranking loss to
+    reshape (with greedy ideas ckpt-0 answered every held-out prompt with one decision, and no trained ckpt-1 answered
+    otherwise). -> [{"messages", "responses", "known": the state's ids, "tree": whether the prompt is the tree's own}]"""
     task, rng = env.load_task(cfg.task), random.Random(f"{cfg.seed}:imitation")
-    states = [(task, tree_state(tree, n["id"]), n) for n in tree["nodes"] if n["status"] == "done"]
-    states += [(task, attempts, None) for attempts in resampled_states(tree, IMITATION_RESAMPLED, rng)]
-    for name in imitation_tasks(task.name, cfg.imitation_tasks):
-        t = env.load_task(name)
-        states.append((t, [starter_attempt(t, cfg)], None))
     kids: dict = {}
     for n in tree["nodes"]:
         kids.setdefault(n["parent"], []).append(n["decision"])
+    states = [(task, tree_state(tree, n["id"]), n) for n in tree["nodes"] if n["status"] == "done"]  # (task, state, node)
+    states += [(task, attempts, None) for attempts in resampled_states(tree, IMITATION_RESAMPLED, rng)]
+    states += [(t, [starter_attempt(t, cfg)], None)
+               for t in map(env.load_task, imitation_tasks(task.name, cfg.imitation_tasks))]
     out, seen = [], set()
     for t, attempts, node in states:
         depth = node["depth"] if node else min(len(attempts) - 1, 1)  # a run's round 1 sees the starter only
         for view in range(IMITATION_VIEWS):
-            if view == 0:
-                messages = orchestrator_messages(t, attempts, depth + 1, max(cfg.depth, depth + 1), cfg.calls)
-            else:
+            if view == 0:  # as collect_tree asks it
+                rnd, rounds, clock = depth + 1, max(cfg.depth, depth + 1), None
+            else:  # as a run asks it
                 rounds = rng.randint(max(2, depth + 1), 8)
-                messages = orchestrator_messages(t, attempts, rng.randint(depth + 1, rounds), rounds, cfg.calls,
-                                                 rng.uniform(60.0, cfg.time_limit))
+                rnd, clock = rng.randint(depth + 1, rounds), rng.uniform(60.0, cfg.time_limit)
+            messages = orchestrator_messages(t, attempts, rnd, rounds, cfg.calls, clock)
             key = json.dumps(messages)
             if key in seen:  # an unparsable or finishing decision leaves its parent's state: the same prompt
                 continue
             seen.add(key)
-            if view == 0 and node is not None and node["prompt"] == messages and kids.get(node["id"]):
+            own = view == 0 and node is not None
+            if own and node["prompt"] == messages and kids.get(node["id"]):
                 responses = kids[node["id"]]
-            else:  # the scripted orchestrator's decisions with the best attempt as parent, its untried ideas sampled
+            else:
                 ideas = random.Random(f"{cfg.seed}:imitation:{rng.random()}")
                 responses = [ScriptedOrchestrator.decide(messages[1]["content"], ideas, sample_parent=False)
                              for _ in range(cfg.children)]
             out.append({"messages": messages, "responses": list(dict.fromkeys(responses)),
-                        "known": sorted(a.id for a in attempts), "tree": node is not None and view == 0})
+                        "known": sorted(a.id for a in attempts), "tree": own})
     return out
 
 
 def imitate(lm, tok, examples, cfg: Config, log=print) -> dict:
     """Behaviour cloning: the mean over decision tokens of -log pi(token | prompt, earlier tokens) (the sums of
-    response_logprobs over the example's decisions, divided by their token count); AdamW from cfg.imitation_lr
-    decaying linearly to 0 over cfg.imitation_steps updates, one example per update, each pass in a seeded order,
-    gradient norm clipped at 1."""
-    import torch
-    torch.manual_seed(cfg.seed)
+    response_logprobs over the example's decisions, divided by their token count); adamw_passes from
+    cfg.imitation_lr decaying linearly to 0 over cfg.imitation_steps updates, one example per update."""
     sizes = [sum(len(tok.encode(r)) + (tok.im_end_id is not None) for r in e["responses"]) for e in examples]
-    opt = torch.optim.AdamW(lm.parameters(), lr=cfg.imitation_lr, weight_decay=0.0)
-    total = cfg.imitation_steps if examples else 0
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0 - step / max(total, 1))
-    order, losses, rng, start = list(range(len(examples))), [], random.Random(f"{cfg.seed}:imitate"), time.time()
-    lm.train()
-    for step in range(total):
-        if step % len(examples) == 0:
-            rng.shuffle(order)
-        i = order[step % len(examples)]
-        e = examples[i]
-        loss = -response_logprobs(lm, tok, e["messages"], e["responses"], cfg.max_len).sum() / sizes[i]
-        opt.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(lm.parameters(), 1.0)
-        opt.step()
-        sched.step()
-        losses.append(loss.item())
-    lm.eval()
+    nll = lambda i: -response_logprobs(lm, tok, examples[i]["messages"], examples[i]["responses"],  # noqa: E731
+                                       cfg.max_len).sum() / sizes[i]
+    start = time.time()
+    losses = adamw_passes(lm, len(examples), cfg.imitation_steps, cfg.imitation_lr, cfg.seed,
+                          random.Random(f"{cfg.seed}:imitate"), nll, decay=True)
     last = losses[-len(examples):]
     stats = {"examples": len(examples), "steps": len(losses), "lr": cfg.imitation_lr,
              "loss_first": losses[0] if losses else None, "loss_last_pass": sum(last) / len(last) if last else None,
@@ -1049,7 +1035,7 @@ def imitation_orchestrator(tree, groups, cfg: Config, log=print):
 def save_checkpoint(lm, tok, path: Path, dtype=None, notes: dict | None = None):
     """A model folder written atomically; dtype: the stored dtype (default: the model's); notes: {file name: JSON
     object} written beside the weights."""
-    import model
+    import model  # lazy: see the imports
     tmp = path.with_name(f".{path.name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     model.save(lm, tok, str(tmp), dtype=dtype)
@@ -1069,7 +1055,7 @@ def recover_checkpoints(out: Path):
 def train_loop(cfg: Config, model_path: str | None, collector: str, sub, out: Path, log=print) -> Path:
     """Online iterations: collect a tree with the current orchestrator, train on its groups against the current
     orchestrator as reference, the trained one becomes the next. Resumes from out/ckpt-<i> and out/tree-<i>.json."""
-    import model
+    import model  # lazy: see the imports
     recover_checkpoints(out)
     current = Path(model_path) if model_path else out / "ckpt-0"
     for it in range(cfg.iterations):
@@ -1124,6 +1110,11 @@ def token_table(records) -> str:
                      for (rnd, role), v in sorted(rows.items()))
 
 
+LEAST = {**dict.fromkeys(("rounds", "calls", "sub_iters", "workers", "max_tokens", "depth", "children", "iterations",
+                          "epochs"), 1), "imitation_steps": 0, "imitation_tasks": 0}  # the least each count may be
+POSITIVE = ("time_limit", "script_timeout", "lr", "beta", "imitation_lr")  # the numbers that must be > 0
+
+
 def main(argv=None):
     p = _Parser(prog="orchestrator.py", description="Matryoshka Agent: run, tree collection, orchestrator training.")
     sub = p.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
@@ -1155,18 +1146,15 @@ def main(argv=None):
                 t.add_argument(f"--{flag}", type=typ)
     args = p.parse_args(argv)
     for name, v in vars(args).items():  # every number given must be usable: one line, exit 2, before any work
+        flag = "--" + name.replace("_", "-")
         if isinstance(v, float) and not math.isfinite(v):
-            p.error(f"--{name.replace('_', '-')} must be finite, not {v}")
-        at_least = 0 if name in ("seed", "imitation_steps", "imitation_tasks") else 1
-        if isinstance(v, int) and not isinstance(v, bool) and name in ("rounds", "calls", "sub_iters", "workers",
-                                                                         "max_tokens", "depth", "children",
-                                                                         "iterations", "epochs", "imitation_steps",
-                                                                         "imitation_tasks") and v < at_least:
-            p.error(f"--{name.replace('_', '-')} must be at least {at_least}, not {v}")
-        if isinstance(v, float) and name in ("time_limit", "script_timeout", "lr", "beta", "imitation_lr") and v <= 0:
-            p.error(f"--{name.replace('_', '-')} must be > 0, not {v}")
+            p.error(f"{flag} must be finite, not {v}")
+        if isinstance(v, int) and not isinstance(v, bool) and v < LEAST.get(name, v):
+            p.error(f"{flag} must be at least {LEAST[name]}, not {v}")
+        if isinstance(v, float) and name in POSITIVE and v <= 0:
+            p.error(f"{flag} must be > 0, not {v}")
         if isinstance(v, float) and name == "tree_temperature" and v < 0:
-            p.error(f"--tree-temperature must be >= 0, not {v}")
+            p.error(f"{flag} must be >= 0, not {v}")
     cfg = _config(args)
     out = Path(args.out or Path("runs") / "matryoshka" / Path(args.task).name)
     if args.cmd == "train" and args.collector == "policy" and not args.model:
