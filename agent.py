@@ -232,7 +232,7 @@ class OpenAIBackend:
         return np.asarray(rows, dtype=np.float64)
 
 
-def _cut_at_stop(text: str, stop) -> str:
+def cut_at_stop(text: str, stop) -> str:  # the text before the first stop string, as an endpoint returns it
     cuts = [i for i in (text.find(s) for s in (stop or []) if s) if i >= 0]
     return text[:min(cuts)] if cuts else text
 
@@ -256,7 +256,7 @@ class LocalBackend:
         # n samples share one prefill of the prompt; stop strings end generation as soon as one is complete
         gen = self.lm.generate([ids], max_new_tokens=max_tokens, temperature=temperature, stop_token_ids=stops, n=n,
                                stop_fn=self.model.stop_strings(tok, stop))
-        texts = [_cut_at_stop(tok.decode(t, skip_special_tokens=True), stop) for t in gen.tokens]
+        texts = [cut_at_stop(tok.decode(t, skip_special_tokens=True), stop) for t in gen.tokens]
         c = Completion(texts, len(ids) * n, sum(map(len, gen.tokens)))
         self.usage.add(c, time.time() - start)
         return c
@@ -276,6 +276,7 @@ FORMAT = {  # the six entries of every response, in order, with what each must h
     "Action": "The name of one tool.",
     "Action Input": "The tool's arguments as one valid JSON object.",
 }
+STOP = ["\nObservation:"]  # a response ends where the environment's observation would begin (MLAB's stop string)
 
 SYSTEM = """You are a research assistant who improves machine-learning code. You can use these tools:
 
@@ -588,7 +589,7 @@ def run_episode(env_, backend, ideas=(), max_steps=15, time_limit=1800.0, max_re
         llm_start, ask = time.time(), list(messages)
         for retries in range(max_retries + 1):  # MLAB re-asks on a malformed response
             response = backend.chat(ask, temperature=temperature, max_tokens=max_tokens,
-                                    stop=["\nObservation:"]).texts[0]
+                                    stop=STOP).texts[0]
             try:
                 action, action_input = parse_response(response)
                 break

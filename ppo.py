@@ -27,6 +27,8 @@ How this departs from the paper and the references:
   C.1 is not in the text this project follows); the N-details initialise it from the reward model, which this task does not have.
 - The masks come from the lengths of prompts and responses, not from `ids != pad`, so the pad token may equal EOS
   (it does in Qwen's and the tiny tokenizers); the N-details' "pad distinct from EOS" guards against that comparison.
+- Generation stops where the agent's does at evaluation (agent.run_episode): at the stop tokens and at the stop
+  string "\nObservation:", whose tokens stay in the action (the policy chose to stop there).
 - A response that reaches --max-new-tokens without a stop token is invalid (R_format), whatever it holds: the
   N-details give responses without EOS a fixed low score for the same reason (a policy paid for a valid action it
   never ended drifts toward never ending). `--no-unfinished-invalid` scores such responses as written.
@@ -485,9 +487,9 @@ def generate(lm, tokenizer, messages, cfg, device, seeds=None, n=1):
              if i is not None]
     with autocast(device):  # continuous batching: at most gen_batch rows (and their KV cache) at a time
         g = lm.generate(prompts, cfg.max_new_tokens, cfg.temperature, stop_token_ids=stops, seeds=seeds,
-                        max_batch=cfg.gen_batch, n=n)
-    tokens, logprobs = g.tokens, g.logprobs
-    texts = [tokenizer.decode(t, skip_special_tokens=True) for t in tokens]
+                        max_batch=cfg.gen_batch, n=n, stop_fn=model.stop_strings(tokenizer, agent.STOP))
+    tokens, logprobs = g.tokens, g.logprobs  # a stop string's tokens stay in the action: the policy chose to stop
+    texts = [agent.cut_at_stop(tokenizer.decode(t, skip_special_tokens=True), agent.STOP) for t in tokens]
     return [p for p in prompts for _ in range(n)], tokens, logprobs, texts, [r == "stop" for r in g.finish_reasons]
 
 
