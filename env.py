@@ -354,7 +354,7 @@ def grade(task, submission_path) -> Grade:
     fn = METRICS[task.metric].fn
     return Grade(True, fn(truth[public], pred[public]), fn(truth[~public], pred[~public]), None)
 
-# ==================================================================================================== actions
+# ====================================================================================== the agent's actions and Env
 # MLAgentBench low_level_actions.py / high_level_actions.py: the action names and their JSON arguments.
 
 
@@ -1088,10 +1088,10 @@ def _daily_sales(seed=0, levels=(200.0, 120.0, 80.0), week=SALES_WEEK, trend=0.0
 
 # Starter scripts: one template, tasks/starter/train.py; each task fills its data, model and submission blocks from
 # tasks/starter/{data,model,submit}/. The `# --- name ---` lines delimit the blocks that the offline recipes edit.
-PLAIN_DATA, CHURN_DATA, HOUSE_DATA, SALES_DATA, TEXT_DATA = (_block(f"starter/data/{name}.py") for name in (
-    "plain", "churn", "house-prices", "sales", "text"))
-SCALED_LOGREG, RIDGE, TREE_CLF, TREE_REG, NAIVE_BAYES, TEXT_LOGREG = (_block(f"starter/model/{name}.py") for name in (
-    "scaled-logreg", "ridge", "tree-classifier", "tree-regressor", "naive-bayes", "text-logreg"))
+# The hand-made tasks are listed in tasks/builtin.json, the generated families below build theirs from these blocks.
+PLAIN_DATA, SALES_DATA, TEXT_DATA = (_block(f"starter/data/{name}.py") for name in ("plain", "sales", "text"))
+SCALED_LOGREG, RIDGE, TREE_CLF, TREE_REG, NAIVE_BAYES = (_block(f"starter/model/{name}.py") for name in (
+    "scaled-logreg", "ridge", "tree-classifier", "tree-regressor", "naive-bayes"))
 
 
 @dataclass
@@ -1132,44 +1132,17 @@ class TaskSpec:
                      submit=_fill(_block(f"starter/submit/{self.submit}.py"), target=self.target))
 
 
-BUILTIN_TASKS: dict[str, TaskSpec] = {s.name: s for s in [
-    TaskSpec("digits", "Handwritten digits", "held-in", "accuracy", "label", "classification", "image", _digits,
-             "Recognise handwritten digits (0-9) from 8x8 grey-level images; each row holds the 64 pixel intensities "
-             "(0-16) of one image, row by row (`pixel_0` ... `pixel_63`). Predict `label`.",
-             "standardised pixels and logistic regression", SCALED_LOGREG),
-    TaskSpec("breast-cancer", "Breast cancer diagnosis", "held-in", "roc_auc", "malignant", "classification",
-             "tabular", _breast_cancer,
-             "Tell malignant from benign breast masses from 30 measurements of cell nuclei in a biopsy image (mean, "
-             "standard error and worst value of radius, texture, perimeter, area, ...). Predict the probability "
-             "that `malignant` is 1.",
-             "a depth-3 decision tree", TREE_CLF, submit="probability"),
-    TaskSpec("reviews", "Product review sentiment", "held-in", "f1_macro", "sentiment", "classification", "text",
-             _reviews,
-             "Classify short product reviews as `negative`, `neutral` or `positive` (column `sentiment`) from their "
-             "`text`. Reviews mix praise and complaints, and some are negated (\"not great\").",
-             "word counts and logistic regression", TEXT_LOGREG, data=TEXT_DATA),
-    TaskSpec("churn", "Customer churn", "held-in", "accuracy", "churn", "classification", "tabular", _churn,
-             "Predict whether a telecom customer leaves (`churn` = 1) from account data: tenure, charges, support "
-             "calls, data usage, late payments, age, plan, payment method and region. Some values are missing.",
-             "one-hot categories and logistic regression", SCALED_LOGREG, data=CHURN_DATA, missing=True),
-    TaskSpec("wine", "Wine cultivars", "held-out", "log_loss", "label", "classification", "tabular", _wine,
-             "Tell which of three cultivars (`label` 0, 1 or 2) a wine comes from, from 13 chemical measurements. "
-             "Submit one probability column per class: `class_0`, `class_1`, `class_2`.",
-             "Gaussian naive Bayes", NAIVE_BAYES, submit="classes", test_fraction=0.4),
-    TaskSpec("diabetes", "Diabetes progression", "held-out", "mae", "progression", "regression", "tabular", _diabetes,
-             "Predict `progression`, a measure of diabetes progression one year after baseline, from age, sex, body "
-             "mass index, average blood pressure and six blood serum measurements (`s1` ... `s6`).",
-             "ridge regression", RIDGE),
-    TaskSpec("sales", "Daily store sales", "held-out", "rmse", "sales", "regression", "time series", _daily_sales,
-             "Forecast tomorrow's `sales` of three stores from the `date`, `store`, a `promo` flag, the `temperature`, "
-             "and the sales of the previous day (`sales_lag_1`) and week (`sales_lag_7`). train.csv covers "
-             "2021-01-08 to 2023-09-02; the test rows are the following 120 days.",
-             "ridge regression on a trend, day-of-week and store indicators", RIDGE, data=SALES_DATA),
-    TaskSpec("house-prices", "House prices", "held-out", "rmse", "price", "regression", "tabular", _house_prices,
-             "Predict the sale `price` (dollars) of a house from its floor area (`sqft`), bedrooms, age, condition "
-             "(1-5), garage, lot size and neighborhood.",
-             "one-hot neighborhoods and ridge regression", RIDGE, data=HOUSE_DATA),
-]}
+LOADERS = {"digits": _digits, "breast-cancer": _breast_cancer, "reviews": _reviews, "churn": _churn, "wine": _wine,
+           "diabetes": _diabetes, "sales": _daily_sales, "house-prices": _house_prices}  # the hand-made tasks' data
+
+
+def _handmade(row: dict) -> TaskSpec:
+    """A task of tasks/builtin.json: its rows from LOADERS, its starter's blocks named by file."""
+    return TaskSpec(**{**row, "load": LOADERS[row["name"]], "model": _block(f"starter/model/{row['model']}.py"),
+                       "data": _block(f"starter/data/{row.get('data', 'plain')}.py")})
+
+
+BUILTIN_TASKS: dict[str, TaskSpec] = {s.name: s for s in map(_handmade, json.loads(_text("builtin.json")))}
 
 # Generated task families (issue 12: a world in which the papers' effects can be seen). Each family draws, from its
 # seed, a task of one kind: its size, features, noise, metric and starter baseline. They are held-in tasks, so that
