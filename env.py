@@ -1,8 +1,11 @@
 """The ML task world the agents act on: tasks, grading, the sandbox that runs agent code, and the agent's actions.
 
-Reading order: metrics -> the task folder (Task, load_task, grade) -> built-in tasks (data, starter scripts, reference
-leaderboards, prepare) -> MLE-bench competitions (import_mlebench) -> the sandbox (run_script) -> offline recipes for
-`Edit Script (AI)` -> actions and Env -> CLI.
+Reading order, as a caller meets things: metrics -> the task folder (Task, load_task, grade) -> the agent's actions
+and Env (what agent.py and ppo.py call) -> the sandbox that runs each script (run_script) -> built-in tasks (data,
+starter scripts, reference leaderboards, prepare) -> offline recipes for `Edit Script (AI)` -> MLE-bench competitions
+(import_mlebench) -> CLI. The texts (starter scripts and their blocks, description.md, the recipes, MLE-bench's
+baseline and grading helper) are files under tasks/ (DATA_DIR), filled by one templating system, string.Template
+(`$name`; Python code is full of braces); this module holds the code that generates, grades and reads them.
 
 What comes from where, and how this departs from it:
 - The action set, its JSON arguments and the wording of observations follow MLAgentBench (Huang et al., 2023;
@@ -20,7 +23,8 @@ What comes from where, and how this departs from it:
   MLE-bench's graders: sklearn's log-loss (no row rescaling; rows must sum to 1), macro-averaged multi-column AUC,
   extra submission columns ignored.
 - `Edit Script (AI)` takes any editor `(instruction, code) -> code`; `recipe_editor` is an offline stand-in that only
-  knows the recipes below for the built-in starter scripts (an LLM editor from agent.py replaces it when configured).
+  knows the recipes of tasks/recipes/ for the built-in starter scripts (an LLM editor from agent.py replaces it when
+  configured).
 
 The sandbox (`run_script`) treats agent code as untrusted. It protects against:
 - altering the task: the code runs in a fresh temporary folder holding *copies* of `public/`;
@@ -70,6 +74,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -81,7 +86,24 @@ ROOT = Path(__file__).parent
 TASKS_DIR = ROOT / "runs" / "tasks"
 CACHE_DIR = ROOT / "runs" / "cache"
 LOG_DIR = ROOT / "runs" / "logs"
+DATA_DIR = ROOT / "tasks"  # the texts: starter scripts, descriptions, recipes (not runs/tasks, the prepared folders)
 TASKS_VERSION = 5  # bump when a generator changes: prepare() rebuilds tasks made by an older version
+
+
+def _text(name: str) -> str:
+    """tasks/<name> as written: a whole script or a description template."""
+    return (DATA_DIR / name).read_text()
+
+
+def _block(name: str) -> str:
+    """A block of code in tasks/<name> (a part of a script), without the newline that ends its file."""
+    return _text(name).removesuffix("\n")
+
+
+def _fill(template: str, **values) -> str:
+    """The one templating system of tasks/: string.Template, `$name` filled in, `$$` a dollar; a name left unfilled
+    raises KeyError (values are not read as templates again)."""
+    return string.Template(template).substitute(values)
 
 # ================================================================================================== metrics
 
@@ -332,881 +354,287 @@ def grade(task, submission_path) -> Grade:
     fn = METRICS[task.metric].fn
     return Grade(True, fn(truth[public], pred[public]), fn(truth[~public], pred[~public]), None)
 
-# ========================================================================================== built-in tasks
-# Data: scikit-learn's shipped datasets (no download) or generated with fixed seeds.
+# ====================================================================================== the agent's actions and Env
+# MLAgentBench low_level_actions.py / high_level_actions.py: the action names and their JSON arguments.
 
 
-def _sklearn_frame(loader, target: str, **kw) -> pd.DataFrame:
-    data = loader(**kw)
-    df = pd.DataFrame(data.data, columns=[re.sub(r"\W+", "_", c).strip("_") for c in data.feature_names])
-    df[target] = data.target
-    return df
+@dataclass(frozen=True)
+class ActionSpec:
+    name: str
+    description: str
+    args: dict[str, str]  # argument name -> what to give
 
 
-def _digits() -> pd.DataFrame:
-    from sklearn.datasets import load_digits
-    data = load_digits()
-    df = pd.DataFrame(data.data.astype(int), columns=[f"pixel_{i}" for i in range(64)])
-    df["label"] = data.target
-    return df
-
-
-def _breast_cancer() -> pd.DataFrame:
-    from sklearn.datasets import load_breast_cancer
-    df = _sklearn_frame(load_breast_cancer, "malignant")
-    df["malignant"] = 1 - df["malignant"]  # sklearn codes malignant as 0
-    return df
-
-
-def _wine() -> pd.DataFrame:
-    from sklearn.datasets import load_wine
-    return _sklearn_frame(load_wine, "label")
-
-
-def _diabetes() -> pd.DataFrame:
-    from sklearn.datasets import load_diabetes
-    return _sklearn_frame(load_diabetes, "progression", scaled=False)
-
-
-def _reviews(n=2400, seed=0, balance=(0.3, 0.25, 0.45), noise=0.05) -> pd.DataFrame:
-    """Product reviews from word lists; negations ("not great") flip a phrase, and a share of labels is noise.
-    balance: the shares of negative, neutral and positive reviews; noise: the share of random labels."""
-    rng = np.random.default_rng(seed)
-    words = {
-        "product": "blender kettle headphones backpack lamp toaster keyboard charger jacket tent".split(),
-        "pos": "great excellent sturdy comfortable reliable fantastic quiet fast lovely perfect".split(),
-        "neg": "broken flimsy noisy slow awful useless cheap disappointing faulty uncomfortable".split(),
-        "mid": "okay average decent fine acceptable ordinary mediocre standard".split(),
-        "filler": "i bought this for my kitchen last week after reading reviews the delivery was on time and it "
-                  "came in a box with a manual".split(),
-    }
-    templates = ["the {p} is {w}", "{w} {p}", "really {w}", "it feels {w}", "honestly {w}"]
-    negated = ["the {p} is not {w}", "not {w} at all", "never {w}", "not a {w} {p}"]
-    # label -> probabilities of a phrase being: positive, negative, middling, negated positive, negated negative
-    mix = {"positive": [0.65, 0.05, 0.08, 0.02, 0.2], "negative": [0.05, 0.6, 0.08, 0.22, 0.05],
-           "neutral": [0.12, 0.12, 0.66, 0.05, 0.05]}
-    labels = rng.choice(["negative", "neutral", "positive"], size=n, p=list(balance))
-    rows = []
-    for label in labels:
-        p = rng.choice(words["product"])
-        phrases = []
-        for kind in rng.choice(5, size=rng.integers(2, 6), p=mix[label]):
-            pool = words[("pos", "neg", "mid", "pos", "neg")[kind]]
-            phrase = rng.choice(templates if kind < 3 else negated)
-            phrases.append(phrase.format(p=p, w=rng.choice(pool)))
-        phrases.append(" ".join(rng.choice(words["filler"], size=rng.integers(3, 9))))
-        rng.shuffle(phrases)
-        rows.append(", ".join(phrases))
-    noisy = rng.random(n) < noise
-    labels[noisy] = rng.choice(["negative", "neutral", "positive"], size=noisy.sum())
-    return pd.DataFrame({"text": rows, "sentiment": labels})
-
-
-def _churn(n=3000, seed=0) -> pd.DataFrame:
-    """make_classification's clusters dressed as a telecom customer table, with categories and missing values."""
-    from sklearn.datasets import make_classification
-    x, y = make_classification(n_samples=n, n_features=8, n_informative=5, n_redundant=1, n_clusters_per_class=2,
-                               weights=[0.73], flip_y=0.03, class_sep=0.9, random_state=seed)
-    rng = np.random.default_rng(seed)
-    df = pd.DataFrame({
-        "tenure_months": np.clip(np.round(24 + 12 * x[:, 0]), 0, 72),
-        "monthly_charges": np.round(70 + 20 * x[:, 1], 2),
-        "support_calls": np.clip(np.round(2 + 1.5 * x[:, 2]), 0, None),
-        "data_usage_gb": np.round(np.exp(2 + 0.5 * x[:, 3]), 2),
-        "late_payments": np.clip(np.round(1 + x[:, 4]), 0, None),
-        "age": np.clip(np.round(45 + 12 * x[:, 5]), 18, 90),
-        "plan": pd.cut(x[:, 6], [-np.inf, -0.5, 0.7, np.inf], labels=["basic", "standard", "premium"]).astype(str),
-        "payment_method": pd.cut(x[:, 7], [-np.inf, -0.4, 0.4, np.inf],
-                                 labels=["card", "bank_transfer", "electronic_check"]).astype(str),
-        "region": rng.choice(["north", "south", "east", "west"], size=n),
-    })
-    for col in ("monthly_charges", "data_usage_gb", "age"):
-        df.loc[rng.random(n) < 0.06, col] = np.nan
-    df["churn"] = y
-    return df
-
-
-def _house_prices(n=2000, seed=0) -> pd.DataFrame:
-    """Prices from a multiplicative model: size x neighbourhood, a U-shaped age effect, condition, noise."""
-    rng = np.random.default_rng(seed)
-    hoods = {"riverside": 1.35, "old_town": 1.15, "hillcrest": 1.0, "lakeshore": 1.6, "industrial": 0.7}
-    hood = rng.choice(list(hoods), size=n, p=[0.2, 0.25, 0.3, 0.1, 0.15])
-    sqft = np.round(rng.lognormal(7.4, 0.35, n))
-    bedrooms = np.clip(np.round(sqft / 600 + rng.normal(0, 0.7, n)), 1, 6)
-    age = rng.integers(0, 100, n)
-    condition = rng.integers(1, 6, n)
-    garage = (rng.random(n) < 0.6).astype(int)
-    lot = np.round(rng.lognormal(8.5, 0.5, n))
-    price = (160 * sqft * np.vectorize(hoods.get)(hood) * (1 + 0.06 * (condition - 3))
-             * (1 - 0.006 * age + 0.00007 * age ** 2) + 12 * np.sqrt(lot) * 100 + 15000 * garage)
-    price = np.round(price * rng.lognormal(0, 0.08, n), -2)
-    return pd.DataFrame({"sqft": sqft, "bedrooms": bedrooms, "age": age, "condition": condition, "garage": garage,
-                         "lot_size": lot, "neighborhood": hood, "price": price})
-
-
-SALES_WEEK = (0.9, 0.92, 0.95, 1.0, 1.12, 1.35, 1.2)  # Monday ... Sunday
-
-
-def _daily_sales(seed=0, levels=(200.0, 120.0, 80.0), week=SALES_WEEK, trend=0.0004, season=0.15, promo_lift=0.25,
-                 noise_sd=0.06, heat=0.8) -> pd.DataFrame:
-    """Stores A, B, ... (one per level), 2021-2023: trend x weekly x yearly seasonality x promotions, temperature,
-    AR(1) noise. Each row also holds yesterday's and last week's sales: the task is one-step-ahead forecasting."""
-    rng = np.random.default_rng(seed)
-    dates = pd.date_range("2021-01-01", "2023-12-31", freq="D")
-    t = np.arange(len(dates))
-    doy = 2 * np.pi * dates.day_of_year.to_numpy() / 365.25
-    weekly = np.array(week)[dates.day_of_week]
-    frames = []
-    for store, level in zip("ABCDEFGH", levels):
-        temperature = np.round(14 - 9 * np.cos(doy) + rng.normal(0, 3, len(t)), 1)
-        promo = (rng.random(len(t)) < 0.15).astype(int)
-        noise = np.zeros(len(t))
-        for i in range(1, len(t)):
-            noise[i] = 0.75 * noise[i - 1] + rng.normal(0, noise_sd)
-        sales = (level * (1 + trend * t) * weekly * (1 + season * np.sin(doy - 1.0)) * (1 + promo_lift * promo)
-                 * np.exp(noise) + heat * (temperature - 14))
-        frames.append(pd.DataFrame({"date": dates.strftime("%Y-%m-%d"), "store": store, "promo": promo,
-                                    "temperature": temperature, "sales_lag_1": np.r_[np.nan, sales[:-1]].round(1),
-                                    "sales_lag_7": np.r_[[np.nan] * 7, sales[:-7]].round(1),
-                                    "sales": sales.round(1)}).iloc[7:])
-    return pd.concat(frames).sort_values(["date", "store"], kind="stable").reset_index(drop=True)
-
-# Starter scripts: one template; each task fills the data and model blocks. The `# --- name ---` lines delimit the
-# blocks that the offline recipes edit.
-
-
-STARTER = '''"""Starter script for the "{name}" task: {baseline}.
-
-Reads train.csv and test.csv, holds out 20% of train.csv for validation and prints the validation {label},
-then refits on all of train.csv and writes submission.csv in the format of sample_submission.csv.
-"""
-import numpy as np
-import pandas as pd
-from sklearn.model_selection import train_test_split
-{imports}
-
-# --- data ---
-train = pd.read_csv("train.csv")
-test = pd.read_csv("test.csv")
-y = train["{target}"]
-{data}
-
-# --- model ---
-{model}
-
-# --- training ---
-X_tr, X_val, y_tr, y_val = train_test_split(X, y, test_size=0.2, {split})
-model.fit(X_tr, y_tr)
-print(f"Validation {label}: {{{score}:.4f}}")
-model.fit(X, y)
-
-# --- submission ---
-{submit}
-submission.to_csv("submission.csv", index=False)
-'''
-
-PLAIN_X = 'X = train.drop(columns=["id", "{target}"])\nX_test = test.drop(columns=["id"])'
-SUBMIT_LABEL = 'submission = pd.DataFrame({{"id": test["id"], "{target}": model.predict(X_test)}})'
-SUBMIT_PROBA = 'submission = pd.DataFrame({{"id": test["id"], "{target}": model.predict_proba(X_test)[:, 1]}})'
-SUBMIT_CLASSES = ('submission = pd.DataFrame(model.predict_proba(X_test), columns=[f"class_{{c}}" for c in '
-                  'model.classes_])\nsubmission.insert(0, "id", test["id"])')
-SCALED_LOGREG = ("from sklearn.linear_model import LogisticRegression\nfrom sklearn.pipeline import make_pipeline\n"
-                 "from sklearn.preprocessing import StandardScaler",
-                 "model = make_pipeline(StandardScaler(), LogisticRegression(max_iter=1000))")
-RIDGE = ("from sklearn.linear_model import Ridge", "model = Ridge(alpha=1.0)")
+ACTIONS = {a.name: a for a in [
+    ActionSpec("List Files", "List the files and folders in a folder of the workspace.",
+               {"dir_path": 'a relative folder path, e.g. "." for the workspace itself'}),
+    ActionSpec("Understand File", "Look at a file: a CSV's shape, columns and first rows, a script's first lines.",
+               {"file_name": "a relative file path", "things_to_look_for": "what you want to find out"}),
+    ActionSpec("Inspect Script Lines", "Show lines of a script (at most 100 at a time).",
+               {"script_name": "a relative file path", "start_line_number": "first line, from 1",
+                "end_line_number": "last line, included"}),
+    ActionSpec("Edit Script (AI)", "Have an editor change a script following your instruction; the result is saved "
+               "under save_name and you get the diff. An edited Python script is run to measure it.",
+               {"script_name": "the script to edit (an empty file if it does not exist)",
+                "edit_instruction": "a precise description of the change", "save_name": "where to save the result"}),
+    ActionSpec("Undo Edit Script", "Revert the most recent edit of a script.", {"script_name": "a relative file path"}),
+    ActionSpec("Execute Script", "Run a Python script in the workspace and show its output.",
+               {"script_name": "a relative file path"}),
+    ActionSpec("Copy File", "Copy a script to another name; a script copied onto train.py is run to measure it.",
+               {"source": "a relative file path", "destination": "a relative file path"}),
+    ActionSpec("Final Answer", "End the task: train.py as it is now is your solution.",
+               {"final_answer": "a short summary of what you did and found"}),
+]}
 
 
 @dataclass
-class TaskSpec:
-    """How a built-in task is made: its data, metric, split and starter script."""
-    name: str
-    title: str
-    split: str  # "held-in" or "held-out"
-    metric: str
-    target: str  # the target column of train.csv
-    kind: str  # "classification" or "regression": which reference panel scores it
-    modality: str
-    load: Callable[[], pd.DataFrame]
-    about: str  # the problem, for description.md
-    baseline: str  # the starter's model, in words
-    model: tuple[str, str]  # the starter's (imports, model block)
-    data: str = PLAIN_X  # the starter's data block: builds X and X_test
-    submit: str = SUBMIT_LABEL
-    test_fraction: float = 0.3  # time series: the last days instead
-    time_limit: float = 60.0
-    missing: bool = False  # some feature values are missing (the missing-indicator recipe applies)
-    classes: int = 3  # classes of a SUBMIT_CLASSES task (one probability column each)
-
-    @property
-    def target_columns(self) -> list[str]:
-        return [f"class_{c}" for c in range(self.classes)] if self.submit == SUBMIT_CLASSES else [self.target]
-
-    def starter(self) -> str:
-        metric = METRICS[self.metric]
-        imp = f"from sklearn.metrics import {metric.sklearn.split('(')[0]}"
-        split = "random_state=0" + (", stratify=y" if self.kind == "classification" else "")
-        if self.modality == "time series":
-            split = "shuffle=False"  # train.csv is in time order: validate on its latest days
-        return STARTER.format(name=self.name, baseline=self.baseline, label=metric.label, target=self.target,
-                              imports="\n".join(sorted({imp, *self.model[0].splitlines()})),
-                              data=self.data.replace("{target}", self.target), model=self.model[1], split=split,
-                              score=metric.sklearn, submit=self.submit.format(target=self.target))
+class StepResult:
+    observation: str
+    kind: str  # invalid | error | corner | neutral | edit | final: the outcome names of reward.py
+    metric_prev: float | None  # the submission's (train.py's) public score before the step
+    metric_new: float | None  # ... and after it: a side file's score never enters here (reward.py's rule)
+    run: RunResult | None = None
+    done: bool = False
+    metric_high: float | None = None  # the submission's best score in the episode before the step (binary reward)
 
 
-CHURN_DATA = '''X = train.drop(columns=["id", "churn"])
-X_test = test.drop(columns=["id"])
-# one-hot encode the categories and fill missing numbers with the training medians
-both = pd.get_dummies(pd.concat([X, X_test]), columns=["plan", "payment_method", "region"], dtype=float)
-both = both.fillna(both[: len(X)].median())
-X, X_test = both[: len(X)], both[len(X):]'''
-HOUSE_DATA = '''X = train.drop(columns=["id", "price"])
-X_test = test.drop(columns=["id"])
-both = pd.get_dummies(pd.concat([X, X_test]), columns=["neighborhood"], dtype=float)
-X, X_test = both[: len(X)], both[len(X):]'''
-SALES_DATA = '''
-
-def features(df):
-    """A day counter for the trend, the promotion flag, temperature, day of the week and store."""
-    date = pd.to_datetime(df["date"])
-    return pd.DataFrame({"t": (date - pd.Timestamp("2021-01-01")).dt.days, "promo": df["promo"],
-                         "temperature": df["temperature"], "dow": date.dt.day_of_week, "store": df["store"]})
+class _Invalid(Exception):
+    """An action input that breaks the action's contract (the step is "invalid")."""
 
 
-both = pd.get_dummies(pd.concat([features(train), features(test)]), columns=["dow", "store"], dtype=float)
-X, X_test = both[: len(train)], both[len(train):]
-# train.csv is in time order, so the validation split below (shuffle=False) holds out its latest days'''
-TEXT_DATA = '''vectorizer = CountVectorizer(min_df=2)
-X = vectorizer.fit_transform(train["text"])
-X_test = vectorizer.transform(test["text"])'''
+class Env:
+    """One task's workspace and the agent's actions on it; the metric is the public score of train.py.
 
-BUILTIN_TASKS: dict[str, TaskSpec] = {s.name: s for s in [
-    TaskSpec("digits", "Handwritten digits", "held-in", "accuracy", "label", "classification", "image", _digits,
-             "Recognise handwritten digits (0-9) from 8x8 grey-level images; each row holds the 64 pixel intensities "
-             "(0-16) of one image, row by row (`pixel_0` ... `pixel_63`). Predict `label`.",
-             "standardised pixels and logistic regression", SCALED_LOGREG),
-    TaskSpec("breast-cancer", "Breast cancer diagnosis", "held-in", "roc_auc", "malignant", "classification",
-             "tabular", _breast_cancer,
-             "Tell malignant from benign breast masses from 30 measurements of cell nuclei in a biopsy image (mean, "
-             "standard error and worst value of radius, texture, perimeter, area, ...). Predict the probability "
-             "that `malignant` is 1.",
-             "a depth-3 decision tree", ("from sklearn.tree import DecisionTreeClassifier",
-                                         "model = DecisionTreeClassifier(max_depth=3, random_state=0)"),
-             submit=SUBMIT_PROBA),
-    TaskSpec("reviews", "Product review sentiment", "held-in", "f1_macro", "sentiment", "classification", "text",
-             _reviews,
-             "Classify short product reviews as `negative`, `neutral` or `positive` (column `sentiment`) from their "
-             "`text`. Reviews mix praise and complaints, and some are negated (\"not great\").",
-             "word counts and logistic regression",
-             ("from sklearn.feature_extraction.text import CountVectorizer\n"
-              "from sklearn.linear_model import LogisticRegression",
-              "model = LogisticRegression(max_iter=1000)"), data=TEXT_DATA),
-    TaskSpec("churn", "Customer churn", "held-in", "accuracy", "churn", "classification", "tabular", _churn,
-             "Predict whether a telecom customer leaves (`churn` = 1) from account data: tenure, charges, support "
-             "calls, data usage, late payments, age, plan, payment method and region. Some values are missing.",
-             "one-hot categories and logistic regression", SCALED_LOGREG, data=CHURN_DATA, missing=True),
-    TaskSpec("wine", "Wine cultivars", "held-out", "log_loss", "label", "classification", "tabular", _wine,
-             "Tell which of three cultivars (`label` 0, 1 or 2) a wine comes from, from 13 chemical measurements. "
-             "Submit one probability column per class: `class_0`, `class_1`, `class_2`.",
-             "Gaussian naive Bayes", ("from sklearn.naive_bayes import GaussianNB", "model = GaussianNB()"),
-             submit=SUBMIT_CLASSES, test_fraction=0.4),
-    TaskSpec("diabetes", "Diabetes progression", "held-out", "mae", "progression", "regression", "tabular", _diabetes,
-             "Predict `progression`, a measure of diabetes progression one year after baseline, from age, sex, body "
-             "mass index, average blood pressure and six blood serum measurements (`s1` ... `s6`).",
-             "ridge regression", RIDGE),
-    TaskSpec("sales", "Daily store sales", "held-out", "rmse", "sales", "regression", "time series", _daily_sales,
-             "Forecast tomorrow's `sales` of three stores from the `date`, `store`, a `promo` flag, the `temperature`, "
-             "and the sales of the previous day (`sales_lag_1`) and week (`sales_lag_7`). train.csv covers "
-             "2021-01-08 to 2023-09-02; the test rows are the following 120 days.",
-             "ridge regression on a trend, day-of-week and store indicators", RIDGE, data=SALES_DATA),
-    TaskSpec("house-prices", "House prices", "held-out", "rmse", "price", "regression", "tabular", _house_prices,
-             "Predict the sale `price` (dollars) of a house from its floor area (`sqft`), bedrooms, age, condition "
-             "(1-5), garage, lot size and neighborhood.",
-             "one-hot neighborhoods and ridge regression", RIDGE, data=HOUSE_DATA),
-]}
+    train.py is the submission (Final Answer submits it as it is), so the metric a step reports, and reward.py pays
+    for, is always train.py's: an edit saved under another name, however well that file scores, changes nothing
+    (`metric_new == metric_prev`); Copy File onto train.py runs it and reports its score; Undo Edit Script of
+    train.py reports the score it restores. `m_high` is the best score train.py has had in the episode (the binary
+    reward pays only for a new one)."""
 
-# Generated task families (issue 12: a world in which the papers' effects can be seen). Each family draws, from its
-# seed, a task of one kind: its size, features, noise, metric and starter baseline. They are held-in tasks, so that
-# every kind of the held-out tasks (tabular classification with class probabilities, tabular regression, daily time
-# series; higher- and lower-is-better metrics) is trained on, and so that the number of RL training tasks can be
-# varied (ML-Agent Figure 5). Their test parts are large (1,500 rows; time series: 120 days of 3-5 stores), so that
-# the standard error of a private score is small next to the effect of one recipe.
-FAMILY_SEEDS = range(6)  # synth-<family>-0 ... -5
-FAMILY_ROWS = 3000  # half of them test rows, half of those private
-TREE_REG = ("from sklearn.tree import DecisionTreeRegressor",
-            "model = DecisionTreeRegressor(max_depth=4, random_state=0)")
-TREE_CLF = ("from sklearn.tree import DecisionTreeClassifier",
-            "model = DecisionTreeClassifier(max_depth=3, random_state=0)")
-NAIVE_BAYES = ("from sklearn.naive_bayes import GaussianNB", "model = GaussianNB()")
+    def __init__(self, task, editor: Callable[[str, str], str] | None = None, show_score=False, timeout=None,
+                 cache=True):
+        self.task = load_task(task)
+        self.editor = recipe_editor if editor is None else editor  # (instruction, code) -> code; default: offline
+        self.show_score, self.timeout, self.cache = show_score, timeout, cache
+        self.files: dict[str, str] = {}  # the workspace's scripts; data files are read from public/
+        self.history: list[dict] = []  # edits, newest last: {"script", "content" before (None: new), "metric"}
+        self.step_count, self.done = 0, False
+        self.metric = self.m_init = self.m_high = None
+        # m_best on the rows m_t is measured on (the public part); a task without it (MLE-bench) uses its leaderboard top
+        self.m_best = self.task.info.get("best_public_score", self.task.best_score)
 
+    def reset(self) -> str:
+        """A fresh workspace with the starter train.py, run once for m_init; returns the task description."""
+        self.files = {"train.py": (self.task.public_dir / "train.py").read_text()}
+        self.history, self.step_count, self.done = [], 0, False
+        run = self._run("train.py")
+        if run.status != "success":
+            raise RuntimeError(f"the starter train.py of {self.task.name} does not score: {run.status} "
+                               f"{run.error or run.output[-500:]}")
+        self.m_init = self.metric = self.m_high = run.score
+        return self.task.description
 
-def _table_data(target: str, categories: list[str], missing: bool) -> str:
-    """The starter's data block of a generated table: one-hot categories, training medians for missing numbers."""
-    lines = [f'X = train.drop(columns=["id", "{target}"])', 'X_test = test.drop(columns=["id"])']
-    if categories:
-        cols = ", ".join(f'"{c}"' for c in categories)
-        lines += ["# one-hot encode the categories", f"both = pd.get_dummies(pd.concat([X, X_test]), columns=[{cols}], "
-                  "dtype=float)"]
-    else:
-        lines += ["both = pd.concat([X, X_test])"]
-    if missing:
-        lines += ["# fill missing numbers with the training medians", "both = both.fillna(both[: len(X)].median())"]
-    return "\n".join(lines + ["X, X_test = both[: len(X)], both[len(X):]"])
+    def snapshot(self) -> dict:
+        return {"task": self.task.name, "task_dir": str(self.task.dir), "step": self.step_count,
+                "files": dict(self.files), "history": [dict(h) for h in self.history], "metric": self.metric,
+                "m_init": self.m_init, "m_best": self.m_best, "m_high": self.m_high, "done": self.done}
 
+    def restore(self, snapshot: dict):
+        if Path(snapshot["task_dir"]).resolve() != self.task.dir:
+            self.task = load_task(snapshot["task"] if snapshot["task"] in BUILTIN_TASKS else snapshot["task_dir"])
+        self.files, self.history = dict(snapshot["files"]), [dict(h) for h in snapshot["history"]]
+        self.step_count, self.metric, self.done = snapshot["step"], snapshot["metric"], snapshot.get("done", False)
+        self.m_init, self.m_best = snapshot["m_init"], snapshot["m_best"]
+        self.m_high = snapshot.get("m_high", self._better(self.metric, self.m_init))  # older snapshots lack it
 
-def _synth_columns(rng, x: np.ndarray, n_cat: int, missing: bool) -> pd.DataFrame:
-    """Numeric features (some skewed or rounded to counts), `n_cat` categories binned from further features,
-    5% missing values in two numeric columns when `missing`."""
-    n, d = x.shape[0], x.shape[1] - n_cat
-    df = pd.DataFrame(index=range(n))
-    for j in range(d):
-        shape = rng.choice(["normal", "skewed", "count"])
-        col = x[:, j] if shape == "normal" else np.exp(0.6 * x[:, j]) if shape == "skewed" \
-            else np.clip(np.round(3 + 1.5 * x[:, j]), 0, None)
-        df[f"f{j}"] = np.round(col, 4)
-    for j in range(n_cat):
-        levels = [f"{c}{j}" for c in "abcde"[: rng.integers(3, 6)]]
-        df[f"cat{j}"] = np.array(levels)[np.digitize(x[:, d + j], np.sort(rng.normal(0, 1, len(levels) - 1)))]
-    if missing:
-        for col in rng.choice([f"f{j}" for j in range(d)], size=2, replace=False):
-            df.loc[rng.random(n) < 0.05, col] = np.nan
-    return df
+    # --- one step
 
-
-def _synth_regression(seed: int) -> TaskSpec:
-    """A positive target from a sum of per-feature shapes (linear, square, sine, threshold), one interaction, offsets
-    per category and Gaussian noise; multiplicative for odd seeds (a skewed target, where the log recipe helps)."""
-    rng = np.random.default_rng(7100 + seed)
-    d, n_cat, missing = int(rng.integers(5, 11)), int(rng.integers(0, 3)), bool(seed % 3 == 1)
-    cats = [f"cat{j}" for j in range(n_cat)]
-
-    def load():  # the rows are drawn only when the task folder is made
-        rng = np.random.default_rng(17100 + seed)
-        x = rng.normal(size=(FAMILY_ROWS, d + n_cat))
-        shapes = rng.choice(["linear", "square", "sine", "step"], size=d)
-        parts = {"linear": lambda v: v, "square": lambda v: v ** 2 - 1, "sine": lambda v: np.sin(2 * v),
-                 "step": lambda v: (v > 0.3) - 0.4}
-        f = sum(rng.uniform(0.3, 1.5) * parts[s](x[:, j]) for j, s in enumerate(shapes)) + 0.8 * x[:, 0] * x[:, 1]
-        for j in range(n_cat):
-            f = f + rng.normal(0, 0.8, 5)[np.digitize(x[:, d + j], [-1, 0, 1, 2])]
-        f = (f - f.mean()) / f.std() + rng.normal(0, rng.uniform(0.2, 0.7), FAMILY_ROWS)
-        y = np.round(np.exp(0.5 * f) * 100, 2) if seed % 2 else np.round(np.clip(50 + 10 * f, 1, None), 3)
-        return _synth_columns(rng, x, n_cat, missing).assign(target=y)
-    metric = ("rmse", "mae")[seed % 2 == 0]
-    starter = (RIDGE, TREE_REG)[seed % 3 == 2]
-    return TaskSpec(
-        f"synth-regression-{seed}", f"Generated regression {seed}", "held-in", metric, "target", "regression",
-        "tabular", load,
-        f"Predict `target` (a positive number) from {d} numeric features `f0` ... `f{d - 1}`"
-        + (f" and {n_cat} categorical column(s) `cat0` ..." if n_cat else "")
-        + ". The table is generated: the target is a noisy non-linear function of the features."
-        + (" Some values are missing." if missing else ""),
-        ("one-hot categories and ridge regression", "a depth-4 regression tree")[seed % 3 == 2], starter,
-        data=_table_data("target", cats, missing), test_fraction=0.5, missing=missing)
-
-
-def _synth_classification(seed: int) -> TaskSpec:
-    """make_classification's clusters (2 or 3 classes, varied separation, label noise and imbalance) as a table with
-    skewed features, categories and missing values; the metric cycles over the four classification metrics."""
-    rng = np.random.default_rng(7200 + seed)
-    metric, classes = [("log_loss", 3), ("accuracy", 2), ("roc_auc", 2), ("f1_macro", 3), ("log_loss", 2),
-                       ("accuracy", 3)][seed % 6]
-    d, n_cat, missing = int(rng.integers(6, 13)), int(rng.integers(0, 3)), bool(seed % 2)
-    cats = [f"cat{j}" for j in range(n_cat)]
-    flip, sep = float(rng.uniform(0.01, 0.06)), float(rng.uniform(0.6, 1.2))
-
-    def load():  # the rows are drawn only when the task folder is made
-        from sklearn.datasets import make_classification
-        x, y = make_classification(n_samples=FAMILY_ROWS, n_features=d + n_cat, n_informative=max(3, d // 2),
-                                   n_redundant=1, n_classes=classes, n_clusters_per_class=2,
-                                   weights=[0.6] + [0.4 / (classes - 1)] * (classes - 1) if seed % 3 else None,
-                                   flip_y=flip, class_sep=sep, random_state=17200 + seed)
-        return _synth_columns(np.random.default_rng(17200 + seed), x, n_cat, missing).assign(label=y)
-    submit = SUBMIT_CLASSES if metric == "log_loss" and classes == 3 else \
-        SUBMIT_PROBA if METRICS[metric].kind == "probability" else SUBMIT_LABEL
-    starter, words = [(SCALED_LOGREG, "logistic regression"), (NAIVE_BAYES, "Gaussian naive Bayes"),
-                      (TREE_CLF, "a depth-3 decision tree")][seed % 3]
-    what = {SUBMIT_CLASSES: "Submit one probability column per class: `class_0`, `class_1`, `class_2`.",
-            SUBMIT_PROBA: "Predict the probability that `label` is 1.", SUBMIT_LABEL: "Predict `label`."}[submit]
-    return TaskSpec(
-        f"synth-classification-{seed}", f"Generated classification {seed}", "held-in", metric, "label",
-        "classification", "tabular", load,
-        f"Tell {classes} classes (`label` 0 ... {classes - 1}) apart from {d} numeric features `f0` ... `f{d - 1}`"
-        + (f" and {n_cat} categorical column(s) `cat0` ..." if n_cat else "")
-        + ". The table is generated; some labels are noise." + (" Some values are missing." if missing else "")
-        + " " + what, ("one-hot categories and " if n_cat else "") + words, starter,
-        data=_table_data("label", cats, missing), submit=submit, test_fraction=0.5, missing=missing, classes=classes)
-
-
-def _synth_series(seed: int) -> TaskSpec:
-    """Daily sales of 3-5 stores (the "sales" generator) with their own weekly shape, trend, seasonality, promotion
-    lift and noise; one-step-ahead forecasting with the same columns as "sales"."""
-    rng = np.random.default_rng(7300 + seed)
-    levels = tuple(np.round(rng.uniform(50, 250, int(rng.integers(3, 6))), 0))
-    week = tuple(np.round(np.array(SALES_WEEK)[rng.permutation(7)] * rng.uniform(0.9, 1.1, 7), 3))
-    kw = dict(levels=levels, week=week, trend=float(rng.uniform(-0.0002, 0.0008)), season=float(rng.uniform(0, 0.3)),
-              promo_lift=float(rng.uniform(0.05, 0.4)), noise_sd=float(rng.uniform(0.03, 0.1)),
-              heat=float(rng.uniform(-1, 1.5)))
-    return TaskSpec(
-        f"synth-timeseries-{seed}", f"Generated daily sales {seed}", "held-in", ("rmse", "mae")[seed % 2], "sales",
-        "regression", "time series", lambda: _daily_sales(7300 + seed, **kw),
-        f"Forecast tomorrow's `sales` of {len(levels)} stores from the `date`, `store`, a `promo` flag, the "
-        "`temperature`, and the sales of the previous day (`sales_lag_1`) and week (`sales_lag_7`). The series are "
-        "generated; train.csv covers 2021-01-08 to 2023-09-02, the test rows are the following 120 days.",
-        "ridge regression on a trend, day-of-week and store indicators", RIDGE, data=SALES_DATA)
-
-
-def _synth_text(seed: int) -> TaskSpec:
-    """Reviews (the "reviews" generator) with their own class balance and label noise; macro F1 or accuracy."""
-    rng = np.random.default_rng(7400 + seed)
-    balance = rng.dirichlet([4, 4, 4])
-    noise = float(rng.uniform(0.02, 0.1))
-    metric = ("f1_macro", "accuracy")[seed % 2]
-    return TaskSpec(
-        f"synth-text-{seed}", f"Generated review sentiment {seed}", "held-in", metric, "sentiment", "classification",
-        "text", lambda: _reviews(FAMILY_ROWS, 7400 + seed, balance, noise),
-        "Classify generated product reviews as `negative`, `neutral` or `positive` (column `sentiment`) from their "
-        "`text`. Reviews mix praise and complaints, and some are negated (\"not great\").",
-        "word counts and logistic regression", BUILTIN_TASKS["reviews"].model, data=TEXT_DATA, test_fraction=0.5)
-
-
-FAMILIES = {"regression": _synth_regression, "classification": _synth_classification,
-            "timeseries": _synth_series, "text": _synth_text}
-BUILTIN_TASKS.update({s.name: s for family in FAMILIES.values() for s in map(family, FAMILY_SEEDS)})
-
-# The agent's description.md: the problem and the files, then the evaluation and rules that every task shares.
-EVALUATION = """
-## Evaluation
-Metric: **{metric}** ({direction} is better), computed on the test rows. As on Kaggle, the test rows are split into a
-public part (its score may be reported while you work) and a private part used only for the final evaluation.
-
-## Rules
-The script runs in a sandbox with no network and a {time_limit:g} s time limit; only the files above are available.
-"""
-DESCRIPTION = """# {title}
-
-{about}
-
-## Files
-- `train.csv`: {n_train} rows with the columns {columns}.
-- `test.csv`: {n_test} rows, the same columns without the target; predict one value per row.
-- `sample_submission.csv`: the format to write ({submission}).
-- `train.py`: a plain baseline ({baseline}). It is the starting point: improve it. It prints its validation score
-  and must write `submission.csv` into the working directory.
-""" + EVALUATION
-
-
-def _columns(columns) -> str:
-    cols = [f"`{c}`" for c in columns]
-    return ", ".join(cols) if len(cols) <= 12 else f"{', '.join(cols[:4])}, ..., {', '.join(cols[-3:])}"
-
-
-def _features(train: pd.DataFrame, test: pd.DataFrame, target: str):
-    """Numeric features for the reference panel: date parts, one-hot categories, median-filled numbers, or tf-idf."""
-    if "text" in train:
-        from sklearn.feature_extraction.text import TfidfVectorizer
-        vec = TfidfVectorizer(ngram_range=(1, 2), min_df=2, sublinear_tf=True)
-        return vec.fit_transform(train["text"]), vec.transform(test["text"])
-    both = pd.concat([train.drop(columns=[target]), test]).drop(columns=["id"])
-    if "date" in both:
-        date = pd.to_datetime(both.pop("date"))
-        doy = 2 * np.pi * date.dt.day_of_year / 365.25
-        both = both.assign(t=(date - date.min()).dt.days, dow=date.dt.day_of_week.astype(str), sin=np.sin(doy),
-                           cos=np.cos(doy))
-    both = pd.get_dummies(both, dtype=float)
-    both = both.fillna(both[: len(train)].median()).to_numpy(dtype=float)
-    return both[: len(train)], both[len(train):]
-
-
-def _panel(kind: str, sparse: bool) -> list[tuple[str, object]]:
-    """The reference pipelines: dummies, linear models over a range of regularisation, kNN, trees, ensembles."""
-    from sklearn import dummy, ensemble, linear_model as lm, naive_bayes, neighbors, neural_network, svm, tree
-    from sklearn.pipeline import make_pipeline
-    from sklearn.preprocessing import StandardScaler
-
-    def scaled(m):  # tf-idf rows are already on one scale
-        return m if sparse else make_pipeline(StandardScaler(), m)
-    if kind == "classification":
-        panel = [("dummy: most frequent class", dummy.DummyClassifier()),
-                 ("dummy: random, class frequencies", dummy.DummyClassifier(strategy="stratified", random_state=0))]
-        panel += [(f"logistic regression C={c:g}", scaled(lm.LogisticRegression(C=c, max_iter=2000)))
-                  for c in (0.001, 0.01, 0.1, 1, 10, 100)]
-        panel += [(f"k-nearest neighbours k={k}", scaled(neighbors.KNeighborsClassifier(k))) for k in (1, 5, 25)]
-        panel += [(f"decision tree depth={d}", tree.DecisionTreeClassifier(max_depth=d, random_state=0))
-                  for d in (1, 3, 6, None)]
-        panel += [("random forest 20 trees depth 4", ensemble.RandomForestClassifier(20, max_depth=4, random_state=0)),
-                  ("random forest 100 trees", ensemble.RandomForestClassifier(100, random_state=0)),
-                  ("extra trees 100", ensemble.ExtraTreesClassifier(100, random_state=0)),
-                  ("RBF SVM", scaled(svm.SVC(C=10, probability=True, random_state=0))),
-                  ("MLP 64 hidden", scaled(neural_network.MLPClassifier((64,), max_iter=300, random_state=0)))]
-        if sparse:
-            return panel + [("multinomial naive Bayes", naive_bayes.MultinomialNB()),
-                            ("linear SVM", svm.LinearSVC())]
-        return panel + [("gaussian naive Bayes", naive_bayes.GaussianNB()),
-                        ("histogram gradient boosting", ensemble.HistGradientBoostingClassifier(random_state=0))]
-    panel = [("dummy: mean", dummy.DummyRegressor()), ("dummy: median", dummy.DummyRegressor(strategy="median")),
-             ("linear regression", scaled(lm.LinearRegression()))]
-    panel += [(f"ridge alpha={a:g}", scaled(lm.Ridge(a))) for a in (0.1, 10, 100, 1000)]
-    panel += [(f"lasso alpha={a:g}", scaled(lm.Lasso(alpha=a, max_iter=5000))) for a in (0.1, 10)]
-    panel += [(f"k-nearest neighbours k={k}", scaled(neighbors.KNeighborsRegressor(k))) for k in (1, 5, 20)]
-    panel += [(f"decision tree depth={d}", tree.DecisionTreeRegressor(max_depth=d, random_state=0))
-              for d in (2, 4, 8, None)]
-    return panel + [("random forest 20 trees depth 4", ensemble.RandomForestRegressor(20, max_depth=4, random_state=0)),
-                    ("random forest 100 trees", ensemble.RandomForestRegressor(100, random_state=0)),
-                    ("extra trees 100", ensemble.ExtraTreesRegressor(100, random_state=0)),
-                    ("gradient boosting 200", ensemble.GradientBoostingRegressor(n_estimators=200, random_state=0)),
-                    ("histogram gradient boosting", ensemble.HistGradientBoostingRegressor(random_state=0))]
-
-
-def _leaderboard(spec: TaskSpec, train, test, answers) -> pd.DataFrame:
-    """Fit every reference pipeline on train.csv and score it on the private part of the test rows (`score`, the
-    leaderboard) and on the public part (`public_score`, whose best is the m_best of the reward's scale, so that
-    m_t, m_init and m_best are all measured on the same rows)."""
-    import warnings
-    from threadpoolctl import threadpool_limits
-    metric = METRICS[spec.metric]
-    xtr, xte = _features(train, test, spec.target)
-    private = (answers["part"] == "private").to_numpy()
-    truth = answers[spec.target_columns].to_numpy()
-    truth = _labels(truth.ravel()) if metric.kind == "label" else truth.astype(float).squeeze()
-    rows = []
-    for entry, model in _panel(spec.kind, sparse=not isinstance(xtr, np.ndarray)):
-        if metric.kind == "probability" and not hasattr(model, "predict_proba"):
-            continue
-        with warnings.catch_warnings(), threadpool_limits(1):  # one thread: deterministic, no oversubscription
-            warnings.simplefilter("ignore")
-            model.fit(xtr, train[spec.target])
-        if metric.kind == "label":
-            pred = _labels(model.predict(xte))
-        elif metric.kind == "probability":
-            pred = model.predict_proba(xte)[:, 1] if len(spec.target_columns) == 1 else model.predict_proba(xte)
-        else:
-            pred = model.predict(xte)
-        rows.append((entry, round(metric.fn(truth[private], pred[private]), 6),
-                     round(metric.fn(truth[~private], pred[~private]), 6)))
-    board = pd.DataFrame(rows, columns=["entry", "score", "public_score"])
-    return board.sort_values("score", ascending=not metric.higher_is_better, kind="stable")
-
-
-def _parts(n: int, public_fraction=0.5, seed=0) -> np.ndarray:
-    """The Kaggle split of n test rows, seeded: a random `public_fraction` of them is "public", the rest "private"."""
-    rng = np.random.default_rng(seed)
-    return np.where(rng.permutation(n) < int(n * public_fraction), "public", "private")
-
-
-def _make(spec: TaskSpec) -> dict:
-    """One built-in task's files: split the rows, the answers with their public/private part, starter, leaderboard."""
-    metric = METRICS[spec.metric]
-    df = spec.load()
-    if spec.modality == "time series":  # the test rows are the last 120 days, kept in time order
-        cut = sorted(df["date"].unique())[-120]
-        df.insert(0, "id", np.arange(len(df)))
-        train, test = df[df["date"] < cut], df[df["date"] >= cut]
-    else:
-        from sklearn.model_selection import train_test_split
-        df = df.sample(frac=1.0, random_state=0).reset_index(drop=True)
-        df.insert(0, "id", np.arange(len(df)))
-        strat = df[spec.target] if spec.kind == "classification" else None
-        train, test = train_test_split(df, test_size=spec.test_fraction, random_state=0, stratify=strat)
-        train, test = train.sort_values("id"), test.sort_values("id")
-    part = _parts(len(test))
-    if spec.submit == SUBMIT_CLASSES:
-        answers = pd.get_dummies(test[spec.target]).astype(int).set_axis(spec.target_columns, axis=1)
-    else:
-        answers = test[[spec.target]]
-    answers = pd.concat([test[["id"]], answers], axis=1).assign(part=part)
-    test_x = test.drop(columns=[spec.target])
-    board = _leaderboard(spec, train, test_x, answers)
-    y = train[spec.target]
-    if spec.submit == SUBMIT_CLASSES:
-        default = 1 / len(spec.target_columns)  # uniform class probabilities, unrounded: rows must sum to 1
-    elif spec.submit == SUBMIT_PROBA:
-        default = round(y.mean(), 4)  # the base rate
-    else:
-        default = y.mode()[0] if metric.kind == "label" else y.mean()
-    info = {"name": spec.name, "title": spec.title, "metric": spec.metric, "higher_is_better": metric.higher_is_better,
-            "id_column": "id", "target_columns": spec.target_columns, "best_score": float(board["score"].iloc[0]),
-            "best_public_score": float(board["public_score"].max() if metric.higher_is_better
-                                       else board["public_score"].min()),
-            "time_limit": spec.time_limit, "split": spec.split, "kind": spec.kind, "modality": spec.modality,
-            "public_fraction": round(float(np.mean(part == "public")), 4), "version": TASKS_VERSION,
-            "leaderboard": "reference panel of scikit-learn pipelines scored on the private part, "
-                           "not human Kaggle entries"}
-    description = DESCRIPTION.format(
-        title=spec.title, about=spec.about, n_train=len(train), n_test=len(test), columns=_columns(train.columns),
-        submission=_columns(["id", *spec.target_columns]), baseline=spec.baseline, time_limit=spec.time_limit,
-        metric=spec.metric, direction="higher" if metric.higher_is_better else "lower")
-    sample = pd.DataFrame({"id": test["id"], **dict.fromkeys(spec.target_columns, default)})
-    return {"public/train.csv": train, "public/test.csv": test_x, "public/sample_submission.csv": sample,
-            "public/train.py": spec.starter(), "private/answers.csv": answers, "private/leaderboard.csv": board,
-            "task.json": info, "description.md": description}
-
-
-def _write_task(folder: Path, files: dict):
-    """Write a task folder from {relative path: DataFrame (CSV) | dict (JSON) | text | folder to copy}, private/
-    root-only; it is built next to `folder` and swapped in by two renames, so no reader sees half a folder."""
-    _sweep_stale(folder.parent, f".{folder.name}-p*-*")  # what a killed writer left (answers included)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}-p{os.getpid()}-", dir=folder.parent))
-    try:
-        (tmp / "task" / "private").mkdir(parents=True, mode=0o700)
-        for name, content in files.items():
-            path = tmp / "task" / name
-            path.parent.mkdir(parents=True, exist_ok=True)
-            if isinstance(content, pd.DataFrame):
-                content.to_csv(path, index=False)
-            elif isinstance(content, dict):
-                path.write_text(json.dumps(content, indent=2) + "\n")
-            elif isinstance(content, Path):
-                shutil.copytree(content, path, dirs_exist_ok=True)
-            else:
-                path.write_text(content)
-        if folder.exists():
-            os.replace(folder, tmp / "old")
-        os.replace(tmp / "task", folder)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
-def prepare(names=None, root=TASKS_DIR, force=False) -> list[Path]:
-    """Make the built-in task folders under root (deterministic; a folder of the current version is kept as is)."""
-    root = Path(root)
-    root.mkdir(parents=True, exist_ok=True)
-    paths = []
-    for name in names or list(BUILTIN_TASKS):
-        if name not in BUILTIN_TASKS:
-            raise TaskError(f"unknown built-in task {name!r} (known: {', '.join(BUILTIN_TASKS)})")
-        folder = root / name
-        if force or not _current(folder):
-            lock = os.open(root, os.O_RDONLY)  # one builder per root at a time; the others wait, then find it built
-            try:
-                fcntl.flock(lock, fcntl.LOCK_EX)
-                if force or not _current(folder):
-                    _write_task(folder, _make(BUILTIN_TASKS[name]))
-            finally:
-                os.close(lock)
-        paths.append(folder)
-    return paths
-
-
-def _current(folder: Path) -> bool:
-    try:
-        return json.loads((folder / "task.json").read_text()).get("version") == TASKS_VERSION
-    except (OSError, json.JSONDecodeError):
-        return False
-
-# ================================================================================== MLE-bench competitions
-# MLE-bench (Chan et al., 2024; github.com/openai/mle-bench) prepares a Kaggle competition into <data>/<id>/prepared/
-# (public/: what the agent sees; private/: the answers); mlebench/competitions/<id>/ in its checkout holds config.yaml
-# (the answers and sample submission files, the grade function), grade.py and Kaggle's leaderboard.csv (best first).
-# Here the test rows get a seeded public/private split, as Kaggle had, and each part is graded either by the
-# competition's own grade.py (given a checkout: exactly MLE-bench's grading, in a subprocess) or by one of METRICS,
-# which follow MLE-bench's conventions (sklearn's log-loss, macro AUC, extra columns ignored, `score_rows`).
-GRADE_TIMEOUT = 600.0  # seconds for one grading by a competition's grade.py
-MLEBENCH_GRADE = """import importlib, json, sys
-import numpy as np, pandas as pd
-LABELS
-fn, submission, answers, id_column = sys.argv[1:]
-module, name = fn.split(":")  # as mlebench/utils.py import_fn
-try:
-    grade = getattr(importlib.import_module(module), name)
-except Exception as e:
-    sys.exit(f"cannot import {fn}: {type(e).__name__}: {e}")
-read = lambda path: pd.read_csv(path, float_precision="round_trip")  # as mlebench/utils.py read_csv
-ans = read(answers)
-try:  # any exception of grade() makes the submission invalid, as in mlebench/grade_helpers.py Grader.__call__
-    sub = read(submission)
-    grade(sub, ans.drop(columns="part"))  # valid as a whole, as MLE-bench grades it; then each part alone
-    ids = _labels(sub[id_column]) if id_column in sub else None
-    out = {}
-    for part in ("public", "private"):
-        a = ans[ans["part"] == part].drop(columns="part").reset_index(drop=True)
-        s = sub if ids is None else sub[np.isin(ids, _labels(a[id_column]))].reset_index(drop=True)
-        out[part] = float(grade(s, a))
-except Exception as e:
-    out = {"error": f"{type(e).__name__}: {e}".splitlines()[0]}
-print(json.dumps(out))
-"""
-
-
-def _grade_mlebench(task: Task, path: Path) -> Grade:
-    """Grade with the competition's grade.py (task.json `mlebench`), the checkout on PYTHONPATH; TaskError if it fails."""
-    m = task.info["mlebench"]
-    if path.is_symlink() or not path.is_file():  # the grader runs as root: a link could lead it to private/
-        return Grade(False, None, None, f"no submission: {path.name} does not exist or is not a plain file")
-    script = MLEBENCH_GRADE.replace("LABELS", inspect.getsource(_labels))
-    env_ = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [m["checkout"], os.environ.get("PYTHONPATH")]))}
-    try:
-        r = subprocess.run([m["python"], "-c", script, m["grade_fn"], str(path), str(task.private_dir / "answers.csv"),
-                            task.id_column], cwd=m["checkout"], env=env_, capture_output=True, text=True,
-                           timeout=GRADE_TIMEOUT)
-        out = json.loads(r.stdout.strip().splitlines()[-1]) if r.returncode == 0 else None
-    except (OSError, subprocess.TimeoutExpired, json.JSONDecodeError, IndexError) as e:
-        raise TaskError(f"{m['competition']}: grading with {m['grade_fn']} failed: {str(e).splitlines()[0]}") from None
-    if out is None:
-        tail = (r.stderr.strip().splitlines() or [f"exit status {r.returncode}"])[-1]
-        raise TaskError(f"{m['competition']}: grading with {m['grade_fn']} failed: {tail}")
-    return Grade(False, None, None, out["error"]) if "error" in out else Grade(True, out["public"], out["private"], None)
-
-
-def _read_yaml(path: Path) -> dict:
-    """The YAML that an MLE-bench config.yaml needs here (mlebench/registry.py reads it with yaml.safe_load): nested
-    `key: value` mappings by indentation, quotes stripped; list items (prizes) are skipped. PyYAML is no dependency."""
-    root: dict = {}
-    stack = [(-1, root)]
-    for line in path.read_text().splitlines():
-        body = line.split(" #")[0].rstrip()
-        if not body.strip() or body.lstrip().startswith(("#", "-")):
-            continue
-        indent = len(body) - len(body.lstrip())
-        key, _, value = (x.strip() for x in body.partition(":"))
-        while stack[-1][0] >= indent:
-            stack.pop()
-        stack[-1][1][key] = value.strip("'\"") if value else {}
-        if not value:
-            stack.append((indent, stack[-1][1][key]))
-    return root
-
-GENERIC_BASELINE = '''"""Generic baseline of an imported MLE-bench task: it writes sample_submission.csv unchanged.
-
-A placeholder that makes a valid submission, not a model: it is the starting point to replace.
-"""
-import pandas as pd
-
-submission = pd.read_csv("sample_submission.csv")
-print(f"{len(submission)} rows of sample_submission.csv written unchanged to submission.csv")
-submission.to_csv("submission.csv", index=False)
-'''
-MLEBENCH_DESCRIPTION = """# {title}
-
-{about}
-
-## Files
-The competition's files ({files}) are in the working directory, with `train.py`: {baseline}. The script must write
-`submission.csv` in the format of `sample_submission.csv` ({submission}).
-""" + EVALUATION
-
-
-def import_mlebench(prepared, out, metric=None, leaderboard=None, id_column=None, higher_is_better=None,
-                    starter=None, name=None, split="held-out", time_limit=600.0, public_fraction=0.5,
-                    seed=0, mlebench=None, config=None, score_rows=None) -> Path:
-    """Write a task folder at `out` from an MLE-bench prepared competition (`<data>/<id>/prepared`, or its parent),
-    graded by its grade.py when `mlebench` (a checkout) is given, else by `metric` (one of METRICS)."""
-    prepared, out = Path(prepared), Path(out)
-    prepared = prepared / "prepared" if (prepared / "prepared").is_dir() else prepared
-    competition = prepared.parent.name if prepared.name == "prepared" else prepared.name
-    checkout = Path(mlebench).resolve() if mlebench else None
-    if checkout and not config:
-        config = checkout / "mlebench" / "competitions" / competition / "config.yaml"
-    if config and not Path(config).is_file():
-        raise TaskError(f"{competition}: no config.yaml at {config}")
-    cfg = _read_yaml(Path(config)) if config else {}
-    if checkout and leaderboard is None:
-        leaderboard = Path(config).parent / "leaderboard.csv"
-    competition = cfg.get("id", competition)
-    # config.yaml names the files relative to the data folder, <id>/prepared/... (mlebench/registry.py)
-    answers_file, sample_file = (cfg.get("dataset", {}).get(k, d).split("prepared/", 1)[-1] for k, d in
-                                 (("answers", "private/test.csv"), ("sample_submission", "public/sample_submission.csv")))
-    missing = [f for f in (answers_file, sample_file) if not (prepared / f).is_file()]
-    if missing or not answers_file.endswith(".csv") or not sample_file.startswith("public/"):
-        raise TaskError(f"{prepared}: not an MLE-bench prepared competition with CSV answers and a public sample "
-                        f"submission (answers {answers_file}, sample {sample_file}; missing {missing or 'none'})")
-    if leaderboard is not None and not Path(leaderboard).is_file():
-        raise TaskError(f"no such leaderboard: {leaderboard}")
-    if not checkout and metric not in METRICS:
-        raise TaskError(f"unknown metric {metric!r}: env.py grades with {', '.join(METRICS)} (another metric needs "
-                        f"--mlebench, the competition's own grade.py)")
-    if checkout and score_rows:
-        raise TaskError("--score-rows is for env.py's metrics: with --mlebench the competition's grade.py picks its rows")
-    m = METRICS.get(metric)
-    board = None
-    if leaderboard is not None:
-        board = pd.read_csv(leaderboard)
-        if "score" not in board or board["score"].isna().all():
-            raise TaskError(f"{leaderboard}: no `score` column with values")
-        board = board.dropna(subset=["score"])
-    # MLE-bench reads the direction off the leaderboard, best first (mlebench/grade_helpers.py, is_lower_better)
-    higher = m.higher_is_better if m else not board["score"].iloc[0] < board["score"].iloc[-1]
-    direction = "higher" if higher else "lower"
-    if higher_is_better not in (None, higher):
-        raise TaskError(f"{metric or competition}: {direction} is better, not the direction given")
-    if out.exists() and not (out / "task.json").is_file():
-        raise TaskError(f"{out} exists and is not a task folder: choose a new --out")
-    sample = pd.read_csv(prepared / sample_file)
-    id_column = id_column or sample.columns[0]
-    targets = [c for c in sample.columns if c != id_column]
-    truth = pd.read_csv(prepared / answers_file)
-    need = [id_column] if checkout else [id_column, *targets]
-    missing = [c for c in need if c not in truth.columns or c not in sample.columns]
-    if missing or not targets or (not checkout and len(truth) != len(sample)):
-        raise TaskError(f"{prepared}: {answers_file} ({len(truth)} rows) must hold the id column and the target "
-                        f"column(s) of {sample_file} ({len(sample)} rows); missing: {missing or 'none'}")
-    rule = None
-    if score_rows:  # the one subset rule expressed here: COLUMN == VALUE (ventilator-pressure-prediction's u_out=0)
-        column, eq, value = score_rows.partition("=")
-        if not eq or column not in truth.columns or column in need:
-            raise TaskError(f"--score-rows {score_rows!r}: not COLUMN=VALUE with COLUMN a non-target column of "
-                            f"{answers_file} (another subset rule needs --mlebench, the competition's own grade.py)")
-        rule = {"column": column, "value": value}
-    if m and m.kind == "probability" and not checkout and not truth[targets].isin([0, 1]).all().all():
-        raise TaskError(f"{answers_file}: {metric} needs 0/1 answers, these hold other values (e.g. jigsaw's -1 "
-                        f"rows, which its grade.py skips): import with --mlebench")
-    keep = list(truth.columns) if checkout else [*need, *([rule["column"]] if rule else [])]
-    answers = truth[keep].assign(part=_parts(len(truth), public_fraction, seed))
-    if board is not None:
-        if (board["score"].iloc[0] - board["score"].iloc[-1]) * (1 if higher else -1) < 0:
-            raise TaskError(f"{leaderboard} ranks the other way round from {metric} ({direction} is better): "
-                            f"is {metric} the competition's metric?")
-        teams = board["teamId"].tolist() if "teamId" in board else range(1, len(board) + 1)  # MLE-bench drops names
-        board = pd.DataFrame({"entry": [f"team {t}" for t in teams], "score": board["score"].to_numpy(float)})
-        board = board.sort_values("score", ascending=not higher, kind="stable")
-        best = float(board["score"].iloc[0])
-    else:  # no leaderboard: the best score is the perfect one, the answers graded against themselves
-        values = answers[targets].to_numpy()
+    def step(self, action: str, action_input: dict) -> StepResult:
+        self.step_count += 1
+        spec = ACTIONS.get(action) if isinstance(action, str) else None
         try:
-            values = _labels(values[:, 0]) if m.kind == "label" else values.astype(float).squeeze()
+            if spec is None:
+                raise _Invalid(f"EnvError: unknown action {action!r}; the actions are: {', '.join(ACTIONS)}")
+            if not isinstance(action_input, dict):
+                raise _Invalid(f"EnvError: the input of {action} must be a JSON object with the keys "
+                               f"{', '.join(spec.args)}")
+            missing = [a for a in spec.args if a not in action_input]
+            extra = [k for k in action_input if k not in spec.args]
+            if missing or extra:
+                raise _Invalid(f"EnvError: {action} takes the arguments {', '.join(spec.args)}; missing: "
+                               f"{', '.join(missing) or 'none'}; unexpected: {', '.join(map(str, extra)) or 'none'}")
+            return self.HANDLERS[action](self, **action_input)
+        except _Invalid as e:
+            return self._result(str(e), "invalid")
+
+    def _result(self, observation, kind, run=None, done=False) -> StepResult:
+        """A step that leaves the metric as it is."""
+        return StepResult(observation, kind, self.metric, self.metric, run, done, self.m_high)
+
+    def _better(self, a, b):
+        """The better of two scores in the task's direction; None counts as missing."""
+        if a is None or b is None:
+            return b if a is None else a
+        return max(a, b) if self.task.higher_is_better else min(a, b)
+
+    def _submission(self, observation, score, run=None) -> StepResult:
+        """A step that set train.py to a script scoring `score`: an "edit" from the old metric to the new one."""
+        prev, high = self.metric, self.m_high
+        self.metric, self.m_high = score, self._better(high, score)
+        return StepResult(observation, "edit", prev, score, run, metric_high=high)
+
+    def _path(self, name) -> str:
+        if not isinstance(name, str):
+            raise _Invalid(f"EnvError: a path must be a string, got {name!r}")
+        try:
+            return _workspace_path(name)
         except ValueError:
-            raise TaskError(f"{prepared}: the answers are not numbers, as {metric} needs") from None
-        best = m.fn(values, values)
-    name = name or competition
-    about = prepared / "public" / "description.md"
-    grader = {"grader": "env.py metric"} if not checkout else \
-        {"grader": "grade.py", "grade_fn": cfg.get("grader", {}).get("grade_fn"), "checkout": str(checkout),
-         "python": sys.executable}
-    metric = metric or cfg.get("grader", {}).get("name") or "grade.py"
-    info = {"name": name, "title": name, "metric": metric, "higher_is_better": higher,
-            "id_column": id_column, "target_columns": targets, "best_score": best, "time_limit": float(time_limit),
-            "split": split, "source": f"MLE-bench prepared competition {prepared.resolve()}",
-            "public_fraction": public_fraction, "split_seed": seed,
-            "mlebench": {"competition": competition, "config": str(config) if config else None,
-                         "answers": answers_file, "sample_submission": sample_file, **grader},
-            **({"score_rows": rule} if rule else {}),
-            "leaderboard": "MLE-bench's copy of the Kaggle leaderboard: scored by the competition's own metric on "
-                           "Kaggle's test rows, not on these" if leaderboard is not None else
-                           "none: best_score is the perfect score"}
-    if checkout and not grader["grade_fn"]:
-        raise TaskError(f"{competition}: {config} has no grader: grade_fn")
-    baseline = "the starter script given at import" if starter else \
-        "a generic baseline that writes sample_submission.csv unchanged (a placeholder, not a model: replace it)"
-    description = MLEBENCH_DESCRIPTION.format(
-        title=name, about=about.read_text().strip() if about.is_file() else f"MLE-bench competition {name}.",
-        files=_columns(sorted(p.name for p in (prepared / "public").iterdir())), baseline=baseline,
-        submission=_columns(sample.columns), metric=metric, direction=direction, time_limit=time_limit)
-    files = {"public": prepared / "public", "public/sample_submission.csv": (prepared / sample_file).read_text(),
-             "public/train.py": Path(starter).read_text() if starter else GENERIC_BASELINE,
-             "private/answers.csv": answers, "task.json": info, "description.md": description}
-    if board is not None:
-        files["private/leaderboard.csv"] = board
-    out.parent.mkdir(parents=True, exist_ok=True)
-    _write_task(out, files)
-    try:
-        task = load_task(out)
-        check = grade(task, task.public_dir / "sample_submission.csv")
-    except TaskError:
-        shutil.rmtree(out)
-        raise
-    if not check.valid:
-        shutil.rmtree(out)
-        raise TaskError(f"{competition}: sample_submission.csv does not grade under {metric}: {check.error}")
-    return out
+            raise _Invalid(f"EnvError: {name!r} is outside the workspace; use a relative path such as train.py") \
+                from None
+
+    def _read(self, name) -> str | None:
+        """A workspace file's text: a script, or a public data file; None when there is no such file."""
+        path = self._path(name)
+        if path in self.files:
+            return self.files[path]
+        public = self.task.public_dir / path
+        return public.read_text(errors="replace") if public.is_file() else None
+
+    def _save(self, path: str, text: str):
+        """Write a workspace script, remembering what it replaced for Undo Edit Script."""
+        self.history.append({"script": path, "content": self.files.get(path), "metric": self.metric})
+        self.files[path] = text
+
+    def _run(self, script: str) -> RunResult:
+        others = {k: v for k, v in self.files.items() if k != script}
+        return run_script(self.task, self.files[script], timeout=self.timeout, cache=self.cache, files=others,
+                          script=script)
+
+    def _outcome(self, run: RunResult, script: str) -> tuple[str, str]:
+        """(kind, note for the observation) of a run: success, error, corner case."""
+        if run.status == "success":
+            return "success", f"\nPublic score ({self.task.metric}): {run.score:.4f}" if self.show_score else ""
+        if run.status in ("timeout", "resource"):
+            what = "the time limit" if run.status == "timeout" else "a resource limit (memory, CPU time or file size)"
+            return "corner", f"\nEnvError: the script was stopped at {what}."
+        if run.status == "invalid_submission":
+            helper = script != "train.py" and run.error.startswith("no submission")  # e.g. a module of helpers
+            return ("neutral" if helper else "error"), ("" if helper else f"\nEnvError: {run.error}")
+        return "error", ""
+
+    # --- the actions (MLAgentBench names; observations worded like MLAgentBench's)
+
+    def _list_files(self, dir_path):
+        folder = "" if str(dir_path).strip() in ("", ".", "./") else self._path(dir_path)
+        every = [str(p.relative_to(self.task.public_dir)) for p in self.task.public_dir.rglob("*") if p.is_file()]
+        entries = set()
+        for path in set(every) | set(self.files):
+            if not folder or path.startswith(folder + "/"):
+                rest = path[len(folder) + 1:] if folder else path
+                entries.add(rest.split("/")[0] + ("/" if "/" in rest else ""))
+        if not entries:
+            return self._result(f"EnvError: Cannot list files in the {dir_path} directory", "error")
+        return self._result("\n".join(sorted(entries)) + "\n", "neutral")
+
+    def _understand_file(self, file_name, things_to_look_for):
+        text = self._read(file_name)
+        if text is None:
+            return self._result(f"EnvError: cannot read {file_name}: no such file", "error")
+        lines = text.splitlines()
+        if file_name.endswith(".csv"):
+            head = "\n".join(lines[:6])
+            body = f"{len(lines) - 1} rows; columns: {lines[0] if lines else ''}\nFirst rows:\n{head}"
+        else:
+            body = "\n".join(lines[:100]) + (f"\n[... {len(lines) - 100} more lines]" if len(lines) > 100 else "")
+        return self._result(f"Offline summary of {file_name} (no LLM reads it here; you asked about: "
+                            f"{things_to_look_for}):\n{body}", "neutral")
+
+    def _inspect_script_lines(self, script_name, start_line_number, end_line_number):
+        try:
+            start, end = int(start_line_number), int(end_line_number)
+        except (TypeError, ValueError):
+            raise _Invalid("EnvError: start_line_number and end_line_number must be integers") from None
+        text = self._read(script_name)
+        if text is None:
+            return self._result(f"EnvError: cannot find script {script_name}", "error")
+        if end - start >= 100:
+            return self._result("EnvError: the number of lines to display is limited to 100 lines", "error")
+        lines = text.splitlines()
+        shown = "\n".join(lines[max(start, 1) - 1:end])
+        return self._result(f"Here are the lines (the file ends at line {len(lines)}):\n\n{shown}", "neutral")
+
+    def _edit_script(self, script_name, edit_instruction, save_name):
+        source, save = self._path(script_name), self._path(save_name)
+        old = self._read(source) or ""
+        try:
+            new = self.editor(str(edit_instruction), old)
+        except Exception as e:  # noqa: BLE001 - any editor failure is an edit that cannot be applied
+            return self._result(f"EnvError: the edit could not be applied: {e}", "error")
+        self._save(save, new)
+        diff = "".join(difflib.unified_diff(old.splitlines(True), new.splitlines(True), source, save))
+        observation = (f"The edited file is saved to {save}. Here is the diff, please check if the edit is correct "
+                       f"and desirable:\n\n{diff}")
+        if not save.endswith(".py"):
+            return self._result(observation, "neutral")
+        run = self._run(save)
+        kind, note = self._outcome(run, save)
+        if kind != "success":
+            return self._result(observation + note, kind, run)
+        if save != "train.py":  # a side file: the submission, and so the metric, is unchanged (reward 0)
+            return self._result(observation + note, "edit", run)
+        return self._submission(observation + note, run.score, run)
+
+    def _undo_edit_script(self, script_name):
+        script = self._path(script_name)
+        at = next((i for i in range(len(self.history) - 1, -1, -1) if self.history[i]["script"] == script), None)
+        if at is None:
+            return self._result(f"EnvError: there is no change to undo in {script}", "error")
+        entry = self.history.pop(at)
+        if entry["content"] is None:
+            del self.files[script]
+        else:
+            self.files[script] = entry["content"]
+        observation = f"Content of {script} after undo the most recent edit:\n{entry['content'] or ''}"
+        if script == "train.py" and entry["metric"] is not None:  # the submission goes back to its earlier score
+            return self._submission(observation, entry["metric"])
+        return self._result(observation, "neutral")
+
+    def _execute_script(self, script_name):
+        script = self._path(script_name)
+        if script not in self.files:
+            return self._result(f"EnvError: The file {script} does not exist.", "error")
+        run = self._run(script)
+        kind, note = self._outcome(run, script)
+        if kind == "success" and script == "train.py":
+            self.metric, self.m_high = run.score, self._better(self.m_high, run.score)
+        return self._result(f"The script has been executed. Here is the output:\n{run.output}{note}",
+                            "neutral" if kind == "success" else kind, run)
+
+    def _copy_file(self, source, destination):
+        src, dst = self._path(source), self._path(destination)
+        if src not in self.files:
+            return self._result(f"EnvError: cannot copy {source}: only scripts of the workspace can be copied", "error")
+        self._save(dst, self.files[src])
+        observation = f"File {src} copied to {dst}"
+        if dst != "train.py" or src == dst:
+            return self._result(observation, "neutral")
+        run = self._run(dst)  # the submission changed: score it, as an edit of train.py would be
+        kind, note = self._outcome(run, dst)
+        if kind != "success":
+            return self._result(observation + note, kind, run)
+        return self._submission(observation + note, run.score, run)
+
+    def _final_answer(self, final_answer):
+        self.done = True
+        return self._result("end", "final", done=True)
+
+    HANDLERS = {"List Files": _list_files, "Understand File": _understand_file,  # action name -> its method
+                "Inspect Script Lines": _inspect_script_lines, "Edit Script (AI)": _edit_script,
+                "Undo Edit Script": _undo_edit_script, "Execute Script": _execute_script, "Copy File": _copy_file,
+                "Final Answer": _final_answer}
+
+
+assert Env.HANDLERS.keys() == ACTIONS.keys(), "every action has its method"
 
 # ============================================================================================= the sandbox
 
@@ -1519,11 +947,558 @@ def _run(task: Task, files: dict[str, str], script: str, timeout: float, memory_
         if lock is not None:
             os.close(lock)
 
+# ========================================================================================== built-in tasks
+# Data: scikit-learn's shipped datasets (no download) or generated with fixed seeds. scikit-learn is imported inside the
+# functions that build tasks: it is heavy, and the callers that only act on prepared tasks never need it.
+
+
+def _sklearn_frame(name: str, target: str, **kw) -> pd.DataFrame:
+    """sklearn.datasets.load_<name> as a frame, the target in column `target`."""
+    from sklearn import datasets
+    data = getattr(datasets, f"load_{name}")(**kw)
+    df = pd.DataFrame(data.data, columns=[re.sub(r"\W+", "_", c).strip("_") for c in data.feature_names])
+    df[target] = data.target
+    return df
+
+
+def _digits() -> pd.DataFrame:
+    from sklearn.datasets import load_digits
+    data = load_digits()
+    df = pd.DataFrame(data.data.astype(int), columns=[f"pixel_{i}" for i in range(64)])
+    df["label"] = data.target
+    return df
+
+
+def _breast_cancer() -> pd.DataFrame:
+    df = _sklearn_frame("breast_cancer", "malignant")
+    df["malignant"] = 1 - df["malignant"]  # sklearn codes malignant as 0
+    return df
+
+
+def _wine() -> pd.DataFrame:
+    return _sklearn_frame("wine", "label")
+
+
+def _diabetes() -> pd.DataFrame:
+    return _sklearn_frame("diabetes", "progression", scaled=False)
+
+
+def _reviews(n=2400, seed=0, balance=(0.3, 0.25, 0.45), noise=0.05) -> pd.DataFrame:
+    """Product reviews from word lists; negations ("not great") flip a phrase, and a share of labels is noise.
+    balance: the shares of negative, neutral and positive reviews; noise: the share of random labels."""
+    rng = np.random.default_rng(seed)
+    words = {
+        "product": "blender kettle headphones backpack lamp toaster keyboard charger jacket tent".split(),
+        "pos": "great excellent sturdy comfortable reliable fantastic quiet fast lovely perfect".split(),
+        "neg": "broken flimsy noisy slow awful useless cheap disappointing faulty uncomfortable".split(),
+        "mid": "okay average decent fine acceptable ordinary mediocre standard".split(),
+        "filler": "i bought this for my kitchen last week after reading reviews the delivery was on time and it "
+                  "came in a box with a manual".split(),
+    }
+    templates = ["the {p} is {w}", "{w} {p}", "really {w}", "it feels {w}", "honestly {w}"]
+    negated = ["the {p} is not {w}", "not {w} at all", "never {w}", "not a {w} {p}"]
+    # label -> probabilities of a phrase being: positive, negative, middling, negated positive, negated negative
+    mix = {"positive": [0.65, 0.05, 0.08, 0.02, 0.2], "negative": [0.05, 0.6, 0.08, 0.22, 0.05],
+           "neutral": [0.12, 0.12, 0.66, 0.05, 0.05]}
+    labels = rng.choice(["negative", "neutral", "positive"], size=n, p=list(balance))
+    rows = []
+    for label in labels:
+        p = rng.choice(words["product"])
+        phrases = []
+        for kind in rng.choice(5, size=rng.integers(2, 6), p=mix[label]):
+            pool = words[("pos", "neg", "mid", "pos", "neg")[kind]]
+            phrase = rng.choice(templates if kind < 3 else negated)
+            phrases.append(phrase.format(p=p, w=rng.choice(pool)))
+        phrases.append(" ".join(rng.choice(words["filler"], size=rng.integers(3, 9))))
+        rng.shuffle(phrases)
+        rows.append(", ".join(phrases))
+    noisy = rng.random(n) < noise
+    labels[noisy] = rng.choice(["negative", "neutral", "positive"], size=noisy.sum())
+    return pd.DataFrame({"text": rows, "sentiment": labels})
+
+
+def _churn(n=3000, seed=0) -> pd.DataFrame:
+    """make_classification's clusters dressed as a telecom customer table, with categories and missing values."""
+    from sklearn.datasets import make_classification
+    x, y = make_classification(n_samples=n, n_features=8, n_informative=5, n_redundant=1, n_clusters_per_class=2,
+                               weights=[0.73], flip_y=0.03, class_sep=0.9, random_state=seed)
+    rng = np.random.default_rng(seed)
+    df = pd.DataFrame({
+        "tenure_months": np.clip(np.round(24 + 12 * x[:, 0]), 0, 72),
+        "monthly_charges": np.round(70 + 20 * x[:, 1], 2),
+        "support_calls": np.clip(np.round(2 + 1.5 * x[:, 2]), 0, None),
+        "data_usage_gb": np.round(np.exp(2 + 0.5 * x[:, 3]), 2),
+        "late_payments": np.clip(np.round(1 + x[:, 4]), 0, None),
+        "age": np.clip(np.round(45 + 12 * x[:, 5]), 18, 90),
+        "plan": pd.cut(x[:, 6], [-np.inf, -0.5, 0.7, np.inf], labels=["basic", "standard", "premium"]).astype(str),
+        "payment_method": pd.cut(x[:, 7], [-np.inf, -0.4, 0.4, np.inf],
+                                 labels=["card", "bank_transfer", "electronic_check"]).astype(str),
+        "region": rng.choice(["north", "south", "east", "west"], size=n),
+    })
+    for col in ("monthly_charges", "data_usage_gb", "age"):
+        df.loc[rng.random(n) < 0.06, col] = np.nan
+    df["churn"] = y
+    return df
+
+
+def _house_prices(n=2000, seed=0) -> pd.DataFrame:
+    """Prices from a multiplicative model: size x neighbourhood, a U-shaped age effect, condition, noise."""
+    rng = np.random.default_rng(seed)
+    hoods = {"riverside": 1.35, "old_town": 1.15, "hillcrest": 1.0, "lakeshore": 1.6, "industrial": 0.7}
+    hood = rng.choice(list(hoods), size=n, p=[0.2, 0.25, 0.3, 0.1, 0.15])
+    sqft = np.round(rng.lognormal(7.4, 0.35, n))
+    bedrooms = np.clip(np.round(sqft / 600 + rng.normal(0, 0.7, n)), 1, 6)
+    age = rng.integers(0, 100, n)
+    condition = rng.integers(1, 6, n)
+    garage = (rng.random(n) < 0.6).astype(int)
+    lot = np.round(rng.lognormal(8.5, 0.5, n))
+    price = (160 * sqft * np.vectorize(hoods.get)(hood) * (1 + 0.06 * (condition - 3))
+             * (1 - 0.006 * age + 0.00007 * age ** 2) + 12 * np.sqrt(lot) * 100 + 15000 * garage)
+    price = np.round(price * rng.lognormal(0, 0.08, n), -2)
+    return pd.DataFrame({"sqft": sqft, "bedrooms": bedrooms, "age": age, "condition": condition, "garage": garage,
+                         "lot_size": lot, "neighborhood": hood, "price": price})
+
+
+SALES_WEEK = (0.9, 0.92, 0.95, 1.0, 1.12, 1.35, 1.2)  # Monday ... Sunday
+
+
+def _daily_sales(seed=0, levels=(200.0, 120.0, 80.0), week=SALES_WEEK, trend=0.0004, season=0.15, promo_lift=0.25,
+                 noise_sd=0.06, heat=0.8) -> pd.DataFrame:
+    """Stores A, B, ... (one per level), 2021-2023: trend x weekly x yearly seasonality x promotions, temperature,
+    AR(1) noise. Each row also holds yesterday's and last week's sales: the task is one-step-ahead forecasting."""
+    rng = np.random.default_rng(seed)
+    dates = pd.date_range("2021-01-01", "2023-12-31", freq="D")
+    t = np.arange(len(dates))
+    doy = 2 * np.pi * dates.day_of_year.to_numpy() / 365.25
+    weekly = np.array(week)[dates.day_of_week]
+    frames = []
+    for store, level in zip("ABCDEFGH", levels):
+        temperature = np.round(14 - 9 * np.cos(doy) + rng.normal(0, 3, len(t)), 1)
+        promo = (rng.random(len(t)) < 0.15).astype(int)
+        noise = np.zeros(len(t))
+        for i in range(1, len(t)):
+            noise[i] = 0.75 * noise[i - 1] + rng.normal(0, noise_sd)
+        sales = (level * (1 + trend * t) * weekly * (1 + season * np.sin(doy - 1.0)) * (1 + promo_lift * promo)
+                 * np.exp(noise) + heat * (temperature - 14))
+        frames.append(pd.DataFrame({"date": dates.strftime("%Y-%m-%d"), "store": store, "promo": promo,
+                                    "temperature": temperature, "sales_lag_1": np.r_[np.nan, sales[:-1]].round(1),
+                                    "sales_lag_7": np.r_[[np.nan] * 7, sales[:-7]].round(1),
+                                    "sales": sales.round(1)}).iloc[7:])
+    return pd.concat(frames).sort_values(["date", "store"], kind="stable").reset_index(drop=True)
+
+# Starter scripts: one template, tasks/starter/train.py; each task fills its data, model and submission blocks from
+# tasks/starter/{data,model,submit}/. The `# --- name ---` lines delimit the blocks that the offline recipes edit.
+# The hand-made tasks are listed in tasks/builtin.json, the generated families below build theirs from these blocks.
+PLAIN_DATA, SALES_DATA, TEXT_DATA = (_block(f"starter/data/{name}.py") for name in ("plain", "sales", "text"))
+SCALED_LOGREG, RIDGE, TREE_CLF, TREE_REG, NAIVE_BAYES = (_block(f"starter/model/{name}.py") for name in (
+    "scaled-logreg", "ridge", "tree-classifier", "tree-regressor", "naive-bayes"))
+
+
+@dataclass
+class TaskSpec:
+    """How a built-in task is made: its data, metric, split and starter script."""
+    name: str
+    title: str
+    split: str  # "held-in" or "held-out"
+    metric: str
+    target: str  # the target column of train.csv
+    kind: str  # "classification" or "regression": which reference panel scores it
+    modality: str
+    load: Callable[[], pd.DataFrame]
+    about: str  # the problem, for description.md
+    baseline: str  # the starter's model, in words
+    model: str  # the starter's model block: its imports, a blank line, the lines that make `model`
+    data: str = PLAIN_DATA  # the starter's data block: builds X and X_test ($target: the target column)
+    submit: str = "label"  # submission.csv holds: "label", "probability" (of class 1) or "classes" (one column each)
+    test_fraction: float = 0.3  # time series: the last days instead
+    time_limit: float = 60.0
+    missing: bool = False  # some feature values are missing (the missing-indicator recipe applies)
+    classes: int = 3  # classes of a submit="classes" task (one probability column each)
+
+    @property
+    def target_columns(self) -> list[str]:
+        return [f"class_{c}" for c in range(self.classes)] if self.submit == "classes" else [self.target]
+
+    def starter(self) -> str:
+        metric = METRICS[self.metric]
+        imports, _, model = self.model.partition("\n\n")
+        imp = f"from sklearn.metrics import {metric.sklearn.split('(')[0]}"
+        split = "random_state=0" + (", stratify=y" if self.kind == "classification" else "")
+        if self.modality == "time series":
+            split = "shuffle=False"  # train.csv is in time order: validate on its latest days
+        return _fill(_text("starter/train.py"), name=self.name, baseline=self.baseline, label=metric.label,
+                     target=self.target, imports="\n".join(sorted({imp, *imports.splitlines()})),
+                     data=_fill(self.data, target=self.target), model=model, split=split, score=metric.sklearn,
+                     submit=_fill(_block(f"starter/submit/{self.submit}.py"), target=self.target))
+
+
+LOADERS = {"digits": _digits, "breast-cancer": _breast_cancer, "reviews": _reviews, "churn": _churn, "wine": _wine,
+           "diabetes": _diabetes, "sales": _daily_sales, "house-prices": _house_prices}  # the hand-made tasks' data
+
+
+def _handmade(row: dict) -> TaskSpec:
+    """A task of tasks/builtin.json: its rows from LOADERS, its starter's blocks named by file."""
+    return TaskSpec(**{**row, "load": LOADERS[row["name"]], "model": _block(f"starter/model/{row['model']}.py"),
+                       "data": _block(f"starter/data/{row.get('data', 'plain')}.py")})
+
+
+BUILTIN_TASKS: dict[str, TaskSpec] = {s.name: s for s in map(_handmade, json.loads(_text("builtin.json")))}
+
+# Generated task families (issue 12: a world in which the papers' effects can be seen). Each family draws, from its
+# seed, a task of one kind: its size, features, noise, metric and starter baseline. They are held-in tasks, so that
+# every kind of the held-out tasks (tabular classification with class probabilities, tabular regression, daily time
+# series; higher- and lower-is-better metrics) is trained on, and so that the number of RL training tasks can be
+# varied (ML-Agent Figure 5). Their test parts are large (1,500 rows; time series: 120 days of 3-5 stores), so that
+# the standard error of a private score is small next to the effect of one recipe.
+FAMILY_SEEDS = range(6)  # synth-<family>-0 ... -5
+FAMILY_ROWS = 3000  # half of them test rows, half of those private
+
+
+def _table_data(target: str, categories: list[str], missing: bool) -> str:
+    """The starter's data block of a generated table: one-hot categories, training medians for missing numbers."""
+    lines = [f'X = train.drop(columns=["id", "{target}"])', 'X_test = test.drop(columns=["id"])']
+    if categories:
+        cols = ", ".join(f'"{c}"' for c in categories)
+        lines += ["# one-hot encode the categories", f"both = pd.get_dummies(pd.concat([X, X_test]), columns=[{cols}], "
+                  "dtype=float)"]
+    else:
+        lines += ["both = pd.concat([X, X_test])"]
+    if missing:
+        lines += ["# fill missing numbers with the training medians", "both = both.fillna(both[: len(X)].median())"]
+    return "\n".join(lines + ["X, X_test = both[: len(X)], both[len(X):]"])
+
+
+def _synth_columns(rng, x: np.ndarray, n_cat: int, missing: bool) -> pd.DataFrame:
+    """Numeric features (some skewed or rounded to counts), `n_cat` categories binned from further features,
+    5% missing values in two numeric columns when `missing`."""
+    n, d = x.shape[0], x.shape[1] - n_cat
+    df = pd.DataFrame(index=range(n))
+    for j in range(d):
+        shape = rng.choice(["normal", "skewed", "count"])
+        col = x[:, j] if shape == "normal" else np.exp(0.6 * x[:, j]) if shape == "skewed" \
+            else np.clip(np.round(3 + 1.5 * x[:, j]), 0, None)
+        df[f"f{j}"] = np.round(col, 4)
+    for j in range(n_cat):
+        levels = [f"{c}{j}" for c in "abcde"[: rng.integers(3, 6)]]
+        df[f"cat{j}"] = np.array(levels)[np.digitize(x[:, d + j], np.sort(rng.normal(0, 1, len(levels) - 1)))]
+    if missing:
+        for col in rng.choice([f"f{j}" for j in range(d)], size=2, replace=False):
+            df.loc[rng.random(n) < 0.05, col] = np.nan
+    return df
+
+
+def _synth_regression(seed: int) -> TaskSpec:
+    """A positive target from a sum of per-feature shapes (linear, square, sine, threshold), one interaction, offsets
+    per category and Gaussian noise; multiplicative for odd seeds (a skewed target, where the log recipe helps)."""
+    rng = np.random.default_rng(7100 + seed)
+    d, n_cat, missing = int(rng.integers(5, 11)), int(rng.integers(0, 3)), bool(seed % 3 == 1)
+    cats = [f"cat{j}" for j in range(n_cat)]
+
+    def load():  # the rows are drawn only when the task folder is made
+        rng = np.random.default_rng(17100 + seed)
+        x = rng.normal(size=(FAMILY_ROWS, d + n_cat))
+        shapes = rng.choice(["linear", "square", "sine", "step"], size=d)
+        parts = {"linear": lambda v: v, "square": lambda v: v ** 2 - 1, "sine": lambda v: np.sin(2 * v),
+                 "step": lambda v: (v > 0.3) - 0.4}
+        f = sum(rng.uniform(0.3, 1.5) * parts[s](x[:, j]) for j, s in enumerate(shapes)) + 0.8 * x[:, 0] * x[:, 1]
+        for j in range(n_cat):
+            f = f + rng.normal(0, 0.8, 5)[np.digitize(x[:, d + j], [-1, 0, 1, 2])]
+        f = (f - f.mean()) / f.std() + rng.normal(0, rng.uniform(0.2, 0.7), FAMILY_ROWS)
+        y = np.round(np.exp(0.5 * f) * 100, 2) if seed % 2 else np.round(np.clip(50 + 10 * f, 1, None), 3)
+        return _synth_columns(rng, x, n_cat, missing).assign(target=y)
+    metric = ("rmse", "mae")[seed % 2 == 0]
+    starter = (RIDGE, TREE_REG)[seed % 3 == 2]
+    return TaskSpec(
+        f"synth-regression-{seed}", f"Generated regression {seed}", "held-in", metric, "target", "regression",
+        "tabular", load,
+        f"Predict `target` (a positive number) from {d} numeric features `f0` ... `f{d - 1}`"
+        + (f" and {n_cat} categorical column(s) `cat0` ..." if n_cat else "")
+        + ". The table is generated: the target is a noisy non-linear function of the features."
+        + (" Some values are missing." if missing else ""),
+        ("one-hot categories and ridge regression", "a depth-4 regression tree")[seed % 3 == 2], starter,
+        data=_table_data("target", cats, missing), test_fraction=0.5, missing=missing)
+
+
+def _synth_classification(seed: int) -> TaskSpec:
+    """make_classification's clusters (2 or 3 classes, varied separation, label noise and imbalance) as a table with
+    skewed features, categories and missing values; the metric cycles over the four classification metrics."""
+    rng = np.random.default_rng(7200 + seed)
+    metric, classes = [("log_loss", 3), ("accuracy", 2), ("roc_auc", 2), ("f1_macro", 3), ("log_loss", 2),
+                       ("accuracy", 3)][seed % 6]
+    d, n_cat, missing = int(rng.integers(6, 13)), int(rng.integers(0, 3)), bool(seed % 2)
+    cats = [f"cat{j}" for j in range(n_cat)]
+    flip, sep = float(rng.uniform(0.01, 0.06)), float(rng.uniform(0.6, 1.2))
+
+    def load():  # the rows are drawn only when the task folder is made
+        from sklearn.datasets import make_classification
+        x, y = make_classification(n_samples=FAMILY_ROWS, n_features=d + n_cat, n_informative=max(3, d // 2),
+                                   n_redundant=1, n_classes=classes, n_clusters_per_class=2,
+                                   weights=[0.6] + [0.4 / (classes - 1)] * (classes - 1) if seed % 3 else None,
+                                   flip_y=flip, class_sep=sep, random_state=17200 + seed)
+        return _synth_columns(np.random.default_rng(17200 + seed), x, n_cat, missing).assign(label=y)
+    submit = "classes" if metric == "log_loss" and classes == 3 else \
+        "probability" if METRICS[metric].kind == "probability" else "label"
+    starter, words = [(SCALED_LOGREG, "logistic regression"), (NAIVE_BAYES, "Gaussian naive Bayes"),
+                      (TREE_CLF, "a depth-3 decision tree")][seed % 3]
+    what = {"classes": "Submit one probability column per class: `class_0`, `class_1`, `class_2`.",
+            "probability": "Predict the probability that `label` is 1.", "label": "Predict `label`."}[submit]
+    return TaskSpec(
+        f"synth-classification-{seed}", f"Generated classification {seed}", "held-in", metric, "label",
+        "classification", "tabular", load,
+        f"Tell {classes} classes (`label` 0 ... {classes - 1}) apart from {d} numeric features `f0` ... `f{d - 1}`"
+        + (f" and {n_cat} categorical column(s) `cat0` ..." if n_cat else "")
+        + ". The table is generated; some labels are noise." + (" Some values are missing." if missing else "")
+        + " " + what, ("one-hot categories and " if n_cat else "") + words, starter,
+        data=_table_data("label", cats, missing), submit=submit, test_fraction=0.5, missing=missing, classes=classes)
+
+
+def _synth_series(seed: int) -> TaskSpec:
+    """Daily sales of 3-5 stores (the "sales" generator) with their own weekly shape, trend, seasonality, promotion
+    lift and noise; one-step-ahead forecasting with the same columns as "sales"."""
+    rng = np.random.default_rng(7300 + seed)
+    levels = tuple(np.round(rng.uniform(50, 250, int(rng.integers(3, 6))), 0))
+    week = tuple(np.round(np.array(SALES_WEEK)[rng.permutation(7)] * rng.uniform(0.9, 1.1, 7), 3))
+    kw = dict(levels=levels, week=week, trend=float(rng.uniform(-0.0002, 0.0008)), season=float(rng.uniform(0, 0.3)),
+              promo_lift=float(rng.uniform(0.05, 0.4)), noise_sd=float(rng.uniform(0.03, 0.1)),
+              heat=float(rng.uniform(-1, 1.5)))
+    return TaskSpec(
+        f"synth-timeseries-{seed}", f"Generated daily sales {seed}", "held-in", ("rmse", "mae")[seed % 2], "sales",
+        "regression", "time series", lambda: _daily_sales(7300 + seed, **kw),
+        f"Forecast tomorrow's `sales` of {len(levels)} stores from the `date`, `store`, a `promo` flag, the "
+        "`temperature`, and the sales of the previous day (`sales_lag_1`) and week (`sales_lag_7`). The series are "
+        "generated; train.csv covers 2021-01-08 to 2023-09-02, the test rows are the following 120 days.",
+        "ridge regression on a trend, day-of-week and store indicators", RIDGE, data=SALES_DATA)
+
+
+def _synth_text(seed: int) -> TaskSpec:
+    """Reviews (the "reviews" generator) with their own class balance and label noise; macro F1 or accuracy."""
+    rng = np.random.default_rng(7400 + seed)
+    balance = rng.dirichlet([4, 4, 4])
+    noise = float(rng.uniform(0.02, 0.1))
+    metric = ("f1_macro", "accuracy")[seed % 2]
+    return TaskSpec(
+        f"synth-text-{seed}", f"Generated review sentiment {seed}", "held-in", metric, "sentiment", "classification",
+        "text", lambda: _reviews(FAMILY_ROWS, 7400 + seed, balance, noise),
+        "Classify generated product reviews as `negative`, `neutral` or `positive` (column `sentiment`) from their "
+        "`text`. Reviews mix praise and complaints, and some are negated (\"not great\").",
+        "word counts and logistic regression", BUILTIN_TASKS["reviews"].model, data=TEXT_DATA, test_fraction=0.5)
+
+
+FAMILIES = {"regression": _synth_regression, "classification": _synth_classification,
+            "timeseries": _synth_series, "text": _synth_text}
+BUILTIN_TASKS.update({s.name: s for family in FAMILIES.values() for s in map(family, FAMILY_SEEDS)})
+
+def _description(template: str, time_limit: float, **values) -> str:
+    """description.md: tasks/description/<template>.md (the problem and the files), then the evaluation and rules that
+    every task shares (tasks/description/evaluation.md)."""
+    return _fill(_text(f"description/{template}.md") + _text("description/evaluation.md"),
+                 time_limit=format(time_limit, "g"), **values)
+
+
+def _columns(columns) -> str:
+    cols = [f"`{c}`" for c in columns]
+    return ", ".join(cols) if len(cols) <= 12 else f"{', '.join(cols[:4])}, ..., {', '.join(cols[-3:])}"
+
+
+def _features(train: pd.DataFrame, test: pd.DataFrame, target: str):
+    """Numeric features for the reference panel: date parts, one-hot categories, median-filled numbers, or tf-idf."""
+    if "text" in train:
+        from sklearn.feature_extraction.text import TfidfVectorizer
+        vec = TfidfVectorizer(ngram_range=(1, 2), min_df=2, sublinear_tf=True)
+        return vec.fit_transform(train["text"]), vec.transform(test["text"])
+    both = pd.concat([train.drop(columns=[target]), test]).drop(columns=["id"])
+    if "date" in both:
+        date = pd.to_datetime(both.pop("date"))
+        doy = 2 * np.pi * date.dt.day_of_year / 365.25
+        both = both.assign(t=(date - date.min()).dt.days, dow=date.dt.day_of_week.astype(str), sin=np.sin(doy),
+                           cos=np.cos(doy))
+    both = pd.get_dummies(both, dtype=float)
+    both = both.fillna(both[: len(train)].median()).to_numpy(dtype=float)
+    return both[: len(train)], both[len(train):]
+
+
+def _panel(kind: str, sparse: bool) -> list[tuple[str, object]]:
+    """The reference pipelines: dummies, linear models over a range of regularisation, kNN, trees, ensembles."""
+    from sklearn import dummy, ensemble, linear_model as lm, naive_bayes, neighbors, neural_network, svm, tree
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+
+    def scaled(m):  # tf-idf rows are already on one scale
+        return m if sparse else make_pipeline(StandardScaler(), m)
+    if kind == "classification":
+        panel = [("dummy: most frequent class", dummy.DummyClassifier()),
+                 ("dummy: random, class frequencies", dummy.DummyClassifier(strategy="stratified", random_state=0))]
+        panel += [(f"logistic regression C={c:g}", scaled(lm.LogisticRegression(C=c, max_iter=2000)))
+                  for c in (0.001, 0.01, 0.1, 1, 10, 100)]
+        panel += [(f"k-nearest neighbours k={k}", scaled(neighbors.KNeighborsClassifier(k))) for k in (1, 5, 25)]
+        panel += [(f"decision tree depth={d}", tree.DecisionTreeClassifier(max_depth=d, random_state=0))
+                  for d in (1, 3, 6, None)]
+        panel += [("random forest 20 trees depth 4", ensemble.RandomForestClassifier(20, max_depth=4, random_state=0)),
+                  ("random forest 100 trees", ensemble.RandomForestClassifier(100, random_state=0)),
+                  ("extra trees 100", ensemble.ExtraTreesClassifier(100, random_state=0)),
+                  ("RBF SVM", scaled(svm.SVC(C=10, probability=True, random_state=0))),
+                  ("MLP 64 hidden", scaled(neural_network.MLPClassifier((64,), max_iter=300, random_state=0)))]
+        if sparse:
+            return panel + [("multinomial naive Bayes", naive_bayes.MultinomialNB()),
+                            ("linear SVM", svm.LinearSVC())]
+        return panel + [("gaussian naive Bayes", naive_bayes.GaussianNB()),
+                        ("histogram gradient boosting", ensemble.HistGradientBoostingClassifier(random_state=0))]
+    panel = [("dummy: mean", dummy.DummyRegressor()), ("dummy: median", dummy.DummyRegressor(strategy="median")),
+             ("linear regression", scaled(lm.LinearRegression()))]
+    panel += [(f"ridge alpha={a:g}", scaled(lm.Ridge(a))) for a in (0.1, 10, 100, 1000)]
+    panel += [(f"lasso alpha={a:g}", scaled(lm.Lasso(alpha=a, max_iter=5000))) for a in (0.1, 10)]
+    panel += [(f"k-nearest neighbours k={k}", scaled(neighbors.KNeighborsRegressor(k))) for k in (1, 5, 20)]
+    panel += [(f"decision tree depth={d}", tree.DecisionTreeRegressor(max_depth=d, random_state=0))
+              for d in (2, 4, 8, None)]
+    return panel + [("random forest 20 trees depth 4", ensemble.RandomForestRegressor(20, max_depth=4, random_state=0)),
+                    ("random forest 100 trees", ensemble.RandomForestRegressor(100, random_state=0)),
+                    ("extra trees 100", ensemble.ExtraTreesRegressor(100, random_state=0)),
+                    ("gradient boosting 200", ensemble.GradientBoostingRegressor(n_estimators=200, random_state=0)),
+                    ("histogram gradient boosting", ensemble.HistGradientBoostingRegressor(random_state=0))]
+
+
+def _leaderboard(spec: TaskSpec, train, test, answers) -> pd.DataFrame:
+    """Fit every reference pipeline on train.csv and score it on the private part of the test rows (`score`, the
+    leaderboard) and on the public part (`public_score`, whose best is the m_best of the reward's scale, so that
+    m_t, m_init and m_best are all measured on the same rows)."""
+    from threadpoolctl import threadpool_limits  # scikit-learn's own dependency
+    metric = METRICS[spec.metric]
+    xtr, xte = _features(train, test, spec.target)
+    private = (answers["part"] == "private").to_numpy()
+    truth = answers[spec.target_columns].to_numpy()
+    truth = _labels(truth.ravel()) if metric.kind == "label" else truth.astype(float).squeeze()
+    rows = []
+    for entry, model in _panel(spec.kind, sparse=not isinstance(xtr, np.ndarray)):
+        if metric.kind == "probability" and not hasattr(model, "predict_proba"):
+            continue
+        with warnings.catch_warnings(), threadpool_limits(1):  # one thread: deterministic, no oversubscription
+            warnings.simplefilter("ignore")
+            model.fit(xtr, train[spec.target])
+        if metric.kind == "label":
+            pred = _labels(model.predict(xte))
+        elif metric.kind == "probability":
+            pred = model.predict_proba(xte)[:, 1] if len(spec.target_columns) == 1 else model.predict_proba(xte)
+        else:
+            pred = model.predict(xte)
+        rows.append((entry, round(metric.fn(truth[private], pred[private]), 6),
+                     round(metric.fn(truth[~private], pred[~private]), 6)))
+    board = pd.DataFrame(rows, columns=["entry", "score", "public_score"])
+    return board.sort_values("score", ascending=not metric.higher_is_better, kind="stable")
+
+
+def _parts(n: int, public_fraction=0.5, seed=0) -> np.ndarray:
+    """The Kaggle split of n test rows, seeded: a random `public_fraction` of them is "public", the rest "private"."""
+    rng = np.random.default_rng(seed)
+    return np.where(rng.permutation(n) < int(n * public_fraction), "public", "private")
+
+
+def _make(spec: TaskSpec) -> dict:
+    """One built-in task's files: split the rows, the answers with their public/private part, starter, leaderboard."""
+    metric = METRICS[spec.metric]
+    df = spec.load()
+    if spec.modality == "time series":  # the test rows are the last 120 days, kept in time order
+        cut = sorted(df["date"].unique())[-120]
+        df.insert(0, "id", np.arange(len(df)))
+        train, test = df[df["date"] < cut], df[df["date"] >= cut]
+    else:
+        from sklearn.model_selection import train_test_split
+        df = df.sample(frac=1.0, random_state=0).reset_index(drop=True)
+        df.insert(0, "id", np.arange(len(df)))
+        strat = df[spec.target] if spec.kind == "classification" else None
+        train, test = train_test_split(df, test_size=spec.test_fraction, random_state=0, stratify=strat)
+        train, test = train.sort_values("id"), test.sort_values("id")
+    part = _parts(len(test))
+    if spec.submit == "classes":
+        answers = pd.get_dummies(test[spec.target]).astype(int).set_axis(spec.target_columns, axis=1)
+    else:
+        answers = test[[spec.target]]
+    answers = pd.concat([test[["id"]], answers], axis=1).assign(part=part)
+    test_x = test.drop(columns=[spec.target])
+    board = _leaderboard(spec, train, test_x, answers)
+    y = train[spec.target]
+    if spec.submit == "classes":
+        default = 1 / len(spec.target_columns)  # uniform class probabilities, unrounded: rows must sum to 1
+    elif spec.submit == "probability":
+        default = round(y.mean(), 4)  # the base rate
+    else:
+        default = y.mode()[0] if metric.kind == "label" else y.mean()
+    info = {"name": spec.name, "title": spec.title, "metric": spec.metric, "higher_is_better": metric.higher_is_better,
+            "id_column": "id", "target_columns": spec.target_columns, "best_score": float(board["score"].iloc[0]),
+            "best_public_score": float(board["public_score"].max() if metric.higher_is_better
+                                       else board["public_score"].min()),
+            "time_limit": spec.time_limit, "split": spec.split, "kind": spec.kind, "modality": spec.modality,
+            "public_fraction": round(float(np.mean(part == "public")), 4), "version": TASKS_VERSION,
+            "leaderboard": "reference panel of scikit-learn pipelines scored on the private part, "
+                           "not human Kaggle entries"}
+    description = _description(
+        "builtin", title=spec.title, about=spec.about, n_train=len(train), n_test=len(test),
+        columns=_columns(train.columns), submission=_columns(["id", *spec.target_columns]), baseline=spec.baseline,
+        time_limit=spec.time_limit, metric=spec.metric, direction="higher" if metric.higher_is_better else "lower")
+    sample = pd.DataFrame({"id": test["id"], **dict.fromkeys(spec.target_columns, default)})
+    return {"public/train.csv": train, "public/test.csv": test_x, "public/sample_submission.csv": sample,
+            "public/train.py": spec.starter(), "private/answers.csv": answers, "private/leaderboard.csv": board,
+            "task.json": info, "description.md": description}
+
+
+def _write_task(folder: Path, files: dict):
+    """Write a task folder from {relative path: DataFrame (CSV) | dict (JSON) | text | folder to copy}, private/
+    root-only; it is built next to `folder` and swapped in by two renames, so no reader sees half a folder."""
+    _sweep_stale(folder.parent, f".{folder.name}-p*-*")  # what a killed writer left (answers included)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}-p{os.getpid()}-", dir=folder.parent))
+    try:
+        (tmp / "task" / "private").mkdir(parents=True, mode=0o700)
+        for name, content in files.items():
+            path = tmp / "task" / name
+            path.parent.mkdir(parents=True, exist_ok=True)
+            if isinstance(content, pd.DataFrame):
+                content.to_csv(path, index=False)
+            elif isinstance(content, dict):
+                path.write_text(json.dumps(content, indent=2) + "\n")
+            elif isinstance(content, Path):
+                shutil.copytree(content, path, dirs_exist_ok=True)
+            else:
+                path.write_text(content)
+        if folder.exists():
+            os.replace(folder, tmp / "old")
+        os.replace(tmp / "task", folder)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def prepare(names=None, root=TASKS_DIR, force=False) -> list[Path]:
+    """Make the built-in task folders under root (deterministic; a folder of the current version is kept as is)."""
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for name in names or list(BUILTIN_TASKS):
+        if name not in BUILTIN_TASKS:
+            raise TaskError(f"unknown built-in task {name!r} (known: {', '.join(BUILTIN_TASKS)})")
+        folder = root / name
+        if force or not _current(folder):
+            lock = os.open(root, os.O_RDONLY)  # one builder per root at a time; the others wait, then find it built
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                if force or not _current(folder):
+                    _write_task(folder, _make(BUILTIN_TASKS[name]))
+            finally:
+                os.close(lock)
+        paths.append(folder)
+    return paths
+
+
+def _current(folder: Path) -> bool:
+    try:
+        return json.loads((folder / "task.json").read_text()).get("version") == TASKS_VERSION
+    except (OSError, json.JSONDecodeError):
+        return False
+
 # ============================================================================ offline recipes for Edit Script (AI)
 # The stand-in for the LLM editor (so that everything runs with no network and no API key): each recipe is one real code
-# change to a built-in starter script, in one of ML-Agent's idea categories (arXiv:2505.23723, §"Exploration-enriched fine-tuning": data, model, learning). A
-# recipe appends lines to a `# --- data ---` or `# --- model ---` block, or replaces one line of it, so recipes
-# compose. $kind, $scoring, $selector and $voting are filled in for the script's task.
+# change to a built-in starter script, in one of ML-Agent's idea categories (arXiv:2505.23723, §"Exploration-enriched
+# fine-tuning": data, model, learning). A recipe appends lines to a `# --- data ---` or `# --- model ---` block, or
+# replaces one line of it, so recipes compose. One file each, tasks/recipes/NN-<name>.py, in the order they are
+# offered: `# key: value` header lines (idea, category, tasks, block, replace), a blank line, the imports it needs and
+# a blank line, then its code; $kind, $scoring, $selector and $voting are filled in for the script's task.
 
 
 class EditError(Exception):
@@ -1542,137 +1517,43 @@ class Recipe:
     replace: str | None = None  # regex of the block line to replace
 
 
-TEXT = tuple(n for n, s in BUILTIN_TASKS.items() if s.modality == "text")
-CLASSIFY = tuple(n for n, s in BUILTIN_TASKS.items() if s.kind == "classification" and n not in TEXT)
-REGRESS = tuple(n for n, s in BUILTIN_TASKS.items() if s.kind == "regression")
-NUMERIC = CLASSIFY + REGRESS
-SERIES = tuple(n for n, s in BUILTIN_TASKS.items() if s.modality == "time series")
-MISSING = tuple(n for n, s in BUILTIN_TASKS.items() if s.missing)
-SCALER = "from sklearn.preprocessing import StandardScaler"
-PIPE = "from sklearn.pipeline import make_pipeline"
-MODEL_LINE = r"model = .*"
+TASK_GROUPS = {  # the names a recipe's `# tasks:` line may use besides task names, joined by + and -
+    "TEXT": tuple(n for n, s in BUILTIN_TASKS.items() if s.modality == "text"),
+    "CLASSIFY": tuple(n for n, s in BUILTIN_TASKS.items() if s.kind == "classification" and s.modality != "text"),
+    "REGRESS": tuple(n for n, s in BUILTIN_TASKS.items() if s.kind == "regression"),
+    "SERIES": tuple(n for n, s in BUILTIN_TASKS.items() if s.modality == "time series"),
+    "MISSING": tuple(n for n, s in BUILTIN_TASKS.items() if s.missing)}
+TASK_GROUPS["NUMERIC"] = TASK_GROUPS["CLASSIFY"] + TASK_GROUPS["REGRESS"]
 
-RECIPES = [
-    # --- data
-    Recipe("standardize", "data", "Standardise every feature to zero mean and unit variance before fitting the model.",
-           NUMERIC, "data", "# standardise every feature with the training mean and standard deviation\n"
-           "scaler = StandardScaler().fit(X)\nX, X_test = scaler.transform(X), scaler.transform(X_test)", (SCALER,)),
-    Recipe("quantile-features", "data", "Map every feature to a normal distribution with a quantile transform.",
-           NUMERIC, "data", "# map each feature through its quantiles onto a normal distribution\n"
-           'quantiles = QuantileTransformer(n_quantiles=200, output_distribution="normal").fit(X)\n'
-           "X, X_test = quantiles.transform(X), quantiles.transform(X_test)",
-           ("from sklearn.preprocessing import QuantileTransformer",)),
-    Recipe("polynomial-features", "data", "Add pairwise products and squares of the features (degree-2 polynomial).",
-           tuple(n for n in NUMERIC if n != "digits"), "data", "# add all pairwise products and squares\n"
-           "poly = PolynomialFeatures(degree=2, include_bias=False).fit(X)\n"
-           "X, X_test = poly.transform(X), poly.transform(X_test)",
-           ("from sklearn.preprocessing import PolynomialFeatures",)),
-    Recipe("select-k-best", "data", "Keep only the better half of the features by a univariate F-test.",
-           NUMERIC, "data", "# keep the half of the features with the strongest univariate relation to the target\n"
-           "selector = SelectKBest($selector, k=max(1, X.shape[1] // 2)).fit(X, y)\n"
-           "X, X_test = selector.transform(X), selector.transform(X_test)",
-           ("from sklearn.feature_selection import SelectKBest, $selector",)),
-    Recipe("pca-whitening", "data", "Project the pixels onto the principal components that keep 95% of the variance, "
-           "whitened.", ("digits",), "data", "# principal components keeping 95% of the variance, whitened\n"
-           "pca = PCA(n_components=0.95, whiten=True, random_state=0).fit(X)\n"
-           "X, X_test = pca.transform(X), pca.transform(X_test)", ("from sklearn.decomposition import PCA",)),
-    Recipe("ink-profiles", "data", "Add the row and column ink sums of each 8x8 image as features.", ("digits",),
-           "data",
-           '# add the ink profile of each image: its sums over the 8 rows and over the 8 columns\n'
-           'def profiles(df):\n    img = df.filter(like="pixel_").to_numpy(dtype=float).reshape(-1, 8, 8)\n'
-           "    return np.column_stack([img.sum(axis=2), img.sum(axis=1)])\n\n\n"
-           "X, X_test = np.column_stack([X, profiles(train)]), np.column_stack([X_test, profiles(test)])"),
-    Recipe("missing-indicators", "data", "Add a 0/1 indicator column for every feature that has missing values.",
-           MISSING, "data", "# add a 0/1 column per feature with missing values: was it missing?\n"
-           "missing = [c for c in test.columns if train[c].isna().any()]\n"
-           "X, X_test = np.column_stack([X, train[missing].isna()]), np.column_stack([X_test, test[missing].isna()])"),
-    Recipe("log-target", "data", "Fit the model to the logarithm of the target and transform predictions back.",
-           REGRESS, "model", "# fit on log(1 + target), predict back on the original scale\n"
-           "model = TransformedTargetRegressor(model, func=np.log1p, inverse_func=np.expm1)",
-           ("from sklearn.compose import TransformedTargetRegressor",)),
-    Recipe("lag-features", "data", "Add the previous day's and previous week's sales as lag features.", SERIES,
-           "data", "# add the lagged sales: yesterday and the same day last week\n"
-           'lags = ["sales_lag_1", "sales_lag_7"]\n'
-           "X, X_test = np.column_stack([X, train[lags]]), np.column_stack([X_test, test[lags]])"),
-    Recipe("fourier-seasonality", "data", "Add sine and cosine terms of the day of the year for yearly seasonality.",
-           SERIES, "data", "# yearly seasonality: sine and cosine of the first two yearly harmonics\n"
-           "def fourier(df):\n    d = 2 * np.pi * pd.to_datetime(df[\"date\"]).dt.day_of_year.to_numpy() / 365.25\n"
-           "    return np.column_stack([np.sin(d), np.cos(d), np.sin(2 * d), np.cos(2 * d)])\n\n\n"
-           "X, X_test = np.column_stack([X, fourier(train)]), np.column_stack([X_test, fourier(test)])"),
-    Recipe("log-size-features", "data", "Add the logarithms of floor area and lot size as features.",
-           ("house-prices",), "data", "# add log floor area and log lot size: prices grow multiplicatively\n"
-           'sizes = ["sqft", "lot_size"]\n'
-           "X, X_test = np.column_stack([X, np.log(train[sizes])]), np.column_stack([X_test, np.log(test[sizes])])"),
-    Recipe("tfidf-bigrams", "data", "Use tf-idf weighted word unigrams and bigrams instead of raw word counts.", TEXT,
-           "data", "vectorizer = TfidfVectorizer(ngram_range=(1, 2), min_df=2, sublinear_tf=True)",
-           ("from sklearn.feature_extraction.text import TfidfVectorizer",), replace=r"vectorizer = .*"),
-    Recipe("char-ngrams", "data", "Add character 2- to 4-gram tf-idf features to the word features.", TEXT, "data",
-           "# add character 2-4-gram tf-idf features\n"
-           'chars = TfidfVectorizer(analyzer="char_wb", ngram_range=(2, 4), min_df=3, sublinear_tf=True)\n'
-           'X = hstack([X, chars.fit_transform(train["text"])]).tocsr()\n'
-           'X_test = hstack([X_test, chars.transform(test["text"])]).tocsr()',
-           ("from scipy.sparse import hstack", "from sklearn.feature_extraction.text import TfidfVectorizer")),
-    Recipe("negation-marking", "data", "Mark the word after a negation (\"not great\" becomes \"not NOT_great\").",
-           TEXT, "data", "# mark the word after a negation so that \"not great\" does not count as \"great\"\n"
-           "def negate(texts):\n"
-           '    return texts.str.replace(r"\\b(not|never|no)\\s+(?:a\\s+)?(\\w+)", r"\\1 NOT_\\2", regex=True)\n\n\n'
-           'X = vectorizer.fit_transform(negate(train["text"]))\nX_test = vectorizer.transform(negate(test["text"]))'),
-    # --- model
-    Recipe("random-forest", "model", "Replace the model with a random forest of 200 trees.", NUMERIC + TEXT, "model",
-           "model = RandomForest$kind(n_estimators=200, random_state=0)",
-           ("from sklearn.ensemble import RandomForest$kind",),
-           MODEL_LINE),
-    Recipe("extra-trees", "model", "Replace the model with extremely randomised trees (200 trees).", NUMERIC + TEXT,
-           "model", "model = ExtraTrees$kind(n_estimators=200, random_state=0)",
-           ("from sklearn.ensemble import ExtraTrees$kind",), MODEL_LINE),
-    Recipe("gradient-boosting", "model", "Replace the model with histogram gradient boosting.", NUMERIC, "model",
-           "model = HistGradientBoosting$kind(max_iter=150, learning_rate=0.1, random_state=0)",
-           ("from sklearn.ensemble import HistGradientBoosting$kind",), MODEL_LINE),
-    Recipe("knn", "model", "Replace the model with k-nearest neighbours on standardised features.", NUMERIC, "model",
-           'model = make_pipeline(StandardScaler(), KNeighbors$kind(n_neighbors=7, weights="distance"))',
-           (PIPE, SCALER, "from sklearn.neighbors import KNeighbors$kind"), MODEL_LINE),
-    Recipe("svm", "model", "Replace the model with an RBF-kernel support vector machine on standardised features.",
-           CLASSIFY, "model", "model = make_pipeline(StandardScaler(), SVC(C=10, probability=True, random_state=0))",
-           (PIPE, SCALER, "from sklearn.svm import SVC"), MODEL_LINE),
-    Recipe("mlp", "model", "Replace the model with a one-hidden-layer neural network (MLP) on standardised features.",
-           CLASSIFY, "model", "model = make_pipeline(StandardScaler(), MLPClassifier(hidden_layer_sizes=(128,), "
-           "max_iter=500, early_stopping=True, random_state=0))", (PIPE, SCALER,
-                                                                    "from sklearn.neural_network import MLPClassifier"),
-           MODEL_LINE),
-    Recipe("linear-svm", "model", "Replace the model with a linear support vector machine.", TEXT, "model",
-           "model = LinearSVC(C=0.5)", ("from sklearn.svm import LinearSVC",), MODEL_LINE),
-    Recipe("naive-bayes", "model", "Replace the model with complement naive Bayes.", TEXT, "model",
-           "model = ComplementNB(alpha=0.5)", ("from sklearn.naive_bayes import ComplementNB",), MODEL_LINE),
-    Recipe("sgd-classifier", "model", "Replace the model with a linear classifier trained by stochastic gradient "
-           "descent (modified Huber loss).", TEXT, "model",
-           'model = SGDClassifier(loss="modified_huber", alpha=1e-4, random_state=0)',
-           ("from sklearn.linear_model import SGDClassifier",), MODEL_LINE),
-    # --- learning
-    Recipe("tune-hyperparameters", "learning", "Choose the model's main hyperparameters by 3-fold cross-validated "
-           "grid search.", NUMERIC + TEXT, "model", "# choose the main hyperparameters by 3-fold cross-validated grid "
-           "search\nvalues = {\"C\": [0.1, 1.0, 10.0], \"alpha\": [0.1, 1.0, 10.0], \"max_depth\": [None, 4, 8], "
-           "\"var_smoothing\": [1e-9, 1e-3],\n          \"n_neighbors\": [5, 15], \"learning_rate\": [0.05, 0.2]}\n"
-           "grid = {k: values[k.split(\"__\")[-1]] for k in model.get_params() if k.split(\"__\")[-1] in values}\n"
-           'model = GridSearchCV(model, grid, cv=3, scoring="$scoring") if grid else model',
-           ("from sklearn.model_selection import GridSearchCV",)),
-    Recipe("class-weight-balanced", "learning", "Weight each class inversely to its frequency in the training loss.",
-           CLASSIFY + TEXT, "model", "# weight each class inversely to its frequency\n"
-           'model.set_params(**{k: "balanced" for k in model.get_params() if k.split("__")[-1] == "class_weight"})'),
-    Recipe("bagging", "learning", "Train a bagging ensemble of 10 copies of the model on bootstrap samples.",
-           NUMERIC + TEXT, "model", "# a bagging ensemble: 10 copies fitted on bootstrap samples, averaged\n"
-           "model = Bagging$kind(model, n_estimators=10, random_state=0)",
-           ("from sklearn.ensemble import Bagging$kind",)),
-    Recipe("voting-ensemble", "learning", "Average the model's predictions with a random forest and gradient "
-           "boosting.", NUMERIC, "model", "# average the model with a random forest and gradient boosting\n"
-           'model = Voting$kind([("base", model), ("forest", RandomForest$kind(n_estimators=100, random_state=0)),\n'
-           '                     ("boosting", HistGradientBoosting$kind(max_iter=50, random_state=0))]$voting)',
-           ("from sklearn.ensemble import HistGradientBoosting$kind, RandomForest$kind, Voting$kind",)),
-    Recipe("calibrate-probabilities", "learning", "Calibrate the predicted probabilities with 3-fold sigmoid "
-           "(Platt) calibration.", CLASSIFY, "model", "# calibrate the probabilities: Platt's sigmoid fitted on 3 "
-           "held-out folds\n"
-           'model = CalibratedClassifierCV(model, method="sigmoid", cv=3)',
-           ("from sklearn.calibration import CalibratedClassifierCV",)),
-]
+
+def _recipe_tasks(expression: str) -> tuple[str, ...]:
+    """`NUMERIC + TEXT`, `NUMERIC - digits`, `house-prices`: the tasks, in the order the groups list them."""
+    words = ["+", *expression.split()]
+    tasks: tuple[str, ...] = ()
+    for sign, word in zip(words[::2], words[1::2]):
+        names = TASK_GROUPS.get(word) or ((word,) if word in BUILTIN_TASKS else None)
+        if sign not in "+-" or names is None:
+            raise ValueError(f"recipe tasks {expression!r}: not groups and tasks joined by ' + ' and ' - '")
+        tasks = tasks + names if sign == "+" else tuple(n for n in tasks if n not in names)
+    return tasks
+
+
+def _read_recipe(path: Path) -> Recipe:
+    """One recipe file: its header, then (after a blank line) its imports and (after another) its code."""
+    lines = path.read_text().removesuffix("\n").split("\n")
+    head = {}
+    while lines and (m := re.fullmatch(r"# (idea|category|tasks|block|replace): (.*)", lines[0])):
+        head[m.group(1)] = m.group(2)
+        lines.pop(0)
+    body = lines[1:]
+    n = next((i for i, line in enumerate(body) if not line.startswith(("import ", "from "))), len(body))
+    if lines[:1] != [""] or (n and body[n:n + 1] != [""]):
+        raise ValueError(f"{path}: a blank line must end the header, and another the imports")
+    return Recipe(path.stem.split("-", 1)[1], head["category"], head["idea"], _recipe_tasks(head["tasks"]),
+                  head["block"], "\n".join(body[n + 1:] if n else body), tuple(body[:n]), head.get("replace"))
+
+
+RECIPES = [_read_recipe(path) for path in sorted((DATA_DIR / "recipes").glob("*.py"))]
 
 
 def recipes_for(task_name: str) -> list[Recipe]:
@@ -1721,278 +1602,176 @@ def recipe_editor(instruction: str, code: str) -> str:
                         f"Recipes for {task}: {names}")
     return _apply(max(hits, key=lambda h: h[0])[1], code, task)
 
-# ==================================================================================================== actions
-# MLAgentBench low_level_actions.py / high_level_actions.py: the action names and their JSON arguments.
+# ================================================================================== MLE-bench competitions
+# MLE-bench (Chan et al., 2024; github.com/openai/mle-bench) prepares a Kaggle competition into <data>/<id>/prepared/
+# (public/: what the agent sees; private/: the answers); mlebench/competitions/<id>/ in its checkout holds config.yaml
+# (the answers and sample submission files, the grade function), grade.py and Kaggle's leaderboard.csv (best first).
+# Here the test rows get a seeded public/private split, as Kaggle had, and each part is graded either by the
+# competition's own grade.py (given a checkout: exactly MLE-bench's grading, in a subprocess) or by one of METRICS,
+# which follow MLE-bench's conventions (sklearn's log-loss, macro AUC, extra columns ignored, `score_rows`).
+GRADE_TIMEOUT = 600.0  # seconds for one grading by a competition's grade.py
 
 
-@dataclass(frozen=True)
-class ActionSpec:
-    name: str
-    description: str
-    args: dict[str, str]  # argument name -> what to give
+def _grade_mlebench(task: Task, path: Path) -> Grade:
+    """Grade with the competition's grade.py (task.json `mlebench`), the checkout on PYTHONPATH; TaskError if it fails."""
+    m = task.info["mlebench"]
+    if path.is_symlink() or not path.is_file():  # the grader runs as root: a link could lead it to private/
+        return Grade(False, None, None, f"no submission: {path.name} does not exist or is not a plain file")
+    script = _fill(_text("mlebench/grade_parts.py"), labels=inspect.getsource(_labels))
+    env_ = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [m["checkout"], os.environ.get("PYTHONPATH")]))}
+    try:
+        r = subprocess.run([m["python"], "-c", script, m["grade_fn"], str(path), str(task.private_dir / "answers.csv"),
+                            task.id_column], cwd=m["checkout"], env=env_, capture_output=True, text=True,
+                           timeout=GRADE_TIMEOUT)
+        out = json.loads(r.stdout.strip().splitlines()[-1]) if r.returncode == 0 else None
+    except (OSError, subprocess.TimeoutExpired, json.JSONDecodeError, IndexError) as e:
+        raise TaskError(f"{m['competition']}: grading with {m['grade_fn']} failed: {str(e).splitlines()[0]}") from None
+    if out is None:
+        tail = (r.stderr.strip().splitlines() or [f"exit status {r.returncode}"])[-1]
+        raise TaskError(f"{m['competition']}: grading with {m['grade_fn']} failed: {tail}")
+    return Grade(False, None, None, out["error"]) if "error" in out else Grade(True, out["public"], out["private"], None)
 
 
-ACTIONS = {a.name: a for a in [
-    ActionSpec("List Files", "List the files and folders in a folder of the workspace.",
-               {"dir_path": 'a relative folder path, e.g. "." for the workspace itself'}),
-    ActionSpec("Understand File", "Look at a file: a CSV's shape, columns and first rows, a script's first lines.",
-               {"file_name": "a relative file path", "things_to_look_for": "what you want to find out"}),
-    ActionSpec("Inspect Script Lines", "Show lines of a script (at most 100 at a time).",
-               {"script_name": "a relative file path", "start_line_number": "first line, from 1",
-                "end_line_number": "last line, included"}),
-    ActionSpec("Edit Script (AI)", "Have an editor change a script following your instruction; the result is saved "
-               "under save_name and you get the diff. An edited Python script is run to measure it.",
-               {"script_name": "the script to edit (an empty file if it does not exist)",
-                "edit_instruction": "a precise description of the change", "save_name": "where to save the result"}),
-    ActionSpec("Undo Edit Script", "Revert the most recent edit of a script.", {"script_name": "a relative file path"}),
-    ActionSpec("Execute Script", "Run a Python script in the workspace and show its output.",
-               {"script_name": "a relative file path"}),
-    ActionSpec("Copy File", "Copy a script to another name; a script copied onto train.py is run to measure it.",
-               {"source": "a relative file path", "destination": "a relative file path"}),
-    ActionSpec("Final Answer", "End the task: train.py as it is now is your solution.",
-               {"final_answer": "a short summary of what you did and found"}),
-]}
+def _read_yaml(path: Path) -> dict:
+    """The YAML that an MLE-bench config.yaml needs here (mlebench/registry.py reads it with yaml.safe_load): nested
+    `key: value` mappings by indentation, quotes stripped; list items (prizes) are skipped. PyYAML is no dependency."""
+    root: dict = {}
+    stack = [(-1, root)]
+    for line in path.read_text().splitlines():
+        body = line.split(" #")[0].rstrip()
+        if not body.strip() or body.lstrip().startswith(("#", "-")):
+            continue
+        indent = len(body) - len(body.lstrip())
+        key, _, value = (x.strip() for x in body.partition(":"))
+        while stack[-1][0] >= indent:
+            stack.pop()
+        stack[-1][1][key] = value.strip("'\"") if value else {}
+        if not value:
+            stack.append((indent, stack[-1][1][key]))
+    return root
 
-
-@dataclass
-class StepResult:
-    observation: str
-    kind: str  # invalid | error | corner | neutral | edit | final: the outcome names of reward.py
-    metric_prev: float | None  # the submission's (train.py's) public score before the step
-    metric_new: float | None  # ... and after it: a side file's score never enters here (reward.py's rule)
-    run: RunResult | None = None
-    done: bool = False
-    metric_high: float | None = None  # the submission's best score in the episode before the step (binary reward)
-
-
-class _Invalid(Exception):
-    """An action input that breaks the action's contract (the step is "invalid")."""
-
-
-class Env:
-    """One task's workspace and the agent's actions on it; the metric is the public score of train.py.
-
-    train.py is the submission (Final Answer submits it as it is), so the metric a step reports, and reward.py pays
-    for, is always train.py's: an edit saved under another name, however well that file scores, changes nothing
-    (`metric_new == metric_prev`); Copy File onto train.py runs it and reports its score; Undo Edit Script of
-    train.py reports the score it restores. `m_high` is the best score train.py has had in the episode (the binary
-    reward pays only for a new one)."""
-
-    def __init__(self, task, editor=recipe_editor, show_score=False, timeout=None, cache=True):
-        self.task = load_task(task)
-        self.editor, self.show_score, self.timeout, self.cache = editor, show_score, timeout, cache
-        self.files: dict[str, str] = {}  # the workspace's scripts; data files are read from public/
-        self.history: list[dict] = []  # edits, newest last: {"script", "content" before (None: new), "metric"}
-        self.step_count, self.done = 0, False
-        self.metric = self.m_init = self.m_high = None
-        # m_best on the rows m_t is measured on (the public part); a task without it (MLE-bench) uses its leaderboard top
-        self.m_best = self.task.info.get("best_public_score", self.task.best_score)
-
-    def reset(self) -> str:
-        """A fresh workspace with the starter train.py, run once for m_init; returns the task description."""
-        self.files = {"train.py": (self.task.public_dir / "train.py").read_text()}
-        self.history, self.step_count, self.done = [], 0, False
-        run = self._run("train.py")
-        if run.status != "success":
-            raise RuntimeError(f"the starter train.py of {self.task.name} does not score: {run.status} "
-                               f"{run.error or run.output[-500:]}")
-        self.m_init = self.metric = self.m_high = run.score
-        return self.task.description
-
-    def snapshot(self) -> dict:
-        return {"task": self.task.name, "task_dir": str(self.task.dir), "step": self.step_count,
-                "files": dict(self.files), "history": [dict(h) for h in self.history], "metric": self.metric,
-                "m_init": self.m_init, "m_best": self.m_best, "m_high": self.m_high, "done": self.done}
-
-    def restore(self, snapshot: dict):
-        if Path(snapshot["task_dir"]).resolve() != self.task.dir:
-            self.task = load_task(snapshot["task"] if snapshot["task"] in BUILTIN_TASKS else snapshot["task_dir"])
-        self.files, self.history = dict(snapshot["files"]), [dict(h) for h in snapshot["history"]]
-        self.step_count, self.metric, self.done = snapshot["step"], snapshot["metric"], snapshot.get("done", False)
-        self.m_init, self.m_best = snapshot["m_init"], snapshot["m_best"]
-        self.m_high = snapshot.get("m_high", self._better(self.metric, self.m_init))  # older snapshots lack it
-
-    # --- one step
-
-    def step(self, action: str, action_input: dict) -> StepResult:
-        self.step_count += 1
-        spec = ACTIONS.get(action) if isinstance(action, str) else None
+def import_mlebench(prepared, out, metric=None, leaderboard=None, id_column=None, higher_is_better=None,
+                    starter=None, name=None, split="held-out", time_limit=600.0, public_fraction=0.5,
+                    seed=0, mlebench=None, config=None, score_rows=None) -> Path:
+    """Write a task folder at `out` from an MLE-bench prepared competition (`<data>/<id>/prepared`, or its parent),
+    graded by its grade.py when `mlebench` (a checkout) is given, else by `metric` (one of METRICS)."""
+    prepared, out = Path(prepared), Path(out)
+    prepared = prepared / "prepared" if (prepared / "prepared").is_dir() else prepared
+    competition = prepared.parent.name if prepared.name == "prepared" else prepared.name
+    checkout = Path(mlebench).resolve() if mlebench else None
+    if checkout and not config:
+        config = checkout / "mlebench" / "competitions" / competition / "config.yaml"
+    if config and not Path(config).is_file():
+        raise TaskError(f"{competition}: no config.yaml at {config}")
+    cfg = _read_yaml(Path(config)) if config else {}
+    if checkout and leaderboard is None:
+        leaderboard = Path(config).parent / "leaderboard.csv"
+    competition = cfg.get("id", competition)
+    # config.yaml names the files relative to the data folder, <id>/prepared/... (mlebench/registry.py)
+    answers_file, sample_file = (cfg.get("dataset", {}).get(k, d).split("prepared/", 1)[-1] for k, d in
+                                 (("answers", "private/test.csv"), ("sample_submission", "public/sample_submission.csv")))
+    missing = [f for f in (answers_file, sample_file) if not (prepared / f).is_file()]
+    if missing or not answers_file.endswith(".csv") or not sample_file.startswith("public/"):
+        raise TaskError(f"{prepared}: not an MLE-bench prepared competition with CSV answers and a public sample "
+                        f"submission (answers {answers_file}, sample {sample_file}; missing {missing or 'none'})")
+    if leaderboard is not None and not Path(leaderboard).is_file():
+        raise TaskError(f"no such leaderboard: {leaderboard}")
+    if not checkout and metric not in METRICS:
+        raise TaskError(f"unknown metric {metric!r}: env.py grades with {', '.join(METRICS)} (another metric needs "
+                        f"--mlebench, the competition's own grade.py)")
+    if checkout and score_rows:
+        raise TaskError("--score-rows is for env.py's metrics: with --mlebench the competition's grade.py picks its rows")
+    m = METRICS.get(metric)
+    board = None
+    if leaderboard is not None:
+        board = pd.read_csv(leaderboard)
+        if "score" not in board or board["score"].isna().all():
+            raise TaskError(f"{leaderboard}: no `score` column with values")
+        board = board.dropna(subset=["score"])
+    # MLE-bench reads the direction off the leaderboard, best first (mlebench/grade_helpers.py, is_lower_better)
+    higher = m.higher_is_better if m else not board["score"].iloc[0] < board["score"].iloc[-1]
+    direction = "higher" if higher else "lower"
+    if higher_is_better not in (None, higher):
+        raise TaskError(f"{metric or competition}: {direction} is better, not the direction given")
+    if out.exists() and not (out / "task.json").is_file():
+        raise TaskError(f"{out} exists and is not a task folder: choose a new --out")
+    sample = pd.read_csv(prepared / sample_file)
+    id_column = id_column or sample.columns[0]
+    targets = [c for c in sample.columns if c != id_column]
+    truth = pd.read_csv(prepared / answers_file)
+    need = [id_column] if checkout else [id_column, *targets]
+    missing = [c for c in need if c not in truth.columns or c not in sample.columns]
+    if missing or not targets or (not checkout and len(truth) != len(sample)):
+        raise TaskError(f"{prepared}: {answers_file} ({len(truth)} rows) must hold the id column and the target "
+                        f"column(s) of {sample_file} ({len(sample)} rows); missing: {missing or 'none'}")
+    rule = None
+    if score_rows:  # the one subset rule expressed here: COLUMN == VALUE (ventilator-pressure-prediction's u_out=0)
+        column, eq, value = score_rows.partition("=")
+        if not eq or column not in truth.columns or column in need:
+            raise TaskError(f"--score-rows {score_rows!r}: not COLUMN=VALUE with COLUMN a non-target column of "
+                            f"{answers_file} (another subset rule needs --mlebench, the competition's own grade.py)")
+        rule = {"column": column, "value": value}
+    if m and m.kind == "probability" and not checkout and not truth[targets].isin([0, 1]).all().all():
+        raise TaskError(f"{answers_file}: {metric} needs 0/1 answers, these hold other values (e.g. jigsaw's -1 "
+                        f"rows, which its grade.py skips): import with --mlebench")
+    keep = list(truth.columns) if checkout else [*need, *([rule["column"]] if rule else [])]
+    answers = truth[keep].assign(part=_parts(len(truth), public_fraction, seed))
+    if board is not None:
+        if (board["score"].iloc[0] - board["score"].iloc[-1]) * (1 if higher else -1) < 0:
+            raise TaskError(f"{leaderboard} ranks the other way round from {metric} ({direction} is better): "
+                            f"is {metric} the competition's metric?")
+        teams = board["teamId"].tolist() if "teamId" in board else range(1, len(board) + 1)  # MLE-bench drops names
+        board = pd.DataFrame({"entry": [f"team {t}" for t in teams], "score": board["score"].to_numpy(float)})
+        board = board.sort_values("score", ascending=not higher, kind="stable")
+        best = float(board["score"].iloc[0])
+    else:  # no leaderboard: the best score is the perfect one, the answers graded against themselves
+        values = answers[targets].to_numpy()
         try:
-            if spec is None:
-                raise _Invalid(f"EnvError: unknown action {action!r}; the actions are: {', '.join(ACTIONS)}")
-            if not isinstance(action_input, dict):
-                raise _Invalid(f"EnvError: the input of {action} must be a JSON object with the keys "
-                               f"{', '.join(spec.args)}")
-            missing = [a for a in spec.args if a not in action_input]
-            extra = [k for k in action_input if k not in spec.args]
-            if missing or extra:
-                raise _Invalid(f"EnvError: {action} takes the arguments {', '.join(spec.args)}; missing: "
-                               f"{', '.join(missing) or 'none'}; unexpected: {', '.join(map(str, extra)) or 'none'}")
-            handler = getattr(self, "_" + action.split(" (")[0].lower().replace(" ", "_"))
-            return handler(**action_input)
-        except _Invalid as e:
-            return self._result(str(e), "invalid")
-
-    def _result(self, observation, kind, run=None, done=False) -> StepResult:
-        """A step that leaves the metric as it is."""
-        return StepResult(observation, kind, self.metric, self.metric, run, done, self.m_high)
-
-    def _better(self, a, b):
-        """The better of two scores in the task's direction; None counts as missing."""
-        if a is None or b is None:
-            return b if a is None else a
-        return max(a, b) if self.task.higher_is_better else min(a, b)
-
-    def _submission(self, observation, score, run=None) -> StepResult:
-        """A step that set train.py to a script scoring `score`: an "edit" from the old metric to the new one."""
-        prev, high = self.metric, self.m_high
-        self.metric, self.m_high = score, self._better(high, score)
-        return StepResult(observation, "edit", prev, score, run, metric_high=high)
-
-    def _path(self, name) -> str:
-        if not isinstance(name, str):
-            raise _Invalid(f"EnvError: a path must be a string, got {name!r}")
-        try:
-            return _workspace_path(name)
+            values = _labels(values[:, 0]) if m.kind == "label" else values.astype(float).squeeze()
         except ValueError:
-            raise _Invalid(f"EnvError: {name!r} is outside the workspace; use a relative path such as train.py") \
-                from None
-
-    def _read(self, name) -> str | None:
-        """A workspace file's text: a script, or a public data file; None when there is no such file."""
-        path = self._path(name)
-        if path in self.files:
-            return self.files[path]
-        public = self.task.public_dir / path
-        return public.read_text(errors="replace") if public.is_file() else None
-
-    def _save(self, path: str, text: str):
-        """Write a workspace script, remembering what it replaced for Undo Edit Script."""
-        self.history.append({"script": path, "content": self.files.get(path), "metric": self.metric})
-        self.files[path] = text
-
-    def _run(self, script: str) -> RunResult:
-        others = {k: v for k, v in self.files.items() if k != script}
-        return run_script(self.task, self.files[script], timeout=self.timeout, cache=self.cache, files=others,
-                          script=script)
-
-    def _outcome(self, run: RunResult, script: str) -> tuple[str, str]:
-        """(kind, note for the observation) of a run: success, error, corner case."""
-        if run.status == "success":
-            return "success", f"\nPublic score ({self.task.metric}): {run.score:.4f}" if self.show_score else ""
-        if run.status in ("timeout", "resource"):
-            what = "the time limit" if run.status == "timeout" else "a resource limit (memory, CPU time or file size)"
-            return "corner", f"\nEnvError: the script was stopped at {what}."
-        if run.status == "invalid_submission":
-            helper = script != "train.py" and run.error.startswith("no submission")  # e.g. a module of helpers
-            return ("neutral" if helper else "error"), ("" if helper else f"\nEnvError: {run.error}")
-        return "error", ""
-
-    # --- the actions (MLAgentBench names; observations worded like MLAgentBench's)
-
-    def _list_files(self, dir_path):
-        folder = "" if str(dir_path).strip() in ("", ".", "./") else self._path(dir_path)
-        every = [str(p.relative_to(self.task.public_dir)) for p in self.task.public_dir.rglob("*") if p.is_file()]
-        entries = set()
-        for path in set(every) | set(self.files):
-            if not folder or path.startswith(folder + "/"):
-                rest = path[len(folder) + 1:] if folder else path
-                entries.add(rest.split("/")[0] + ("/" if "/" in rest else ""))
-        if not entries:
-            return self._result(f"EnvError: Cannot list files in the {dir_path} directory", "error")
-        return self._result("\n".join(sorted(entries)) + "\n", "neutral")
-
-    def _understand_file(self, file_name, things_to_look_for):
-        text = self._read(file_name)
-        if text is None:
-            return self._result(f"EnvError: cannot read {file_name}: no such file", "error")
-        lines = text.splitlines()
-        if file_name.endswith(".csv"):
-            head = "\n".join(lines[:6])
-            body = f"{len(lines) - 1} rows; columns: {lines[0] if lines else ''}\nFirst rows:\n{head}"
-        else:
-            body = "\n".join(lines[:100]) + (f"\n[... {len(lines) - 100} more lines]" if len(lines) > 100 else "")
-        return self._result(f"Offline summary of {file_name} (no LLM reads it here; you asked about: "
-                            f"{things_to_look_for}):\n{body}", "neutral")
-
-    def _inspect_script_lines(self, script_name, start_line_number, end_line_number):
-        try:
-            start, end = int(start_line_number), int(end_line_number)
-        except (TypeError, ValueError):
-            raise _Invalid("EnvError: start_line_number and end_line_number must be integers") from None
-        text = self._read(script_name)
-        if text is None:
-            return self._result(f"EnvError: cannot find script {script_name}", "error")
-        if end - start >= 100:
-            return self._result("EnvError: the number of lines to display is limited to 100 lines", "error")
-        lines = text.splitlines()
-        shown = "\n".join(lines[max(start, 1) - 1:end])
-        return self._result(f"Here are the lines (the file ends at line {len(lines)}):\n\n{shown}", "neutral")
-
-    def _edit_script(self, script_name, edit_instruction, save_name):
-        source, save = self._path(script_name), self._path(save_name)
-        old = self._read(source) or ""
-        try:
-            new = self.editor(str(edit_instruction), old)
-        except Exception as e:  # noqa: BLE001 - any editor failure is an edit that cannot be applied
-            return self._result(f"EnvError: the edit could not be applied: {e}", "error")
-        self._save(save, new)
-        diff = "".join(difflib.unified_diff(old.splitlines(True), new.splitlines(True), source, save))
-        observation = (f"The edited file is saved to {save}. Here is the diff, please check if the edit is correct "
-                       f"and desirable:\n\n{diff}")
-        if not save.endswith(".py"):
-            return self._result(observation, "neutral")
-        run = self._run(save)
-        kind, note = self._outcome(run, save)
-        if kind != "success":
-            return self._result(observation + note, kind, run)
-        if save != "train.py":  # a side file: the submission, and so the metric, is unchanged (reward 0)
-            return self._result(observation + note, "edit", run)
-        return self._submission(observation + note, run.score, run)
-
-    def _undo_edit_script(self, script_name):
-        script = self._path(script_name)
-        at = next((i for i in range(len(self.history) - 1, -1, -1) if self.history[i]["script"] == script), None)
-        if at is None:
-            return self._result(f"EnvError: there is no change to undo in {script}", "error")
-        entry = self.history.pop(at)
-        if entry["content"] is None:
-            del self.files[script]
-        else:
-            self.files[script] = entry["content"]
-        observation = f"Content of {script} after undo the most recent edit:\n{entry['content'] or ''}"
-        if script == "train.py" and entry["metric"] is not None:  # the submission goes back to its earlier score
-            return self._submission(observation, entry["metric"])
-        return self._result(observation, "neutral")
-
-    def _execute_script(self, script_name):
-        script = self._path(script_name)
-        if script not in self.files:
-            return self._result(f"EnvError: The file {script} does not exist.", "error")
-        run = self._run(script)
-        kind, note = self._outcome(run, script)
-        if kind == "success" and script == "train.py":
-            self.metric, self.m_high = run.score, self._better(self.m_high, run.score)
-        return self._result(f"The script has been executed. Here is the output:\n{run.output}{note}",
-                            "neutral" if kind == "success" else kind, run)
-
-    def _copy_file(self, source, destination):
-        src, dst = self._path(source), self._path(destination)
-        if src not in self.files:
-            return self._result(f"EnvError: cannot copy {source}: only scripts of the workspace can be copied", "error")
-        self._save(dst, self.files[src])
-        observation = f"File {src} copied to {dst}"
-        if dst != "train.py" or src == dst:
-            return self._result(observation, "neutral")
-        run = self._run(dst)  # the submission changed: score it, as an edit of train.py would be
-        kind, note = self._outcome(run, dst)
-        if kind != "success":
-            return self._result(observation + note, kind, run)
-        return self._submission(observation + note, run.score, run)
-
-    def _final_answer(self, final_answer):
-        self.done = True
-        return self._result("end", "final", done=True)
+            raise TaskError(f"{prepared}: the answers are not numbers, as {metric} needs") from None
+        best = m.fn(values, values)
+    name = name or competition
+    about = prepared / "public" / "description.md"
+    grader = {"grader": "env.py metric"} if not checkout else \
+        {"grader": "grade.py", "grade_fn": cfg.get("grader", {}).get("grade_fn"), "checkout": str(checkout),
+         "python": sys.executable}
+    metric = metric or cfg.get("grader", {}).get("name") or "grade.py"
+    info = {"name": name, "title": name, "metric": metric, "higher_is_better": higher,
+            "id_column": id_column, "target_columns": targets, "best_score": best, "time_limit": float(time_limit),
+            "split": split, "source": f"MLE-bench prepared competition {prepared.resolve()}",
+            "public_fraction": public_fraction, "split_seed": seed,
+            "mlebench": {"competition": competition, "config": str(config) if config else None,
+                         "answers": answers_file, "sample_submission": sample_file, **grader},
+            **({"score_rows": rule} if rule else {}),
+            "leaderboard": "MLE-bench's copy of the Kaggle leaderboard: scored by the competition's own metric on "
+                           "Kaggle's test rows, not on these" if leaderboard is not None else
+                           "none: best_score is the perfect score"}
+    if checkout and not grader["grade_fn"]:
+        raise TaskError(f"{competition}: {config} has no grader: grade_fn")
+    baseline = "the starter script given at import" if starter else \
+        "a generic baseline that writes sample_submission.csv unchanged (a placeholder, not a model: replace it)"
+    description = _description(
+        "mlebench", title=name, about=about.read_text().strip() if about.is_file() else f"MLE-bench competition {name}.",
+        files=_columns(sorted(p.name for p in (prepared / "public").iterdir())), baseline=baseline,
+        submission=_columns(sample.columns), metric=metric, direction=direction, time_limit=time_limit)
+    files = {"public": prepared / "public", "public/sample_submission.csv": (prepared / sample_file).read_text(),
+             "public/train.py": Path(starter).read_text() if starter else _text("mlebench/baseline.py"),
+             "private/answers.csv": answers, "task.json": info, "description.md": description}
+    if board is not None:
+        files["private/leaderboard.csv"] = board
+    out.parent.mkdir(parents=True, exist_ok=True)
+    _write_task(out, files)
+    try:
+        task = load_task(out)
+        check = grade(task, task.public_dir / "sample_submission.csv")
+    except TaskError:
+        shutil.rmtree(out)
+        raise
+    if not check.valid:
+        shutil.rmtree(out)
+        raise TaskError(f"{competition}: sample_submission.csv does not grade under {metric}: {check.error}")
+    return out
 
 # ============================================================================================== command line
 

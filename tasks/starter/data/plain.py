@@ -1,0 +1,2 @@
+X = train.drop(columns=["id", "$target"])
+X_test = test.drop(columns=["id"])

@@ -1,0 +1,3 @@
+from sklearn.naive_bayes import GaussianNB
+
+model = GaussianNB()

@@ -1,0 +1,1 @@
+submission = pd.DataFrame({"id": test["id"], "$target": model.predict(X_test)})
