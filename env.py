@@ -1144,7 +1144,7 @@ def _handmade(row: dict) -> TaskSpec:
 
 BUILTIN_TASKS: dict[str, TaskSpec] = {s.name: s for s in map(_handmade, json.loads(_text("builtin.json")))}
 
-# Generated task families (issue 12: a world in which the papers' effects can be seen). Each family draws, from its
+# Generated task families, where the papers' effects can show (README, "Built-in tasks"). Each family draws, from its
 # seed, a task of one kind: its size, features, noise, metric and starter baseline. They are held-in tasks, so that
 # every kind of the held-out tasks (tabular classification with class probabilities, tabular regression, daily time
 # series; higher- and lower-is-better metrics) is trained on, and so that the number of RL training tasks can be

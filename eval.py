@@ -39,7 +39,7 @@ recipe Sub-Agent; `Edit Script (AI)` uses env.py's recipe editor for scripted an
 ppo.py trains them) and the policy itself for endpoint models (MLAB).
 
 Run:  python eval.py      (offline, after collect/sft/ppo: scripted expert + runs/ckpt/sft + runs/ckpt/ppo if present,
-                           MLAB scaffold, held-out built-in tasks, K=2, 8 steps: a few minutes on 2 CPU cores)
+                           MLAB scaffold, held-out built-in tasks, K=2, 8 steps: minutes on a CPU)
       python eval.py --k 8 --max-steps 15                            (the paper's K and step budget)
       python eval.py --scaffold matryoshka monolithic --tasks wine   (Matryoshka against its monolithic baseline)
       OPENAI_API_KEY=... python eval.py --policy gpt-4o-mini --price-in 0.15 --price-out 0.6 --split held-in
@@ -98,7 +98,7 @@ class Config:
     out: str = str(ROOT / "runs/eval")  # runs.jsonl, report.json, report.md, plots
     ppo_log: str = str(ROOT / "runs/ppo/log.jsonl")  # ppo.py's log, one line per iteration (its "reward" field)
     plots: bool = True  # write PNG plots when matplotlib is installed
-    threads: int = 1  # torch CPU threads of a local checkpoint (tiny-model decoding: fastest on 1 of 2 busy cores)
+    threads: int = 1  # torch CPU threads of a local checkpoint (tiny-model decoding: fastest single-threaded when busy)
 
 # ============================================================================================== the two metrics
 
@@ -488,11 +488,12 @@ def _evaluate(cfg: Config, log) -> dict:
     return report
 
 # ================================================================================================ the claims
-# One command that measures the papers' claims in miniature (issue 12): it runs the pipeline's own commands as
+# One command that measures the papers' claims in miniature: it runs the pipeline's own commands as
 # subprocesses under runs/claims/work (each step once: a finished step leaves <step>.done, a killed one is started
 # again from an empty folder), measures each claim, and writes claims.json, claims.md and plots under runs/claims.
 # Every number comes with its uncertainty (a bootstrap over states, runs or seeds) and "holds" says whether the
-# miniature shows the paper's effect; nothing here is tuned to make a claim hold.
+# miniature shows the paper's effect; nothing here is tuned to make a claim hold. The README, "The claims", has the
+# numbers of a full run.
 
 HELD_IN = [n for n, s in env.BUILTIN_TASKS.items() if s.split == "held-in"]
 CLAIM_PRESETS = {
@@ -501,7 +502,7 @@ CLAIM_PRESETS = {
                  ppo=["--iterations", "9"], objective_states=64, eval=["--k", "2", "--max-steps", "8"],
                  eval_tasks=[], orch_task="breast-cancer", orch=["--iterations", "1", "--depth", "2"],
                  c7_rounds=6, c8_tasks=["wine", "diabetes"]),
-    # --quick: the same steps at a size that shows the report's shape in about 15 minutes, not the claims' outcomes
+    # --quick: the same steps at a small size that shows the report's shape quickly, not the claims' outcomes
     "quick": dict(tasks=["digits", "churn", "synth-regression-0", "synth-classification-0", "synth-timeseries-0",
                          "synth-text-0"], few_tasks=2, trajectories=1, sft_seeds=(0,), sft=["--epochs", "2"],
                   unseen_states=40, ppo=["--iterations", "2", "--batch-size", "8"], objective_states=16,

@@ -233,7 +233,7 @@ class Qwen(nn.Module):
         super().__init__()
         self.config = cfg = config
         self.model = nn.ModuleDict(dict(  # parameter names match HF exactly, so state dicts load both ways
-            # from_pretrained skips nn.Embedding's own init (normal_ on the meta device pulls in ~75 MB of imports)
+            # from_pretrained skips nn.Embedding's own init (normal_ on the meta device pulls in heavy imports)
             embed_tokens=nn.Embedding.from_pretrained(torch.empty(cfg.vocab_size, cfg.hidden_size), freeze=False),
             layers=nn.ModuleList(Block(cfg) for _ in range(cfg.num_hidden_layers)),
             norm=RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)))

@@ -6,7 +6,7 @@ Orchestrator's prompt and its tool calls -> the Sub-Agent (prompt, code-execute-
 stand-ins -> the Matryoshka run and the monolithic run -> Solution Refinement Trees -> ranking loss and training ->
 command line.
 
-What the seed states and this file follows: the Orchestrator keeps only compact history (per attempt its id, parent,
+What the paper states and this file follows: the Orchestrator keeps only compact history (per attempt its id, parent,
 instruction, score and a structured summary) and answers with tool calls choosing a parent attempt, an instruction
 and reference attempts; several calls in one round run in parallel (§3.4); a Tool builds a fresh Sub-Agent context
 and returns score plus summary; a Sub-Agent debugs for at most 10 iterations (App. B); environment output longer than
@@ -15,10 +15,10 @@ branch by R(c) = max over the subtree of c of r(v) (§3.6) and trains with a ran
 beta * log(pi_theta / pi_ref) against the previous orchestrator (Eqs. 1-4), which for two children is DPO; successful
 Sub-Agent trajectories become SFT data (self-reinforcement).
 
-Where the seed is silent (our choices):
+Where the paper's text is silent (our choices):
 - The ranking loss for K children is Plackett-Luce over the children ranked by R, with ties skipped: each child k
   contributes -log(exp(s_k) / (exp(s_k) + sum over children j with R_j < R_k of exp(s_j))), summed over k. For two
-  children it is DPO's -log sigmoid(s_w - s_l) (Rafailov et al. 2023); the seed gives no K > 2 form.
+  children it is DPO's -log sigmoid(s_w - s_l) (Rafailov et al. 2023); the paper's text gives no K > 2 form.
 - r(v) is the best public score of the attempts a decision launched, signed so that larger is better; a decision that
   is unparsable, finishes, or yields no valid submission has r = -inf. beta defaults to 0.1 (DPO and TRL's default).
 - The Sub-Agent returns its best-scoring script of the attempt (by public score); the Tool writes the summary's
@@ -98,7 +98,7 @@ class Config:
     children: int = 2  # decisions sampled per node (binary trees in the paper)
     tree_temperature: float = 1.0  # sampling temperature of those decisions
     # --- Orchestrator training
-    beta: float = 0.1  # scale of the log-ratio scores (DPO's default; the seed gives none)
+    beta: float = 0.1  # scale of the log-ratio scores (DPO's default; the paper's text gives none)
     lr: float = 1e-5  # AdamW learning rate (paper tables: 1e-5)
     epochs: int = 2  # passes over the preference groups per iteration (paper tables: 2)
     iterations: int = 1  # online iterations: collect, train, the trained model becomes the next reference

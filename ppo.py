@@ -119,7 +119,7 @@ class Config:
     critic_warmup: int | None = None         # first iterations that update only the critic; None: 0, tiny: TINY
     adam_eps: float = 1e-5                   # N-details (TF Adam's 1e-5)
     max_grad_norm: float = 1.0               # OpenRLHF default
-    max_new_tokens: int = 400                # tokens per action (the scripted expert's responses: <= ~400 tiny tokens)
+    max_new_tokens: int = 400                # tokens per action (the scripted expert's longest responses fit)
     temperature: float = 0.7                 # N-details (summarize_from_feedback_details): 0.7
     kl_coef: float = 0.05                    # N-details: per-token KL penalty coefficient 0.05
     gamma: float = 1.0                       # N-details: no discount
@@ -142,8 +142,8 @@ class Config:
 
 
 PAPER = dict(actor_lr=1e-6, critic_lr=1e-5, critic_warmup=0)  # ML-Agent's values for a pre-trained 7B policy
-# The offline miniature (sft.py's tiny model from scratch, 0.7M parameters; any policy under TINY_PARAMS): at the
-# paper's learning rates its weights do not move (clip fraction 0.000, |KL| < 0.008 over 9 iterations, issue 12), so
+# The offline miniature (sft.py's tiny model from scratch; any policy under TINY_PARAMS): at the paper's learning
+# rates its weights do not move (no ratio is clipped, the KL stays near zero: README, "PPO on the tiny model"), so
 # it takes larger ones, and the critic, whose value head starts random, is fitted alone for the first iterations
 # before the policy follows (OpenRLHF's --freezing_actor_steps). Our choice; the settings tried are in the README.
 TINY = dict(actor_lr=1e-4, critic_lr=3e-3, critic_warmup=2)
@@ -333,8 +333,9 @@ def response_hidden(lm, ids, lengths, starts):
     """The final hidden states that predict each response token (the output at t - 1 predicts token t) and those
     tokens: (B, R, C), (B, R), R = the longest response of these rows. The rows are prompt + response, right-padded,
     row b holding lengths[b] tokens, its response from column starts[b]; the causal mask alone keeps real tokens off
-    the padding, so no attention mask is passed and SDPA may take its fused causal kernel (a padding mask costs
-    1.6-2x on CPU). Columns past a row's end read padding or the clamped last column: masked out by the caller."""
+    the padding, so no attention mask is passed and SDPA may take its fused causal kernel (a padding mask is much
+    slower on CPU: README, "Components", the PPO iteration row). Columns past a row's end read padding or the
+    clamped last column: masked out by the caller."""
     R = max(int((lengths - starts).max()), 1)
     pos = (starts[:, None] + torch.arange(R, device=ids.device)).clamp(max=ids.shape[1] - 1)  # (B, R)
     h = lm.hidden(ids)  # (B, W, C)

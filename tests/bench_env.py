@@ -9,7 +9,7 @@ For each task's starter script it times, N times each (interleaved, after one wa
            no network, process-group kill, bounded output, and grading of the submission;
 - cache:   `env.run_script(task, code, cache=True)` once the result is cached (a cache hit).
 
-It prints the mean (and min) times and the ratio sandbox / plain; the issue aims at a ratio of at most 1.2x.
+It prints the mean (and min) times and the ratio sandbox / plain; the aim is a ratio of at most 1.2x.
 Not collected by pytest (the file name does not start with test_).
 
     python tests/bench_env.py                       # digits, 5 repeats

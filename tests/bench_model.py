@@ -15,10 +15,10 @@ It measures, and prints as a table with the ratio ours / transformers:
   when read; the note gives the rise before that read), as a ratio to the weights' bytes. In the memory row the
   ours and transformers columns are those ratios.
 
-The issue aims at generation and training at least as fast as transformers (ratio >= 1) and a loading peak under
+The aim: generation and training at least as fast as transformers (ratio >= 1) and a loading peak under
 1.3x the weights. Not collected by pytest (the file name does not start with test_).
 
-    python tests/bench_model.py                         # hidden 512, 8 layers: about 3 minutes on 2 cores
+    python tests/bench_model.py                         # hidden 512, 8 layers: minutes on a CPU
     python tests/bench_model.py --threads 1             # steadier numbers on a machine shared with other work
     python tests/bench_model.py --hidden 256 --layers 4 --new-tokens 32 --skip-load   # a quick look
     python tests/bench_model.py --load-hidden 1024 --load-layers 12 --load-vocab 32000  # the ~200M load check
