@@ -745,13 +745,16 @@ def trim_log(path, out, iteration):
 def check_resume_reward(folder, cfg):
     """ValueError (one line) when the checkpoint in `folder` was trained with another reward config than cfg.reward:
     one run, one reward. A checkpoint that recorded none (older than the field) is accepted."""
-    path, recorded = os.path.join(folder, "trainer_state", "progress.json"), None
+    path, recorded = os.path.join(folder, "trainer_state", "progress.json"), {}
     if os.path.exists(path):
         with open(path, encoding="utf-8") as f:
-            recorded = json.load(f).get("config", {}).get("reward")
-    if recorded is not None and from_record(recorded) != cfg.reward:
-        raise ValueError(f"{folder} was trained with {from_record(recorded)}, the flags give {cfg.reward}; pass the "
-                         f"same reward flags or another --out")
+            recorded = json.load(f).get("config", {})
+    if recorded.get("reward") is not None and from_record(recorded["reward"]) != cfg.reward:
+        raise ValueError(f"{folder} was trained with {from_record(recorded['reward'])}, the flags give {cfg.reward}; "
+                         f"pass the same reward flags or another --out")
+    if recorded.get("unfinished_invalid", cfg.unfinished_invalid) != cfg.unfinished_invalid:  # a rule of the reward too
+        raise ValueError(f"{folder} was trained with unfinished_invalid={recorded['unfinished_invalid']}, the flags "
+                         f"give {cfg.unfinished_invalid}; pass the same flag or another --out")
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -697,3 +697,17 @@ def test_a_response_cut_at_max_new_tokens_is_invalid_unless_switched_off(pool, m
             outcomes = rollout_([states[0]], None, None, cfg, pool_, env.recipe_editor, "cpu", lambda n: None)[3]
         got.append([(o["kind"], o["reward"]) for o in outcomes])
     assert got == [[("invalid", -1.0)], [("neutral", 0.0)]]
+
+
+def test_resume_with_the_other_unfinished_rule_exits_2_with_one_line(pool, tmp_path, capsys):
+    out, _, _ = pool
+    ckpt = tmp_path / "o"
+    (ckpt / "trainer_state").mkdir(parents=True)
+    (ckpt / "trainer_state" / "state.pt").write_bytes(b"")  # never read: the check comes first
+    (ckpt / "trainer_state" / "progress.json").write_text(json.dumps({"iteration": 1, "config": dataclasses.asdict(
+        ppo.Config(unfinished_invalid=False))}))
+    ppo.check_resume_reward(str(ckpt), ppo.Config(unfinished_invalid=False))  # the same rule: fine
+    with pytest.raises(SystemExit) as exit_:
+        ppo.main(["--model", str(out / "tiny"), "--states", str(out / "states.jsonl"), "--out", str(ckpt)])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and len(err.strip().splitlines()) == 1 and "unfinished_invalid=False" in err
