@@ -814,28 +814,27 @@ def ranking_loss(scores, R):
 
 
 def response_logprobs(lm, tok, messages, responses, max_len: int):
-    """Sum of log pi(decision token | prompt, earlier decision tokens) per response: (K,). One forward pass with
-    right padding; the lm_head only on the response positions (the mask to response tokens). On CUDA under bf16
-    autocast (bf16 matmuls over fp32 master weights), in the weights' own dtype elsewhere."""
-    import torch  # lazy: see the imports
+    """Sum of log pi(decision token | prompt, earlier decision tokens) per response: (K,). model.response_logprobs
+    (ppo.py's per-token log-probs) at temperature 1 over the whole vocabulary, summed over each response; the rows
+    right-padded, each prompt cut to its end so that prompt + response fit max_len. On CUDA under bf16 autocast (bf16
+    matmuls over fp32 master weights), in the weights' own dtype elsewhere."""
+    import model  # lazy: see the imports
+    import torch
     prompt = tok.encode(tok.apply_chat_template(messages))
     seqs, starts = [], []
     for r in responses:
         resp = tok.encode(r) + ([tok.im_end_id] if tok.im_end_id is not None else [])  # the turn ends at <|im_end|>
-        p = prompt[-max(max_len - len(resp), 1):]  # a long prompt keeps its end
+        p = model.keep_end(prompt, max_len, len(resp))
         seqs.append(p + resp)
         starts.append(len(p))
     dev, pad = lm.lm_head.weight.device, tok.pad_token_id or 0
     L = max(map(len, seqs))
     ids = torch.tensor([s + [pad] * (L - len(s)) for s in seqs], device=dev)  # (K, L)
-    mask = torch.tensor([[1] * len(s) + [0] * (L - len(s)) for s in seqs], device=dev)
+    lengths, starts = torch.tensor(list(map(len, seqs)), device=dev), torch.tensor(starts, device=dev)
     with torch.autocast(dev.type, torch.bfloat16, enabled=dev.type == "cuda"):  # as ppo.autocast; none on CPU
-        h = lm.hidden(ids, mask)  # (K, L, C)
-        out = []
-        for k, (s, st) in enumerate(zip(seqs, starts)):
-            logits = lm.lm_head(h[k, st - 1:len(s) - 1]).float()  # (T_resp, V): position t predicts token t + 1
-            out.append(torch.log_softmax(logits, -1).gather(-1, ids[k, st:len(s), None]).sum())
-    return torch.stack(out)
+        lp = model.response_logprobs(lm, ids, lengths, starts)  # (K, R)
+    mine = torch.arange(lp.shape[1], device=dev) < (lengths - starts)[:, None]  # (K, R): the response's own tokens
+    return torch.where(mine, lp, 0.0).sum(-1)
 
 
 def adamw_passes(lm, n: int, steps: int, lr: float, seed, rng, loss_of, decay=False) -> list[float]:
