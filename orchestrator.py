@@ -813,7 +813,7 @@ def ranking_loss(scores, R):
     return torch.stack(terms).sum() if terms else None
 
 
-def response_logprobs(lm, tok, messages, responses, max_len: int):
+def decision_logprobs(lm, tok, messages, responses, max_len: int):
     """Sum of log pi(decision token | prompt, earlier decision tokens) per response: (K,). model.response_logprobs
     (ppo.py's per-token log-probs) at temperature 1 over the whole vocabulary, summed over each response; the rows
     right-padded, each prompt cut to its end so that prompt + response fit max_len. On CUDA under bf16 autocast (bf16
@@ -866,11 +866,11 @@ def train_orchestrator(policy, ref, tok, groups, cfg: Config, steps=None, log=pr
     """AdamW on the ranking loss over the groups, cfg.epochs passes (or `steps` updates); ref stays frozen."""
     import torch  # lazy: see the imports
     with torch.no_grad():
-        ref_lp = [response_logprobs(ref, tok, g["messages"], g["responses"], cfg.max_len) for g in groups]
+        ref_lp = [decision_logprobs(ref, tok, g["messages"], g["responses"], cfg.max_len) for g in groups]
 
     def scores(i):  # (K,) log-ratio scores of group i's decisions
         g = groups[i]
-        return cfg.beta * (response_logprobs(policy, tok, g["messages"], g["responses"], cfg.max_len) - ref_lp[i])
+        return cfg.beta * (decision_logprobs(policy, tok, g["messages"], g["responses"], cfg.max_len) - ref_lp[i])
     losses = adamw_passes(policy, len(groups), cfg.epochs * len(groups) if steps is None else steps, cfg.lr,
                           cfg.seed, random.Random(cfg.seed), lambda i: ranking_loss(scores(i), groups[i]["R"]))
     with torch.no_grad():  # how often the top-ranked child now has the highest score
@@ -983,10 +983,10 @@ def imitation_examples(tree, cfg: Config) -> list[dict]:
 
 def imitate(lm, tok, examples, cfg: Config, log=print) -> dict:
     """Behaviour cloning: the mean over decision tokens of -log pi(token | prompt, earlier tokens) (the sums of
-    response_logprobs over the example's decisions, divided by their token count); adamw_passes from
+    decision_logprobs over the example's decisions, divided by their token count); adamw_passes from
     cfg.imitation_lr decaying linearly to 0 over cfg.imitation_steps updates, one example per update."""
     sizes = [sum(len(tok.encode(r)) + (tok.im_end_id is not None) for r in e["responses"]) for e in examples]
-    nll = lambda i: -response_logprobs(lm, tok, examples[i]["messages"], examples[i]["responses"],  # noqa: E731
+    nll = lambda i: -decision_logprobs(lm, tok, examples[i]["messages"], examples[i]["responses"],  # noqa: E731
                                        cfg.max_len).sum() / sizes[i]
     start = time.time()
     losses = adamw_passes(lm, len(examples), cfg.imitation_steps, cfg.imitation_lr, cfg.seed,
