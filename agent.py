@@ -249,10 +249,9 @@ class LocalBackend:
 
     def chat(self, messages, n=1, temperature=0.0, max_tokens=1024, stop=None) -> Completion:
         start, tok = time.time(), self.tokenizer
-        ids = tok.encode(tok.apply_chat_template(messages))
-        room = max(self.lm.config.max_position_embeddings - max_tokens, 1)
-        ids = ids[-room:]  # a prompt longer than the context keeps its end (the latest steps)
-        stops = [i for i in dict.fromkeys([*self.lm.stop_token_ids, tok.eos_token_id, tok.im_end_id]) if i is not None]
+        ids = self.model.keep_end(tok.encode(tok.apply_chat_template(messages)),
+                                  self.lm.config.max_position_embeddings, max_tokens)  # the latest steps
+        stops = self.model.stop_ids(self.lm, tok)
         # n samples share one prefill of the prompt; stop strings end generation as soon as one is complete
         gen = self.lm.generate([ids], max_new_tokens=max_tokens, temperature=temperature, stop_token_ids=stops, n=n,
                                stop_fn=self.model.stop_strings(tok, stop))

@@ -4,7 +4,8 @@ What this file holds, top to bottom:
   1. `Config` (the fields of a Hugging Face `config.json`) and `tiny_config` for tests and CPU runs.
   2. The architecture: RMSNorm, rotary position embeddings, grouped-query attention, SwiGLU MLP, tied or untied
      embeddings (Qwen2 tech report arXiv:2407.10671, Qwen3 tech report arXiv:2505.09388), a KV cache and batched
-     generation with left padding that returns the new tokens and their log-probs (what PPO needs).
+     generation with left padding that returns the new tokens and their log-probs (what PPO needs), and the
+     log-probs of given responses (what PPO and the orchestrator's ranking loss train).
   3. A safetensors reader and writer written by hand (sharded checkpoints included).
   4. The byte-level BPE tokenizer read from `tokenizer.json`, the ChatML template, and a small BPE trainer.
   5. `load` (a local folder, the local Hugging Face cache, or a resumable download) and `save` (a folder that
@@ -48,6 +49,7 @@ import requests
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 from tqdm import tqdm
 
 
@@ -73,6 +75,10 @@ class Config:
     bos_token_id: int | None = None
     eos_token_id: int | list[int] | None = None
     torch_dtype: str = "bfloat16"         # the dtype the checkpoint was saved in
+    # not written to config.json: `load` fills them from generation_config.json and the tokenizer, so that a model
+    # rebuilt from its config (Qwen(lm.config)) stops and samples as the loaded one
+    stop_token_ids: list[int] | None = None  # generate's default stop ids; None -> eos_token_id
+    sample_vocab_size: int | None = None     # the rows generate samples from; None -> vocab_size
 
     def __post_init__(self):
         if self.model_type not in ("qwen2", "qwen3"):
@@ -99,7 +105,8 @@ class Config:
     def to_dict(self):
         """An HF-loadable config.json dict."""
         arch = "Qwen3ForCausalLM" if self.model_type == "qwen3" else "Qwen2ForCausalLM"
-        return {"architectures": [arch], **dataclasses.asdict(self), "hidden_act": "silu",
+        saved = {k: v for k, v in dataclasses.asdict(self).items() if k not in ("stop_token_ids", "sample_vocab_size")}
+        return {"architectures": [arch], **saved, "hidden_act": "silu",
                 "use_sliding_window": False, "attention_dropout": 0.0, "use_cache": True}
 
 
@@ -245,8 +252,8 @@ class Qwen(nn.Module):
                 if isinstance(m, nn.Linear) and m.bias is not None:
                     nn.init.zeros_(m.bias)
         self.tie_weights()
-        self.sample_vocab_size = cfg.vocab_size  # `load` lowers it to the tokenizer's size
-        self.stop_token_ids = _as_list(cfg.eos_token_id)  # generate's default; `load` adds generation_config's
+        self.sample_vocab_size = cfg.sample_vocab_size or cfg.vocab_size  # `load`: the tokenizer's size
+        self.stop_token_ids = _as_list(cfg.eos_token_id if cfg.stop_token_ids is None else cfg.stop_token_ids)
 
     def tie_weights(self):
         if self.config.tie_word_embeddings:
@@ -543,6 +550,38 @@ class Engine:
                     t[hole] = t[last]
                 self.live[hole] = s
             self.live.pop()
+
+
+def response_hidden(lm, ids, lengths, starts):
+    """The final hidden states that predict each response token (the output at t - 1 predicts token t) and those
+    tokens: (B, R, C), (B, R), R = the longest response of these rows. The rows are prompt + response, right-padded,
+    row b holding lengths[b] tokens, its response from column starts[b]; the causal mask alone keeps real tokens off
+    the padding, so no attention mask is passed and SDPA may take its fused causal kernel (a padding mask is much
+    slower on CPU: README, "Components", the PPO iteration row). Columns past a row's end read padding or the
+    clamped last column: masked out by the caller."""
+    R = max(int((lengths - starts).max()), 1)
+    pos = (starts[:, None] + torch.arange(R, device=ids.device)).clamp(max=ids.shape[1] - 1)  # (B, R)
+    h = lm.hidden(ids)  # (B, W, C)
+    return h.gather(1, (pos - 1)[..., None].expand(-1, -1, h.shape[-1])), ids.gather(1, pos)
+
+
+def response_logprobs(lm, ids, lengths, starts, temperature=1.0, vocab=None, chunk=1024):
+    """log pi(token_t | tokens_<t) of each row's response tokens under softmax(logits[:vocab] / T), the distribution
+    `generate` samples from at vocab = sample_vocab_size (N-details: the temperature must be applied in training
+    too). -> (B, R), rows as response_hidden's. The lm_head runs only where response tokens are predicted, `chunk`
+    tokens at a time; with gradients each chunk is recomputed in backward, so the fp32 logits of only one chunk ever
+    exist (B x R x V would be 2.5 GB at B = 4, R = 1024 for Qwen's 152k vocabulary)."""
+    h, tokens = response_hidden(lm, ids, lengths, starts)
+    B, R, C = h.shape
+    h, tokens = h.reshape(B * R, C), tokens.reshape(B * R)
+
+    def piece(h_, t_):
+        logits = lm.lm_head(h_).float()[:, :vocab] / temperature  # (chunk, V')
+        return logits.gather(-1, t_[:, None]).squeeze(-1) - torch.logsumexp(logits, -1)
+
+    out = [checkpoint(piece, h[a:a + chunk], tokens[a:a + chunk], use_reentrant=False) if torch.is_grad_enabled()
+           else piece(h[a:a + chunk], tokens[a:a + chunk]) for a in range(0, B * R, chunk)]
+    return torch.cat(out).view(B, R)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -958,6 +997,11 @@ def load(path_or_hub_id, device=None, dtype=None, meta=False):
         need = start + max((int(t["data_offsets"][1]) for t in header.values()), default=0)
         if os.path.getsize(path) < need:
             raise ValueError(f"{path}: truncated ({os.path.getsize(path)} of {need} bytes; an interrupted download?)")
+    tokenizer = Tokenizer.from_file(os.path.join(folder, "tokenizer.json"))
+    cfg.sample_vocab_size = min(len(tokenizer), cfg.vocab_size)
+    gen_path = os.path.join(folder, "generation_config.json")  # instruct models list <|im_end|> as an extra eos here
+    extra = _as_list(read_json(gen_path).get("eos_token_id")) if os.path.exists(gen_path) else []
+    cfg.stop_token_ids = list(dict.fromkeys(_as_list(cfg.eos_token_id) + extra))
     with torch.device("meta"):  # no memory yet: parameters are allocated empty, then filled tensor by tensor
         model = Qwen(cfg)
     model = model.to(dtype)
@@ -965,14 +1009,6 @@ def load(path_or_hub_id, device=None, dtype=None, meta=False):
         model = model.to_empty(device=device)
         model.tie_weights()
         _load_weights(model, files)
-    tokenizer = Tokenizer.from_file(os.path.join(folder, "tokenizer.json"))
-    model.sample_vocab_size = min(len(tokenizer), cfg.vocab_size)
-    gen_path = os.path.join(folder, "generation_config.json")
-    if os.path.exists(gen_path):  # instruct models list <|im_end|> as an extra eos here
-        eos = read_json(gen_path).get("eos_token_id")
-        for e in _as_list(eos):
-            if e not in model.stop_token_ids:
-                model.stop_token_ids.append(e)
     return model.eval(), tokenizer
 
 
@@ -1021,6 +1057,19 @@ def save(model, tokenizer, path, max_shard_bytes=5 * 2**30, dtype=None):
            "pad_token_id": tokenizer.pad_token_id, "do_sample": False}
     with open(os.path.join(path, "generation_config.json"), "w") as f:
         json.dump(gen, f, indent=2)
+
+
+def stop_ids(lm, tokenizer):
+    """The token ids a response ends at: the model's (its config's and generation_config's eos), the tokenizer's eos
+    and <|im_end|>, where a chat turn ends."""
+    ends = [*lm.stop_token_ids, tokenizer.eos_token_id, tokenizer.im_end_id]
+    return [i for i in dict.fromkeys(ends) if i is not None]
+
+
+def keep_end(ids, context, reserve):
+    """A prompt's ids cut to their end, so that `reserve` more tokens (the response) fit in `context` positions; one
+    token is kept at least. An agent's prompt keeps its latest steps."""
+    return ids[-max(context - reserve, 1):]
 
 
 def stop_strings(tokenizer, strings):
@@ -1137,8 +1186,7 @@ def make_server(model, tokenizer, host="127.0.0.1", port=8000, model_name="model
     """An OpenAI-compatible HTTP server (GET /v1/models, POST /v1/chat/completions, streaming or not). Handler
     threads parse and check requests; one Batcher thread generates for all of them together."""
     batcher = Batcher(model, max_batch)
-    ends = (*model.stop_token_ids, tokenizer.eos_token_id, tokenizer.im_end_id)  # chat turns end at <|im_end|>
-    stops = {i for i in ends if i is not None}
+    stops = set(stop_ids(model, tokenizer))
     context = model.config.max_position_embeddings
 
     class Handler(BaseHTTPRequestHandler):
@@ -1346,9 +1394,8 @@ def main(argv=None):
         sys.exit(2)
     if args.command == "generate":
         text = args.prompt if args.raw else tokenizer.apply_chat_template([{"role": "user", "content": args.prompt}])
-        stops = [i for i in (*model.stop_token_ids, tokenizer.im_end_id) if i is not None]
         gen = model.generate([tokenizer.encode(text)], args.max_new_tokens, args.temperature, args.top_p,
-                             stop_token_ids=stops, pad_token_id=tokenizer.pad_token_id)
+                             stop_token_ids=stop_ids(model, tokenizer), pad_token_id=tokenizer.pad_token_id)
         print(tokenizer.decode(gen.tokens[0], skip_special_tokens=True))
     else:
         serve(model, tokenizer, args.host, args.port, args.name or args.model, max(args.max_batch, 1))

@@ -813,29 +813,28 @@ def ranking_loss(scores, R):
     return torch.stack(terms).sum() if terms else None
 
 
-def response_logprobs(lm, tok, messages, responses, max_len: int):
-    """Sum of log pi(decision token | prompt, earlier decision tokens) per response: (K,). One forward pass with
-    right padding; the lm_head only on the response positions (the mask to response tokens). On CUDA under bf16
-    autocast (bf16 matmuls over fp32 master weights), in the weights' own dtype elsewhere."""
-    import torch  # lazy: see the imports
+def decision_logprobs(lm, tok, messages, responses, max_len: int):
+    """Sum of log pi(decision token | prompt, earlier decision tokens) per response: (K,). model.response_logprobs
+    (ppo.py's per-token log-probs) at temperature 1 over the whole vocabulary, summed over each response; the rows
+    right-padded, each prompt cut to its end so that prompt + response fit max_len. On CUDA under bf16 autocast (bf16
+    matmuls over fp32 master weights), in the weights' own dtype elsewhere."""
+    import model  # lazy: see the imports
+    import torch
     prompt = tok.encode(tok.apply_chat_template(messages))
     seqs, starts = [], []
     for r in responses:
         resp = tok.encode(r) + ([tok.im_end_id] if tok.im_end_id is not None else [])  # the turn ends at <|im_end|>
-        p = prompt[-max(max_len - len(resp), 1):]  # a long prompt keeps its end
+        p = model.keep_end(prompt, max_len, len(resp))
         seqs.append(p + resp)
         starts.append(len(p))
     dev, pad = lm.lm_head.weight.device, tok.pad_token_id or 0
     L = max(map(len, seqs))
     ids = torch.tensor([s + [pad] * (L - len(s)) for s in seqs], device=dev)  # (K, L)
-    mask = torch.tensor([[1] * len(s) + [0] * (L - len(s)) for s in seqs], device=dev)
+    lengths, starts = torch.tensor(list(map(len, seqs)), device=dev), torch.tensor(starts, device=dev)
     with torch.autocast(dev.type, torch.bfloat16, enabled=dev.type == "cuda"):  # as ppo.autocast; none on CPU
-        h = lm.hidden(ids, mask)  # (K, L, C)
-        out = []
-        for k, (s, st) in enumerate(zip(seqs, starts)):
-            logits = lm.lm_head(h[k, st - 1:len(s) - 1]).float()  # (T_resp, V): position t predicts token t + 1
-            out.append(torch.log_softmax(logits, -1).gather(-1, ids[k, st:len(s), None]).sum())
-    return torch.stack(out)
+        lp = model.response_logprobs(lm, ids, lengths, starts)  # (K, R)
+    mine = torch.arange(lp.shape[1], device=dev) < (lengths - starts)[:, None]  # (K, R): the response's own tokens
+    return torch.where(mine, lp, 0.0).sum(-1)
 
 
 def adamw_passes(lm, n: int, steps: int, lr: float, seed, rng, loss_of, decay=False) -> list[float]:
@@ -867,11 +866,11 @@ def train_orchestrator(policy, ref, tok, groups, cfg: Config, steps=None, log=pr
     """AdamW on the ranking loss over the groups, cfg.epochs passes (or `steps` updates); ref stays frozen."""
     import torch  # lazy: see the imports
     with torch.no_grad():
-        ref_lp = [response_logprobs(ref, tok, g["messages"], g["responses"], cfg.max_len) for g in groups]
+        ref_lp = [decision_logprobs(ref, tok, g["messages"], g["responses"], cfg.max_len) for g in groups]
 
     def scores(i):  # (K,) log-ratio scores of group i's decisions
         g = groups[i]
-        return cfg.beta * (response_logprobs(policy, tok, g["messages"], g["responses"], cfg.max_len) - ref_lp[i])
+        return cfg.beta * (decision_logprobs(policy, tok, g["messages"], g["responses"], cfg.max_len) - ref_lp[i])
     losses = adamw_passes(policy, len(groups), cfg.epochs * len(groups) if steps is None else steps, cfg.lr,
                           cfg.seed, random.Random(cfg.seed), lambda i: ranking_loss(scores(i), groups[i]["R"]))
     with torch.no_grad():  # how often the top-ranked child now has the highest score
@@ -984,10 +983,10 @@ def imitation_examples(tree, cfg: Config) -> list[dict]:
 
 def imitate(lm, tok, examples, cfg: Config, log=print) -> dict:
     """Behaviour cloning: the mean over decision tokens of -log pi(token | prompt, earlier tokens) (the sums of
-    response_logprobs over the example's decisions, divided by their token count); adamw_passes from
+    decision_logprobs over the example's decisions, divided by their token count); adamw_passes from
     cfg.imitation_lr decaying linearly to 0 over cfg.imitation_steps updates, one example per update."""
     sizes = [sum(len(tok.encode(r)) + (tok.im_end_id is not None) for r in e["responses"]) for e in examples]
-    nll = lambda i: -response_logprobs(lm, tok, examples[i]["messages"], examples[i]["responses"],  # noqa: E731
+    nll = lambda i: -decision_logprobs(lm, tok, examples[i]["messages"], examples[i]["responses"],  # noqa: E731
                                        cfg.max_len).sum() / sizes[i]
     start = time.time()
     losses = adamw_passes(lm, len(examples), cfg.imitation_steps, cfg.imitation_lr, cfg.seed,

@@ -76,7 +76,6 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 from torch.distributed.tensor import DTensor
-from torch.utils.checkpoint import checkpoint
 
 import agent
 import env
@@ -169,8 +168,8 @@ class Actor(nn.Module):
         self.lm, self.temperature, self.logits_chunk = lm, temperature, logits_chunk
 
     def forward(self, ids, lengths, starts):  # right-padded rows (B, W) -> log pi of each response token (B, R)
-        return response_logprobs(self.lm, ids, lengths, starts, self.temperature, self.lm.sample_vocab_size,
-                                 self.logits_chunk).clone()  # FSDP2 hooks the output: no view of an internal tensor
+        return model.response_logprobs(self.lm, ids, lengths, starts, self.temperature, self.lm.sample_vocab_size,
+                                       self.logits_chunk).clone()  # FSDP2 hooks the output: no internal view
 
 
 class Critic(nn.Module):
@@ -193,7 +192,7 @@ class Critic(nn.Module):
         return torch.randn(1, C, generator=g) / math.sqrt(C + 1), torch.zeros(1)
 
     def forward(self, ids, lengths, starts):  # right-padded rows (B, W) -> the value before each response token (B, R)
-        h, _ = response_hidden(self.backbone, ids, lengths, starts)
+        h, _ = model.response_hidden(self.backbone, ids, lengths, starts)
         return self.head(h.to(self.head.weight.dtype)).squeeze(-1).clone()
 
 
@@ -248,7 +247,6 @@ def save_actor(lm, tokenizer, path, dtype=None):
         if ".A" not in k and ".B" not in k and ".base." not in k:
             weights[k] = v
     plain.load_state_dict(weights)
-    plain.stop_token_ids = lm.stop_token_ids
     model.save(plain, tokenizer, path, dtype=dtype)
 
 
@@ -303,7 +301,6 @@ def rollout_copy(actor, device):
         mine = dict(copy.named_parameters())
         for name, p in lm.named_parameters():  # one all-gather per tensor, in the same order on every rank
             mine[name].copy_(p.full_tensor() if isinstance(p, DTensor) else p)
-    copy.sample_vocab_size, copy.stop_token_ids = lm.sample_vocab_size, lm.stop_token_ids
     return copy.eval()
 
 
@@ -328,38 +325,6 @@ def in_step(groups, ranks, filler):
 
 # ----------------------------------------------------------------------------------------------------------------
 # PPO arithmetic (pure functions on tensors; tests/test_ppo.py checks each against a hand computation)
-
-def response_hidden(lm, ids, lengths, starts):
-    """The final hidden states that predict each response token (the output at t - 1 predicts token t) and those
-    tokens: (B, R, C), (B, R), R = the longest response of these rows. The rows are prompt + response, right-padded,
-    row b holding lengths[b] tokens, its response from column starts[b]; the causal mask alone keeps real tokens off
-    the padding, so no attention mask is passed and SDPA may take its fused causal kernel (a padding mask is much
-    slower on CPU: README, "Components", the PPO iteration row). Columns past a row's end read padding or the
-    clamped last column: masked out by the caller."""
-    R = max(int((lengths - starts).max()), 1)
-    pos = (starts[:, None] + torch.arange(R, device=ids.device)).clamp(max=ids.shape[1] - 1)  # (B, R)
-    h = lm.hidden(ids)  # (B, W, C)
-    return h.gather(1, (pos - 1)[..., None].expand(-1, -1, h.shape[-1])), ids.gather(1, pos)
-
-
-def response_logprobs(lm, ids, lengths, starts, temperature, vocab, chunk=1024):
-    """log pi(token_t | tokens_<t) of each row's response tokens under softmax(logits / T), the distribution
-    model.generate samples from (N-details: the temperature must be applied in training too). -> (B, R)
-    The lm_head runs only where response tokens are predicted, `chunk` tokens at a time; with gradients each chunk
-    is recomputed in backward, so the fp32 logits of only one chunk ever exist (B x R x V would be 2.5 GB at B = 4,
-    R = 1024 for Qwen's 152k vocabulary)."""
-    h, tokens = response_hidden(lm, ids, lengths, starts)
-    B, R, C = h.shape
-    h, tokens = h.reshape(B * R, C), tokens.reshape(B * R)
-
-    def piece(h_, t_):
-        logits = lm.lm_head(h_).float()[:, :vocab] / temperature  # (chunk, V')
-        return logits.gather(-1, t_[:, None]).squeeze(-1) - torch.logsumexp(logits, -1)
-
-    out = [checkpoint(piece, h[a:a + chunk], tokens[a:a + chunk], use_reentrant=False) if torch.is_grad_enabled()
-           else piece(h[a:a + chunk], tokens[a:a + chunk]) for a in range(0, B * R, chunk)]
-    return torch.cat(out).view(B, R)
-
 
 def token_rewards(scores, logprobs, ref_logprobs, mask, kl_coef):
     """The N-details reward: -kl_coef * (log pi - log pi_ref) on every response token, plus the scalar score on the
@@ -482,13 +447,11 @@ def generate(lm, tokenizer, messages, cfg, device, seeds=None, n=1):
     log-probs, decoded texts, and whether each ended with a stop token (False: cut at max_new_tokens). seeds: one
     per prompt (model.generate samples each row from its own generator, so the rows a rank holds do not change its
     samples)."""
-    room = max(lm.config.max_position_embeddings - cfg.max_new_tokens, 1)  # as agent.LocalBackend: keep the end
-    prompts = [tokenizer.encode(tokenizer.apply_chat_template(m))[-room:] for m in messages]
-    stops = [i for i in dict.fromkeys([*lm.stop_token_ids, tokenizer.eos_token_id, tokenizer.im_end_id])
-             if i is not None]
+    prompts = [model.keep_end(tokenizer.encode(tokenizer.apply_chat_template(m)), lm.config.max_position_embeddings,
+                              cfg.max_new_tokens) for m in messages]
     with autocast(device):  # continuous batching: at most gen_batch rows (and their KV cache) at a time
-        g = lm.generate(prompts, cfg.max_new_tokens, cfg.temperature, stop_token_ids=stops, seeds=seeds,
-                        max_batch=cfg.gen_batch, n=n, stop_fn=model.stop_strings(tokenizer, agent.STOP))
+        g = lm.generate(prompts, cfg.max_new_tokens, cfg.temperature, stop_token_ids=model.stop_ids(lm, tokenizer),
+                        seeds=seeds, max_batch=cfg.gen_batch, n=n, stop_fn=model.stop_strings(tokenizer, agent.STOP))
     tokens, logprobs = g.tokens, g.logprobs  # a stop string's tokens stay in the action: the policy chose to stop
     texts = [agent.cut_at_stop(tokenizer.decode(t, skip_special_tokens=True), agent.STOP) for t in tokens]
     return [p for p in prompts for _ in range(n)], tokens, logprobs, texts, [r == "stop" for r in g.finish_reasons]
@@ -679,7 +642,6 @@ def save_checkpoint(cfg, actor, tokenizer, critic, opt_a, opt_c, progress, ranks
             lm = model.Qwen(actor.lm.config)
         lm.load_state_dict({k.removeprefix("lm."): v for k, v in actor_state.items()}, assign=True)
         lm.tie_weights()
-        lm.stop_token_ids = actor.lm.stop_token_ids
     if dtype != torch.float32 and not cfg.lora_rank:  # the master weights, which the bf16 folder rounds
         state["actor"] = {k.removeprefix("lm."): v for k, v in actor_state.items()}
     tmp = cfg.out + ".tmp"

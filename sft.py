@@ -372,7 +372,6 @@ def save_hf(lm, tokenizer, path, state, dtype):
         cpu = qwen.Qwen(lm.config)
     cpu.load_state_dict({k.removeprefix("lm."): v for k, v in state.items()}, assign=True)
     cpu.tie_weights()
-    cpu.stop_token_ids = lm.stop_token_ids
     tmp = path.rstrip("/") + ".tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     qwen.save(cpu, tokenizer, tmp, dtype=dtype)
@@ -492,7 +491,7 @@ def parse_rate(lm, tokenizer, rows, max_new_tokens, batch=8):
         last = max(i for i, m in enumerate(r["messages"]) if m["role"] == "assistant")
         prompts.append(tokenizer.encode(tokenizer.apply_chat_template(r["messages"][:last])))
         expert.append(r["messages"][last]["content"])
-    stops = [i for i in dict.fromkeys([*lm.stop_token_ids, tokenizer.im_end_id]) if i is not None]
+    stops = qwen.stop_ids(lm, tokenizer)  # what agent.LocalBackend stops at
     ok = same = 0
     if prompts:
         gen = lm.generate(prompts, max_new_tokens, stop_token_ids=stops, max_batch=batch)  # continuous batching

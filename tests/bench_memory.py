@@ -21,7 +21,7 @@ assumed: one real-width model.Block is built on the CPU (bf16 weights, as FSDP's
 run forward under bf16 autocast; torch.autograd.graph.saved_tensors_hooks counts the bytes autograd saves (distinct
 storages, the block's inputs excluded), at T/2 and at T tokens; the difference over T/2 tokens is the per-token cost
 (constant terms such as bf16 casts of fp32 adapters cancel). The LoRA block is measured the same way with ppo.py's
-adapters. The causal path is measured (no padding mask, as ppo.response_hidden runs); the CPU's SDPA kernel, like
+adapters. The causal path is measured (no padding mask, as model.response_hidden runs); the CPU's SDPA kernel, like
 the fused GPU kernels, keeps no (T, T) scores.
 
 Notes under each table list transients this design does not count (the reduce-scatter of one block's gradients)

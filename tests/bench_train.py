@@ -144,8 +144,8 @@ def bench_ppo(args):
     order = list(range(len(states)))
     random.Random(f"{cfg.seed}:0").shuffle(order)
     R = int(log["response_tokens"])
-    room = max(lm.config.max_position_embeddings - cfg.max_new_tokens, 1)  # ppo.generate keeps a prompt's end
-    lengths = sorted(min(len(tok.encode(tok.apply_chat_template(states[i]["messages"]))), room) + R
+    lengths = sorted(len(model.keep_end(tok.encode(tok.apply_chat_template(states[i]["messages"])),  # as ppo.generate
+                                        lm.config.max_position_embeddings, cfg.max_new_tokens)) + R
                      for i in order[:args.ppo_batch])
     start = time.perf_counter()
     for k in range(0, len(lengths), cfg.micro_batch):

@@ -102,13 +102,13 @@ def test_one_gradient_step_raises_the_winners_log_ratio():
     ref = copy.deepcopy(policy)
     group = {"messages": messages, "responses": [win, lose], "R": [1.0, 0.0]}
     with torch.no_grad():
-        before = orc.response_logprobs(policy, tok, messages, [win, lose], 4096)
-        ref_lp = orc.response_logprobs(ref, tok, messages, [win, lose], 4096)
+        before = orc.decision_logprobs(policy, tok, messages, [win, lose], 4096)
+        ref_lp = orc.decision_logprobs(ref, tok, messages, [win, lose], 4096)
     assert torch.allclose(before, ref_lp)  # policy == reference: log-ratios are 0
     stats = orc.train_orchestrator(policy, ref, tok, [group], orc.Config(lr=1e-3, beta=0.1), steps=1, log=lambda *_: 0)
     assert stats["steps"] == 1 and stats["loss_first"] == pytest.approx(math.log(2), rel=1e-5)
     with torch.no_grad():
-        after = orc.response_logprobs(policy, tok, messages, [win, lose], 4096)
+        after = orc.decision_logprobs(policy, tok, messages, [win, lose], 4096)
     ratio = after - ref_lp
     assert ratio[0] > 0 and ratio[0] - ratio[1] > 0
 

@@ -159,8 +159,8 @@ def test_recomputed_logprobs_equal_generation_logprobs(tiny):
     prompts, gen = rollout(lm, temperature=0.7)
     ids, lengths, mask, starts = ppo.make_batch(prompts, gen.tokens, 0, "cpu")
     with torch.no_grad():
-        lp = ppo.response_logprobs(lm, ids, lengths, starts, 0.7, lm.sample_vocab_size)
-        other = ppo.response_logprobs(lm, ids, lengths, starts, 1.0, lm.sample_vocab_size)
+        lp = model.response_logprobs(lm, ids, lengths, starts, 0.7, lm.sample_vocab_size)
+        other = model.response_logprobs(lm, ids, lengths, starts, 1.0, lm.sample_vocab_size)
     for b, want in enumerate(gen.logprobs):
         assert torch.allclose(lp[b, :len(want)], torch.tensor(want), atol=1e-5)
         assert not torch.allclose(other[b, :len(want)], torch.tensor(want), atol=1e-3)
