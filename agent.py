@@ -707,13 +707,16 @@ def make_backend(model_name: str | None, base_url: str | None = None, price_in=0
     return OpenAIBackend(model=model_name, base_url=base_url, price_in=price_in, price_out=price_out)
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # usage errors: one line, exit 2
+class Parser(argparse.ArgumentParser):
+    """The command-line parser of every script from agent.py up (collect, sft, ppo, orchestrator, eval): a usage
+    error is one line and exit status 2. env.py and model.py, which import nothing of the project, have their own."""
+
+    def error(self, message):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
 def main(argv=None):
-    p = _Parser(prog="agent.py", description="Run one MLAB-style agent episode on a task and print its steps.")
+    p = Parser(prog="agent.py", description="Run one MLAB-style agent episode on a task and print its steps.")
     p.add_argument("--task", default="digits", help="a built-in task name or a task folder")
     p.add_argument("--model", default="scripted", help="'scripted', a local checkpoint folder, or an endpoint model")
     p.add_argument("--base-url", help="OpenAI-compatible endpoint (default: $OPENAI_BASE_URL)")

@@ -32,7 +32,6 @@ Run:  python collect.py                                          (offline: scrip
 """
 from __future__ import annotations
 
-import argparse
 import copy
 import json
 import multiprocessing as mp
@@ -388,14 +387,9 @@ def _collect(start, out, tasks, trajectories, workers, expert, base_url, seed, k
 # ================================================================================================ command line
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # usage errors: one line, exit 2
-        self.exit(2, f"{self.prog}: error: {message}\n")
-
-
 def main(argv=None):
     held_in = [name for name, spec in env.BUILTIN_TASKS.items() if spec.split == "held-in"]
-    p = _Parser(prog="collect.py", description="Collect exploration-enriched expert trajectories, SFT data and "
+    p = agent.Parser(prog="collect.py", description="Collect exploration-enriched expert trajectories, SFT data and "
                                                "the states pool.")
     p.add_argument("--tasks", nargs="+", default=held_in, help="built-in task names or task folders "
                                                                f"(default: the held-in tasks {' '.join(held_in)})")

@@ -50,7 +50,6 @@ report.md, and gain_vs_cost.png, ppo_reward.png, context_growth.png when matplot
 """
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import math
@@ -780,7 +779,7 @@ def claims_plots(out: Path, logs: dict, ctx: dict) -> list[str]:
 
 
 def claims_main(argv) -> None:
-    p = _Parser(prog="eval.py claims", description="Measure the papers' claims in miniature (runs/claims).")
+    p = agent.Parser(prog="eval.py claims", description="Measure the papers' claims in miniature (runs/claims).")
     p.add_argument("--quick", action="store_true", help="a small run (about 15 minutes) that shows the report's shape")
     p.add_argument("--out", default=str(ROOT / "runs/claims"))
     args = p.parse_args(argv)
@@ -797,17 +796,12 @@ def claims_main(argv) -> None:
 # ================================================================================================ command line
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # usage errors: one line, exit 2
-        self.exit(2, f"{self.prog}: error: {message}\n")
-
-
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["claims"]:
         return claims_main(argv[1:])
     d = Config()
-    p = _Parser(prog="eval.py", description="Evaluate agents on held-out tasks: gain avg@K/best@K, HumanRank, cost.")
+    p = agent.Parser(prog="eval.py", description="Evaluate agents on held-out tasks: gain avg@K/best@K, HumanRank, cost.")
     p.add_argument("--scaffold", nargs="+", choices=SCAFFOLDS, default=d.scaffolds, dest="scaffolds")
     p.add_argument("--policy", nargs="+", default=d.policies, dest="policies",
                    help="'scripted', checkpoint folders, endpoint models (default: scripted + runs/ckpt/{sft,ppo})")

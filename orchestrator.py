@@ -56,7 +56,6 @@ Run:  python orchestrator.py run --task breast-cancer                 (scripted 
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import math
@@ -1090,11 +1089,6 @@ def train_loop(cfg: Config, model_path: str | None, collector: str, sub, out: Pa
 # ======================================================================================================= command line
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # usage errors: one line, exit 2
-        self.exit(2, f"{self.prog}: error: {message}\n")
-
-
 def _config(args) -> Config:
     names = {f.name for f in dataclasses.fields(Config)}
     return Config(**{k: v for k, v in vars(args).items() if k in names and v is not None})
@@ -1115,9 +1109,9 @@ POSITIVE = ("time_limit", "script_timeout", "lr", "beta", "imitation_lr")  # the
 
 
 def main(argv=None):
-    p = _Parser(prog="orchestrator.py", description="Matryoshka Agent: run, tree collection, orchestrator training.")
-    sub = p.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
-    common = _Parser(add_help=False)
+    p = agent.Parser(prog="orchestrator.py", description="Matryoshka Agent: run, tree collection, orchestrator training.")
+    sub = p.add_subparsers(dest="cmd", required=True, parser_class=agent.Parser)
+    common = agent.Parser(add_help=False)
     common.add_argument("--task", default=Config.task, help="a built-in task name or a task folder")
     common.add_argument("--orchestrator", default="scripted", help="'scripted', a checkpoint folder, or a model name")
     common.add_argument("--orchestrator-url", help="OpenAI-compatible endpoint of the Orchestrator")
@@ -1126,7 +1120,7 @@ def main(argv=None):
     for flag, typ in [("calls", int), ("sub-iters", int), ("time-limit", float), ("script-timeout", float),
                       ("workers", int), ("max-tokens", int), ("seed", int)]:
         common.add_argument(f"--{flag}", type=typ)
-    common.add_argument("--out", help="output folder (default runs/matryoshka/<task>)")
+    common.add_argument("--out", help="output folder (default: the project's runs/matryoshka/<task>)")
     r = sub.add_parser("run", parents=[common], help="a Matryoshka run (or --monolithic) on one task")
     r.add_argument("--rounds", type=int)
     r.add_argument("--monolithic", action="store_true", help="the single-agent baseline instead")
@@ -1155,7 +1149,7 @@ def main(argv=None):
         if isinstance(v, float) and name == "tree_temperature" and v < 0:
             p.error(f"{flag} must be >= 0, not {v}")
     cfg = _config(args)
-    out = Path(args.out or Path("runs") / "matryoshka" / Path(args.task).name)
+    out = Path(args.out or env.ROOT / "runs" / "matryoshka" / Path(args.task).name)  # the project's runs/
     if args.cmd == "train" and args.collector == "policy" and not args.model:
         p.error("--collector policy needs --model (the orchestrator checkpoint that collects)")
     if args.cmd == "train" and args.model and not os.path.isdir(args.model):

@@ -975,14 +975,8 @@ def estimate_objective(policy, states_path, n=64, seed=0, temperature=0.7, max_n
 # ----------------------------------------------------------------------------------------------------------------
 # Command line
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # usage errors: one line, exit status 2
-        print(f"{self.prog}: error: {message}", file=sys.stderr)
-        sys.exit(2)
-
-
 def parser():
-    p = _Parser(prog="ppo.py", description="Step-wise PPO (ML-Agent) over the expert states pool.")
+    p = agent.Parser(prog="ppo.py", description="Step-wise PPO (ML-Agent) over the expert states pool.")
     for f in dataclasses.fields(Config):
         if f.name == "reward":  # reward.py's own flags, below
             continue

@@ -62,7 +62,6 @@ Run:
 Outputs under --out (default runs/ckpt/sft): the final Hugging Face folder itself, `checkpoint-<step>/` per epoch
 (weights + trainer_state.pt: optimizer, scheduler, step, epoch), `log.jsonl` (one line per optimizer step).
 """
-import argparse
 import contextlib
 import dataclasses
 import glob
@@ -89,16 +88,18 @@ from torch.utils.checkpoint import checkpoint
 from tqdm import tqdm
 
 import agent  # torch-free file helpers shared with collect.py, eval.py and orchestrator.py
-import model as qwen
+import model
 from agent import check_checkpoint, claim_folder, jsonl_rows, recover_folder, swap_folder
+
+ROOT = agent.env.ROOT  # default paths live under the project's runs/, wherever sft.py is started from
 
 
 
 @dataclasses.dataclass
-class Args:
-    data: str = "runs/data/sft.jsonl"       # chat JSONL, one {"messages": [...]} per line
+class Config:
+    data: str = str(ROOT / "runs/data/sft.jsonl")  # chat JSONL, one {"messages": [...]} per line
     model: str | None = None                # a Hugging Face folder or hub id; None: the tiny model from scratch
-    out: str = "runs/ckpt/sft"              # the final checkpoint, checkpoint-<step>/ folders and log.jsonl
+    out: str = str(ROOT / "runs/ckpt/sft")  # the final checkpoint, checkpoint-<step>/ folders and log.jsonl
     epochs: int | None = None               # None: 2 (ML-Agent) for a pre-trained model, 8 from scratch
     lr: float | None = None                 # None: 2e-5 (ML-Agent) for a pre-trained model, 3e-3 from scratch
     warmup_ratio: float = 0.03              # linear warmup over this share of the steps (TRL/LLaMA-Factory recipes)
@@ -247,15 +248,15 @@ class SFTModel(nn.Module):
 def scratch_model(rows, args):
     """The tiny Qwen3 with a BPE tokenizer trained on the (training) conversations; eos = <|im_end|> (instruct)."""
     texts = [f"{m['role']}\n{m['content']}\n" for r in rows for m in r["messages"]]  # special tokens are added apart
-    tokenizer = qwen.train_tokenizer(texts, args.scratch_vocab)
+    tokenizer = model.train_tokenizer(texts, args.scratch_vocab)
     heads = args.scratch_heads
-    cfg = qwen.tiny_config("qwen3", vocab_size=len(tokenizer), hidden_size=args.scratch_hidden,
+    cfg = model.tiny_config("qwen3", vocab_size=len(tokenizer), hidden_size=args.scratch_hidden,
                            intermediate_size=3 * args.scratch_hidden, num_hidden_layers=args.scratch_layers,
                            num_attention_heads=heads, num_key_value_heads=max(heads // 2, 1),
                            head_dim=args.scratch_hidden // heads,
                            max_position_embeddings=max(2048, args.max_len), eos_token_id=tokenizer.im_end_id)
     torch.manual_seed(args.seed)
-    return qwen.Qwen(cfg), tokenizer
+    return model.Qwen(cfg), tokenizer
 
 
 def enable_grad_checkpointing(lm):
@@ -369,12 +370,12 @@ def save_dtype(name, device):
 def save_hf(lm, tokenizer, path, state, dtype):
     """model.save of the (full) state into path.tmp, in `dtype`; the caller renames it over path."""
     with torch.device("meta"):
-        cpu = qwen.Qwen(lm.config)
+        cpu = model.Qwen(lm.config)
     cpu.load_state_dict({k.removeprefix("lm."): v for k, v in state.items()}, assign=True)
     cpu.tie_weights()
     tmp = path.rstrip("/") + ".tmp"
     shutil.rmtree(tmp, ignore_errors=True)
-    qwen.save(cpu, tokenizer, tmp, dtype=dtype)
+    model.save(cpu, tokenizer, tmp, dtype=dtype)
     return tmp
 
 
@@ -491,7 +492,7 @@ def parse_rate(lm, tokenizer, rows, max_new_tokens, batch=8):
         last = max(i for i, m in enumerate(r["messages"]) if m["role"] == "assistant")
         prompts.append(tokenizer.encode(tokenizer.apply_chat_template(r["messages"][:last])))
         expert.append(r["messages"][last]["content"])
-    stops = qwen.stop_ids(lm, tokenizer)  # what agent.LocalBackend stops at
+    stops = model.stop_ids(lm, tokenizer)  # what agent.LocalBackend stops at
     ok = same = 0
     if prompts:
         gen = lm.generate(prompts, max_new_tokens, stop_token_ids=stops, max_batch=batch)  # continuous batching
@@ -585,7 +586,7 @@ def train(args):
         trim_log(os.path.join(args.out, "log.jsonl"), st["step"] if resume else 0)
     source = resume or args.model
     if source:  # on the meta device first: the weights are read once it is known whether they are sharded
-        lm, tokenizer = qwen.load(source, "cpu", torch.float32, meta=True)
+        lm, tokenizer = model.load(source, "cpu", torch.float32, meta=True)
     else:
         lm, tokenizer = scratch_model([rows[i] for i in train_idx], args)
     from_scratch = st.get("scratch", False) if resume else args.model is None
@@ -609,10 +610,10 @@ def train(args):
         if source:  # each rank reads the checkpoint tensor by tensor and keeps its shard
             net.to_empty(device=device)
             lm.tie_weights()
-            fill(lm, master.items() if master else qwen.weight_tensors(source))
+            fill(lm, master.items() if master else model.weight_tensors(source))
     else:
         if source:
-            lm, tokenizer = qwen.load(source, device, torch.float32)  # fp32 master weights; autocast computes in bf16
+            lm, tokenizer = model.load(source, device, torch.float32)  # fp32 master weights; autocast computes in bf16
             if master:
                 lm.load_state_dict(master)
             if args.grad_checkpointing:
@@ -686,7 +687,7 @@ def train(args):
     if args.eval_parse and held_idx and step > 0:
         if world > 1:
             dist.barrier()  # rank 0 has written the checkpoint
-        ev, ev_tok = qwen.load(args.out, device)  # the checkpoint just written, as ppo.py / eval.py will load it
+        ev, ev_tok = model.load(args.out, device)  # the checkpoint just written, as ppo.py / eval.py will load it
         mine = held_idx[:args.eval_parse][rank::world]  # each rank answers its share: no rank waits at a barrier
         counts_ok = torch.tensor(parse_rate(ev, ev_tok, [rows[i] for i in mine], args.max_new_tokens),
                                  device=device) * len(mine)
@@ -712,15 +713,9 @@ def train(args):
 # Command line
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # usage errors: one line, exit status 2
-        print(f"{self.prog}: error: {message}", file=sys.stderr)
-        sys.exit(2)
-
-
 def parser():
-    p = _Parser(prog="sft.py", description="Supervised fine-tuning on chat JSONL, loss on assistant tokens.")
-    for f in dataclasses.fields(Args):
+    p = agent.Parser(prog="sft.py", description="Supervised fine-tuning on chat JSONL, loss on assistant tokens.")
+    for f in dataclasses.fields(Config):
         flag = "--" + f.name.replace("_", "-")
         if f.type is bool:
             p.add_argument(flag, action="store_true", help=f"(default {f.default})")
@@ -735,14 +730,14 @@ def parser():
 
 def parse_args(argv=None):
     p = parser()
-    args = Args(**vars(p.parse_args(argv)))
+    args = Config(**vars(p.parse_args(argv)))
     if not os.path.exists(args.data):
         p.error(f"{args.data} not found (run python collect.py first, or pass --data)")
     if args.resume not in (None, "auto") and not os.path.exists(os.path.join(args.resume, "trainer_state.pt")):
         p.error(f"{args.resume} is not a checkpoint folder (no trainer_state.pt)")
     if args.save_dtype not in ("auto", "float32"):
         p.error(f"--save-dtype must be auto or float32, not {args.save_dtype!r}")
-    for f in dataclasses.fields(Args):
+    for f in dataclasses.fields(Config):
         v = getattr(args, f.name)
         if isinstance(v, float) and not math.isfinite(v):
             p.error(f"--{f.name.replace('_', '-')} must be finite, not {v}")
@@ -752,8 +747,8 @@ def parse_args(argv=None):
             (args.scratch_hidden // args.scratch_heads) % 2:
         p.error(f"need --scratch-layers >= 1 and --scratch-hidden ({args.scratch_hidden}) divisible by "
                 f"--scratch-heads ({args.scratch_heads}) into an even head size")
-    if qwen.bad_device(args.device):
-        p.error(qwen.bad_device(args.device))
+    if model.bad_device(args.device):
+        p.error(model.bad_device(args.device))
     if args.model and os.path.isdir(args.model):  # a hub id is checked when it is fetched
         try:
             check_checkpoint(args.model)

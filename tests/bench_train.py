@@ -67,7 +67,7 @@ def bench_sft(a):
     opt_ours = torch.optim.AdamW(net.parameters(), lr=1e-5)
     sched = torch.optim.lr_scheduler.LambdaLR(opt_ours, lambda s: 1.0)
     opt_hf = torch.optim.AdamW(hf.parameters(), lr=1e-5)
-    args = sft.Args(micro_batch=a.batch, grad_clip=1.0)
+    args = sft.Config(micro_batch=a.batch, grad_clip=1.0)
     examples = [(x.tolist(), y.tolist()) for x, y in zip(ids.cpu(), labels.cpu())]
 
     def step_ours():

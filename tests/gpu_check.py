@@ -196,7 +196,7 @@ def check_sft(folder, tok, device, report, work, n_params, words):
     with open(path, "w") as f:
         f.writelines(json.dumps(c) + "\n" for c in chats)
     reset_peak(device)
-    summary, _ = sft.train(sft.Args(data=path, model=folder, out=os.path.join(work, "sft"), epochs=1, batch_size=16,
+    summary, _ = sft.train(sft.Config(data=path, model=folder, out=os.path.join(work, "sft"), epochs=1, batch_size=16,
                                     micro_batch=4, eval_parse=0, heldout=0.0, grad_checkpointing=True,
                                     device=str(device)))
     tps = summary["tokens_per_s"]

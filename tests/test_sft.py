@@ -78,7 +78,7 @@ def write_jsonl(path, chats):
 def args(tmp_path, data, **kw):
     base = dict(data=data, out=str(tmp_path / "out"), epochs=2, lr=1e-3, batch_size=4, micro_batch=2, eval_parse=0,
                 scratch_hidden=32, scratch_vocab=320, threads=1)
-    return sft.Args(**{**base, **kw})
+    return sft.Config(**{**base, **kw})
 
 
 def weights(lm):
@@ -191,7 +191,7 @@ def _one_step(tiny_dir, batches, tok, checkpointing=False, calls=None, prompt_we
     net = sft.SFTModel(lm, prompt_weight)
     opt = torch.optim.SGD(net.parameters(), lr=0.5)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
-    a = sft.Args(grad_clip=0.0)
+    a = sft.Config(grad_clip=0.0)
     loss, n, _ = sft.optimizer_step(net, opt, sched, batches, tok.pad_token_id, torch.device("cpu"), a, 1)
     return loss, n, weights(lm)
 
