@@ -571,6 +571,19 @@ REMINDER = ("Respond with all of these entries: " + ", ".join(FORMAT) + "; Actio
 REASK = "Your response was not in the right format ({reason}). " + REMINDER
 
 
+def act(env_, action, action_input, reason=None, reward_config=RewardConfig()) -> tuple[env.StepResult, float]:
+    """One parsed action executed in env_ and scored: (StepResult, reward). action None: the response was not an
+    action (`reason` says why), an invalid step (R_format) in which nothing is done. run_episode and ppo.execute
+    both end here, so an action is rewarded the same way in collection, evaluation and RL."""
+    if action is None:
+        result = env.StepResult(f"Invalid response ({reason}); nothing was done. {REMINDER}", "invalid", env_.metric,
+                                env_.metric)
+    else:
+        result = env_.step(action, action_input)
+    return result, reward(result.kind, result.metric_prev, result.metric_new, env_.m_init, env_.m_best,
+                          env_.task.higher_is_better, reward_config, m_high=result.metric_high)
+
+
 def run_episode(env_, backend, ideas=(), max_steps=15, time_limit=1800.0, max_retries=2, temperature=0.0,
                 max_tokens=1024, reward_config=RewardConfig()) -> Trajectory:
     """Reset `env_` and let the agent on `backend` act until Final Answer, `max_steps` or `time_limit` seconds
@@ -585,7 +598,7 @@ def run_episode(env_, backend, ideas=(), max_steps=15, time_limit=1800.0, max_re
             traj.stopped = "time"
             break
         messages, snapshot = build_messages(problem, history, ideas), env_.snapshot()
-        llm_start, ask = time.time(), list(messages)
+        llm_start, ask, reason = time.time(), list(messages), None
         for retries in range(max_retries + 1):  # MLAB re-asks on a malformed response
             response = backend.chat(ask, temperature=temperature, max_tokens=max_tokens,
                                     stop=STOP).texts[0]
@@ -598,13 +611,7 @@ def run_episode(env_, backend, ideas=(), max_steps=15, time_limit=1800.0, max_re
                 ask = ask + [{"role": "assistant", "content": response},
                              {"role": "user", "content": REASK.format(reason=reason)}]
         llm_seconds, env_start = time.time() - llm_start, time.time()
-        if action is None:  # still malformed: an invalid step (R_format = -1), the episode goes on
-            result = env.StepResult(f"Invalid response ({reason}); nothing was done. {REMINDER}", "invalid",
-                                    env_.metric, env_.metric)
-        else:
-            result = env_.step(action, action_input)
-        r = reward(result.kind, result.metric_prev, result.metric_new, env_.m_init, env_.m_best,
-                   env_.task.higher_is_better, reward_config, m_high=result.metric_high)
+        result, r = act(env_, action, action_input, reason, reward_config)  # still malformed: invalid, goes on
         traj.steps.append(Step(len(traj.steps), messages, response, action, action_input, result.observation,
                                result.kind, env_.metric, result.metric_prev, result.metric_new, r, retries, snapshot,
                                llm_seconds, time.time() - env_start))

@@ -81,8 +81,7 @@ import agent
 import env
 import model
 import sft
-from reward import (OUTCOMES, RewardConfig, add_flags as add_reward_flags, from_flags as reward_from_flags,
-                    from_record, reward)
+from reward import OUTCOMES, RewardConfig, add_flags as add_reward_flags, from_flags as reward_from_flags, from_record
 
 ROOT = env.ROOT  # default paths live under the project's runs/, wherever ppo.py is started from
 
@@ -457,22 +456,21 @@ def generate(lm, tokenizer, messages, cfg, device, seeds=None, n=1):
     return [p for p in prompts for _ in range(n)], tokens, logprobs, texts, [r == "stop" for r in g.finish_reasons]
 
 
-def execute(e, text, m_init, m_best, higher, reward_config, finished=True, unfinished_invalid=True):
-    """Parse and run one action in env `e` (already in its state) -> {kind, reward, m_prev, m_new, done, obs}.
+def execute(e, text, reward_config, finished=True, unfinished_invalid=True):
+    """Parse and run one action in env `e` (already in its state; agent.act executes and scores it, as in
+    collection and evaluation) -> {kind, reward, m_prev, m_new, done, observation, finished}.
     finished=False: the response was cut at max_new_tokens; unless unfinished_invalid=False (--no-unfinished-invalid)
     that is invalid whatever it holds. Otherwise a policy that writes a valid action and then runs on (writing the
     Observation itself) is paid as if it had stopped, and PPO drifts toward responses that never end (README, "PPO
     on the tiny model")."""
+    action = action_input = reason = None
     try:
         if not finished and unfinished_invalid:
             raise agent.ParseError("it did not end within max_new_tokens")
         action, action_input = agent.parse_response(text)
     except agent.ParseError as err:  # unparsable, unknown action or bad JSON: invalid (R_format)
-        result = env.StepResult(f"Invalid response ({err}); nothing was done.", "invalid", e.metric, e.metric)
-    else:
-        result = e.step(action, action_input)
-    r = reward(result.kind, result.metric_prev, result.metric_new, m_init, m_best, higher, reward_config,
-               m_high=result.metric_high)
+        reason = str(err)
+    result, r = agent.act(e, action, action_input, reason, reward_config)
     return {"kind": result.kind, "reward": r, "m_prev": result.metric_prev, "m_new": result.metric_new,
             "done": result.done, "observation": result.observation, "finished": finished}
 
@@ -491,8 +489,7 @@ def step_rollout(states, lm, tokenizer, cfg, pool, editor, device, timer, seeds=
         s = states[i // n]
         e = make_env(s["task"], s["task_dir"], editor)
         e.restore(s["snapshot"])  # the environment exactly as the expert found it at s_t
-        return execute(e, texts[i], s["m_init"], s["m_best"], s["higher_is_better"], cfg.reward, ended[i],
-                       cfg.unfinished_invalid)
+        return execute(e, texts[i], cfg.reward, ended[i], cfg.unfinished_invalid)
 
     outcomes = list(pool.map(run, range(len(texts))))
     timer("execute")
@@ -515,9 +512,8 @@ def episode_rollout(starts, lm, tokenizer, cfg, pool, editor, device, timer, see
         step_seeds = None if seeds is None else [seeds[i] * 1000 + len(histories[i]) for i in alive]
         p, t, lp, texts, ended = generate(lm, tokenizer, msgs, cfg, device, seeds=step_seeds)
         timer("generate")
-        res = list(pool.map(lambda j: execute(envs[alive[j]], texts[j], envs[alive[j]].m_init, envs[alive[j]].m_best,
-                                              envs[alive[j]].task.higher_is_better, cfg.reward,
-                                              ended[j], cfg.unfinished_invalid), range(len(alive))))
+        res = list(pool.map(lambda j: execute(envs[alive[j]], texts[j], cfg.reward, ended[j], cfg.unfinished_invalid),
+                            range(len(alive))))
         timer("execute")
         for j, i in enumerate(alive):
             histories[i].append((texts[j], res[j]["observation"]))

@@ -313,15 +313,14 @@ def test_expert_response_from_restored_state_reproduces_its_reward(pool):
     for step, state in zip(traj["steps"], states):
         e = ppo.make_env(state["task"], state["task_dir"], env.recipe_editor)
         e.restore(state["snapshot"])
-        got = ppo.execute(e, step["response"], state["m_init"], state["m_best"], state["higher_is_better"],
-                          ppo.RewardConfig())
+        got = ppo.execute(e, step["response"], ppo.RewardConfig())
         assert (got["kind"], got["reward"]) == (step["kind"], pytest.approx(step["reward"]))
     e = ppo.make_env(states[0]["task"], states[0]["task_dir"], env.recipe_editor)
     e.restore(states[0]["snapshot"])
-    bad = ppo.execute(e, "no format at all", 0.5, 0.9, True, ppo.RewardConfig())
+    bad = ppo.execute(e, "no format at all", ppo.RewardConfig())
     assert (bad["kind"], bad["reward"]) == ("invalid", -1.0)
     e.restore(states[0]["snapshot"])  # the expert's own first action, cut at max_new_tokens: invalid, nothing runs
-    cut = ppo.execute(e, traj["steps"][0]["response"], 0.5, 0.9, True, ppo.RewardConfig(), finished=False)
+    cut = ppo.execute(e, traj["steps"][0]["response"], ppo.RewardConfig(), finished=False)
     assert (cut["kind"], cut["reward"]) == ("invalid", -1.0) and "max_new_tokens" in cut["observation"]
 
 
