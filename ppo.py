@@ -21,6 +21,10 @@ How this departs from the paper and the references:
 - `--samples-per-state n` samples n actions in each state of a batch (OpenRLHF's n_samples_per_prompt; the paper
   samples one): they share the prompt's prefill in model.generate, each is executed in its own restored copy of the
   state, and the critic's V(s) is their common baseline.
+- `--advantage group` replaces the critic by the other samples of the same state (RLOO, Ahmadian et al. 2024,
+  arXiv:2402.14740): an action's advantage is its score (reward minus kl_coef times its summed KL to the reference)
+  minus the mean score of the other n - 1 actions sampled in its state, on every one of its tokens, not whitened.
+  The critic is then neither run nor trained (it is still built and saved, so checkpoints keep one layout).
 - `--tasks N` trains on the states of N of the pool's tasks (ML-Agent Figure 5 varies the number of RL training
   tasks); `estimate_objective` measures J_step of a checkpoint on a fixed sample of states (eval.py's claims).
 - The critic is a separate copy of the policy with a scalar value head (as OpenRLHF's critic; the paper's Appendix
@@ -122,6 +126,9 @@ class Config:
     kl_coef: float = 0.05                    # N-details: per-token KL penalty coefficient 0.05
     gamma: float = 1.0                       # N-details: no discount
     lam: float = 0.95                        # GAE lambda (N-details)
+    advantage: str = "gae"                   # "gae": the critic's GAE (the paper's PPO); "group": no critic, each
+                                             # action's score minus the mean of the other samples of its state (RLOO,
+                                             # Ahmadian et al. 2024, arXiv:2402.14740), needs --samples-per-state >= 2
     clip_coef: float = 0.2                   # PPO ratio clip (Schulman et al. 2017; N-details)
     vf_clip: float = 0.2                     # value clip around the rollout values (N-details cliprange_value)
     unfinished_invalid: bool = True          # a response with no stop token within max_new_tokens is invalid
@@ -151,6 +158,8 @@ TINY_PARAMS = 10_000_000
 def resolve_defaults(cfg, n_params):
     """cfg with its None learning rates and warm-up filled in: the paper's, or TINY for a policy under TINY_PARAMS."""
     chosen = TINY if n_params < TINY_PARAMS else PAPER
+    if cfg.advantage == "group":  # no critic to warm up
+        chosen = {**chosen, "critic_warmup": 0}
     return dataclasses.replace(cfg, **{k: v for k, v in chosen.items() if getattr(cfg, k) is None})
 
 
@@ -371,6 +380,17 @@ def gae_rows(rewards, values, mask, nxt, gamma, lam):
     return adv, ret
 
 
+def group_advantages(scores, kl, mask, n, kl_coef):
+    """--advantage group (RLOO, Ahmadian et al. 2024, arXiv:2402.14740, eq. 9): each action's sequence score, the
+    reward minus kl_coef times its summed KL to the reference, minus the mean score of the other n - 1 actions sampled
+    in the same state; every token of the action gets that advantage. Tokens the samples of a state share (the same
+    prefix) then get gradients that cancel exactly, which a fitted critic only approximates.
+    scores (B,), kl and mask (B, R), rows state-major in groups of n -> advantages (B, R)."""
+    g = (scores - kl_coef * kl.sum(1)).view(-1, n)
+    loo = g - (g.sum(1, keepdim=True) - g) / (n - 1)
+    return loo.view(-1, 1) * mask
+
+
 def masked_mean(x, mask, ranks=Ranks()):  # over the valid tokens of every rank
     return ranks.sum((x * mask).sum()) / ranks.sum(mask.sum()).clamp(min=1)
 
@@ -542,7 +562,7 @@ def forward_scores(actor, critic, ref, ids, lengths, starts, R, cfg, device, ran
                 set_lora(actor, True)
             else:
                 ref_lp = ref(i, ln, st)
-            v = critic(i, ln, st).float()
+            v = critic(i, ln, st).float() if critic is not None else torch.zeros_like(lp)
             if weight:  # a filler micro-batch (FSDP: as many forwards as the other ranks) is not kept
                 n = lp.shape[1]
                 out[0][idx, :n], out[1][idx, :n], out[2][idx, :n] = lp, ref_lp, v
@@ -563,7 +583,7 @@ def ppo_update(actor, critic, opt_a, opt_c, data, cfg, device, gen, step_actor=T
     places = data.get("rows") or [ranks.rank + k * W for k in range(ids.shape[0])]
     local = {g: k for k, g in enumerate(places)}
     B = int(ranks.sum(torch.tensor(len(places), device=device)))
-    sharded = any(isinstance(p, DTensor) for p in critic.parameters())
+    sharded = any(isinstance(p, DTensor) for p in actor.parameters())
     scale = W if sharded else 1.0
     mb_size = max(B // cfg.num_minibatches, 1)
     stats, first_ratio, actor_steps = [], None, 0
@@ -584,9 +604,11 @@ def ppo_update(actor, critic, opt_a, opt_c, data, cfg, device, gen, step_actor=T
                                                 cfg.clip_coef, denom)
                     if step_actor:  # in the warm-up the policy's backward would be thrown away
                         (pg * scale).backward()
-                    v = critic(i, ln, st).float()
-                    vf = value_loss(v, data["values"][idx, :n], data["returns"][idx, :n], m, cfg.vf_clip, denom)
-                    (vf * scale).backward()
+                    vf = torch.zeros(())
+                    if critic is not None:  # --advantage group has no critic
+                        v = critic(i, ln, st).float()
+                        vf = value_loss(v, data["values"][idx, :n], data["returns"][idx, :n], m, cfg.vf_clip, denom)
+                        (vf * scale).backward()
                 if not stats and weight:  # the first minibatch of the first epoch: the policy has not moved yet
                     dev = float(((ratio.detach() - 1).abs() * m).max())
                     first_ratio = dev if first_ratio is None else max(first_ratio, dev)
@@ -599,7 +621,8 @@ def ppo_update(actor, critic, opt_a, opt_c, data, cfg, device, gen, step_actor=T
                 step_actor = False  # --target-kl): the policy has moved far enough this iteration; the critic goes on
                 actor.zero_grad(set_to_none=True)
             actor_steps += step_actor
-            for net, opt in ((actor, opt_a), (critic, opt_c))[0 if step_actor else 1:]:
+            for net, opt in [(net, opt) for net, opt in ((actor, opt_a), (critic, opt_c))[0 if step_actor else 1:]
+                             if net is not None]:
                 trained = [q for q in net.parameters() if q.requires_grad]
                 if W > 1 and not sharded:  # LoRA over several ranks: sum the adapters' gradients (data parallel)
                     for q in trained:
@@ -849,6 +872,7 @@ def train(cfg):
         os.makedirs(os.path.dirname(cfg.log_file) or ".", exist_ok=True)
         trim_log(cfg.log_file, cfg.out, progress["iteration"])
     pool = ThreadPoolExecutor(cfg.workers)
+    value_net = critic if cfg.advantage == "gae" else None  # --advantage group trains no critic
     for it in range(progress["iteration"], total):
         t0 = last = time.time()
         times = {"generate": 0.0, "execute": 0.0, "update": 0.0}
@@ -889,8 +913,8 @@ def train(cfg):
 
         # 4. reward.py's score on the last token, the KL penalty to the frozen reference on every token
         ids, lengths, mask, prompt_lens = make_batch(prompts, tokens, tokenizer.pad_token_id, device)
-        logprobs, ref_logprobs, values = forward_scores(actor, critic, ref, ids, lengths, prompt_lens, mask.shape[1],
-                                                        cfg, device, ranks)
+        logprobs, ref_logprobs, values = forward_scores(actor, value_net, ref, ids, lengths, prompt_lens,
+                                                        mask.shape[1], cfg, device, ranks)
         logprobs, ref_logprobs, values = logprobs * mask, ref_logprobs * mask, values * mask
         gen_gap = ranks.max(max((abs(a - b) for row, lps in enumerate(gen_lp) for a, b in
                                  zip(lps, logprobs[row, :len(lps)].tolist())), default=0.0))  # generate vs forward
@@ -899,14 +923,19 @@ def train(cfg):
 
         # 5. the critic's values; GAE (gamma 1, lambda 0.95), in --episodic across the steps of an episode;
         #    advantages whitened over the valid tokens of the whole batch
-        advantages, returns = gae_rows(rewards, values, mask, nxt, cfg.gamma, cfg.lam)
-        advantages = whiten(advantages, mask, ranks=ranks)
-        ev = explained_variance(values, returns, mask, ranks)
+        #    (--advantage group: no critic; each action against the other samples of its state, not whitened)
+        if value_net is None:
+            advantages = returns = group_advantages(scores, kl, mask, cfg.samples_per_state, cfg.kl_coef)
+            ev = None
+        else:
+            advantages, returns = gae_rows(rewards, values, mask, nxt, cfg.gamma, cfg.lam)
+            advantages = whiten(advantages, mask, ranks=ranks)
+            ev = explained_variance(values, returns, mask, ranks)
 
         # 6. clipped policy and value losses over minibatches and epochs
         data = dict(ids=ids, lengths=lengths, starts=prompt_lens, mask=mask, logprobs=logprobs, values=values,
                     advantages=advantages, returns=returns, rows=places)
-        upd = ppo_update(actor, critic, opt_a, opt_c, data, cfg, device,
+        upd = ppo_update(actor, value_net, opt_a, opt_c, data, cfg, device,
                          torch.Generator().manual_seed(cfg.seed * 100003 + it), step_actor=it >= cfg.critic_warmup,
                          ranks=ranks)
         timer("update")
@@ -932,7 +961,7 @@ def train(cfg):
         say(f"it {it + 1}/{total} reward {log['reward']:+.3f} (invalid {log['frac_invalid']:.2f} error "
             f"{log['frac_error']:.2f} corner {log['frac_corner']:.2f} neutral {log['frac_neutral']:.2f} edit "
             f"{log['frac_edit']:.2f} improved {log['frac_improved']:.2f}) dmetric {log['metric_change']:+.4f} "
-            f"kl {log['kl']:.4f} clip {log['clipfrac']:.3f} vf {log['vf_loss']:.4f} ev {ev:+.2f} | gen "
+            f"kl {log['kl']:.4f} clip {log['clipfrac']:.3f} vf {log['vf_loss']:.4f} ev {ev if ev is None else f'{ev:+.2f}'} | gen "
             f"{times['generate']:.1f}s exec {times['execute']:.1f}s update {times['update']:.1f}s")
         if rank == 0:
             with open(cfg.log_file, "a", encoding="utf-8") as f:
@@ -1010,6 +1039,11 @@ def main(argv=None):
         p.error(model.bad_device(cfg.device))
     if cfg.episodic and cfg.samples_per_state > 1:
         p.error("--samples-per-state is step-wise only: --episodic samples one action per episode step")
+    if cfg.advantage not in ("gae", "group"):
+        p.error(f"--advantage must be gae or group, not {cfg.advantage!r}")
+    if cfg.advantage == "group" and (cfg.samples_per_state < 2 or cfg.episodic or cfg.critic_warmup):
+        p.error("--advantage group needs --samples-per-state >= 2 (step-wise; its baseline is the other samples) and "
+                "has no critic to warm up (--critic-warmup)")
     if cfg.save_dtype not in ("auto", "float32"):
         p.error(f"--save-dtype must be auto or float32, not {cfg.save_dtype!r}")
     if cfg.temperature <= 0 or cfg.epochs <= 0 or cfg.lora_rank < 0 or cfg.iterations < 0 or cfg.tasks < 0:

@@ -126,6 +126,16 @@ def test_policy_and_value_losses_equal_hand_computed_numbers():
     assert float(ppo.value_loss(values, old_values, returns, vmask, 10.0)) == pytest.approx((0.5 + 0.18) / 2)
 
 
+def test_group_advantages_are_each_score_against_the_other_samples_of_its_state():
+    scores = torch.tensor([1.0, 0.0, -1.0, 0.5, 0.5, 0.5])  # two states, n = 3 samples each
+    mask = torch.tensor([[1.0, 1.0], [1.0, 0.0], [1.0, 1.0], [1.0, 1.0], [1.0, 0.0], [1.0, 1.0]])
+    kl = torch.tensor([[0.0, 0.0], [1.5, 0.0], [0.0, 0.0], [0.0, 0.0], [0.0, 0.0], [0.0, 0.0]]) * mask
+    adv = ppo.group_advantages(scores, kl, mask, 3, 2.0)
+    # state 1: sequence scores 1, 0 - 2 * 1.5 = -3, -1 -> 1 - (-3 - 1) / 2 = 3, -3 - (1 - 1) / 2 = -3, -1 - (1 - 3) / 2 = 0
+    assert torch.equal(adv[:3], torch.tensor([[3.0, 3.0], [-3.0, 0.0], [0.0, 0.0]]))
+    assert torch.equal(adv[3:], torch.zeros(3, 2))  # equal scores: no signal, whatever the baseline
+
+
 def test_whiten_over_valid_tokens_only():
     x = torch.tensor([[1.0, 2.0, 3.0], [4.0, 100.0, -50.0]])
     mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0]])
@@ -248,6 +258,30 @@ def test_critic_warmup_leaves_the_actor_and_fits_the_critic(tiny):
     assert all(torch.equal(v, before_a[k]) for k, v in actor.state_dict().items())  # the policy did not move
     assert all(p.grad is None for p in actor.parameters())  # and no stale gradient waits for the next step
     assert not torch.equal(critic.head.weight, before_c["head.weight"])  # the critic did
+
+
+def test_group_advantage_update_needs_no_critic_and_moves_each_action_its_way(tiny):
+    lm, _ = tiny
+    cfg = ppo.Config(micro_batch=2, num_minibatches=1, actor_lr=1e-3, advantage="group", samples_per_state=3)
+    actor, ref = ppo.Actor(copy.deepcopy(lm), cfg.temperature), ppo.Actor(copy.deepcopy(lm), cfg.temperature)
+    prompts = [[5, 6, 7, 8]] * 3  # one state, three sampled actions
+    gen = lm.generate(prompts, max_new_tokens=6, temperature=0.7, generator=torch.Generator().manual_seed(1))
+    ids, lengths, mask, starts = ppo.make_batch(prompts, gen.tokens, 0, "cpu")
+    dev = torch.device("cpu")
+    lp, ref_lp, values = (x * mask for x in ppo.forward_scores(actor, None, ref, ids, lengths, starts, mask.shape[1],
+                                                               cfg, dev))
+    assert torch.equal(values, torch.zeros_like(values))  # no critic, no values
+    _, kl = ppo.token_rewards(torch.zeros(3), lp, ref_lp, mask, cfg.kl_coef)
+    adv = ppo.group_advantages(torch.tensor([1.0, -1.0, 0.0]), kl, mask, 3, cfg.kl_coef)
+    data = dict(ids=ids, lengths=lengths, starts=starts, mask=mask, logprobs=lp, values=values, advantages=adv,
+                returns=adv)
+    opt_a = torch.optim.AdamW(actor.parameters(), lr=1e-3)
+    for _ in range(2):
+        ppo.ppo_update(actor, None, opt_a, None, data, cfg, dev, torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        after = actor(ids, lengths, starts) * mask
+    gain = (after - lp).sum(1)  # the change of each action's log-probability
+    assert gain[0] > 0 > gain[1]  # the best action became likelier, the worst less likely
 
 
 def test_tiny_policies_get_their_own_learning_rates_and_pretrained_ones_the_papers():
@@ -464,7 +498,9 @@ def test_episodic_run_of_two_iterations_in_one_process(pool, tmp_path):
                                   ["--reward-clip", "-1"], ["--reward-alpha", "0"], ["--kl-coef", "-1"],
                                   ["--temperature", "nan"], ["--actor-lr", "inf"], ["--lam", "2"],
                                   ["--device", "tpu9"], ["--max-grad-norm", "0"], ["--save-dtype", "fp8"],
-                                  ["--micro-tokens", "0"], ["--samples-per-state", "0"], ["--target-kl", "-1"]])
+                                  ["--micro-tokens", "0"], ["--samples-per-state", "0"], ["--target-kl", "-1"],
+                                  ["--advantage", "vtrace"], ["--advantage", "group"],
+                                  ["--advantage", "group", "--samples-per-state", "2", "--critic-warmup", "1"]])
 def test_usage_errors_exit_2_with_one_line(args, pool, tmp_path, capsys):
     out, _, _ = pool
     base = {"--model": str(out / "tiny"), "--states": str(out / "states.jsonl"), "--out": str(tmp_path / "o")}
