@@ -1589,6 +1589,8 @@ def _apply(recipe: Recipe, code: str, task: str) -> str:
 
 def recipe_editor(instruction: str, code: str) -> str:
     """Offline stand-in for the LLM editor: applies the recipe whose idea or name the instruction contains."""
+    # An editor gets only (instruction, code), as the LLM editor does (Env, ppo.py, collect.py, agent.py call it so):
+    # the starter's docstring, which no recipe edits, is what tells which built-in task's recipes fit the script.
     found = re.search(r'Starter script for the "([\w-]+)" task', code)
     if not found or found.group(1) not in BUILTIN_TASKS:
         raise EditError("the offline recipe editor only edits the built-in starter scripts; configure an LLM editor "

@@ -37,8 +37,9 @@ Where the paper's text is silent (our choices):
 - OFFLINE STAND-INS, used when no endpoint or checkpoint is configured: `ScriptedOrchestrator` (expands the best
   attempts with untried built-in recipe ideas, two calls per round; samples when temperature > 0) and `RecipeCoder`
   (a Sub-Agent that applies env.py's recipe for its instruction). They write the same JSON and ```python messages an
-  LLM would, so the same parsing code runs. Offline `train` collects with the scripted orchestrator (not on-policy)
-  and trains a tiny model made from scratch, with a tokenizer trained on the tree's prompts.
+  LLM would, so the same parsing code runs, and read their state from the record a prompt is written from (its
+  `Prompt.state`). Offline `train` collects with the scripted orchestrator (not on-policy) and trains a tiny model
+  made from scratch, with a tokenizer trained on the tree's prompts.
 - OFFLINE STAND-IN for "the same model before tree training": the paper's Orchestrator before tree training is a
   pre-trained LLM that already answers in the decision format; a tiny model from scratch answers nothing parsable.
   So without --model, ckpt-0 is the tiny model after imitation (cross-entropy on the scripted orchestrator's
@@ -181,6 +182,23 @@ def _fmt(score) -> str:
     return "none" if score is None else f"{score:.4f}"
 
 
+def shown(score) -> float | None:
+    """A score as a prompt shows it (_fmt's 4 decimals): what the offline stand-ins compare, as an LLM would."""
+    return None if score is None else float(_fmt(score))
+
+
+class Prompt(list):
+    """Chat messages (all that a backend is sent) with `state`: the typed record the code that wrote them wrote them
+    from, read by the offline stand-ins only. `prompt + more` keeps the record."""
+
+    def __init__(self, messages=(), state=None):
+        super().__init__(messages)
+        self.state = state
+
+    def __add__(self, more):
+        return Prompt([*self, *more], self.state)
+
+
 def memory_text(attempts) -> str:
     """The Orchestrator's view of the attempts: one bounded entry each, no code, no logs."""
     lines = []
@@ -211,7 +229,15 @@ Answer with one JSON object and nothing else:
 {"thought": "...", "tool_calls": [{"name": "refine", "arguments": {"parent": 0, "instruction": "...", "references": []}}]}"""
 
 
-def orchestrator_messages(task, attempts, rnd: int, rounds: int, calls: int, seconds_left=None) -> list[dict]:
+@dataclass
+class OrchestratorState:
+    """What an Orchestrator prompt is written from: the task, the attempts of its compact memory, the calls allowed."""
+    task: env.Task
+    attempts: list[Attempt]
+    calls: int
+
+
+def orchestrator_messages(task, attempts, rnd: int, rounds: int, calls: int, seconds_left=None) -> Prompt:
     higher = "higher" if task.higher_is_better else "lower"
     best = best_attempt(attempts, task.higher_is_better)
     clock = f", about {seconds_left:.0f} s left" if seconds_left is not None else ""
@@ -219,7 +245,8 @@ def orchestrator_messages(task, attempts, rnd: int, rounds: int, calls: int, sec
             f"Round {rnd} of {rounds}{clock}. At most {calls} tool calls this round.\n\nAttempts so far:\n"
             f"{memory_text(attempts)}\n\nBest so far: #{best.id} with public score {_fmt(best.score)}.\n"
             "Answer with one JSON object as the system message says.")
-    return [{"role": "system", "content": ORCH_SYSTEM}, {"role": "user", "content": user}]
+    return Prompt([{"role": "system", "content": ORCH_SYSTEM}, {"role": "user", "content": user}],
+                  OrchestratorState(task, list(attempts), calls))
 
 
 def parse_decision(text: str, known, max_calls: int) -> tuple[list[dict], bool]:
@@ -271,7 +298,18 @@ SUMMARY_NOW = ("The execution budget is spent. Answer only with the ```json summ
                "errors, next.")
 
 
-def sub_messages(task, parent: Attempt, references, instruction: str, iters: int) -> list[dict]:
+@dataclass
+class SubAgentState:
+    """What a Sub-Agent's chat is written from: its first prompt's task, script and instruction; code_loop's runs."""
+    task: env.Task
+    code: str  # the parent's script (the monolithic agent's: the starter)
+    score: float | None  # its public score
+    instruction: str | None  # None: the monolithic agent, which decides its changes itself
+    runs: list = field(default_factory=list)  # (script, env.RunResult) per execution, as the feedback reports them
+    tried: list = field(default_factory=list)  # the ideas the offline stand-in answered with (its own notes)
+
+
+def sub_messages(task, parent: Attempt, references, instruction: str, iters: int) -> Prompt:
     """The fresh context a Tool builds: task, parent code, the references' summaries and code, the instruction."""
     refs = "".join(f"\n## Attempt #{r.id} (public score {_fmt(r.score)})\n"
                    + "; ".join(f"{k}: {r.summary.get(k, '')}" for k in SUMMARY_KEYS) + f"\n```python\n{r.code}```\n"
@@ -279,15 +317,17 @@ def sub_messages(task, parent: Attempt, references, instruction: str, iters: int
     user = (f"# Task\n{task.description.strip()}\n\n# Parent attempt #{parent.id} (public score {_fmt(parent.score)})"
             f"\n```python\n{parent.code}```\n" + (f"\n# Reference attempts\n{refs}" if refs else "")
             + f"\n# Instruction\n{instruction}")
-    return [{"role": "system", "content": SUB_SYSTEM.format(iters=iters)}, {"role": "user", "content": user}]
+    return Prompt([{"role": "system", "content": SUB_SYSTEM.format(iters=iters)}, {"role": "user", "content": user}],
+                  SubAgentState(task, parent.code, parent.score, instruction))
 
 
-def mono_messages(task, starter: Attempt, steps: int) -> list[dict]:
+def mono_messages(task, starter: Attempt, steps: int) -> Prompt:
     higher = "higher" if task.higher_is_better else "lower"
     user = (f"# Task\n{task.description.strip()}\nMetric: {task.metric} ({higher} is better)\n\n"
             f"# Starter script (public score {_fmt(starter.score)})\n"
             f"```python\n{starter.code}```\n\nImprove the public score.")
-    return [{"role": "system", "content": MONO_SYSTEM.format(iters=steps)}, {"role": "user", "content": user}]
+    return Prompt([{"role": "system", "content": MONO_SYSTEM.format(iters=steps)}, {"role": "user", "content": user}],
+                  SubAgentState(task, starter.code, starter.score, None))
 
 
 def parse_coder(text: str) -> tuple[str, object]:
@@ -338,9 +378,9 @@ def feedback(run, task, limit: int, tokenizer=None) -> str:
 
 def code_loop(task, backend, messages, max_iters: int, cfg: Config, deadline: float, on_prompt, start_code: str,
               **fields) -> tuple[Attempt, object, list[str]]:
-    """Write the whole script, execute, read the feedback, fix; until a summary, max_iters executions or the
-    deadline. -> (the Attempt, with the `fields` given: its best script by public score, else the last one,
-    else start_code; the best script's run or None; the errors met)."""
+    """Write the whole script, execute (each run into messages.state), read the feedback, fix; until a summary,
+    max_iters executions or the deadline. -> (the Attempt, with the `fields` given: its best script by public score,
+    else the last one, else start_code; the best script's run or None; the errors met)."""
     tok, higher = getattr(backend, "tokenizer", None), task.higher_is_better
     best = best_run = last = summary = None
     iters, errors, status = 0, [], "no_code"
@@ -361,6 +401,7 @@ def code_loop(task, backend, messages, max_iters: int, cfg: Config, deadline: fl
         iters, last = iters + 1, value
         timeout = min(cfg.script_timeout or task.time_limit, max(deadline - time.time(), 1.0))
         run = env.run_script(task, value, timeout=timeout, keep=("submission.csv",))
+        messages.state.runs.append((value, run))
         status = "success" if best_run or run.status == "success" else run.status
         if run.status == "success" and (best_run is None or signed(run.score, higher) > signed(best_run.score, higher)):
             best, best_run = value, run
@@ -433,7 +474,7 @@ def _recipe_ideas(task_name: str) -> list[str]:
 
 
 class ScriptedOrchestrator:
-    """OFFLINE STAND-IN for an LLM Orchestrator: reads the compact memory of its prompt and expands the best attempts
+    """OFFLINE STAND-IN for an LLM Orchestrator: reads its prompt's OrchestratorState and expands the best attempts
     with recipe ideas not yet tried on their lineage, `calls` calls per round, the next-best attempt as reference;
     with temperature > 0 the parent and the ideas are sampled. Writes the same JSON an LLM would."""
 
@@ -441,25 +482,22 @@ class ScriptedOrchestrator:
         self.seed, self.rng, self.usage = seed, random.Random(seed), agent.Usage()
 
     def chat(self, messages, n=1, temperature=0.0, max_tokens=1024, stop=None):
-        text = [m["content"] for m in messages if m["role"] == "user"][0]
-        c = agent.Completion([self.decide(text, self.rng if temperature > 0 else None) for _ in range(n)])
+        c = agent.Completion([self.decide(messages.state, self.rng if temperature > 0 else None) for _ in range(n)])
         self.usage.add(c, 0.0)
         return c
 
     @staticmethod
-    def decide(text: str, rng, sample_parent=True) -> str:
-        """The decision for a prompt's user text; rng None: greedy; sample_parent=False: only the ideas sampled."""
-        task = re.search(r"^Task: (\S+) \|.*\((higher|lower) is better\)", text, re.M)
-        calls = int(re.search(r"At most (\d+) tool calls", text).group(1))
-        nodes = {int(i): (int(p) if p else None, None if s == "none" else float(s))
-                 for i, p, s in re.findall(r"^#(\d+) (?:starter|parent #(\d+)) \| score (\S+)", text, re.M)}
-        said = dict((int(i), ins) for i, ins in re.findall(r"^#(\d+) parent.*\n  instruction: (.*)$", text, re.M))
-        ranked = sorted(nodes, key=lambda i: (-signed(nodes[i][1], task.group(2) == "higher"), i))
+    def decide(state: OrchestratorState, rng, sample_parent=True) -> str:
+        """The decision at a prompt's state; rng None: greedy; sample_parent=False: only the ideas sampled."""
+        # the attempts as memory_text shows them: scores to 4 decimals, instructions shortened
+        nodes = {a.id: (a.parent, shown(a.score)) for a in state.attempts}
+        said = {a.id: _short(a.instruction, 300) for a in state.attempts if a.parent is not None}
+        ranked = sorted(nodes, key=lambda i: (-signed(nodes[i][1], state.task.higher_is_better), i))
         ranked = [i for i in ranked if nodes[i][1] is not None]
         if rng is not None and sample_parent and len(ranked) > 1:  # the best first with probability 1/2, else top 3
             first = rng.choice(ranked[:3]) if rng.random() < 0.5 else ranked[0]
             ranked = [first] + [i for i in ranked if i != first]
-        ideas, out = _recipe_ideas(task.group(1)), []
+        ideas, out, calls = _recipe_ideas(state.task.name), [], state.calls
         for parent in ranked:
             lineage, i = set(), parent
             while i is not None:  # ideas applied on the way from the starter, and ideas already tried from here
@@ -482,13 +520,11 @@ class ScriptedOrchestrator:
         return json.dumps({"thought": f"Refine attempt(s) {parents} with untried ideas.", "tool_calls": out})
 
 
-SCORE_LINE = re.compile(r"^Public score \([^)]*\): (\S+)$", re.M)
-
-
 class RecipeCoder:
     """OFFLINE STAND-IN for an LLM Sub-Agent: applies env.py's recipe for its instruction to the parent script
     (env.recipe_editor) and writes the whole script in a ```python block; after the run it answers with the JSON
-    summary. Without an instruction (the monolithic baseline) it tries the next untried recipe on its best script."""
+    summary. Without an instruction (the monolithic baseline) it tries the next untried recipe on its best script.
+    Its state: its prompt's SubAgentState."""
 
     def __init__(self):
         self.usage = agent.Usage()
@@ -499,33 +535,28 @@ class RecipeCoder:
         return c
 
     def respond(self, messages) -> str:
-        first, said = messages[1]["content"], [m["content"] for m in messages if m["role"] == "assistant"]
-        instruction = first.split("# Instruction\n", 1)[1].strip() if "# Instruction\n" in first else None
-        if messages[-1]["content"] == SUMMARY_NOW or (instruction and said):  # it ran its script: the summary
-            ran = any(SCORE_LINE.search(m["content"]) for m in messages[2:] if m["role"] == "user")
-            return self._summary(instruction or "built-in recipes, one at a time, kept when better",
+        s, higher = messages.state, messages.state.task.higher_is_better
+        if messages[-1]["content"] == SUMMARY_NOW or (s.instruction and s.runs):  # it ran its script: the summary
+            ran = any(run.status == "success" for _, run in s.runs)
+            return self._summary(s.instruction or "built-in recipes, one at a time, kept when better",
                                  "applied the recipe" if ran else "no script scored", "another recipe on top of it")
-        code = re.search(r"```python\n(.*?)```", first, re.S).group(1)  # the parent's script, or the starter
-        if instruction:  # a Sub-Agent: the recipe its instruction names, on the parent script
+        if s.instruction:  # a Sub-Agent: the recipe its instruction names, on the parent script
             try:
-                return f"Idea: {instruction}\n```python\n{env.recipe_editor(instruction, code)}```"
+                return f"Idea: {s.instruction}\n```python\n{env.recipe_editor(s.instruction, s.code)}```"
             except env.EditError as e:
-                return self._summary(instruction, f"nothing: {e}", "an instruction naming a built-in recipe")
+                return self._summary(s.instruction, f"nothing: {e}", "an instruction naming a built-in recipe")
         # the monolithic baseline: the best script of its whole history, then the next untried recipe on it
-        higher = re.search(r"^Metric: .* \((higher|lower) is better\)", first, re.M).group(1) == "higher"
-        found = re.search(r"public score (\S+)\)", first).group(1)
-        best = None if found == "none" else float(found)
-        for asked, answer in zip(said, messages[3::2]):
-            script, score = re.search(r"```python\n(.*?)```", asked, re.S), SCORE_LINE.search(answer["content"])
-            if script and score and signed(float(score.group(1)), higher) > signed(best, higher):
-                best, code = float(score.group(1)), script.group(1)
-        tried = {line for a in said for line in re.findall(r"^Idea: (.*)$", a, re.M)}
-        task = re.search(r'Starter script for the "([\w-]+)" task', first)
-        for idea in (i for i in _recipe_ideas(task.group(1) if task else "") if i not in tried):
+        best, code = shown(s.score), s.code
+        for script, run in s.runs:
+            if run.status == "success" and signed(shown(run.score), higher) > signed(best, higher):
+                best, code = shown(run.score), script
+        for idea in (i for i in _recipe_ideas(s.task.name) if i not in s.tried):
             try:
-                return f"Idea: {idea}\n```python\n{env.recipe_editor(idea, code)}```"
+                answer = f"Idea: {idea}\n```python\n{env.recipe_editor(idea, code)}```"
             except env.EditError:
                 continue
+            s.tried.append(idea)
+            return answer
         return self._summary("every built-in recipe, one at a time, kept when better", f"best public score {best}",
                              "nothing left to try offline")
 
@@ -579,7 +610,6 @@ def attempts_of(path: Path, rows) -> list[Attempt]:
 
 
 RUN_SHAPE = {"attempts": list, "records": list, "round": int, "seconds": (int, float), "finished": bool}
-TREE_SHAPE = {"attempts": dict, "nodes": list, "next_id": int, "higher_is_better": bool}
 
 
 def _recorder(records: list):
@@ -597,7 +627,7 @@ def _recorder(records: list):
 def decide(orch, messages, known, cfg: Config, record, rnd) -> tuple[list[dict], bool, str]:
     """Ask the Orchestrator, re-asking on an unparsable answer (MLAB's max_retries); a round with no usable answer
     launches nothing."""
-    ask, tok = list(messages), getattr(orch, "tokenizer", None)
+    ask, tok = messages, getattr(orch, "tokenizer", None)  # ask + [...]: new Prompts, the same state
     for _ in range(cfg.max_retries + 1):
         record(rnd, "orchestrator", ask, tok)
         text = orch.chat(ask, temperature=cfg.temperature, max_tokens=cfg.max_tokens).texts[0]
@@ -673,116 +703,147 @@ def run_monolithic(cfg: Config, coder, out: Path | None = None, log=print) -> di
 # ============================================================================= Solution Refinement Trees (Matryoshka §3.6)
 
 
-def _path(tree, node_id) -> list[dict]:
-    nodes, path = tree["nodes"], []
-    while node_id is not None:
-        path.append(nodes[node_id])
-        node_id = nodes[node_id]["parent"]
-    return path[::-1]
+@dataclass
+class Node:
+    """One node of a tree: a decision sampled at its parent's state, the attempts its tool calls launched, r(v)."""
+    id: int  # its index in Tree.nodes
+    parent: int | None  # None for the root (the starter's state)
+    depth: int
+    decision: str | None  # the Orchestrator's answer at the parent's state (None for the root)
+    calls: list[dict] | None  # its parsed tool calls, each with the id of the attempt it launched; None: not parsed yet
+    status: str  # pending (its calls not all run) | done
+    prompt: list | None  # the prompt its children's decisions answer, once they are sampled
+    score: float | None  # the best public score of its attempts, r(v) once signed; None: none valid
+    finished: bool | None = None  # the decision called finish; None: not parsed yet, or unparsable
+    error: str | None = None  # why the decision is unparsable
 
 
-def _tree_ok(tree) -> bool:
-    return all(isinstance(a, dict) and {"id", "parent", "score"} <= set(a) for a in tree["attempts"].values()) and \
-        all(isinstance(n, dict) and {"id", "parent", "depth", "status", "calls"} <= set(n) for n in tree["nodes"])
+TREE_SHAPE = {"task": str, "attempts": dict, "nodes": list, "next_id": int, "higher_is_better": bool}
 
 
-def tree_state(tree, node_id) -> list[Attempt]:
-    """The state of a node: the starter and the attempts its path launched (those that exist yet)."""
-    ids = [0] + [c["attempt"] for n in _path(tree, node_id) for c in n["calls"] or []]
-    return [Attempt(**tree["attempts"][str(i)]) for i in ids if str(i) in tree["attempts"]]
+@dataclass
+class Tree:
+    """A Solution Refinement Tree: cfg.children decisions per node (binary in Matryoshka §3.6), each node's state its
+    path's attempts (the shared prefix, run once); tree.json holds to_json()."""
+    task: str
+    higher_is_better: bool
+    next_id: int  # the id of the next attempt
+    attempts: dict[int, Attempt]
+    nodes: list[Node]
+
+    def children(self, node_id) -> list[Node]:
+        return [n for n in self.nodes if n.parent == node_id]
+
+    def state(self, node_id) -> list[Attempt]:
+        """The state of a node: the starter and the attempts its path launched (those that exist yet)."""
+        ids = []
+        while node_id is not None:  # up to the root, each node's calls before its children's
+            ids[:0] = [c["attempt"] for c in self.nodes[node_id].calls or []]
+            node_id = self.nodes[node_id].parent
+        return [self.attempts[i] for i in [0] + ids if i in self.attempts]
+
+    def to_json(self) -> dict:
+        """tree.json's object: attempts keyed by str(id); a node's finished and error only once set."""
+        return {"task": self.task, "higher_is_better": self.higher_is_better, "next_id": self.next_id,
+                "attempts": {str(i): asdict(a) for i, a in self.attempts.items()},
+                "nodes": [{k: v for k, v in asdict(n).items() if v is not None or k not in ("finished", "error")}
+                          for n in self.nodes]}
+
+    @classmethod
+    def from_json(cls, obj: dict, path="tree.json") -> Tree:
+        """The tree of a to_json object (tree.json); anything else is a one-line ValueError naming path."""
+        try:
+            return cls(obj["task"], obj["higher_is_better"], obj["next_id"],
+                       {int(i): Attempt(**a) for i, a in obj["attempts"].items()}, [Node(**n) for n in obj["nodes"]])
+        except (KeyError, TypeError, ValueError, AttributeError):
+            raise ValueError(f"{path}: a node or attempt is not orchestrator.py's; delete it or give another --out") \
+                from None
+
+    @classmethod
+    def load(cls, path: Path) -> Tree | None:
+        """The tree saved at path, None when there is none."""
+        obj = load_json(path, TREE_SHAPE)
+        return None if obj is None else cls.from_json(obj, path)
 
 
-def collect_tree(cfg: Config, orch, sub, path: Path, log=print) -> dict:
+def collect_tree(cfg: Config, orch, sub, path: Path, log=print) -> Tree:
     """Expand every node with cfg.children decisions sampled from the same state (its path's attempts: the shared
     prefix, run once), to cfg.depth; run the decisions' tool calls; r(v) from the environment. Saved after every
     decision and attempt, so an interrupted collection resumes where it stopped."""
     task = env.load_task(cfg.task)
-    tree = load_json(path, TREE_SHAPE)
-    if tree is not None and not _tree_ok(tree):
-        raise ValueError(f"{path}: a node or attempt is not orchestrator.py's; delete it or give another --out")
+    tree = Tree.load(path)
     if tree is None:
-        tree = {"task": task.name, "higher_is_better": task.higher_is_better, "next_id": 1,
-                "attempts": {"0": asdict(starter_attempt(task, cfg))},
-                "nodes": [{"id": 0, "parent": None, "depth": 0, "decision": None, "calls": [], "status": "done",
-                           "prompt": None, "score": None}]}
-        tree["nodes"][0]["score"] = tree["attempts"]["0"]["score"]
-    lock, record = threading.Lock(), lambda *a, **k: None
-    tool = Tool(task, sub, cfg, time.time() + cfg.time_limit, record)
-    memory = lambda node_id: tree_state(tree, node_id)  # noqa: E731
+        starter = starter_attempt(task, cfg)
+        tree = Tree(task.name, task.higher_is_better, 1, {0: starter},
+                    [Node(0, None, 0, None, [], "done", None, starter.score)])
+    lock, save = threading.Lock(), lambda: save_json(path, tree.to_json())
+    tool = Tool(task, sub, cfg, time.time() + cfg.time_limit, lambda *a, **k: None)
     while True:
         # 1. decisions: every finished node above the depth limit, with no children yet, gets cfg.children samples
-        for node in list(tree["nodes"]):
-            kids = [n for n in tree["nodes"] if n["parent"] == node["id"]]
-            if node["status"] != "done" or node["depth"] >= cfg.depth or kids or node.get("finished") \
-                    or node.get("error"):  # a finishing or unparsable decision is a leaf
+        for node in list(tree.nodes):
+            if node.status != "done" or node.depth >= cfg.depth or tree.children(node.id) or node.finished \
+                    or node.error:  # a finishing or unparsable decision is a leaf
                 continue
-            node["prompt"] = orchestrator_messages(task, memory(node["id"]), node["depth"] + 1, cfg.depth, cfg.calls)
+            node.prompt = orchestrator_messages(task, tree.state(node.id), node.depth + 1, cfg.depth, cfg.calls)
             if isinstance(orch, ScriptedOrchestrator):  # each node's samples from (seed, node): a resume makes the same
-                orch.rng.seed(f"{orch.seed}:{node['id']}")
-            for text in orch.chat(node["prompt"], n=cfg.children, temperature=cfg.tree_temperature,
+                orch.rng.seed(f"{orch.seed}:{node.id}")
+            for text in orch.chat(node.prompt, n=cfg.children, temperature=cfg.tree_temperature,
                                   max_tokens=cfg.max_tokens).texts:
-                tree["nodes"].append({"id": len(tree["nodes"]), "parent": node["id"], "depth": node["depth"] + 1,
-                                      "decision": text, "calls": None, "status": "pending", "prompt": None,
-                                      "score": None})
-            save_json(path, tree)
-        pending = [n for n in tree["nodes"] if n["status"] == "pending"]
+                tree.nodes.append(Node(len(tree.nodes), node.id, node.depth + 1, text, None, "pending", None, None))
+            save()
+        pending = [n for n in tree.nodes if n.status == "pending"]
         if not pending:
             return tree
         # 2. parse each pending decision once and give its calls attempt ids; then run the calls not yet run
         jobs = []
         for node in pending:
-            if node["calls"] is None:
-                known = {a.id for a in memory(node["parent"])}
+            by_id = {a.id: a for a in tree.state(node.parent)}
+            if node.calls is None:
                 try:
-                    calls, node["finished"] = parse_decision(node["decision"], known, cfg.calls)
+                    calls, node.finished = parse_decision(node.decision, set(by_id), cfg.calls)
                 except ParseError as e:
-                    calls, node["error"] = [], str(e)
-                node["calls"] = [{**c, "attempt": tree["next_id"] + i} for i, c in enumerate(calls)]
-                tree["next_id"] += len(calls)
-            by_id = {a.id: a for a in memory(node["parent"])}
-            jobs += [(node, c, by_id) for c in node["calls"] if str(c["attempt"]) not in tree["attempts"]]
-        save_json(path, tree)
+                    calls, node.error = [], str(e)
+                node.calls = [{**c, "attempt": tree.next_id + i} for i, c in enumerate(calls)]
+                tree.next_id += len(calls)
+            jobs += [(node, c, by_id) for c in node.calls if c["attempt"] not in tree.attempts]
+        save()
 
         def run(job):
             node, call, by_id = job
-            a = tool(call["attempt"], call, by_id, node["depth"])
+            a = tool(call["attempt"], call, by_id, node.depth)
             with lock:
-                tree["attempts"][str(a.id)] = asdict(a)
-                save_json(path, tree)
+                tree.attempts[a.id] = a
+                save()
             return a
         with ThreadPoolExecutor(max(1, cfg.workers)) as pool:
             list(pool.map(run, jobs))
         for node in pending:
-            scores = [tree["attempts"][str(c["attempt"])]["score"] for c in node["calls"]]
-            valid = [s for s in scores if s is not None]
-            node["score"] = (max(valid) if task.higher_is_better else min(valid)) if valid else None
-            node["status"] = "done"
-        log(f"tree: {len(tree['nodes'])} nodes, {len(tree['attempts'])} attempts, depth "
-            f"{max(n['depth'] for n in tree['nodes'])}")
-        save_json(path, tree)
+            valid = [s for c in node.calls if (s := tree.attempts[c["attempt"]].score) is not None]
+            node.score = (max(valid) if task.higher_is_better else min(valid)) if valid else None
+            node.status = "done"
+        log(f"tree: {len(tree.nodes)} nodes, {len(tree.attempts)} attempts, depth {max(n.depth for n in tree.nodes)}")
+        save()
 
 
-def branch_labels(tree) -> dict[int, float]:
+def branch_labels(tree: Tree) -> dict[int, float]:
     """R(c) = max over the subtree of c of r(v), r the node's signed score (Matryoshka §3.6, Preference Construction)."""
-    kids, higher, R = {}, tree["higher_is_better"], {}
-    for n in tree["nodes"]:
-        kids.setdefault(n["parent"], []).append(n["id"])
+    R = {}
 
     def label(i):
-        R[i] = max([signed(tree["nodes"][i]["score"], higher)] + [label(c) for c in kids.get(i, [])])
+        R[i] = max([signed(tree.nodes[i].score, tree.higher_is_better)] + [label(c.id) for c in tree.children(i)])
         return R[i]
     label(0)
     return R
 
 
-def preference_groups(tree) -> list[dict]:
+def preference_groups(tree: Tree) -> list[dict]:
     """Per node with children: its prompt, the children's decisions and their labels R; all-tied groups dropped."""
     R, groups = branch_labels(tree), []
-    for node in tree["nodes"]:
-        kids = [n for n in tree["nodes"] if n["parent"] == node["id"]]
-        labels = [R[k["id"]] for k in kids]
-        if len(kids) >= 2 and node["prompt"] and len(set(labels)) > 1:
-            groups.append({"node": node["id"], "messages": node["prompt"], "responses": [k["decision"] for k in kids],
+    for node in tree.nodes:
+        kids = tree.children(node.id)
+        labels = [R[k.id] for k in kids]
+        if len(kids) >= 2 and node.prompt and len(set(labels)) > 1:
+            groups.append({"node": node.id, "messages": node.prompt, "responses": [k.decision for k in kids],
                            "R": labels})
     return groups
 
@@ -914,7 +975,7 @@ def resampled_states(tree, n: int, rng) -> list[list[Attempt]]:
     starter, each next attempt one whose parent is in already), numbered 0, 1, 2, ... in that order, with parents,
     references and the "parent #k" of each summary renumbered. Their best attempt, the parent a greedy decision
     picks, varies far more than along the tree's own paths."""
-    pool = {int(i): Attempt(**a) for i, a in tree["attempts"].items()}
+    pool = tree.attempts
     states = []
     for _ in range(n if len(pool) > 1 else 0):
         order = [0]
@@ -947,16 +1008,13 @@ def imitation_examples(tree, cfg: Config) -> list[dict]:
     reshape (with greedy ideas ckpt-0 answered every held-out prompt with one decision, and no trained ckpt-1 answered
     otherwise). -> [{"messages", "responses", "known": the state's ids, "tree": whether the prompt is the tree's own}]"""
     task, rng = env.load_task(cfg.task), random.Random(f"{cfg.seed}:imitation")
-    kids: dict = {}
-    for n in tree["nodes"]:
-        kids.setdefault(n["parent"], []).append(n["decision"])
-    states = [(task, tree_state(tree, n["id"]), n) for n in tree["nodes"] if n["status"] == "done"]  # (task, state, node)
+    states = [(task, tree.state(n.id), n) for n in tree.nodes if n.status == "done"]  # (task, state, node)
     states += [(task, attempts, None) for attempts in resampled_states(tree, IMITATION_RESAMPLED, rng)]
     states += [(t, [starter_attempt(t, cfg)], None)
                for t in map(env.load_task, imitation_tasks(task.name, cfg.imitation_tasks))]
     out, seen = [], set()
     for t, attempts, node in states:
-        depth = node["depth"] if node else min(len(attempts) - 1, 1)  # a run's round 1 sees the starter only
+        depth = node.depth if node else min(len(attempts) - 1, 1)  # a run's round 1 sees the starter only
         for view in range(IMITATION_VIEWS):
             if view == 0:  # as collect_tree asks it
                 rnd, rounds, clock = depth + 1, max(cfg.depth, depth + 1), None
@@ -969,11 +1027,11 @@ def imitation_examples(tree, cfg: Config) -> list[dict]:
                 continue
             seen.add(key)
             own = view == 0 and node is not None
-            if own and node["prompt"] == messages and kids.get(node["id"]):
-                responses = kids[node["id"]]
+            if own and node.prompt == messages and tree.children(node.id):
+                responses = [k.decision for k in tree.children(node.id)]
             else:
                 ideas = random.Random(f"{cfg.seed}:imitation:{rng.random()}")
-                responses = [ScriptedOrchestrator.decide(messages[1]["content"], ideas, sample_parent=False)
+                responses = [ScriptedOrchestrator.decide(messages.state, ideas, sample_parent=False)
                              for _ in range(cfg.children)]
             out.append({"messages": messages, "responses": list(dict.fromkeys(responses)),
                         "known": sorted(a.id for a in attempts), "tree": own})
@@ -1075,13 +1133,13 @@ def train_loop(cfg: Config, model_path: str | None, collector: str, sub, out: Pa
         ref, _ = model.load(str(current))
         for p in ref.parameters():
             p.requires_grad_(False)
-        log(f"iteration {it}: {len(groups)} preference group(s) from {len(tree['nodes'])} nodes")
+        log(f"iteration {it}: {len(groups)} preference group(s) from {len(tree.nodes)} nodes")
         if groups:
             train_orchestrator(policy, ref, tok, groups, cfg, log=log)
         save_checkpoint(policy, tok, nxt, dtype=getattr(model.torch, policy.config.torch_dtype))  # as it came (bf16)
         current = nxt
-    rows = [r for p in sorted(out.glob("tree-*.json")) for t in [load_json(p, TREE_SHAPE)]
-            for r in sft_rows(list(t["attempts"].values()), t["higher_is_better"])]
+    rows = [r for t in map(Tree.load, sorted(out.glob("tree-*.json")))
+            for r in sft_rows([asdict(a) for a in t.attempts.values()], t.higher_is_better)]
     write_jsonl(out / "sft.jsonl", rows)
     log(f"orchestrator checkpoint: {current}; {len(rows)} successful Sub-Agent trajectories -> {out / 'sft.jsonl'}")
     return current
@@ -1186,7 +1244,7 @@ def command(args, cfg: Config, orch, coder, out: Path):
     """run, tree or train, with what each writes under out."""
     if args.cmd == "tree":
         tree = collect_tree(cfg, orch, coder, out / "tree.json")
-        write_jsonl(out / "sft.jsonl", sft_rows(list(tree["attempts"].values()), tree["higher_is_better"]))
+        write_jsonl(out / "sft.jsonl", sft_rows([asdict(a) for a in tree.attempts.values()], tree.higher_is_better))
         print(f"{len(preference_groups(tree))} preference group(s); saved {out / 'tree.json'}, {out / 'sft.jsonl'}")
         return
     if args.cmd == "train":

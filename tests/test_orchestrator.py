@@ -9,7 +9,8 @@
   amount per attempt while the monolithic agent's grows much faster; the best attempt and its submission file are
   tracked; runs resume;
 - the tool calls of one round run in parallel; a Sub-Agent that always crashes stops at its iteration limit;
-- tree save and resume; long environment output keeps its head and tail; SFT export; command-line errors.
+- tree save and resume, a tree's JSON round trip, a tree.json of the dict trees still loading; long environment
+  output keeps its head and tail; SFT export; command-line errors.
 """
 from __future__ import annotations
 
@@ -45,10 +46,9 @@ def hand_tree(higher=True):
     scores = {0: 0.5, 1: 0.6, 2: 0.7, 3: 0.9, 4: None, 5: 0.65, 6: 0.7, 7: 0.6, 8: 0.6}
     parents = {0: None, 1: 0, 2: 0, 3: 1, 4: 1, 5: 2, 6: 2, 7: 5, 8: 5}
     sign = 1 if higher else -1
-    return {"higher_is_better": higher, "nodes": [
-        {"id": i, "parent": parents[i], "decision": f"a{i}", "score": None if s is None else sign * s,
-         "prompt": [{"role": "user", "content": f"state {i}"}] if i in (0, 1, 2, 5) else None}
-        for i, s in scores.items()]}
+    return orc.Tree("hand", higher, 1, {}, [
+        orc.Node(i, parents[i], 0, f"a{i}", [], "done", [{"role": "user", "content": f"state {i}"}]
+                 if i in (0, 1, 2, 5) else None, None if s is None else sign * s) for i, s in scores.items()])
 
 
 @pytest.mark.parametrize("higher", [True, False])
@@ -164,22 +164,19 @@ def tiny_tree():
     prompt = orc.orchestrator_messages(task, [starter], 1, 1, 2)
     orch = orc.ScriptedOrchestrator(0)
     orch.rng.seed("0:0")
-    tree = {"task": task.name, "higher_is_better": True, "next_id": 1, "attempts": {"0": orc.asdict(starter)},
-            "nodes": [{"id": 0, "parent": None, "depth": 0, "decision": None, "calls": [], "status": "done",
-                       "prompt": prompt, "score": starter.score}]}
+    tree = orc.Tree(task.name, True, 1, {0: starter}, [orc.Node(0, None, 0, None, [], "done", prompt, starter.score)])
     for k, text in enumerate(orch.chat(prompt, n=2, temperature=1.0).texts):
         calls, _ = orc.parse_decision(text, {0}, 2)
-        node = {"id": k + 1, "parent": 0, "depth": 1, "decision": text, "calls": [], "status": "done",
-                "prompt": None, "score": None}
+        node = orc.Node(k + 1, 0, 1, text, [], "done", None, None)
         for c in calls:
-            a = orc.Attempt(tree["next_id"], 0, c["instruction"], [], starter.score + 0.01 * (k + 1), None, "success",
+            a = orc.Attempt(tree.next_id, 0, c["instruction"], [], starter.score + 0.01 * (k + 1), None, "success",
                             dict(starter.summary, result="public score 0.9, better than parent #0 (0.8)"),
                             starter.code)
-            tree["attempts"][str(a.id)] = orc.asdict(a)
-            node["calls"].append({**c, "attempt": a.id})
-            tree["next_id"] += 1
-        node["score"] = max(tree["attempts"][str(c["attempt"])]["score"] for c in node["calls"])
-        tree["nodes"].append(node)
+            tree.attempts[a.id] = a
+            node.calls.append({**c, "attempt": a.id})
+            tree.next_id += 1
+        node.score = max(tree.attempts[c["attempt"]].score for c in node.calls)
+        tree.nodes.append(node)
     return tree
 
 
@@ -192,7 +189,7 @@ def test_a_from_scratch_ckpt0_imitates_the_decision_format(tmp_path, monkeypatch
         assert [a.id for a in state] == list(range(len(state))) and state[0].parent is None
         assert all(a.parent is not None and a.parent < a.id for a in state[1:])
     (tmp_path / "train").mkdir()
-    (tmp_path / "train" / "tree-0.json").write_text(json.dumps(tree))
+    (tmp_path / "train" / "tree-0.json").write_text(json.dumps(tree.to_json()))
     monkeypatch.setattr(orc, "IMITATION_RESAMPLED", 2)
     c = cfg(depth=1, iterations=1, imitation_tasks=0, imitation_steps=400)
     final = orc.train_loop(c, None, "scripted", orc.RecipeCoder(), tmp_path / "train", log=lambda *_: 0)
@@ -201,7 +198,7 @@ def test_a_from_scratch_ckpt0_imitates_the_decision_format(tmp_path, monkeypatch
     assert notes["parse_rate_tree_prompts"] >= 2 / 3, notes  # the tree's 3 states (root, 2 leaves): greedy answers
     import model
     lm, tok = model.load(str(tmp_path / "train" / "ckpt-0"))
-    text = agent.LocalBackend(lm=lm, tokenizer=tok).chat(tree["nodes"][0]["prompt"], max_tokens=600).texts[0]
+    text = agent.LocalBackend(lm=lm, tokenizer=tok).chat(tree.nodes[0].prompt, max_tokens=600).texts[0]
     calls, finished = orc.parse_decision(text, {0}, 2)
     assert calls and not finished
 
@@ -298,7 +295,7 @@ def test_online_iteration_with_the_policy_as_collector(tmp_path):
     tree = json.loads((tmp_path / "train" / "tree-0.json").read_text())
     assert final == tmp_path / "train" / "ckpt-1" and (final / "model.safetensors").exists()
     assert len(tree["nodes"]) == 3 and all(n.get("error") for n in tree["nodes"][1:])
-    assert orc.preference_groups(tree) == []
+    assert orc.preference_groups(orc.Tree.load(tmp_path / "train" / "tree-0.json")) == []
 
 
 def test_bf16_checkpoint_trains_fp32_master_weights_and_is_saved_in_bf16(tmp_path, monkeypatch):
@@ -311,14 +308,12 @@ def test_bf16_checkpoint_trains_fp32_master_weights_and_is_saved_in_bf16(tmp_pat
     lose = '{"tool_calls": [{"name": "finish", "arguments": {"reason": "done"}}]}'
     lm, tok = orc.tiny_orchestrator([messages[0]["content"], win, lose], vocab_size=300)
     model.save(lm, tok, str(tmp_path / "ckpt"), dtype=torch.bfloat16)
-    node = {"calls": [], "status": "done", "prompt": None}
-    tree = {"task": TASK, "higher_is_better": True, "next_id": 1,  # a finished tree: train_loop collects nothing
-            "attempts": {"0": {"id": 0, "parent": None, "messages": [], "score": 0.8}},
-            "nodes": [{**node, "id": 0, "parent": None, "depth": 0, "decision": None, "prompt": messages, "score": 0.8},
-                      {**node, "id": 1, "parent": 0, "depth": 1, "decision": win, "score": 0.9},
-                      {**node, "id": 2, "parent": 0, "depth": 1, "decision": lose, "score": None, "finished": True}]}
+    starter = orc.Attempt(0, None, "", [], 0.8, None, "success", {}, "")
+    tree = orc.Tree(TASK, True, 1, {0: starter}, [  # a finished tree: train_loop collects nothing
+        orc.Node(0, None, 0, None, [], "done", messages, 0.8), orc.Node(1, 0, 1, win, [], "done", None, 0.9),
+        orc.Node(2, 0, 1, lose, [], "done", None, None, True)])
     (tmp_path / "train").mkdir()
-    (tmp_path / "train" / "tree-0.json").write_text(json.dumps(tree))
+    (tmp_path / "train" / "tree-0.json").write_text(json.dumps(tree.to_json()))
 
     load = model.load
     monkeypatch.setattr(model, "load", lambda path, device=None, dtype=None, **kw: load(  # CUDA's default, on CPU
@@ -367,7 +362,7 @@ def test_tree_save_and_resume(tmp_path):
     orch = FixedOrchestrator("")
     scripted = orc.ScriptedOrchestrator(seed=1)
     orch.chat = lambda messages, n=1, **kw: (setattr(orch, "calls", orch.calls + 1), scripted.chat(messages, n, **kw))[1]
-    tree = orc.collect_tree(c, orch, orc.RecipeCoder(), path, log=lambda *_: 0)
+    tree = orc.collect_tree(c, orch, orc.RecipeCoder(), path, log=lambda *_: 0).to_json()
     assert [n["depth"] for n in tree["nodes"]] == [0, 1, 1] and orch.calls == 1
     assert all(n["status"] == "done" and len(n["calls"]) == 1 for n in tree["nodes"][1:])
     assert json.loads(path.read_text()) == tree
@@ -378,17 +373,74 @@ def test_tree_save_and_resume(tmp_path):
     saved["nodes"][2]["status"] = "pending"
     path.write_text(json.dumps(saved))
     coder = Counting()
-    again = orc.collect_tree(c, orch, coder, path, log=lambda *_: 0)
+    again = orc.collect_tree(c, orch, coder, path, log=lambda *_: 0).to_json()
     assert coder.calls == 2 and orch.calls == 1  # one Sub-Agent (code, summary), no new decision
     assert again["attempts"][str(lost)]["score"] == tree["attempts"][str(lost)]["score"]
     # deeper: the two existing children keep their decisions, each gets two children
     deeper = orc.collect_tree(orc.Config(**{**c.__dict__, "depth": 2}), orch, orc.RecipeCoder(), path,
-                              log=lambda *_: 0)
+                              log=lambda *_: 0).to_json()
     assert [n["depth"] for n in deeper["nodes"]] == [0, 1, 1, 2, 2, 2, 2] and orch.calls == 3
     assert [n["decision"] for n in deeper["nodes"][:3]] == [n["decision"] for n in tree["nodes"]]
     for n in deeper["nodes"][3:]:  # each grandchild's prompt state is its parent's path: the shared prefix
         parent = deeper["nodes"][n["parent"]]
         assert f"#{parent['calls'][0]['attempt']} parent #0" in parent["prompt"][1]["content"]
+
+
+def test_a_tree_round_trips_through_its_json():
+    """Tree -> to_json -> JSON text -> from_json is the same tree: int attempt ids, a pending node (calls not parsed
+    yet), a finishing one and an unparsable one (finished and error written only once set)."""
+    a = orc.Attempt(0, None, "", [], 0.5, 0.4, "success", dict.fromkeys(orc.SUMMARY_KEYS, "x"), "print(0)\n")
+    b = orc.Attempt(1, 0, "use a forest", [], None, None, "error", dict.fromkeys(orc.SUMMARY_KEYS, "y"), "raise\n",
+                    [{"role": "user", "content": "go"}], iterations=1, round=1)
+    prompt = [{"role": "user", "content": "state 0"}]
+    tree = orc.Tree(TASK, False, 2, {0: a, 1: b}, [
+        orc.Node(0, None, 0, None, [], "done", prompt, 0.5),
+        orc.Node(1, 0, 1, "d1", [{"parent": 0, "instruction": "use a forest", "references": [], "attempt": 1}],
+                 "done", None, None, finished=False),
+        orc.Node(2, 0, 1, "d2", [], "done", None, None, error="no JSON"),
+        orc.Node(3, 0, 1, "d3", None, "pending", None, None)])
+    obj = json.loads(json.dumps(tree.to_json()))
+    assert sorted(obj["attempts"]) == ["0", "1"] and "finished" not in obj["nodes"][0]
+    assert obj["nodes"][1]["finished"] is False and "error" not in obj["nodes"][1] and obj["nodes"][2]["error"]
+    again = orc.Tree.from_json(obj)
+    assert again == tree and isinstance(again.attempts[1], orc.Attempt) and isinstance(again.nodes[3], orc.Node)
+    assert [n.id for n in again.children(0)] == [1, 2, 3] and [x.id for x in again.state(1)] == [0, 1]
+
+
+OLD_TREE = {  # a finished depth-1 tree.json as orchestrator.py wrote it when trees were dicts
+    "task": TASK, "higher_is_better": True, "next_id": 2,
+    "attempts": {str(i): {"id": i, "parent": None if i == 0 else 0, "instruction": "" if i == 0 else "use a forest",
+                          "references": [], "score": 0.98 + 0.01 * i, "private": 0.97, "status": "success",
+                          "summary": dict.fromkeys(orc.SUMMARY_KEYS, "s"), "code": "print(1)\n",
+                          "messages": [] if i == 0 else [{"role": "user", "content": "go"}],
+                          "iterations": i, "round": i, "started": 1.0, "ended": 2.0, "submission": ""}
+                 for i in (0, 1)},
+    "nodes": [{"id": 0, "parent": None, "depth": 0, "decision": None, "calls": [], "status": "done",
+               "prompt": [{"role": "user", "content": "state 0"}], "score": 0.98},
+              {"id": 1, "parent": 0, "depth": 1, "decision": "d1",
+               "calls": [{"parent": 0, "instruction": "use a forest", "references": [], "attempt": 1}],
+               "status": "done", "prompt": None, "score": 0.99, "finished": False},
+              {"id": 2, "parent": 0, "depth": 1, "decision": "no json", "calls": [], "status": "done", "prompt": None,
+               "score": None, "error": "no JSON object in the answer"}]}
+
+
+def test_a_tree_json_of_the_dict_trees_still_loads(tmp_path, capsys):
+    """The same JSON back, key for key; `orchestrator.py tree` resumes it (nothing left to run at depth 1); a node
+    that is not one is a one-line error naming the file."""
+    tree = orc.Tree.from_json(copy.deepcopy(OLD_TREE))
+    assert json.dumps(tree.to_json()) == json.dumps(OLD_TREE)
+    (tmp_path / "tree.json").write_text(json.dumps(OLD_TREE))
+    orc.main(["tree", "--task", TASK, "--depth", "1", "--out", str(tmp_path)])
+    assert "1 preference group(s)" in capsys.readouterr().out
+    assert json.loads((tmp_path / "tree.json").read_text()) == OLD_TREE
+    assert [json.loads(r) for r in (tmp_path / "sft.jsonl").read_text().splitlines()] == [
+        {"messages": [{"role": "user", "content": "go"}]}]
+    bad = copy.deepcopy(OLD_TREE)
+    del bad["nodes"][1]["depth"]
+    (tmp_path / "tree.json").write_text(json.dumps(bad))
+    with pytest.raises(ValueError, match="tree.json: a node or attempt") as e:
+        orc.Tree.load(tmp_path / "tree.json")
+    assert len(str(e.value).splitlines()) == 1
 
 
 SLOW_SANDBOX = ("import sys, time, env, orchestrator; run = env.run_script; "  # each script run 0.3 s longer
