@@ -14,15 +14,16 @@ has none).
 How this departs from the paper and the references:
 - The paper gives the learning rates (actor 1e-6, critic 1e-5) and "1 epoch" over 10k states, trained for 39 steps
   (Figure 3), i.e. about 256 states per step; the CPU default here is 16 states per iteration. A pre-trained policy
-  keeps the paper's rates; the offline tiny model (under TINY_PARAMS) gets its own (TINY below: at 1e-6 it did not
-  move at all), and its critic, whose value head starts random, trains alone for the first iterations. Everything
+  keeps the paper's rates and its critic; the offline tiny model (under TINY_PARAMS) gets its own rates (TINY
+  below: at 1e-6 it did not move at all) and, by default, the group baseline below instead of the critic (with the
+  critic it never beat its SFT start; `--advantage gae` brings the critic back, trained alone at first). Everything
   else (batch, temperature, KL coefficient, clip ranges) is silent in the paper and taken from
   summarize_from_feedback_details / OpenRLHF, cited on each field of `Config`.
 - `--samples-per-state n` samples n actions in each state of a batch (OpenRLHF's n_samples_per_prompt; the paper
   samples one): they share the prompt's prefill in model.generate, each is executed in its own restored copy of the
-  state, and the critic's V(s) is their common baseline.
-- `--advantage group` replaces the critic by the other samples of the same state (RLOO, Ahmadian et al. 2024,
-  arXiv:2402.14740): an action's advantage is its score (reward minus kl_coef times its summed KL to the reference)
+  state, and the critic's V(s) (or, with --advantage group, the other samples) is their common baseline.
+- `--advantage group` (the tiny model's default, 4 samples per state) replaces the critic by the other samples of
+  the same state (RLOO, Ahmadian et al. 2024, arXiv:2402.14740): an action's advantage is its score (reward minus kl_coef times its summed KL to the reference)
   minus the mean score of the other n - 1 actions sampled in its state, on every one of its tokens, not whitened.
   The critic is then neither run nor trained (it is still built and saved, so checkpoints keep one layout).
 - `--tasks N` trains on the states of N of the pool's tasks (ML-Agent Figure 5 varies the number of RL training
@@ -103,8 +104,9 @@ class Config:
     epochs: float = 1.0                      # passes over the states pool (paper: 1 epoch)
     iterations: int = 0                      # if > 0, stop after this many iterations instead
     batch_size: int = 16                     # states per iteration (paper ~256: 10k states / 39 steps)
-    samples_per_state: int = 1               # actions sampled in each state (OpenRLHF's n_samples_per_prompt); they
-                                             # share the prompt's prefill, and the critic's V(s) is their baseline
+    samples_per_state: int | None = None     # actions sampled in each state (OpenRLHF's n_samples_per_prompt); they
+                                             # share the prompt's prefill. None: 1 (the paper), GROUP_SAMPLES with
+                                             # --advantage group
     num_minibatches: int = 2                 # PPO minibatches per iteration (N-details: 1)
     micro_batch: int = 4                     # at most this many rows per forward pass (gradient accumulation)
     micro_tokens: int = 16384                # and at most this many tokens (rows x the longest row; one longer row
@@ -126,9 +128,9 @@ class Config:
     kl_coef: float = 0.05                    # N-details: per-token KL penalty coefficient 0.05
     gamma: float = 1.0                       # N-details: no discount
     lam: float = 0.95                        # GAE lambda (N-details)
-    advantage: str = "gae"                   # "gae": the critic's GAE (the paper's PPO); "group": no critic, each
+    advantage: str | None = None             # "gae": the critic's GAE (the paper's PPO); "group": no critic, each
                                              # action's score minus the mean of the other samples of its state (RLOO,
-                                             # Ahmadian et al. 2024, arXiv:2402.14740), needs --samples-per-state >= 2
+                                             # Ahmadian et al. 2024, arXiv:2402.14740). None: gae; tiny: TINY below
     clip_coef: float = 0.2                   # PPO ratio clip (Schulman et al. 2017; N-details)
     vf_clip: float = 0.2                     # value clip around the rollout values (N-details cliprange_value)
     unfinished_invalid: bool = True          # a response with no stop token within max_new_tokens is invalid
@@ -146,20 +148,30 @@ class Config:
     reward: RewardConfig = dataclasses.field(default_factory=RewardConfig)  # reward.py's flags (ML-Agent Table 3)
 
 
-PAPER = dict(actor_lr=1e-6, critic_lr=1e-5, critic_warmup=0)  # ML-Agent's values for a pre-trained 7B policy
+PAPER = dict(actor_lr=1e-6, critic_lr=1e-5, critic_warmup=0, advantage="gae")  # ML-Agent's, for a pre-trained 7B
 # The offline miniature (sft.py's tiny model from scratch; any policy under TINY_PARAMS): at the paper's learning
-# rates its weights do not move (no ratio is clipped, the KL stays near zero: README, "PPO on the tiny model"), so
-# it takes larger ones, and the critic, whose value head starts random, is fitted alone for the first iterations
-# before the policy follows (OpenRLHF's --freezing_actor_steps). Our choice; the settings tried are in the README.
-TINY = dict(actor_lr=1e-4, critic_lr=3e-3, critic_warmup=2)
+# rates its weights do not move (no ratio is clipped, the KL stays near zero), so it takes larger ones. With the
+# critic (a copy of a policy that is itself barely trained) its advantages did not raise J_step at any setting
+# tried; with the group baseline over 4 samples per state they did (README, "PPO on the tiny model";
+# tests/bench_ppo.py measures both). Our choice, not the paper's. --advantage gae brings back the critic, fitted
+# alone for the first critic_warmup iterations (OpenRLHF's --freezing_actor_steps).
+TINY = dict(actor_lr=1e-4, critic_lr=3e-3, critic_warmup=2, advantage="group")
 TINY_PARAMS = 10_000_000
+GROUP_SAMPLES = 4  # samples per state of --advantage group unless --samples-per-state says otherwise
 
 
 def resolve_defaults(cfg, n_params):
-    """cfg with its None learning rates and warm-up filled in: the paper's, or TINY for a policy under TINY_PARAMS."""
-    chosen = TINY if n_params < TINY_PARAMS else PAPER
+    """cfg with its None fields filled in: the paper's values, or TINY for a policy under TINY_PARAMS. The group
+    baseline is step-wise only and needs several samples, so --episodic or --samples-per-state 1 keep the critic."""
+    chosen = dict(TINY if n_params < TINY_PARAMS else PAPER)
+    if cfg.episodic or cfg.samples_per_state == 1:
+        chosen["advantage"] = "gae"
+    cfg = dataclasses.replace(cfg, advantage=cfg.advantage or chosen["advantage"])
     if cfg.advantage == "group":  # no critic to warm up
-        chosen = {**chosen, "critic_warmup": 0}
+        if cfg.critic_warmup:
+            raise ValueError("--critic-warmup needs the critic (--advantage gae)")
+        chosen.update(critic_warmup=0)
+    chosen["samples_per_state"] = GROUP_SAMPLES if cfg.advantage == "group" else 1
     return dataclasses.replace(cfg, **{k: v for k, v in chosen.items() if getattr(cfg, k) is None})
 
 
@@ -844,8 +856,9 @@ def train(cfg):
     actor, critic, ref, tokenizer = build(cfg, progress["init_model"], resume, st, ranks)
     sharded = any(isinstance(p, DTensor) for p in actor.parameters())
     cfg = resolve_defaults(cfg, sum(p.numel() for p in actor.lm.parameters()))
-    say(f"ppo.py: actor lr {cfg.actor_lr:g}, critic lr {cfg.critic_lr:g}, critic alone for the first "
-        f"{cfg.critic_warmup} iteration(s); {world} rank(s) on {device}"
+    say(f"ppo.py: actor lr {cfg.actor_lr:g}, " + (f"group baseline over {cfg.samples_per_state} samples per state, no "
+        "critic" if cfg.advantage == "group" else f"critic lr {cfg.critic_lr:g}, critic alone for the first "
+        f"{cfg.critic_warmup} iteration(s)") + f"; {world} rank(s) on {device}"
         f"{' (FSDP2)' if sharded else ' (LoRA, data parallel)' if world > 1 else ''}")
     opt_a = torch.optim.AdamW([p for p in actor.parameters() if p.requires_grad], lr=cfg.actor_lr, eps=cfg.adam_eps,
                               weight_decay=0.0)
@@ -961,8 +974,8 @@ def train(cfg):
         say(f"it {it + 1}/{total} reward {log['reward']:+.3f} (invalid {log['frac_invalid']:.2f} error "
             f"{log['frac_error']:.2f} corner {log['frac_corner']:.2f} neutral {log['frac_neutral']:.2f} edit "
             f"{log['frac_edit']:.2f} improved {log['frac_improved']:.2f}) dmetric {log['metric_change']:+.4f} "
-            f"kl {log['kl']:.4f} clip {log['clipfrac']:.3f} vf {log['vf_loss']:.4f} ev {ev if ev is None else f'{ev:+.2f}'} | gen "
-            f"{times['generate']:.1f}s exec {times['execute']:.1f}s update {times['update']:.1f}s")
+            f"kl {log['kl']:.4f} clip {log['clipfrac']:.3f} vf {log['vf_loss']:.4f} ev "
+            f"{'-' if ev is None else f'{ev:+.2f}'} | gen {times['generate']:.1f}s exec {times['execute']:.1f}s update {times['update']:.1f}s")
         if rank == 0:
             with open(cfg.log_file, "a", encoding="utf-8") as f:
                 f.write(json.dumps(log) + "\n")
@@ -1025,7 +1038,7 @@ def main(argv=None):
     cfg = Config(**{f.name: getattr(args, f.name) for f in dataclasses.fields(Config) if f.name != "reward"}, reward=rc)
     for name in ("batch_size", "num_minibatches", "micro_batch", "update_epochs", "max_new_tokens", "workers",
                  "episode_steps", "save_every", "micro_tokens", "logits_chunk", "gen_batch", "samples_per_state"):
-        if getattr(cfg, name) < 1:
+        if getattr(cfg, name) is not None and getattr(cfg, name) < 1:  # None: filled in from the policy's size
             p.error(f"--{name.replace('_', '-')} must be at least 1")
     floats = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(Config) if isinstance(getattr(cfg, f.name), float)}
     if any(not math.isfinite(v) for v in floats.values()):
@@ -1037,11 +1050,11 @@ def main(argv=None):
                 "--max-grad-norm, --adam-eps, --lora-alpha > 0")
     if model.bad_device(cfg.device):
         p.error(model.bad_device(cfg.device))
-    if cfg.episodic and cfg.samples_per_state > 1:
+    if cfg.episodic and (cfg.samples_per_state or 1) > 1:
         p.error("--samples-per-state is step-wise only: --episodic samples one action per episode step")
-    if cfg.advantage not in ("gae", "group"):
+    if cfg.advantage not in (None, "gae", "group"):
         p.error(f"--advantage must be gae or group, not {cfg.advantage!r}")
-    if cfg.advantage == "group" and (cfg.samples_per_state < 2 or cfg.episodic or cfg.critic_warmup):
+    if cfg.advantage == "group" and ((cfg.samples_per_state or 2) < 2 or cfg.episodic or cfg.critic_warmup):
         p.error("--advantage group needs --samples-per-state >= 2 (step-wise; its baseline is the other samples) and "
                 "has no critic to warm up (--critic-warmup)")
     if cfg.save_dtype not in ("auto", "float32"):

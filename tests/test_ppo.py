@@ -288,9 +288,18 @@ def test_tiny_policies_get_their_own_learning_rates_and_pretrained_ones_the_pape
     cfg = ppo.Config()
     tiny, big = ppo.resolve_defaults(cfg, 700_000), ppo.resolve_defaults(cfg, 7_615_616_512)
     assert (big.actor_lr, big.critic_lr, big.critic_warmup) == (1e-6, 1e-5, 0)  # ML-Agent, "Training"
-    assert (tiny.actor_lr, tiny.critic_lr, tiny.critic_warmup) == tuple(ppo.TINY[k] for k in
-                                                                         ("actor_lr", "critic_lr", "critic_warmup"))
+    assert (big.advantage, big.samples_per_state) == ("gae", 1)  # the paper's PPO: a critic, one action per state
+    assert (tiny.actor_lr, tiny.critic_lr) == (ppo.TINY["actor_lr"], ppo.TINY["critic_lr"])
+    assert (tiny.advantage, tiny.samples_per_state, tiny.critic_warmup) == ("group", ppo.GROUP_SAMPLES, 0)
     assert ppo.resolve_defaults(ppo.Config(actor_lr=5e-5), 700_000).actor_lr == 5e-5  # a flag always wins
+    # the tiny model with the critic: its warm-up comes back; episodes and one sample per state keep the critic
+    gae = ppo.resolve_defaults(ppo.Config(advantage="gae"), 700_000)
+    assert (gae.samples_per_state, gae.critic_warmup) == (1, ppo.TINY["critic_warmup"])
+    for cfg in (ppo.Config(episodic=True), ppo.Config(samples_per_state=1)):
+        assert ppo.resolve_defaults(cfg, 700_000).advantage == "gae"
+    assert ppo.resolve_defaults(ppo.Config(advantage="group"), 7_615_616_512).samples_per_state == ppo.GROUP_SAMPLES
+    with pytest.raises(ValueError, match="--critic-warmup"):  # the group baseline has no critic to warm up
+        ppo.resolve_defaults(ppo.Config(critic_warmup=2), 700_000)
 
 
 def test_pick_tasks_keeps_every_state_of_n_tasks_the_same_for_a_seed():
@@ -456,7 +465,8 @@ def test_ppo_end_to_end_writes_a_loadable_checkpoint_and_resumes(pool):
     out, _, states = pool
     common = ["--model", out / "tiny", "--states", out / "states.jsonl", "--out", out / "ckpt", "--log-file",
               out / "log.jsonl", "--batch-size", 2, "--num-minibatches", 2, "--micro-batch", 1, "--max-new-tokens",
-              8, "--workers", 2, "--actor-lr", 1e-3, "--critic-warmup", 0]  # no warm-up: the actor steps at once
+              8, "--workers", 2, "--actor-lr", 1e-3, "--advantage", "gae", "--critic-warmup", 0]  # the critic's path;
+    # no warm-up: the actor steps at once
     r = run_ppo(*common, "--iterations", 1, cwd=out)
     assert r.returncode == 0, r.stderr
     lines = (out / "log.jsonl").read_text().splitlines()
@@ -548,7 +558,7 @@ def test_two_gloo_ranks_match_one_process(pool, tmp_path, lora, n):
     cfg = lambda name, **kw: ppo.Config(
         model=str(out / "tiny"), states=str(out / "states.jsonl"), out=str(tmp_path / name),
         log_file=str(tmp_path / f"{name}.jsonl"), batch_size=3, num_minibatches=2, micro_batch=1, max_new_tokens=8,
-        workers=1, iterations=1, actor_lr=1e-3, critic_lr=1e-3, critic_warmup=0, lora_rank=lora,
+        workers=1, iterations=1, actor_lr=1e-3, critic_lr=1e-3, critic_warmup=0, lora_rank=lora, advantage="gae",
         grad_checkpointing=True, device="cpu", max_grad_norm=1e9, samples_per_state=n, **kw)  # no clipping: Adam's
     # moments keep |g|
     ppo.train(cfg("one"))

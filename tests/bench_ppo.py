@@ -1,0 +1,123 @@
+"""PPO variants against their SFT start (not collected by pytest): does a setting of ppo.py raise J_step?
+
+Each variant is one `python ppo.py` run from the same SFT model on the same states pool, with the flags given; then
+J_step (ppo.estimate_objective: one sampled action in each of --objective-states seeded states, repeated for
+--objective-seeds seeds) is measured for the SFT model and for every variant on the same states with the same
+sampling seeds, so each PPO - SFT difference is paired by state and seed and gets a 95% bootstrap interval
+(eval.bootstrap). This is how the README's "PPO on the tiny model" numbers are made; a student who changes the reward
+(reward.py) or a PPO detail runs it to see whether the change shows.
+
+  python tests/bench_ppo.py                                  # the two default variants, from runs/ckpt/sft
+  python tests/bench_ppo.py --variant "lam1: --lam 1.0" --variant "group8: --advantage group --samples-per-state 8"
+  python tests/bench_ppo.py --iterations 16                  # longer runs (an existing run resumes from its last
+                                                             # checkpoint; ppo.py's own resume)
+
+Writes --out/results.json and --out/results.md (the table printed at the end), and --out/<variant>/ (the actor) with
+<variant>.jsonl (ppo.py's log). A measured J_step is kept in --out/objective-<name>.json; delete it to measure again.
+"""
+import argparse
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+import agent  # noqa: E402
+import eval as evaluation  # noqa: E402
+import ppo  # noqa: E402
+
+VARIANTS = ["gae: --batch-size 64",  # the paper's PPO with a critic, 64 actions per iteration
+            "group: --advantage group --samples-per-state 4 --batch-size 16"]  # no critic, 64 actions per iteration
+
+
+def parse_variant(text):
+    name, _, flags = text.partition(":")
+    if not name.strip() or not name.strip().replace("-", "").replace("_", "").isalnum():
+        raise ValueError(f"--variant {text!r}: expected NAME: FLAGS, NAME letters, digits, - or _")
+    return name.strip(), shlex.split(flags)
+
+
+def objective(out, name, policy, states, n, seeds):
+    """J_step of `policy` over seeds x n states, kept in out/objective-<name>.json."""
+    path = out / f"objective-{name}.json"
+    if path.exists():
+        return json.loads(path.read_text())
+    runs = [ppo.estimate_objective(policy, states, n=n, seed=s) for s in range(seeds)]
+    result = {"rewards": [r for x in runs for r in x["rewards"]], "kinds": [k for x in runs for k in x["kinds"]]}
+    evaluation.write_atomic(path, json.dumps(result))
+    return result
+
+
+def row(name, flags, obj, base, log):
+    d = evaluation.bootstrap([a - b for a, b in zip(obj["rewards"], base["rewards"])])
+    last = log[-1] if log else {}
+    return {"variant": name, "flags": " ".join(flags), "j_step": sum(obj["rewards"]) / len(obj["rewards"]),
+            "minus_sft": d, "invalid": obj["kinds"].count("invalid") / len(obj["kinds"]),
+            "clipfrac_max": max((x["clipfrac"] for x in log), default=None), "kl_end": last.get("kl"),
+            "explained_variance_end": last.get("explained_variance"), "iterations": len(log),
+            "seconds": sum(x["time_total"] for x in log)}
+
+
+def markdown(result):
+    f = lambda x, d=3: "-" if x is None else f"{x:+.{d}f}"  # noqa: E731
+    lines = [f"PPO from `{result['model']}`, J_step on {result['objective_seeds']} x {result['objective_states']} "
+             f"seeded states ({result['date']}): SFT {result['sft']['j_step']:+.3f}, invalid "
+             f"{result['sft']['invalid']:.1%}", "",
+             "| variant | flags | iterations | J_step | PPO - SFT [95%] | invalid | clip fraction (max) | KL at the end "
+             "| EV at the end | seconds |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in result["rows"]:
+        d = r["minus_sft"]
+        lines.append(f"| {r['variant']} | `{r['flags']}` | {r['iterations']} | {r['j_step']:+.3f} | {f(d['mean'])} "
+                     f"[{f(d['lo'])}, {f(d['hi'])}] | {r['invalid']:.1%} | {f(r['clipfrac_max'], 4)} | "
+                     f"{f(r['kl_end'], 2)} | {f(r['explained_variance_end'], 2)} | {r['seconds']:.0f} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None):
+    p = agent.Parser(prog="bench_ppo.py", description=__doc__.splitlines()[0])
+    p.add_argument("--model", default=str(ROOT / "runs/ckpt/sft"), help="the SFT model every variant starts from")
+    p.add_argument("--states", default=str(ROOT / "runs/data/states.jsonl"), help="the states pool (collect.py)")
+    p.add_argument("--out", default=str(ROOT / "runs/bench-ppo"), help="where the runs and results go")
+    p.add_argument("--variant", action="append", help="NAME: ppo.py flags (repeatable; default: gae and group)")
+    p.add_argument("--iterations", type=int, default=8, help="PPO iterations of every variant")
+    p.add_argument("--objective-states", type=int, default=64, help="states per J_step seed")
+    p.add_argument("--objective-seeds", type=int, default=3, help="J_step seeds (each a fresh sample of states)")
+    a = p.parse_args(argv)
+    try:
+        variants = [parse_variant(v) for v in a.variant or VARIANTS]
+    except ValueError as e:
+        p.error(str(e))
+    if a.iterations < 1 or a.objective_states < 1 or a.objective_seeds < 1:
+        p.error("--iterations, --objective-states and --objective-seeds must be at least 1")
+    for path, what in ((a.model, "--model"), (a.states, "--states")):
+        if not os.path.exists(path):
+            p.error(f"{what} {path} does not exist (run collect.py and sft.py first)")
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    base = objective(out, "sft", a.model, a.states, a.objective_states, a.objective_seeds)
+    rows = []
+    for name, flags in variants:
+        cmd = [sys.executable, str(ROOT / "ppo.py"), "--model", a.model, "--states", a.states, "--out",
+               str(out / name), "--log-file", str(out / f"{name}.jsonl"), "--iterations", str(a.iterations), *flags]
+        print("bench_ppo.py:", " ".join(map(shlex.quote, cmd[1:])), flush=True)
+        if subprocess.run(cmd, cwd=ROOT).returncode != 0:
+            sys.exit(f"bench_ppo.py: error: variant {name} failed (ppo.py's message above)")
+        log = [json.loads(line) for line in open(out / f"{name}.jsonl", encoding="utf-8")]
+        obj = objective(out, f"{name}-{a.iterations}", str(out / name), a.states, a.objective_states,
+                        a.objective_seeds)
+        rows.append(row(name, flags, obj, base, log))
+    result = {"date": time.strftime("%Y-%m-%d"), "model": a.model, "objective_states": a.objective_states,
+              "objective_seeds": a.objective_seeds, "sft": {"j_step": sum(base["rewards"]) / len(base["rewards"]),
+                                                            "invalid": base["kinds"].count("invalid") / len(base["kinds"])},
+              "rows": rows}
+    evaluation.write_atomic(out / "results.json", json.dumps(result, indent=1))
+    evaluation.write_atomic(out / "results.md", markdown(result))
+    print(markdown(result))
+
+
+if __name__ == "__main__":
+    main()
