@@ -509,7 +509,7 @@ def test_episodic_run_of_two_iterations_in_one_process(pool, tmp_path):
                                   ["--temperature", "nan"], ["--actor-lr", "inf"], ["--lam", "2"],
                                   ["--device", "tpu9"], ["--max-grad-norm", "0"], ["--save-dtype", "fp8"],
                                   ["--micro-tokens", "0"], ["--samples-per-state", "0"], ["--target-kl", "-1"],
-                                  ["--advantage", "vtrace"], ["--advantage", "group"],
+                                  ["--advantage", "vtrace"], ["--advantage", "group", "--samples-per-state", "1"],
                                   ["--advantage", "group", "--samples-per-state", "2", "--critic-warmup", "1"]])
 def test_usage_errors_exit_2_with_one_line(args, pool, tmp_path, capsys):
     out, _, _ = pool
