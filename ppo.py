@@ -23,8 +23,8 @@ How this departs from the paper and the references:
   samples one): they share the prompt's prefill in model.generate, each is executed in its own restored copy of the
   state, and the critic's V(s) (or, with --advantage group, the other samples) is their common baseline.
 - `--advantage group` (the tiny model's default, 4 samples per state) replaces the critic by the other samples of
-  the same state (RLOO, Ahmadian et al. 2024, arXiv:2402.14740): an action's advantage is its score (reward minus kl_coef times its summed KL to the reference)
-  minus the mean score of the other n - 1 actions sampled in its state, on every one of its tokens, not whitened.
+  the same state (RLOO, Ahmadian et al. 2024, arXiv:2402.14740): an action's advantage is its score (reward minus
+  kl_coef times its summed KL to the reference) minus the mean score of the other n - 1 actions sampled in its state, on every one of its tokens, not whitened.
   The critic is then neither run nor trained (it is still built and saved, so checkpoints keep one layout).
 - `--tasks N` trains on the states of N of the pool's tasks (ML-Agent Figure 5 varies the number of RL training
   tasks); `estimate_objective` measures J_step of a checkpoint on a fixed sample of states (eval.py's claims).
@@ -975,7 +975,8 @@ def train(cfg):
             f"{log['frac_error']:.2f} corner {log['frac_corner']:.2f} neutral {log['frac_neutral']:.2f} edit "
             f"{log['frac_edit']:.2f} improved {log['frac_improved']:.2f}) dmetric {log['metric_change']:+.4f} "
             f"kl {log['kl']:.4f} clip {log['clipfrac']:.3f} vf {log['vf_loss']:.4f} ev "
-            f"{'-' if ev is None else f'{ev:+.2f}'} | gen {times['generate']:.1f}s exec {times['execute']:.1f}s update {times['update']:.1f}s")
+            f"{'-' if ev is None else f'{ev:+.2f}'} | gen {times['generate']:.1f}s exec {times['execute']:.1f}s "
+            f"update {times['update']:.1f}s")
         if rank == 0:
             with open(cfg.log_file, "a", encoding="utf-8") as f:
                 f.write(json.dumps(log) + "\n")
