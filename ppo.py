@@ -24,8 +24,8 @@ How this departs from the paper and the references:
   state, and the critic's V(s) (or, with --advantage group, the other samples) is their common baseline.
 - `--advantage group` (the tiny model's default, 4 samples per state) replaces the critic by the other samples of
   the same state (RLOO, Ahmadian et al. 2024, arXiv:2402.14740): an action's advantage is its score (reward minus
-  kl_coef times its summed KL to the reference) minus the mean score of the other n - 1 actions sampled in its state, on every one of its tokens, not whitened.
-  The critic is then neither run nor trained (it is still built and saved, so checkpoints keep one layout).
+  kl_coef times its summed KL to the reference) minus the mean score of the other n - 1 actions sampled in its
+  state, on every one of its tokens, not whitened. The critic is then neither run nor trained (it is still built and saved, so checkpoints keep one layout).
 - `--tasks N` trains on the states of N of the pool's tasks (ML-Agent Figure 5 varies the number of RL training
   tasks); `estimate_objective` measures J_step of a checkpoint on a fixed sample of states (eval.py's claims).
 - The critic is a separate copy of the policy with a scalar value head (as OpenRLHF's critic; the paper's Appendix
