@@ -199,6 +199,14 @@ class Attention(nn.Module):
         if cache is not None:
             k, v = cache.update(layer, k, v)  # (B, Hkv, Tk, D)
         # mask (B, 1, T, Tk) bool, True = may attend; None = plain causal (or a single query over the whole cache)
+        if T == 1 and self.n_kv != self.n_head:
+            # decode: query head h reads key/value head h // G (HF's repeat_kv order), so the G query heads of a
+            # key/value head can stand as G query positions over the same keys, under the same mask row. This is
+            # plain attention, which the fused SDPA kernels take with a padding mask; enable_gqa with a mask sends
+            # older torch builds to the quadratic math kernel, and expanding K/V would copy the whole cache per step
+            G = self.n_head // self.n_kv
+            y = F.scaled_dot_product_attention(q.reshape(B, self.n_kv, G, self.head_dim), k, v, attn_mask=mask)
+            return self.o_proj(y.reshape(B, 1, -1))  # (B, Hkv, G, D) is (B, H, 1, D) in memory
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None and T > 1,
                                            enable_gqa=self.n_kv != self.n_head)  # (B, H, T, D)
         return self.o_proj(y.transpose(1, 2).reshape(B, T, -1))

@@ -143,6 +143,15 @@ def check_decode(work, device, report, size, new_tokens, rollout):
     rows["ours_batch1_of_roofline"] = rows["ours_batch1_tokens_per_s"] / rows["roofline_batch1_tokens_per_s"]
     rows["ours_over_transformers_batch1"] = rows["ours_batch1_tokens_per_s"] / rows["transformers_batch1_tokens_per_s"]
     rows["ours_over_transformers_batch16"] = rows["ours_batch16_tokens_per_s"] / rows["transformers_batch16_tokens_per_s"]
+    if device.type == "cuda":  # rows at different positions decode under a padding mask: no math kernel needed?
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        prompts = [p[:n] for p, n in zip(prompts_of(tok, 4, 128, 3), (128, 40, 90, 7))]
+        try:
+            with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION]):
+                ours.generate(prompts, 16, stop_token_ids=[], pad_token_id=0)
+            rows["masked_decode_on_fused_kernels"] = True
+        except RuntimeError as e:
+            rows["masked_decode_on_fused_kernels"] = f"no: {str(e).splitlines()[0][:200]}"
     if rollout:
         sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
         import bench_model
