@@ -60,6 +60,7 @@ import shutil
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -527,16 +528,30 @@ def bootstrap(values, n=2000, seed=0) -> dict:
 class ClaimsRun:
     """The steps of one claims run under `out`/work, each run once (a .done marker) and logged to work/logs."""
 
-    def __init__(self, preset: dict, out: Path, log=print):
+    def __init__(self, preset: dict, out: Path, log=print, lanes=None):
         self.p, self.out, self.work, self.log = preset, Path(out), Path(out) / "work", log
         (self.work / "logs").mkdir(parents=True, exist_ok=True)
         self.seconds: dict = {}
+        self.lanes = lanes or os.cpu_count() or 1  # independent steps run at once, one per core (`steps`)
 
     def path(self, *parts) -> str:
         return str(self.work.joinpath(*parts))
 
-    def step(self, name: str, script: str, *args, owns=()):
-        """Run `python script args` once; `owns` are the folders it writes, emptied before a (re)start."""
+    def steps(self, *jobs):
+        """Independent steps (name, script, args, owns), `lanes` at a time; with more than one lane each process gets
+        one torch thread (the tiny model's small matrices keep a second thread mostly idle, a second process does
+        not). Every step runs to its end before the first failure is raised."""
+        lanes = max(min(self.lanes, len(jobs)), 1)
+        with ThreadPoolExecutor(lanes) as pool:
+            errors = [r.exception() for r in [pool.submit(self.step, name, script, *args, owns=owns,
+                                                           threads=1 if lanes > 1 else 0)
+                                               for name, script, args, owns in jobs]]
+        if any(errors):
+            raise next(e for e in errors if e)
+
+    def step(self, name: str, script: str, *args, owns=(), threads=0):
+        """Run `python script args` once; `owns` are the folders it writes, emptied before a (re)start; threads > 0
+        sets the process's torch threads (OMP_NUM_THREADS)."""
         marker = self.work / f"{name}.done"
         if marker.exists():
             self.seconds[name] = json.loads(marker.read_text())["seconds"]
@@ -548,7 +563,8 @@ class ClaimsRun:
         self.log(f"claims: {name}: python {script} {' '.join(map(str, args))}")
         with open(self.work / "logs" / f"{name}.log", "w") as f:
             done = subprocess.run([sys.executable, str(ROOT / script), *map(str, args)], cwd=ROOT, stdout=f,
-                                  stderr=subprocess.STDOUT)
+                                  stderr=subprocess.STDOUT,
+                                  env={**os.environ, **({"OMP_NUM_THREADS": str(threads)} if threads else {})})
         if done.returncode != 0:
             raise RuntimeError(f"claims step {name} failed (exit {done.returncode}); see {f.name}")
         self.seconds[name] = time.time() - start
@@ -604,54 +620,56 @@ def _gt(a: dict, b: dict) -> bool | None:
     return a["mean"] > b["mean"] and a["lo"] > b["mean"]
 
 
-def run_claims(preset: dict, out: Path, log=print) -> dict:
-    """Every step and measurement of the claims run (resumable), then claims.json, claims.md and the plots."""
+def run_claims(preset: dict, out: Path, log=print, lanes=None) -> dict:
+    """Every step and measurement of the claims run (resumable), then claims.json, claims.md and the plots; lanes:
+    how many independent steps run at once (None: one per CPU core)."""
     with agent.claim_folder(out):  # one claims run per --out
-        return _run_claims(preset, Path(out), log)
+        return _run_claims(preset, Path(out), log, lanes)
 
 
-def _run_claims(preset: dict, out: Path, log) -> dict:
+def _run_claims(preset: dict, out: Path, log, lanes) -> dict:
     import ppo
-    R, p = ClaimsRun(preset, out, log), preset
+    R, p = ClaimsRun(preset, out, log, lanes), preset
     data, data1, unseen = R.path("data"), R.path("data-k1"), R.path("unseen")
     tasks = ["--tasks", *p["tasks"], "--trajectories", p["trajectories"]]
-    # the data: exploration-enriched (the diversity filter keeps 10 ideas per category), one idea per category
+    # the steps, each run once; those in one R.steps(...) are independent and run at once, a core each.
+    # The data: exploration-enriched (the diversity filter keeps 10 ideas per category), one idea per category
     # (C5's "without exploration"), and trajectories of another seed whose states SFT never sees (C1)
-    R.step("collect", "collect.py", *tasks, "--out", data, owns=[data])
-    R.step("collect-k1", "collect.py", *tasks, "--k", 1, "--out", data1, owns=[data1])
-    R.step("collect-unseen", "collect.py", *tasks, "--seed", 1, "--out", unseen, owns=[unseen])
+    R.steps(("collect", "collect.py", [*tasks, "--out", data], [data]),
+            ("collect-k1", "collect.py", [*tasks, "--k", 1, "--out", data1], [data1]),
+            ("collect-unseen", "collect.py", [*tasks, "--seed", 1, "--out", unseen], [unseen]))
     sft_ckpt = {s: R.path(f"sft-{s}") for s in p["sft_seeds"]}
-    for s, ckpt in sft_ckpt.items():
-        R.step(f"sft-{s}", "sft.py", "--data", f"{data}/sft.jsonl", "--out", ckpt, "--seed", s, *p["sft"], owns=[ckpt])
     sft0, sft1 = sft_ckpt[p["sft_seeds"][0]], R.path("sft-k1")
-    R.step("sft-k1", "sft.py", "--data", f"{data1}/sft.jsonl", "--out", sft1, *p["sft"], owns=[sft1])
     # PPO from the same SFT model: step-wise (C2), step-wise with the critic against episode-wise (C3: the same
     # advantage estimator and the same actions per update, since the group baseline is step-wise only), few tasks
     # (C4), the reward ablations (C6), and from the SFT model of the less diverse data (C5)
     runs = {"ppo": [], "gae": ["--advantage", "gae"], "episodic": ["--episodic"], "few": ["--tasks", p["few_tasks"]],
             "binary": ["--binary-performance"], "no-format": ["--no-format-term"], "no-corner": ["--no-corner-term"]}
-    ppo_ckpt = {}  # name -> the actor's folder (its base name labels the policy in eval's report)
-    for name, (start, states, extra) in {**{k: (sft0, data, v) for k, v in runs.items()}, "k1": (sft1, data1, [])}.items():
-        ppo_ckpt[name] = R.path(f"ppo-{name}")
-        R.step(f"ppo-{name}", "ppo.py", "--model", start, "--states", f"{states}/states.jsonl", "--out",
-               ppo_ckpt[name], "--log-file", f"{ppo_ckpt[name]}.jsonl", *p["ppo"], *extra,
-               owns=[ppo_ckpt[name], f"{ppo_ckpt[name]}.jsonl"])
-    policies = {"sft": sft0, **ppo_ckpt, "sft-k1": sft1}
-    # held-out evaluation of every policy (Δr avg@K) and the Matryoshka runs (C7, C8)
-    ev = R.path("eval")
-    R.step("eval", "eval.py", "--policy", *[policies[k] for k in ("sft", "ppo", "few", "k1", "sft-k1")], "--out", ev,
-           *(["--tasks", *p["eval_tasks"]] if p["eval_tasks"] else []), *p["eval"], "--no-plots", owns=[ev])
-    orch = R.path("orch")
-    R.step("orchestrator-train", "orchestrator.py", "train", "--task", p["orch_task"], "--out", orch, *p["orch"],
-           owns=[orch])
-    ev8 = R.path("eval-orchestrator")
-    R.step("eval-orchestrator", "eval.py", "--scaffold", "matryoshka", "--policy", f"{orch}/train/ckpt-0",
-           f"{orch}/train/ckpt-1", "--sub-agent", "scripted", "--tasks", *p["c8_tasks"], "--k", "1", "--rounds",
-           p["c7_rounds"], "--out", ev8, "--no-plots", owns=[ev8])
-    ev7 = R.path("eval-context")
-    R.step("eval-context", "eval.py", "--scaffold", "matryoshka", "monolithic", "--policy", "scripted", "--tasks",
-           p["eval_tasks"][0] if p["eval_tasks"] else "wine", "--k", "1", "--rounds", p["c7_rounds"], "--out", ev7,
-           "--no-plots", owns=[ev7])
+    ppo_ckpt = {name: R.path(f"ppo-{name}") for name in [*runs, "k1"]}  # the actors' folders (their base names
+    policies = {"sft": sft0, **ppo_ckpt, "sft-k1": sft1}                 # label the policies in eval's report)
+    orch, ev, ev7, ev8 = R.path("orch"), R.path("eval"), R.path("eval-context"), R.path("eval-orchestrator")
+    R.steps(*[(f"sft-{s}", "sft.py", ["--data", f"{data}/sft.jsonl", "--out", c, "--seed", s, *p["sft"]], [c])
+              for s, c in sft_ckpt.items()],
+            ("sft-k1", "sft.py", ["--data", f"{data1}/sft.jsonl", "--out", sft1, *p["sft"]], [sft1]),
+            # the Matryoshka runs (C7, C8) need none of the above
+            ("orchestrator-train", "orchestrator.py", ["train", "--task", p["orch_task"], "--out", orch, *p["orch"]],
+             [orch]),
+            ("eval-context", "eval.py", ["--scaffold", "matryoshka", "monolithic", "--policy", "scripted", "--tasks",
+                                         p["eval_tasks"][0] if p["eval_tasks"] else "wine", "--k", "1", "--rounds",
+                                         p["c7_rounds"], "--out", ev7, "--no-plots"], [ev7]))
+    R.steps(*[(f"ppo-{name}", "ppo.py", ["--model", start, "--states", f"{states}/states.jsonl", "--out", ppo_ckpt[name],
+                                         "--log-file", f"{ppo_ckpt[name]}.jsonl", *p["ppo"], *extra],
+               [ppo_ckpt[name], f"{ppo_ckpt[name]}.jsonl"])
+              for name, (start, states, extra) in {**{k: (sft0, data, v) for k, v in runs.items()},
+                                                   "k1": (sft1, data1, [])}.items()])
+    # held-out evaluation of every policy (Δr avg@K), and of the Orchestrator before and after tree training
+    R.steps(("eval", "eval.py", ["--policy", *[policies[k] for k in ("sft", "ppo", "few", "k1", "sft-k1")], "--out", ev,
+                                 *(["--tasks", *p["eval_tasks"]] if p["eval_tasks"] else []), *p["eval"], "--no-plots"],
+             [ev]),
+            ("eval-orchestrator", "eval.py", ["--scaffold", "matryoshka", "--policy", f"{orch}/train/ckpt-0",
+                                              f"{orch}/train/ckpt-1", "--sub-agent", "scripted", "--tasks",
+                                              *p["c8_tasks"], "--k", "1", "--rounds", p["c7_rounds"], "--out", ev8,
+                                              "--no-plots"], [ev8]))
 
     # measurements
     seen = {json.dumps(r["messages"]) for r in collect.read_jsonl(Path(data) / "sft.jsonl")}
@@ -784,9 +802,13 @@ def claims_main(argv) -> None:
     p = agent.Parser(prog="eval.py claims", description="Measure the papers' claims in miniature (runs/claims).")
     p.add_argument("--quick", action="store_true", help="a small run (about 15 minutes) that shows the report's shape")
     p.add_argument("--out", default=str(ROOT / "runs/claims"))
+    p.add_argument("--lanes", type=int, default=0, help="independent steps run at once, each with one torch thread "
+                   "(default: one per CPU core; 1: one step at a time with torch's default threads)")
     args = p.parse_args(argv)
+    if args.lanes < 0:
+        p.error(f"--lanes must be at least 1, not {args.lanes}")
     try:
-        result = run_claims(CLAIM_PRESETS["quick" if args.quick else "full"], Path(args.out))
+        result = run_claims(CLAIM_PRESETS["quick" if args.quick else "full"], Path(args.out), lanes=args.lanes or None)
     except RuntimeError as e:
         sys.exit(f"eval.py claims: {e}")
     except ValueError as e:  # --out a file or in use

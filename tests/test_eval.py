@@ -258,6 +258,27 @@ def test_claims_usage_error_exits_2_with_one_line(tmp_path):
     assert len(out.stderr.strip().splitlines()) == 1 and not (tmp_path / "work").exists()
 
 
+def test_claims_lanes_below_one_is_a_usage_error(tmp_path):
+    out = _eval("claims", "--lanes", "-1", "--out", str(tmp_path))
+    assert out.returncode == 2 and "--lanes must be at least 1" in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1 and not (tmp_path / "work").exists()
+
+
+@pytest.mark.parametrize("lanes", [1, 2])
+def test_claims_steps_run_every_job_once_and_a_failure_waits_for_the_others(tmp_path, lanes):
+    """Independent steps at once (lanes 2) or in turn (1): each that succeeds is marked done, a failed one raises
+    naming itself only after the others finished, and a rerun skips what is done."""
+    R = ev.ClaimsRun({}, tmp_path, log=lambda *a: None, lanes=lanes)
+    with pytest.raises(RuntimeError, match="claims step bad failed"):
+        R.steps(("bad", "env.py", ["--no-such-flag"], []), ("help", "env.py", ["--help"], []))
+    assert (tmp_path / "work" / "help.done").exists() and not (tmp_path / "work" / "bad.done").exists()
+    assert "import-mlebench" in (tmp_path / "work" / "logs" / "help.log").read_text()
+    (tmp_path / "work" / "logs" / "help.log").unlink()
+    R.steps(("help", "env.py", ["--help"], []), ("help-again", "env.py", ["--help"], []))
+    assert not (tmp_path / "work" / "logs" / "help.log").exists()  # done before: not run again
+    assert set(R.seconds) == {"help", "help-again"} and (tmp_path / "work" / "help-again.done").exists()
+
+
 def test_bootstrap_interval_brackets_the_mean_and_narrows_with_n():
     small, large = ev.bootstrap([0.0, 1.0] * 5), ev.bootstrap([0.0, 1.0] * 500)
     assert small["mean"] == large["mean"] == 0.5 and small["n"] == 10
