@@ -310,7 +310,9 @@ def _collect(start, out, tasks, trajectories, workers, expert, base_url, seed, k
         if old != reward_config:  # one folder, one reward
             raise RewardMismatch(f"{traj_path} holds trajectories collected with {old}, the flags give "
                                  f"{reward_config}; pass the same reward flags or another --out")
-    loaded = [env.load_task(t) for t in tasks]  # prepares built-ins here, not racing in the workers
+    # built-in tasks are built here (several at once, env.prepare), not racing in the workers
+    env.prepare([t for t in tasks if t in env.BUILTIN_TASKS])
+    loaded = [env.load_task(t) for t in tasks]
 
     # 1. idea pools: reused from ideas.json when resuming, so a resumed run samples from the same pools
     ideas_path = out / "ideas.json"

@@ -1465,25 +1465,38 @@ def _write_task(folder: Path, files: dict):
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def prepare(names=None, root=TASKS_DIR, force=False) -> list[Path]:
-    """Make the built-in task folders under root (deterministic; a folder of the current version is kept as is)."""
+def prepare(names=None, root=TASKS_DIR, force=False, workers=None) -> list[Path]:
+    """Make the built-in task folders under root (deterministic; a folder of the current version is kept as is).
+    Missing folders are built `workers` at a time (default: one process per CPU core): fitting the reference panels
+    is most of a first run's setup, and each task's panel fits in one thread."""
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
-    paths = []
-    for name in names or list(BUILTIN_TASKS):
-        if name not in BUILTIN_TASKS:
-            raise TaskError(f"unknown built-in task {name!r} (known: {', '.join(BUILTIN_TASKS)})")
-        folder = root / name
-        if force or not _current(folder):
-            lock = os.open(root, os.O_RDONLY)  # one builder per root at a time; the others wait, then find it built
-            try:
-                fcntl.flock(lock, fcntl.LOCK_EX)
-                if force or not _current(folder):
-                    _write_task(folder, _make(BUILTIN_TASKS[name]))
-            finally:
-                os.close(lock)
-        paths.append(folder)
-    return paths
+    names = list(names or BUILTIN_TASKS)
+    unknown = [n for n in names if n not in BUILTIN_TASKS]
+    if unknown:
+        raise TaskError(f"unknown built-in task {unknown[0]!r} (known: {', '.join(BUILTIN_TASKS)})")
+    todo = list(dict.fromkeys(n for n in names if force or not _current(root / n)))
+    workers = min(len(todo), workers or os.cpu_count() or 1)
+    if workers > 1:
+        from concurrent.futures import ProcessPoolExecutor
+        with ProcessPoolExecutor(workers) as pool:
+            list(pool.map(_build, todo, [root] * len(todo), [force] * len(todo)))
+    else:
+        for name in todo:
+            _build(name, root, force)
+    return [root / name for name in names]
+
+
+def _build(name: str, root: Path, force: bool):
+    """One task folder, under an flock of its own (root/.<name>.lock): a second builder of it waits, then finds it
+    built; builders of other tasks go on."""
+    lock = os.open(root / f".{name}.lock", os.O_CREAT | os.O_RDWR, 0o600)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if force or not _current(root / name):
+            _write_task(root / name, _make(BUILTIN_TASKS[name]))
+    finally:
+        os.close(lock)
 
 
 def _current(folder: Path) -> bool:

@@ -596,6 +596,18 @@ def test_prepare_is_idempotent(tmp_path):
     assert {p: p.stat().st_mtime_ns for p in tmp_path.rglob("*") if p.is_file()} == stamps  # nothing rewritten
 
 
+def test_prepare_builds_missing_tasks_at_once_as_one_at_a_time_would(tmp_path):
+    names = ["breast-cancer", "diabetes"]
+    alone = env.prepare(names, root=tmp_path / "one", workers=1)
+    together = env.prepare(names, root=tmp_path / "two", workers=2)
+    assert [p.name for p in together] == names
+    for a, b in zip(alone, together):
+        assert tree_hashes(a) == tree_hashes(b) and env.load_task(b).name == b.name
+    with pytest.raises(env.TaskError, match="unknown built-in task 'nope'"):
+        env.prepare(["diabetes", "nope"], root=tmp_path / "three")
+    assert not (tmp_path / "three" / "diabetes").exists()  # a bad name is refused before anything is built
+
+
 def test_a_killed_builders_half_written_folder_is_removed_by_the_next(tmp_path):
     """A folder is written as .<name>-p<pid>-* beside its place; a builder killed meanwhile leaves it, answers
     included. The next write removes those of dead processes and leaves a live one's alone."""
