@@ -290,6 +290,7 @@ def test_bootstrap_interval_brackets_the_mean_and_narrows_with_n():
 MICRO = dict(tasks=["digits", "synth-regression-0"], few_tasks=1, trajectories=1, sft_seeds=(0,),
              sft=["--epochs", "1", "--eval-parse", "0"], unseen_states=4,
              ppo=["--iterations", "1", "--batch-size", "4", "--max-new-tokens", "64"], objective_states=4,
+             objective_seeds=2,
              eval=["--k", "1", "--max-steps", "2"], eval_tasks=["wine"], orch_task="breast-cancer",
              orch=["--iterations", "1", "--depth", "1"], c7_rounds=2, c8_tasks=["wine"])
 
