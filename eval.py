@@ -43,8 +43,8 @@ Run:  python eval.py      (offline, after collect/sft/ppo: scripted expert + run
       python eval.py --k 8 --max-steps 15                            (the paper's K and step budget)
       python eval.py --scaffold matryoshka monolithic --tasks wine   (Matryoshka against its monolithic baseline)
       OPENAI_API_KEY=... python eval.py --policy gpt-4o-mini --price-in 0.15 --price-out 0.6 --split held-in
-      python eval.py claims [--quick]   (the papers' claims C1-C8 in miniature, under runs/claims; the section
-                                         "the claims" below says how each is measured)
+      python eval.py claims [--quick] [--lanes N]   (the papers' claims C1-C8 in miniature, under runs/claims;
+                                         the section "the claims" below says how each is measured)
 Outputs under --out (default runs/eval): runs.jsonl (one finished run per line; a restart skips them), report.json,
 report.md, and gain_vs_cost.png, ppo_reward.png, context_growth.png when matplotlib is installed.
 """
