@@ -540,8 +540,8 @@ class ClaimsRun:
 
     def steps(self, *jobs):
         """Independent steps (name, script, args, owns), `lanes` at a time; with more than one lane each process gets
-        one torch thread (the tiny model's small matrices keep a second thread mostly idle, a second process does
-        not). Every step runs to its end before the first failure is raised."""
+        one torch thread, so that the lanes do not oversubscribe the cores. Every step runs to its end before the
+        first failure is raised."""
         lanes = max(min(self.lanes, len(jobs)), 1)
         with ThreadPoolExecutor(lanes) as pool:
             errors = [r.exception() for r in [pool.submit(self.step, name, script, *args, owns=owns,
@@ -658,8 +658,8 @@ def _run_claims(preset: dict, out: Path, log, lanes) -> dict:
             ("eval-context", "eval.py", ["--scaffold", "matryoshka", "monolithic", "--policy", "scripted", "--tasks",
                                          p["eval_tasks"][0] if p["eval_tasks"] else "wine", "--k", "1", "--rounds",
                                          p["c7_rounds"], "--out", ev7, "--no-plots"], [ev7]))
-    R.steps(*[(f"ppo-{name}", "ppo.py", ["--model", start, "--states", f"{states}/states.jsonl", "--out", ppo_ckpt[name],
-                                         "--log-file", f"{ppo_ckpt[name]}.jsonl", *p["ppo"], *extra],
+    R.steps(*[(f"ppo-{name}", "ppo.py", ["--model", start, "--states", f"{states}/states.jsonl", "--out",
+                                         ppo_ckpt[name], "--log-file", f"{ppo_ckpt[name]}.jsonl", *p["ppo"], *extra],
                [ppo_ckpt[name], f"{ppo_ckpt[name]}.jsonl"])
               for name, (start, states, extra) in {**{k: (sft0, data, v) for k, v in runs.items()},
                                                    "k1": (sft1, data1, [])}.items()])
