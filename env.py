@@ -72,6 +72,7 @@ import stat
 import string
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import time
 import warnings
@@ -814,6 +815,18 @@ def _kill_uid(uid: int):
         time.sleep(0.005)
 
 
+def _neutral_paths(text: str) -> str:
+    """A script's output with the interpreter's own folders (a warning's or a traceback's file names) written as
+    <site-packages>, <stdlib> and <python>: the same run reads the same wherever Python and the project are
+    installed, so trajectories, the SFT data made of them and the model trained on that do not depend on it."""
+    paths = sysconfig.get_paths()
+    names = {paths["purelib"]: "<site-packages>", paths["platlib"]: "<site-packages>", paths["stdlib"]: "<stdlib>",
+             sys.prefix: "<python>", sys.base_prefix: "<python>"}
+    for folder in sorted(names, key=len, reverse=True):  # the longest first: site-packages lies inside the prefix
+        text = text.replace(folder.rstrip("/") + "/", names[folder] + "/")
+    return text
+
+
 def _head_tail(path: Path) -> str:
     size = path.stat().st_size
     with open(path, "rb") as f:
@@ -863,7 +876,8 @@ def run_script(task, code: str, timeout=None, cache=True, files: dict[str, str] 
                          ).hexdigest()  # `keep` joins the key only when given: runs without it share the old entries
     cached = CACHE_DIR / f"{key}.json"
     if cache and cached.exists():
-        return RunResult(**{**json.loads(cached.read_text()), "cached": True})
+        entry = json.loads(cached.read_text())  # entries written before _neutral_paths hold this install's paths
+        return RunResult(**{**entry, "output": _neutral_paths(entry["output"]), "cached": True})
     result = _run(task, files, _workspace_path(script), timeout, memory_limit, keep)
     if cache and result.status not in CACHE_SKIP:
         CACHE_DIR.mkdir(parents=True, exist_ok=True)
@@ -923,7 +937,7 @@ def _run(task: Task, files: dict[str, str], script: str, timeout: float, memory_
             _kill_group(proc.pid, signal.SIGKILL)  # after every run, also a normal one: no grandchild survives
             if uid is not None:
                 _kill_uid(uid)
-        rc, output = proc.returncode, _head_tail(log_path)
+        rc, output = proc.returncode, _neutral_paths(_head_tail(log_path))
         result = RunResult("error", None, None, seconds, output, str(log_path), rc, isolation=iso.describe(uid))
         if timed_out:
             result.status = "timeout"

@@ -28,6 +28,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import textwrap
 import time
@@ -288,6 +289,29 @@ def test_script_cannot_signal_the_parent(digits):
     """
     r = run(digits, code)
     assert "SIGNAL_DENIED" in r.output, r.output
+
+
+def test_output_names_the_interpreters_folders_the_same_wherever_python_is_installed(digits, tmp_path, monkeypatch):
+    """A warning's or a traceback's file names lie in site-packages or the standard library, whose place depends on
+    the install; the output (the agent's observation, then SFT data) names them <site-packages>/..., <stdlib>/...,
+    also when it comes from a cache entry written before."""
+    code = """
+        import os, sys, sysconfig
+        print(sysconfig.get_paths()["purelib"] + "/sklearn/svm/_base.py:236: FutureWarning")
+        print(os.__file__)
+        print(sys.prefix + "/bin/python")
+    """
+    monkeypatch.setattr(env, "CACHE_DIR", tmp_path / "cache")
+    for r in (run(digits, code, cache=True), run(digits, code, cache=True)):
+        lines = r.output.splitlines()
+        assert lines[:3] == ["<site-packages>/sklearn/svm/_base.py:236: FutureWarning", "<stdlib>/os.py",
+                             "<python>/bin/python"], r.output
+        assert sys.prefix not in r.output
+    assert r.cached
+    entry = next((tmp_path / "cache").glob("*.json"))  # an entry of an older version, with the real folders
+    old = json.loads(entry.read_text())
+    entry.write_text(json.dumps({**old, "output": old["output"].replace("<stdlib>", sysconfig.get_paths()["stdlib"])}))
+    assert run(digits, code, cache=True).output.splitlines()[1] == "<stdlib>/os.py"
 
 
 def test_output_flood_is_bounded(digits):
