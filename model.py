@@ -495,10 +495,15 @@ class Engine:
             if any(s.temperature and s.top_p < 1 for s in seqs):
                 probs, order = probs.sort(-1, descending=True)  # nucleus: the smallest prefix reaching top_p
                 probs[(probs.cumsum(-1) - probs) > top_p[:, None]] = 0  # the first token is always kept
-            draw = torch.multinomial(probs, 1, generator=self.generator).squeeze(-1)
-            for j, s in enumerate(seqs):  # a seeded sequence draws from its own stream
-                if s.temperature and s.generator is not None:
-                    draw[j] = torch.multinomial(probs[j], 1, generator=s.generator)[0]
+            # inverse CDF: one uniform per row, the first token whose cumulative probability passes it (one batched
+            # search; torch.multinomial per seeded row was a quarter of a PPO rollout's time on CPU)
+            u = torch.rand(len(seqs), generator=self.generator, device=probs.device)
+            own = [j for j, s in enumerate(seqs) if s.temperature and s.generator is not None]
+            if own:  # a seeded sequence draws from its own stream
+                u[own] = torch.cat([torch.rand(1, generator=seqs[j].generator, device=probs.device) for j in own])
+            cdf = probs.cumsum(-1)
+            draw = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True).squeeze(-1)
+            draw = draw.clamp(max=probs.shape[-1] - 1)  # u * total < total: only rounding could pass the end
             if order is not None:
                 draw = order.gather(-1, draw[:, None]).squeeze(-1)
             tok = torch.where(greedy, tok, draw)
@@ -562,15 +567,33 @@ class Engine:
 
 def response_hidden(lm, ids, lengths, starts):
     """The final hidden states that predict each response token (the output at t - 1 predicts token t) and those
-    tokens: (B, R, C), (B, R), R = the longest response of these rows. The rows are prompt + response, right-padded,
-    row b holding lengths[b] tokens, its response from column starts[b]; the causal mask alone keeps real tokens off
-    the padding, so no attention mask is passed and SDPA may take its fused causal kernel (a padding mask is much
-    slower on CPU: README, "Components", the PPO iteration row). Columns past a row's end read padding or the
-    clamped last column: masked out by the caller."""
-    R = max(int((lengths - starts).max()), 1)
-    pos = (starts[:, None] + torch.arange(R, device=ids.device)).clamp(max=ids.shape[1] - 1)  # (B, R)
-    h = lm.hidden(ids)  # (B, W, C)
-    return h.gather(1, (pos - 1)[..., None].expand(-1, -1, h.shape[-1])), ids.gather(1, pos)
+    tokens: (B, R, C), (B, R), R = the longest response. Sample b's response is columns starts[b] .. lengths[b] - 1 of
+    row b // n of ids (G, W), n = B / G:
+    - n = 1: each row is prompt + response, right-padded. The causal mask alone keeps real tokens off the padding, so
+      no attention mask is passed and SDPA may take its fused causal kernel (a padding mask is much slower on CPU:
+      README, "Components", the PPO iteration row).
+    - n > 1: each row is one prompt followed by the n responses sampled from it (ppo.py's samples per state), so the
+      prompt, by far the longest part, is computed once instead of n times, as generation prefilled it once: the
+      prompt alone (causal, into a KV cache), then its n responses as n rows over that cache, each at the positions
+      it was generated at. The same logits as n separate rows (tests/test_ppo.py). Not with gradient checkpointing:
+      recomputing a block would write the cache again.
+    Columns past a response's end read padding or a clamped column: masked out by the caller."""
+    B, (G, W), dev = lengths.shape[0], ids.shape, ids.device
+    n, R = B // G, max(int((lengths - starts).max()), 1)
+    if n * G != B:
+        raise ValueError(f"{B} responses do not split into the {G} rows of ids")
+    col = (starts[:, None] + torch.arange(R, device=dev)).clamp(max=W - 1)  # (B, R): where each token is
+    tokens = ids.gather(0, (torch.arange(B, device=dev) // n)[:, None].expand(-1, W)).gather(1, col)
+    if n == 1:
+        h = lm.hidden(ids)  # (B, W, C)
+        return h.gather(1, (col - 1)[..., None].expand(-1, -1, h.shape[-1])), tokens
+    out = []
+    for g in range(G):
+        P, cache = int(starts[g * n]), KVCache()
+        prompt = lm.hidden(ids[g:g + 1, :P], cache=cache)  # (1, P, C)
+        resp = lm.hidden(ids[g, col[g * n:(g + 1) * n]], cache=cache)  # (n, R, C): the prompt's cache, broadcast
+        out.append(torch.cat((prompt[:, -1:].expand(n, 1, -1), resp[:, :-1]), 1))  # token t: from the output at t - 1
+    return torch.cat(out), tokens
 
 
 def response_logprobs(lm, ids, lengths, starts, temperature=1.0, vocab=None, chunk=1024):
@@ -792,16 +815,17 @@ class Tokenizer:
         return ids
 
     def decode(self, ids, skip_special_tokens=False):
-        out = bytearray()
-        for i in ids:
-            tok = self.id_to_token.get(i)
-            if tok is None or (skip_special_tokens and i in self.special_ids):
-                continue
-            try:
-                out += bytes(self.byte_dec[c] for c in tok)
-            except KeyError:  # a token outside the byte alphabet is its own UTF-8 (tokenizers ByteLevel decoder)
-                out += tok.encode("utf-8")
-        return out.decode("utf-8", errors="replace")
+        table = self.__dict__.get("_bytes")
+        if table is None:  # each token's bytes, built once (stop strings decode every sequence's tail at every step)
+            table = self._bytes = {i: self._token_bytes(t) for i, t in self.id_to_token.items()}
+        skip = self.special_ids if skip_special_tokens else ()
+        return b"".join(table.get(i, b"") for i in ids if i not in skip).decode("utf-8", errors="replace")
+
+    def _token_bytes(self, tok):
+        try:
+            return bytes(self.byte_dec[c] for c in tok)
+        except KeyError:  # a token outside the byte alphabet is its own UTF-8 (tokenizers ByteLevel decoder)
+            return tok.encode("utf-8")
 
     def apply_chat_template(self, messages, add_generation_prompt=True, default_system=None):
         """ChatML as Qwen2.5 / Qwen3 instruct models use it: <|im_start|>role\\ncontent<|im_end|>\\n."""

@@ -20,8 +20,10 @@ How this departs from the paper and the references:
   else (batch, temperature, KL coefficient, clip ranges) is silent in the paper and taken from
   summarize_from_feedback_details / OpenRLHF, cited on each field of `Config`.
 - `--samples-per-state n` samples n actions in each state of a batch (OpenRLHF's n_samples_per_prompt; the paper
-  samples one): they share the prompt's prefill in model.generate, each is executed in its own restored copy of the
-  state, and the critic's V(s) (or, with --advantage group, the other samples) is their common baseline.
+  samples one): they share the prompt's prefill in model.generate and the prompt's forward pass in the update
+  (make_batch puts the prompt once and its n responses after it; model.response_hidden; not with gradient
+  checkpointing or FSDP) and one minibatch, each is executed in its own restored copy of the state, and the critic's V(s) (or, with
+  --advantage group, the other samples) is their common baseline.
 - `--advantage group` (the tiny model's default, 4 samples per state) replaces the critic by the other samples of
   the same state (RLOO, Ahmadian et al. 2024, arXiv:2402.14740): an action's advantage is its score (reward minus
   kl_coef times its summed KL to the reference) minus the mean score of the other n - 1 actions sampled in its
@@ -324,16 +326,19 @@ def rollout_copy(actor, device):
     return copy.eval()
 
 
-def micro_batches(idx, lengths, cfg):
-    """Rows idx sorted by length (each micro-batch pads, and attends over, as little as possible) and cut into
-    micro-batches of at most cfg.micro_batch rows and cfg.micro_tokens tokens (rows x the longest)."""
+def micro_batches(idx, lengths, cfg, group=1):
+    """Responses idx, whole groups of `group` (the responses to one prompt, which share a row of ids: make_batch),
+    rows sorted by length (each micro-batch pads, and attends over, as little as possible) and cut into micro-batches
+    of at most cfg.micro_batch rows and cfg.micro_tokens tokens (rows x the longest) -> the responses of each."""
+    groups = idx.view(-1, group)
+    row_len = lengths[groups].max(1).values  # a row ends where its last response does
     out, cur = [], []
-    for i in by_length(idx, lengths).tolist():
-        if cur and (len(cur) == cfg.micro_batch or (len(cur) + 1) * int(lengths[i]) > cfg.micro_tokens):
+    for g in torch.argsort(row_len, stable=True).tolist():
+        if cur and (len(cur) == cfg.micro_batch or (len(cur) + 1) * int(row_len[g]) > cfg.micro_tokens):
             out.append(cur)
             cur = []
-        cur.append(i)
-    return [torch.tensor(c, device=idx.device) for c in out + ([cur] if cur else [])]
+        cur.append(g)
+    return [groups[torch.tensor(c, device=idx.device)].reshape(-1) for c in out + ([cur] if cur else [])]
 
 
 def in_step(groups, ranks, filler):
@@ -442,28 +447,35 @@ def explained_variance(values, returns, mask, ranks=Ranks()):
 # ----------------------------------------------------------------------------------------------------------------
 # Batches: rows prompt + response, right-padded (B, W); the response mask (B, R) lines the responses up
 
-def make_batch(prompts, responses, pad, device):
-    """Rows prompt + response, right-padded (B, W); the row lengths and the prompt lengths (where each response
-    begins) (B,); the response mask (B, R)."""
+def make_batch(prompts, responses, pad, device, group=1):
+    """B responses (each prompt repeated for its responses, `group` of them in a row) -> ids (B / group, W), one
+    right-padded row per prompt: the prompt once, then its responses (model.response_hidden; group 1: rows prompt +
+    response). Per response (B,): the column where it ends and where it begins in its row (lengths, starts); the
+    response mask (B, R). A prompt is computed once for its `group` responses, as generation prefilled it once."""
     B, R = len(prompts), max(max(map(len, responses)), 1)
-    W = max(len(p) + len(r) for p, r in zip(prompts, responses))
-    ids, mask = torch.full((B, W), pad, dtype=torch.long), torch.zeros(B, R)
-    for b, (p, r) in enumerate(zip(prompts, responses)):
-        ids[b, :len(p) + len(r)] = torch.tensor([*p, *r], dtype=torch.long)
-        mask[b, :len(r)] = 1
-    lengths = torch.tensor([len(p) + len(r) for p, r in zip(prompts, responses)], device=device)
-    return ids.to(device), lengths, mask.to(device), torch.tensor([len(p) for p in prompts], device=device)
+    if B % group or any(prompts[b] != prompts[b - b % group] for b in range(B)):
+        raise ValueError(f"the {B} prompts are not runs of {group} equal prompts")
+    packed, lengths, starts, mask = [], [], [], torch.zeros(B, R)
+    for g in range(0, B, group):
+        row = list(prompts[g])
+        for b in range(g, g + group):
+            starts.append(len(row))
+            row += responses[b]
+            lengths.append(len(row))
+            mask[b, :len(responses[b])] = 1
+        packed.append(row)
+    ids = torch.full((len(packed), max(map(len, packed))), pad, dtype=torch.long)
+    for g, row in enumerate(packed):
+        ids[g, :len(row)] = torch.tensor(row, dtype=torch.long)
+    return (ids.to(device), torch.tensor(lengths, device=device), mask.to(device),
+            torch.tensor(starts, device=device))
 
 
-def rows(ids, lengths, starts, idx):
-    """Rows idx of the batch with the columns that are padding in all of them cut away -> ids, lengths, starts."""
+def rows(ids, lengths, starts, idx, group=1):
+    """The responses idx (whole groups) with their rows of ids, the columns that are padding in all of them cut
+    away -> ids, lengths, starts."""
     W = max(int(lengths[idx].max()), int(starts[idx].max()) + 1)
-    return ids[idx, :W], lengths[idx], starts[idx]
-
-
-def by_length(idx, lengths):
-    """idx sorted by row length, so each micro-batch's rows pad (and attend over) as little as possible."""
-    return idx[torch.argsort(lengths[idx], stable=True)]
+    return ids[idx[::group] // group, :W], lengths[idx], starts[idx]
 
 
 def autocast(device):  # bf16 matmuls on CUDA, fp32 master weights (an lr of 1e-6 vanishes in bf16 weights)
@@ -561,12 +573,12 @@ def episode_rollout(starts, lm, tokenizer, cfg, pool, editor, device, timer, see
 
 def forward_scores(actor, critic, ref, ids, lengths, starts, R, cfg, device, ranks=Ranks()):
     """No-grad rollout forward in micro-batches of similar lengths -> logprobs, ref_logprobs, values (B, R).
-    actor and ref are Actors (ref None with LoRA: the actor with its adapters off)."""
-    out = [torch.zeros(ids.shape[0], R, device=device) for _ in range(3)]
-    everyone = torch.arange(ids.shape[0], device=device)
+    actor and ref are Actors (ref None with LoRA: the actor with its adapters off); ids as make_batch gives them."""
+    out = [torch.zeros(lengths.shape[0], R, device=device) for _ in range(3)]
+    everyone, shared = torch.arange(lengths.shape[0], device=device), lengths.shape[0] // ids.shape[0]
     with torch.no_grad(), autocast(device):
-        for idx, weight in in_step(micro_batches(everyone, lengths, cfg), ranks, everyone[:1]):
-            i, ln, st = rows(ids, lengths, starts, idx)
+        for idx, weight in in_step(micro_batches(everyone, lengths, cfg, shared), ranks, everyone[:shared]):
+            i, ln, st = rows(ids, lengths, starts, idx, shared)
             lp = actor(i, ln, st)
             if ref is None:  # LoRA: the reference is the actor without its adapters
                 set_lora(actor, False)
@@ -583,31 +595,34 @@ def forward_scores(actor, critic, ref, ids, lengths, starts, R, cfg, device, ran
 
 def ppo_update(actor, critic, opt_a, opt_c, data, cfg, device, gen, step_actor=True, ranks=Ranks()):
     """Clipped policy and value losses over minibatches and epochs. data: ids, lengths, starts, mask, logprobs, values,
-    advantages, returns: this rank's rows; "rows" (optional): their places in the whole batch (default: rows rank,
-    rank + world, ...). Returns the mean statistics and max|ratio - 1| of the first minibatch of the first epoch.
+    advantages, returns: this rank's responses; "rows" (optional): their places in the whole batch (default: rank,
+    rank + world, ...); "group" (default 1): the samples per state, which stay in one minibatch (ids may hold
+    them in one row: make_batch). Returns the mean statistics and max|ratio - 1| of the first minibatch of the first epoch.
     step_actor=False (critic warm-up): only the critic learns; the policy's statistics are still computed.
     Several ranks: every rank draws the same permutation of the whole batch and takes its own rows of each
     minibatch, and each loss is divided by the minibatch's token count over all ranks, so the summed gradient is
     the one a single process would compute on the whole minibatch. FSDP averages gradients over the ranks (hence
     the factor world); LoRA's adapters are summed by an all-reduce here."""
-    ids, lengths, starts, mask = data["ids"], data["lengths"], data["starts"], data["mask"]
+    ids, lengths, starts, mask, group = data["ids"], data["lengths"], data["starts"], data["mask"], data.get("group", 1)
+    shared = lengths.shape[0] // ids.shape[0]  # responses per row of ids: 1, or a state's `group` (make_batch)
     W = ranks.world
-    places = data.get("rows") or [ranks.rank + k * W for k in range(ids.shape[0])]
+    places = data.get("rows") or [ranks.rank + k * W for k in range(lengths.shape[0])]
     local = {g: k for k, g in enumerate(places)}
     B = int(ranks.sum(torch.tensor(len(places), device=device)))
     sharded = any(isinstance(p, DTensor) for p in actor.parameters())
     scale = W if sharded else 1.0
-    mb_size = max(B // cfg.num_minibatches, 1)
+    mb_size = max(B // group // cfg.num_minibatches, 1)  # in states
     stats, first_ratio, actor_steps = [], None, 0
     for _ in range(cfg.update_epochs):
-        perm = torch.randperm(B, generator=gen)
+        perm = torch.randperm(B // group, generator=gen)
         for mb in perm.split(mb_size):
+            mb = (mb[:, None] * group + torch.arange(group)).view(-1)  # the states' responses
             mine = torch.tensor([local[g] for g in mb.tolist() if g in local], dtype=torch.long, device=device)
             denom = ranks.sum(mask[mine].sum()).clamp(min=1)  # the masked mean over the whole minibatch
             s = dict(pg_loss=0.0, vf_loss=0.0, clipfrac=0.0, approx_kl=0.0)
-            for idx, weight in in_step(micro_batches(mine, lengths, cfg), ranks, torch.zeros(1, dtype=torch.long,
-                                                                                             device=device)):
-                i, ln, st = rows(ids, lengths, starts, idx)
+            for idx, weight in in_step(micro_batches(mine, lengths, cfg, shared), ranks,
+                                       torch.arange(shared, device=device)):
+                i, ln, st = rows(ids, lengths, starts, idx, shared)
                 with autocast(device):
                     lp = actor(i, ln, st)
                     n = lp.shape[1]
@@ -855,7 +870,9 @@ def train(cfg):
 
     actor, critic, ref, tokenizer = build(cfg, progress["init_model"], resume, st, ranks)
     sharded = any(isinstance(p, DTensor) for p in actor.parameters())
-    cfg = resolve_defaults(cfg, sum(p.numel() for p in actor.lm.parameters()))
+    n_params = sum(p.numel() for p in actor.lm.parameters())
+    cfg = resolve_defaults(cfg, n_params)
+    checkpointing = cfg.grad_checkpointing or n_params >= TINY_PARAMS  # as `build` decided
     say(f"ppo.py: actor lr {cfg.actor_lr:g}, " + (f"group baseline over {cfg.samples_per_state} samples per state, no "
         "critic" if cfg.advantage == "group" else f"critic lr {cfg.critic_lr:g}, critic alone for the first "
         f"{cfg.critic_warmup} iteration(s)") + f"; {world} rank(s) on {device}"
@@ -925,9 +942,13 @@ def train(cfg):
             torch.cuda.empty_cache()
 
         # 4. reward.py's score on the last token, the KL penalty to the frozen reference on every token
-        ids, lengths, mask, prompt_lens = make_batch(prompts, tokens, tokenizer.pad_token_id, device)
-        logprobs, ref_logprobs, values = forward_scores(actor, value_net, ref, ids, lengths, prompt_lens,
-                                                        mask.shape[1], cfg, device, ranks)
+        # a state's samples share its prompt's row, except where a recomputed block (gradient checkpointing) would
+        # write the prompt's KV cache twice, or where FSDP needs as many block calls on every rank
+        group = 1 if cfg.episodic else cfg.samples_per_state
+        ids, lengths, mask, starts = make_batch(prompts, tokens, tokenizer.pad_token_id, device,
+                                                1 if checkpointing or sharded else group)
+        logprobs, ref_logprobs, values = forward_scores(actor, value_net, ref, ids, lengths, starts, mask.shape[1],
+                                                        cfg, device, ranks)
         logprobs, ref_logprobs, values = logprobs * mask, ref_logprobs * mask, values * mask
         gen_gap = ranks.max(max((abs(a - b) for row, lps in enumerate(gen_lp) for a, b in
                                  zip(lps, logprobs[row, :len(lps)].tolist())), default=0.0))  # generate vs forward
@@ -946,8 +967,8 @@ def train(cfg):
             ev = explained_variance(values, returns, mask, ranks)
 
         # 6. clipped policy and value losses over minibatches and epochs
-        data = dict(ids=ids, lengths=lengths, starts=prompt_lens, mask=mask, logprobs=logprobs, values=values,
-                    advantages=advantages, returns=returns, rows=places)
+        data = dict(ids=ids, lengths=lengths, starts=starts, mask=mask, logprobs=logprobs, values=values,
+                    advantages=advantages, returns=returns, rows=places, group=group)
         upd = ppo_update(actor, value_net, opt_a, opt_c, data, cfg, device,
                          torch.Generator().manual_seed(cfg.seed * 100003 + it), step_actor=it >= cfg.critic_warmup,
                          ranks=ranks)

@@ -1,4 +1,4 @@
-"""Training benchmarks (not collected by pytest): one function per part, chosen with --part sft|ppo|all.
+"""Training benchmarks (not collected by pytest): one function per part, chosen with --part sft|ppo|ppo-update|all.
 
 sft: tokens/s of sft.py's optimizer step (SFTModel: hidden states, lm_head only at trained positions, masked
 cross-entropy, backward, clip, AdamW) against a plain `transformers` training step (Qwen*ForCausalLM(input_ids,
@@ -9,6 +9,7 @@ checkpoint (e.g. Qwen/Qwen2.5-0.5B-Instruct) with peak memory.
 
   python tests/bench_train.py --part sft                      # CPU: a 4-layer, 256-wide Qwen3
   python tests/bench_train.py --part ppo                      # the time split of one PPO iteration (tiny model)
+  python tests/bench_train.py --part ppo-update               # the update with a state's prompt once, against n times
   python tests/bench_train.py --part sft --hidden 896 --layers 24 --vocab 151936 --seq 1024 --batch 4
 """
 import argparse
@@ -162,9 +163,47 @@ def bench_ppo(args):
     shutil.rmtree(tmp, ignore_errors=True)
 
 
+def bench_ppo_update(args):
+    """The update of one PPO iteration (the scoring forwards of actor and reference, then the PPO minibatches) on the
+    same rollout in two layouts: the named baseline "one row per response" (prompt + response, n rows per state) and
+    "one row per state" (the prompt once, then its n responses: ppo.make_batch with group = n, the tiny defaults'
+    layout). Needs runs/ckpt/sft and runs/data/states.jsonl (python collect.py && python sft.py)."""
+    import copy
+
+    import ppo
+
+    policy, states_path = ROOT / "runs" / "ckpt" / "sft", ROOT / "runs" / "data" / "states.jsonl"
+    if not (policy / "config.json").exists() or not states_path.exists():
+        sys.exit(f"bench_train.py: --part ppo-update needs {policy} and {states_path} (collect.py, sft.py)")
+    lm, tok = model.load(str(policy), "cpu", torch.float32)
+    states = ppo.load_states(str(states_path))[:args.ppo_batch]
+    cfg, dev = ppo.resolve_defaults(ppo.Config(max_new_tokens=args.ppo_new_tokens), 1), torch.device("cpu")
+    n = cfg.samples_per_state
+    prompts, tokens, *_ = ppo.generate(lm, tok, [s["messages"] for s in states], cfg, dev,
+                                       seeds=list(range(len(states))), n=n)
+    print(f"ppo-update: {len(states)} states x {n} responses, prompts {min(map(len, prompts))}-"
+          f"{max(map(len, prompts))} tokens, responses {min(map(len, tokens))}-{max(map(len, tokens))} tokens")
+    best = {}
+    for _ in range(args.repeats):
+        for group, name in ((1, "one row per response"), (n, "one row per state")):
+            ids, lengths, mask, starts = ppo.make_batch(prompts, tokens, tok.pad_token_id, dev, group)
+            actor, ref = ppo.Actor(copy.deepcopy(lm), cfg.temperature), ppo.Actor(copy.deepcopy(lm), cfg.temperature)
+            opt = torch.optim.AdamW(actor.parameters(), lr=cfg.actor_lr)
+            start = time.perf_counter()
+            lp, _, values = ppo.forward_scores(actor, None, ref, ids, lengths, starts, mask.shape[1], cfg, dev)
+            adv = torch.randn(len(tokens), 1, generator=torch.Generator().manual_seed(0)) * mask
+            data = dict(ids=ids, lengths=lengths, starts=starts, mask=mask, logprobs=lp * mask, values=values,
+                        advantages=adv, returns=adv, group=n)
+            ppo.ppo_update(actor, None, opt, None, data, cfg, dev, torch.Generator().manual_seed(0))
+            best[name] = min(best.get(name, float("inf")), time.perf_counter() - start)
+    base, ours = best["one row per response"], best["one row per state"]
+    print(f"  one row per response (baseline) {base:.2f}s, one row per state {ours:.2f}s: {base / ours:.2f}x "
+          f"(best of {args.repeats})")
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--part", choices=["sft", "ppo", "all"], default="all")
+    p.add_argument("--part", choices=["sft", "ppo", "ppo-update", "all"], default="all")
     p.add_argument("--model", default=None, help="a real checkpoint folder or hub id instead of a random model")
     p.add_argument("--hidden", type=int, default=256)
     p.add_argument("--layers", type=int, default=4)
@@ -180,7 +219,8 @@ def main():
     a = p.parse_args()
     if a.threads:
         torch.set_num_threads(a.threads)
-    parts = {"sft": [bench_sft], "ppo": [bench_ppo], "all": [bench_sft, bench_ppo]}
+    parts = {"sft": [bench_sft], "ppo": [bench_ppo], "ppo-update": [bench_ppo_update],
+             "all": [bench_sft, bench_ppo, bench_ppo_update]}
     for fn in parts[a.part]:
         fn(a)
 

@@ -177,6 +177,41 @@ def test_recomputed_logprobs_equal_generation_logprobs(tiny):
     assert mask.sum(1).tolist() == [len(t) for t in gen.tokens]
 
 
+def test_a_prompt_with_its_samples_in_one_row_scores_as_separate_rows(tiny):
+    """make_batch(group=n) puts a prompt once and its n responses after it (each attending to the prompt and to
+    itself only): log-probs, values and an update equal those of n separate rows prompt + response."""
+    lm, _ = tiny
+    prompts = [[5, 6, 7, 8, 9, 10, 11]] * 3 + [[12, 13]] * 3
+    gen = lm.generate(prompts, max_new_tokens=6, temperature=0.7, generator=torch.Generator().manual_seed(3))
+    tokens = gen.tokens[:4] + [[]] + gen.tokens[5:]  # an empty response in the middle of a row
+    cfg, dev = ppo.Config(micro_batch=2, num_minibatches=1), torch.device("cpu")
+    torch.manual_seed(0)
+    critic = ppo.Critic(copy.deepcopy(lm))
+    out, nets = {}, {}
+    for group in (1, 3):
+        ids, lengths, mask, starts = ppo.make_batch(prompts, tokens, 0, "cpu", group)
+        assert ids.shape[0] == 6 // group
+        actor, crit = ppo.Actor(copy.deepcopy(lm), 0.7), copy.deepcopy(critic)
+        lp, ref_lp, values = (x * mask for x in ppo.forward_scores(actor, crit, actor, ids, lengths, starts,
+                                                                   mask.shape[1], cfg, dev))
+        adv = torch.linspace(-1, 1, 6)[:, None] * mask
+        data = dict(ids=ids, lengths=lengths, starts=starts, mask=mask, logprobs=lp, values=values,
+                    advantages=adv, returns=adv, group=3)  # minibatches by state in both layouts
+        opt_a, opt_c = (torch.optim.SGD(n.parameters(), lr=0.1) for n in (actor, crit))  # steps = gradients
+        ppo.ppo_update(actor, crit, opt_a, opt_c, data, cfg, dev, torch.Generator().manual_seed(0))
+        out[group], nets[group] = (lp, values, mask), (actor, crit)
+    for b, want in enumerate(gen.logprobs[:4] + [[]] + gen.logprobs[5:]):
+        assert torch.allclose(out[3][0][b, :len(want)], torch.tensor(want), atol=1e-5)
+    for one, packed in zip(out[1], out[3]):
+        assert torch.allclose(one, packed, atol=1e-5)
+    for one, packed in zip(nets[1], nets[3]):
+        for (name, p), q in zip(one.named_parameters(), packed.parameters()):
+            assert torch.allclose(p, q, atol=1e-6), name
+    assert any(not torch.equal(p, q) for p, q in zip(nets[1][0].parameters(), lm.parameters()))  # it did move
+    with pytest.raises(ValueError, match="runs of 2 equal prompts"):
+        ppo.make_batch(prompts[2:], tokens[2:], 0, "cpu", 2)
+
+
 def test_kl_is_zero_when_policy_equals_reference(tiny):
     lm, _ = tiny
     prompts, gen = rollout(lm, seed=1)
