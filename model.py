@@ -570,8 +570,8 @@ def response_hidden(lm, ids, lengths, starts):
     tokens: (B, R, C), (B, R), R = the longest response. Sample b's response is columns starts[b] .. lengths[b] - 1 of
     row b // n of ids (G, W), n = B / G:
     - n = 1: each row is prompt + response, right-padded. The causal mask alone keeps real tokens off the padding, so
-      no attention mask is passed and SDPA may take its fused causal kernel (a padding mask is much slower on CPU:
-      README, "Components", the PPO iteration row).
+      no attention mask is passed and SDPA may take its fused causal kernel (with a mask it cannot skip the keys after
+      each query, as the causal kernel does).
     - n > 1: each row is one prompt followed by the n responses sampled from it (ppo.py's samples per state), so the
       prompt, by far the longest part, is computed once instead of n times, as generation prefilled it once: the
       prompt alone (causal, into a KV cache), then its n responses as n rows over that cache, each at the positions
