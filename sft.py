@@ -19,7 +19,7 @@ on CUDA. Departures and choices:
     is trained from scratch with a byte-level BPE trained on the training split (model.train_tokenizer), so
     `python collect.py && python sft.py` runs offline on a laptop CPU. A model that starts from random weights needs a
     far higher learning rate, more passes and more updates than the paper's fine-tuning of a pre-trained 7B: lr 3e-3,
-    5 epochs, 2 conversations per step there (our choice); a vocabulary of 8192 is requested (the BPE stops far short
+    8 epochs, 2 conversations per step there (our choice); a vocabulary of 8192 is requested (the BPE stops far short
     of it, at one token per distinct word).
   - From scratch, the loss also covers the prompt tokens, at weight 1 (--prompt-loss-weight; None means 0 for a
     pre-trained model, the paper's loss on assistant tokens only). Instruction Modelling (Shi et al. 2024) found a loss
@@ -30,11 +30,10 @@ on CUDA. Departures and choices:
     the default's parse rate; the README, "The claims", has its numbers). A deeper or wider tiny model, or more
     data, did not do better. Weight 1 costs extra training time (the lm_head and the loss at every position). The
     misses are slips in long copies: a JSON key repeated or dropped after a long edit instruction, a plan line copied
-    into the Thought. The thread count does not change the result (identical losses). The epochs are a trade
-    against the quick pipeline's time: on collect.py's default data (230 conversations, 2 CPU cores, 2026-12-02)
-    8 epochs gave a held-out loss of 0.171 and 100% of 23 held-out greedy responses valid (82.6% the expert's
-    action) in 398 s, 5 epochs 0.276 and 95.7% (78.3%) in 258 s; the README, "Reference numbers", has the default
-    run's numbers.
+    into the Thought. The thread count does not change the result (identical losses). The default epochs give the
+    offline collect.py's data (one trajectory per held-in task) about as many optimizer steps as the smaller data
+    these settings were chosen on had; the README, "The quick pipeline", has the default run's loss, parse rate and
+    time.
   - Batches: sequences of similar length are grouped (length buckets) and right-padded; no packing. Right padding
     needs no attention mask: a real token never attends to a later pad under the causal mask.
   - The logits are computed only at trained positions (the lm_head is the memory peak for 150k-token vocabularies).
@@ -101,7 +100,7 @@ class Config:
     data: str = str(ROOT / "runs/data/sft.jsonl")  # chat JSONL, one {"messages": [...]} per line
     model: str | None = None                # a Hugging Face folder or hub id; None: the tiny model from scratch
     out: str = str(ROOT / "runs/ckpt/sft")  # the final checkpoint, checkpoint-<step>/ folders and log.jsonl
-    epochs: int | None = None               # None: 2 (ML-Agent) for a pre-trained model, 5 from scratch
+    epochs: int | None = None               # None: 2 (ML-Agent) for a pre-trained model, 8 from scratch
     lr: float | None = None                 # None: 2e-5 (ML-Agent) for a pre-trained model, 3e-3 from scratch
     warmup_ratio: float = 0.03              # linear warmup over this share of the steps (TRL/LLaMA-Factory recipes)
     weight_decay: float = 0.0               # AdamW decoupled weight decay (HF Trainer default)
@@ -591,7 +590,7 @@ def train(args):
     else:
         lm, tokenizer = scratch_model([rows[i] for i in train_idx], args)
     from_scratch = st.get("scratch", False) if resume else args.model is None
-    epochs = args.epochs or (5 if from_scratch else 2)  # ML-Agent: 2 epochs; from scratch: our choice (docstring)
+    epochs = args.epochs or (8 if from_scratch else 2)  # ML-Agent: 2 epochs; from scratch: our choice
     lr = args.lr or (3e-3 if from_scratch else 2e-5)  # ML-Agent: 2e-5; from scratch: our choice
     batch_size = args.batch_size or (2 if from_scratch else 64)  # ML-Agent: effective batch 64; from scratch: ours
     micro = args.micro_batch or (2 if from_scratch else 1)
