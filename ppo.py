@@ -20,10 +20,10 @@ How this departs from the paper and the references:
   else (batch, temperature, KL coefficient, clip ranges) is silent in the paper and taken from
   summarize_from_feedback_details / OpenRLHF, cited on each field of `Config`.
 - `--samples-per-state n` samples n actions in each state of a batch (OpenRLHF's n_samples_per_prompt; the paper
-  samples one): they share the prompt's prefill in model.generate and the prompt's forward pass in the update
+  samples one): they share the prompt's prefill in model.generate, the prompt's forward pass in the update
   (make_batch puts the prompt once and its n responses after it; model.response_hidden; not with gradient
-  checkpointing or FSDP) and one minibatch, each is executed in its own restored copy of the state, and the critic's V(s) (or, with
-  --advantage group, the other samples) is their common baseline.
+  checkpointing or FSDP) and one minibatch; each is executed in its own restored copy of the state, and the
+  critic's V(s) (or, with --advantage group, the other samples) is their common baseline.
 - `--advantage group` (the tiny model's default, 4 samples per state) replaces the critic by the other samples of
   the same state (RLOO, Ahmadian et al. 2024, arXiv:2402.14740): an action's advantage is its score (reward minus
   kl_coef times its summed KL to the reference) minus the mean score of the other n - 1 actions sampled in its
@@ -596,8 +596,8 @@ def forward_scores(actor, critic, ref, ids, lengths, starts, R, cfg, device, ran
 def ppo_update(actor, critic, opt_a, opt_c, data, cfg, device, gen, step_actor=True, ranks=Ranks()):
     """Clipped policy and value losses over minibatches and epochs. data: ids, lengths, starts, mask, logprobs, values,
     advantages, returns: this rank's responses; "rows" (optional): their places in the whole batch (default: rank,
-    rank + world, ...); "group" (default 1): the samples per state, which stay in one minibatch (ids may hold
-    them in one row: make_batch). Returns the mean statistics and max|ratio - 1| of the first minibatch of the first epoch.
+    rank + world, ...); "group" (default 1): the samples per state, which stay in one minibatch (ids may hold them in
+    one row: make_batch). Returns the mean statistics and max|ratio - 1| of the first minibatch of the first epoch.
     step_actor=False (critic warm-up): only the critic learns; the policy's statistics are still computed.
     Several ranks: every rank draws the same permutation of the whole batch and takes its own rows of each
     minibatch, and each loss is divided by the minibatch's token count over all ranks, so the summed gradient is
