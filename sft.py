@@ -33,7 +33,7 @@ on CUDA. Departures and choices:
     into the Thought. The thread count does not change the result (identical losses). Fewer epochs would
     shorten the quick pipeline but act worse: on collect.py's default data (2 CPU cores, 2026-12-02) 8 epochs gave a
     held-out loss of 0.171 and 100% of 23 held-out greedy responses valid (82.6% the expert's action) in 398 s,
-    5 epochs 0.276 and 95.7% (78.3%) in 258 s; in `python eval.py` after the quick pipeline, the 5-epoch SFT and PPO
+    5 epochs 0.276 and 95.7% (78.3%) in 195 s; in `python eval.py` after the quick pipeline, the 5-epoch SFT and PPO
     policies left every held-out starter unchanged (gain +0.00% / -0.32% avg@2), the 8-epoch ones edited it
     (best@2 +14.3% / +2.8%).
   - Batches: sequences of similar length are grouped (length buckets) and right-padded; no packing. Right padding
