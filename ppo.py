@@ -945,9 +945,9 @@ def train(cfg):
         # a state's samples share its prompt's row, except where a recomputed block (gradient checkpointing) would
         # write the prompt's KV cache twice, or where FSDP needs as many block calls on every rank
         group = 1 if cfg.episodic else cfg.samples_per_state
-        ids, lengths, mask, starts = make_batch(prompts, tokens, tokenizer.pad_token_id, device,
+        ids, lengths, mask, begins = make_batch(prompts, tokens, tokenizer.pad_token_id, device,
                                                 1 if checkpointing or sharded else group)
-        logprobs, ref_logprobs, values = forward_scores(actor, value_net, ref, ids, lengths, starts, mask.shape[1],
+        logprobs, ref_logprobs, values = forward_scores(actor, value_net, ref, ids, lengths, begins, mask.shape[1],
                                                         cfg, device, ranks)
         logprobs, ref_logprobs, values = logprobs * mask, ref_logprobs * mask, values * mask
         gen_gap = ranks.max(max((abs(a - b) for row, lps in enumerate(gen_lp) for a, b in
@@ -967,7 +967,7 @@ def train(cfg):
             ev = explained_variance(values, returns, mask, ranks)
 
         # 6. clipped policy and value losses over minibatches and epochs
-        data = dict(ids=ids, lengths=lengths, starts=starts, mask=mask, logprobs=logprobs, values=values,
+        data = dict(ids=ids, lengths=lengths, starts=begins, mask=mask, logprobs=logprobs, values=values,
                     advantages=advantages, returns=returns, rows=places, group=group)
         upd = ppo_update(actor, value_net, opt_a, opt_c, data, cfg, device,
                          torch.Generator().manual_seed(cfg.seed * 100003 + it), step_actor=it >= cfg.critic_warmup,
