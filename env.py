@@ -735,9 +735,10 @@ def _preexec(iso: _Isolation, uid: int | None, limits: list, stage: str):
 
 def _sweep_stale(where=None, pattern="mlenv-*-p*-*"):
     """Remove the folders (default /tmp/mlenv-*) of processes that no longer exist (killed runs; multiprocessing
-    workers, whose atexit never runs): each folder's name carries the pid that made it, after "-p"."""
+    workers, whose atexit never runs): each folder's name carries the pid that made it, after "-p" and before
+    mkdtemp's random part (which has no "-", but may itself begin with "p")."""
     for path in Path(where or tempfile.gettempdir()).glob(pattern):
-        pid = path.name.split("-p")[-1].split("-")[0]
+        pid = path.name.rsplit("-", 1)[0].rsplit("-p", 1)[-1]
         if pid.isdigit() and not Path(f"/proc/{pid}").exists():
             shutil.rmtree(path, ignore_errors=True)
 

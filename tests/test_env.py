@@ -1277,6 +1277,21 @@ def test_cli_import_mlebench_wrong_metric_exits_2(tmp_path):
     assert len(out.stderr.strip().splitlines()) == 1 and "accuracy" in out.stderr, out.stderr
 
 
+def test_the_sweep_reads_the_pid_wherever_the_names_hold_a_p(tmp_path):
+    """A dead run's folder goes, a live one's stays, whatever the task's name and mkdtemp's random part hold (a
+    random part that began with "p" used to hide the pid: the folder stayed, one run in about 37)."""
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    names = {f"mlenv-house-prices-p{dead.pid}-pq1_x8ab": False, f"mlenv-digits-p{dead.pid}-p5m4583q": False,
+             f"mlenv-digits-p{dead.pid}-abc12345": False, f"mlenv-house-prices-p{os.getpid()}-pzz": True,
+             f".digits-p{dead.pid}-pk2": False}
+    for name in names:
+        (tmp_path / name).mkdir()
+    env._sweep_stale(tmp_path)
+    env._sweep_stale(tmp_path, ".digits-p*-*")
+    assert {n: (tmp_path / n).exists() for n in names} == names
+
+
 def test_the_sandboxed_script_dies_with_its_parent_and_its_folder_is_swept(digits):
     """SIGKILL of the process running env.run_script: the script (its own session) dies too, and the next run
     removes the dead run's /tmp/mlenv-* folder."""
