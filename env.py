@@ -1495,8 +1495,11 @@ def prepare(names=None, root=TASKS_DIR, force=False, workers=None) -> list[Path]
     todo = list(dict.fromkeys(n for n in names if force or not _current(root / n)))
     workers = min(len(todo), workers or os.cpu_count() or 1)
     if workers > 1:
+        import multiprocessing
         from concurrent.futures import ProcessPoolExecutor
-        with ProcessPoolExecutor(workers) as pool:
+        # spawned, not forked: a child forked from a process whose OpenMP pool (scikit-learn, numpy) already ran
+        # waits forever on that pool's locks (the test suite hung here in test_prepare_builds_missing_tasks_...)
+        with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
             list(pool.map(_build, todo, [root] * len(todo), [force] * len(todo)))
     else:
         for name in todo:
