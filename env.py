@@ -1497,8 +1497,8 @@ def prepare(names=None, root=TASKS_DIR, force=False, workers=None) -> list[Path]
     if workers > 1:
         import multiprocessing
         from concurrent.futures import ProcessPoolExecutor
-        # spawned, not forked: a child forked from a process whose OpenMP pool (scikit-learn, numpy) already ran
-        # waits forever on that pool's locks (the test suite hung here in test_prepare_builds_missing_tasks_...)
+        # spawned, not forked: a forked child can wait forever on a lock that a thread of its parent held (an OpenMP
+        # pool of scikit-learn or numpy is the usual one); forked, the test suite once hung here with both workers idle
         with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
             list(pool.map(_build, todo, [root] * len(todo), [force] * len(todo)))
     else:
