@@ -326,11 +326,11 @@ def rollout_copy(actor, device):
     return copy.eval()
 
 
-def micro_batches(idx, lengths, cfg, group=1):
-    """Responses idx, whole groups of `group` (the responses to one prompt, which share a row of ids: make_batch),
+def micro_batches(idx, lengths, cfg, shared=1):
+    """Responses idx, in whole groups of `shared` (the responses to one prompt, which share a row of ids: make_batch),
     rows sorted by length (each micro-batch pads, and attends over, as little as possible) and cut into micro-batches
     of at most cfg.micro_batch rows and cfg.micro_tokens tokens (rows x the longest) -> the responses of each."""
-    groups = idx.view(-1, group)
+    groups = idx.view(-1, shared)
     row_len = lengths[groups].max(1).values  # a row ends where its last response does
     out, cur = [], []
     for g in torch.argsort(row_len, stable=True).tolist():
@@ -445,7 +445,8 @@ def explained_variance(values, returns, mask, ranks=Ranks()):
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Batches: rows prompt + response, right-padded (B, W); the response mask (B, R) lines the responses up
+# Batches: rows of ids, right-padded (one per response, or one per prompt with its responses); per response its
+# start and end column; the response mask (B, R) lines the responses up
 
 def make_batch(prompts, responses, pad, device, group=1):
     """B responses (each prompt repeated for its responses, `group` of them in a row) -> ids (B / group, W), one
@@ -471,11 +472,11 @@ def make_batch(prompts, responses, pad, device, group=1):
             torch.tensor(starts, device=device))
 
 
-def rows(ids, lengths, starts, idx, group=1):
+def rows(ids, lengths, starts, idx, shared=1):
     """The responses idx (whole groups) with their rows of ids, the columns that are padding in all of them cut
     away -> ids, lengths, starts."""
     W = max(int(lengths[idx].max()), int(starts[idx].max()) + 1)
-    return ids[idx[::group] // group, :W], lengths[idx], starts[idx]
+    return ids[idx[::shared] // shared, :W], lengths[idx], starts[idx]
 
 
 def autocast(device):  # bf16 matmuls on CUDA, fp32 master weights (an lr of 1e-6 vanishes in bf16 weights)
