@@ -1095,11 +1095,7 @@ def main(argv=None):
             model.resolve(cfg.model)
         except (OSError, ValueError) as e:
             p.error(str(e))
-    try:
-        train(cfg)
-    except (OSError, ValueError, env.TaskError) as e:
-        print(f"ppo.py: error: {e}", file=sys.stderr)
-        sys.exit(2)
+    sft.run_main("ppo.py", train, cfg, (OSError, ValueError, env.TaskError))
 
 
 if __name__ == "__main__":

@@ -765,13 +765,24 @@ def parse_args(argv=None):
     return args
 
 
-def main(argv=None):
-    args = parse_args(argv)
+def run_main(script, train, cfg, errors=(OSError, ValueError)):
+    """train(cfg); an error of `errors` (bad data file, missing model, no network) is one line, exit status 2. Under
+    torchrun the line names the rank, and the rank leaves its process group on any way out: a process that exits
+    holding a gloo group is aborted by the C++ runtime ("terminate called without an active exception"), which
+    hides the line, or the traceback, and the exit status."""
     try:
-        train(args)
-    except (OSError, ValueError) as e:  # bad data file, missing model, no network: one line
-        print(f"sft.py: error: {e}", file=sys.stderr)
+        train(cfg)
+    except errors as e:
+        rank = f" (rank {dist.get_rank()})" if dist.is_initialized() else ""
+        print(f"{script}: error{rank}: {e}", file=sys.stderr, flush=True)
         sys.exit(2)
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def main(argv=None):
+    run_main("sft.py", train, parse_args(argv))
 
 
 if __name__ == "__main__":

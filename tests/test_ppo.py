@@ -569,7 +569,7 @@ def torchrun(cfg, nproc=2):
     r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
                         "--master_port", str(_free_port()), str(ROOT / "ppo.py"), *flags], capture_output=True,
                        text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[:6000] + "\n...\n" + r.stderr[-3000:]
     return r
 
 
@@ -637,6 +637,23 @@ def test_two_gloo_ranks_resume_and_write_what_transformers_loads(pool, tmp_path)
     ids = torch.tensor([[5, 6, 7, 8]])
     with torch.no_grad():
         torch.testing.assert_close(hf(ids).logits.float(), ours(ids), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.slow
+def test_an_error_on_one_rank_is_its_line_not_an_abort(pool, tmp_path):
+    """Rank 0 refuses an --out that is a file: one line naming the rank, and no rank is aborted by the C++ runtime
+    for exiting with its gloo group alive (which hid the line: CI once saw only "terminate called without an active
+    exception")."""
+    out, _, _ = pool
+    (tmp_path / "ckpt").write_text("not a folder")
+    cfg = ppo.Config(model=str(out / "tiny"), states=str(out / "states.jsonl"), out=str(tmp_path / "ckpt"),
+                     log_file=str(tmp_path / "log.jsonl"), batch_size=2, max_new_tokens=6, workers=1, iterations=1,
+                     device="cpu")
+    with pytest.raises(AssertionError) as failed:
+        torchrun(cfg)
+    err = str(failed.value)
+    assert "ppo.py: error (rank 0): --out" in err and "is a file" in err
+    assert "terminate called" not in err and "SIGABRT" not in err
 
 
 @pytest.mark.parametrize("script", [ppo, sft])
