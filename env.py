@@ -54,27 +54,34 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import builtins
 import ctypes
 import difflib
 import fcntl
 import hashlib
+import importlib
 import inspect
 import json
 import math
 import os
 import posixpath
+import random
 import re
 import resource
 import secrets
+import select
 import shutil
 import signal
+import socket
 import stat
 import string
 import subprocess
 import sys
 import sysconfig
 import tempfile
+import threading
 import time
+import types
 import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -816,6 +823,201 @@ def _kill_uid(uid: int):
         time.sleep(0.005)
 
 
+# ---------------------------------------------------------------------------------------- the fork server
+# Importing numpy, pandas and scikit-learn is most of a short run: about 2.1-2.4 s of a 2.9 s starter script on this
+# project's 2-core machine (2026-12-02), paid again by every run. So a run is not a new interpreter but a fork of one
+# that imported them once (a "fork server", as multiprocessing's forkserver start method and Android's zygote do): the
+# server, started with the sandbox's environment on the first run of a process, forks a child per run, and the child
+# applies everything a fresh interpreter's run gets (the same files, output, session, namespaces, rlimits, uid,
+# parent-death signal and scrubbed environment, in the order subprocess applies them) and runs the script as
+# `python -u script` would (compiled and run in a new __main__): same sys.argv, sys.path[0], __main__, exit status and traceback, with atexit handlers and
+# non-daemon threads waited for at exit. What differs: the modules are already imported (and unseen by the script's
+# `-X importtime`), and every run of one server shares Python's hash seed (set iteration order), a fresh
+# interpreter draws one per run; numpy's and Python's global generators are reseeded from the OS in every child, as a
+# fresh interpreter seeds them. The server has no secrets to leak: it holds the sandbox's environment, this module's
+# code and the imported libraries. It dies with the process that started it (end of file on its socket), killing the
+# runs it holds; a run dies with the server (parent-death signal). Where it cannot start, or FORK_SERVER is False,
+# every run is a new interpreter as before.
+
+FORK_SERVER = True
+PRELOAD = ("numpy", "pandas", "scipy.sparse", "sklearn.base", "sklearn.calibration", "sklearn.compose",
+           "sklearn.decomposition", "sklearn.ensemble", "sklearn.feature_extraction.text", "sklearn.feature_selection",
+           "sklearn.impute", "sklearn.linear_model", "sklearn.metrics", "sklearn.model_selection",
+           "sklearn.naive_bayes", "sklearn.neighbors", "sklearn.neural_network", "sklearn.pipeline",
+           "sklearn.preprocessing", "sklearn.svm", "sklearn.tree")  # what the starters and recipes import
+_SERVER: list = []  # [_ForkServer] once started in this process; [None] when it could not start
+_SERVER_LOCK = threading.Lock()
+
+
+def _sandbox_env(work) -> dict:
+    """The whole environment of a sandboxed run: the whitelist, HOME and TMPDIR in its folder, one thread per run."""
+    env = {k: os.environ[k] for k in ENV_KEEP if k in os.environ}
+    env.update({"HOME": str(work), "TMPDIR": str(work), "PYTHONDONTWRITEBYTECODE": "1", "MPLBACKEND": "Agg"},
+               **dict.fromkeys(THREAD_VARS, "1"))
+    return env
+
+
+class _ForkServer:
+    def __init__(self, stage: str):
+        self.sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        with theirs:  # `-u` as every run has it; the server's own stdin, stdout and stderr are /dev/null
+            self.proc = subprocess.Popen(
+                [sys.executable, "-u", "-c", f"import sys; sys.path[0] = {str(ROOT)!r}; import env  # mlenv fork "
+                 f"server\nenv._serve({theirs.fileno()})"], cwd="/", env=_sandbox_env(stage),
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                pass_fds=[theirs.fileno()])
+        self.sock.settimeout(120)
+        try:
+            ready = self.sock.recv(16) == b"ready"  # the imports done
+        except OSError:
+            ready = False
+        self.sock.settimeout(None)
+        if not ready:
+            self.proc.kill()
+            raise OSError("the sandbox's fork server did not start")
+
+    def start(self, request: dict) -> "_ForkedRun":
+        r, w = os.pipe()  # the server writes the run's pid, then its exit status, into w
+        try:
+            socket.send_fds(self.sock, [json.dumps(request).encode()], [w])
+        finally:
+            os.close(w)
+        return _ForkedRun(r)
+
+
+class _ForkedRun:
+    """A run started by the fork server, with what _run uses of subprocess.Popen: pid, wait(timeout), returncode."""
+
+    def __init__(self, r: int):
+        self.r, self.buf, self.returncode = r, b"", None
+        try:
+            self.pid = int(self._line(60))
+        except subprocess.TimeoutExpired:
+            os.close(self.r)
+            raise OSError("the sandbox's fork server did not answer") from None
+
+    def _line(self, timeout):
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while b"\n" not in self.buf:
+            left = None if deadline is None else max(deadline - time.monotonic(), 0)
+            if not select.select([self.r], [], [], left)[0]:
+                raise subprocess.TimeoutExpired("fork server run", timeout)
+            chunk = os.read(self.r, 64)
+            if not chunk:
+                os.close(self.r)
+                raise OSError("the sandbox's fork server died during a run")
+            self.buf += chunk
+        line, self.buf = self.buf.split(b"\n", 1)
+        return line
+
+    def wait(self, timeout=None):
+        if self.returncode is None:
+            self.returncode = int(self._line(timeout))  # as Popen: the exit status, or -N when killed by signal N
+            os.close(self.r)
+        return self.returncode
+
+
+def _fork_server(stage: str) -> "_ForkServer | None":
+    """This process's server: started on first use, started again if it died; None where it cannot start."""
+    with _SERVER_LOCK:
+        if _SERVER and _SERVER[0] is not None and _SERVER[0].proc.poll() is not None:
+            _SERVER.clear()
+        if not _SERVER:
+            try:
+                _SERVER.append(_ForkServer(stage))
+            except OSError:
+                _SERVER.append(None)
+        return _SERVER[0]
+
+
+def _serve(fd: int):
+    """The fork server's loop (its own process): import PRELOAD, then fork one child per request and report each
+    child's pid and exit status on the pipe that came with the request. End of file: the caller died; so do its runs."""
+    for name in PRELOAD:
+        try:
+            importlib.import_module(name)
+        except ImportError:  # a library the scripts would fail to import anyway
+            pass
+    sock = socket.socket(fileno=fd)
+    sock.sendall(b"ready")
+    runs: dict[int, tuple] = {}  # child pid -> (the pipe its caller reads, the run's uid)
+    while True:
+        readable = select.select([sock], [], [], 0.01 if runs else None)[0]
+        while runs:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+            if pid == 0:
+                break
+            w, _ = runs.pop(pid, (None, None))
+            if w is not None:
+                os.write(w, f"{os.waitstatus_to_exitcode(status)}\n".encode())
+                os.close(w)
+        if not readable:
+            continue
+        try:
+            msg, fds, _, _ = socket.recv_fds(sock, 1 << 20, 1)
+        except OSError:
+            msg, fds = b"", []
+        if not msg:
+            for pid, (_, uid) in runs.items():
+                _kill_group(pid, signal.SIGKILL)
+                if uid is not None:
+                    _kill_uid(uid)  # as root: also what left the group
+            os._exit(0)
+        req = json.loads(msg)
+        setup = _preexec(_Isolation(req["iso"][0], req["iso"][1], tuple((b, tuple(p)) for b, p in req["iso"][2])),
+                         req["uid"], [(res, tuple(v)) for res, v in req["limits"]], req["stage"])
+        log = os.open(req["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
+        pid = os.fork()
+        if pid == 0:
+            sock.detach()  # its descriptor is closed below with the others
+            _child(req, log, setup)  # never returns
+        os.close(log)
+        runs[pid] = (fds[0], req["uid"])
+        os.write(fds[0], f"{pid}\n".encode())
+
+
+def _child(req: dict, log: int, setup: Callable):
+    """One run in a child of the fork server: what subprocess.Popen(start_new_session=True, preexec_fn=setup) and a
+    new `python -u script` would do, then SystemExit with the script's exit status (atexit handlers and non-daemon
+    threads are waited for by the interpreter's own exit)."""
+    try:
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.dup2(log, 1)
+        os.dup2(log, 2)
+        os.closerange(3, resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+        os.chdir(req["cwd"])
+        os.setsid()
+        setup()
+    except BaseException:
+        os._exit(255)  # as a failed exec: the run is an error with nothing in its log
+    atexit._clear()  # the server's exit handlers are not the script's
+    os.environ.clear()
+    os.environ.update(req["env"])
+    tempfile.tempdir = None  # read again from TMPDIR
+    random.seed()
+    np.random.seed()
+    sys.modules.pop("env", None)  # a workspace's own env.py imports as it would in a fresh interpreter
+    path = os.path.join(req["cwd"], req["script"])
+    sys.argv, sys.path[0] = [req["script"]], os.path.dirname(path)
+    main = types.ModuleType("__main__")  # what `python script` runs the file in
+    main.__file__, main.__builtins__ = path, builtins
+    sys.modules["__main__"] = main
+    try:
+        with open(path, "rb") as f:
+            code = compile(f.read(), path, "exec")
+        exec(code, main.__dict__)
+    except SystemExit:
+        raise
+    except BaseException as e:  # the interpreter's message, from the script's first frame on
+        tb = e.__traceback__
+        while tb is not None and tb.tb_frame.f_code.co_filename != path:
+            tb = tb.tb_next
+        sys.excepthook(type(e), e.with_traceback(tb), tb)
+        raise SystemExit(1)
+    raise SystemExit(0)
+
+
 def _neutral_paths(text: str) -> str:
     """A script's output with the interpreter's own folders (a warning's or a traceback's file names) written as
     <site-packages>, <stdlib> and <python>: the same run reads the same wherever Python and the project are
@@ -910,34 +1112,42 @@ def _run(task: Task, files: dict[str, str], script: str, timeout: float, memory_
             _kill_uid(uid)  # leftovers of a crashed parent that held this uid
             for p in [work, *work.rglob("*")]:
                 os.chown(p, uid, uid)
-        env = {k: os.environ[k] for k in ENV_KEEP if k in os.environ}
-        env.update({"HOME": str(work), "TMPDIR": str(work), "PYTHONDONTWRITEBYTECODE": "1", "MPLBACKEND": "Agg"},
-                   **dict.fromkeys(THREAD_VARS, "1"))
+        env = _sandbox_env(work)
         cpu = int(timeout * (os.cpu_count() or 1)) + 1  # a backstop: the wall clock is the real limit
         limits = [(resource.RLIMIT_CPU, (cpu, cpu + 5)), (resource.RLIMIT_FSIZE, (FILE_SIZE_LIMIT,) * 2),
                   (resource.RLIMIT_NOFILE, (OPEN_FILES_LIMIT,) * 2), (resource.RLIMIT_CORE, (0, 0))]
         limits += [(resource.RLIMIT_AS, (memory_limit,) * 2)] if memory_limit else []
         limits += [(resource.RLIMIT_NPROC, (PROCESS_LIMIT,) * 2)] if uid is not None else []
-        with open(log_path, "wb") as log:
-            start = time.monotonic()
-            proc = subprocess.Popen([sys.executable, "-u", script], cwd=work, env=env, stdin=subprocess.DEVNULL,
-                                    stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                                    preexec_fn=_preexec(iso, uid, limits, stage))
-            timed_out = False
+        server = _fork_server(stage) if FORK_SERVER else None
+        start = time.monotonic()
+        proc = None
+        if server is not None:  # a fork of an interpreter that imported numpy, pandas and scikit-learn already
             try:
-                proc.wait(timeout)
+                proc = server.start({"cwd": str(work), "script": script, "log": str(log_path), "env": env,
+                                     "uid": uid, "limits": limits, "iso": [iso.uid, iso.net, iso.reveal],
+                                     "stage": stage})
+            except OSError:  # it died: this run gets a new interpreter, the next run a new server
+                proc = None
+        if proc is None:
+            with open(log_path, "wb") as log:
+                proc = subprocess.Popen([sys.executable, "-u", script], cwd=work, env=env, stdin=subprocess.DEVNULL,
+                                        stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                        preexec_fn=_preexec(iso, uid, limits, stage))
+        timed_out = False
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            _kill_group(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(GRACE)
             except subprocess.TimeoutExpired:
-                timed_out = True
-                _kill_group(proc.pid, signal.SIGTERM)
-                try:
-                    proc.wait(GRACE)
-                except subprocess.TimeoutExpired:
-                    _kill_group(proc.pid, signal.SIGKILL)
-                    proc.wait()
-            seconds = time.monotonic() - start
-            _kill_group(proc.pid, signal.SIGKILL)  # after every run, also a normal one: no grandchild survives
-            if uid is not None:
-                _kill_uid(uid)
+                _kill_group(proc.pid, signal.SIGKILL)
+                proc.wait()
+        seconds = time.monotonic() - start
+        _kill_group(proc.pid, signal.SIGKILL)  # after every run, also a normal one: no grandchild survives
+        if uid is not None:
+            _kill_uid(uid)
         rc, output = proc.returncode, _neutral_paths(_head_tail(log_path))
         result = RunResult("error", None, None, seconds, output, str(log_path), rc, isolation=iso.describe(uid))
         if timed_out:

@@ -185,6 +185,69 @@ def test_setsid_daemon_does_not_survive(digits):
         kill_leftovers(token)
 
 
+FRESH_PROBES = {  # what a script can see of how it was started; a fork server run must see what a new interpreter sees
+    "startup": """
+        import os, resource, sys, tempfile
+        print(sys.argv, sys.path[0] == os.getcwd(), __file__ == os.path.join(os.getcwd(), "train.py"), __name__)
+        print(sorted(os.environ), os.environ["HOME"] == os.getcwd() == tempfile.gettempdir())
+        print(sorted(os.listdir("/proc/self/fd")), os.getsid(0) == os.getpid(), os.getuid() == os.getgid())
+        print([resource.getrlimit(getattr(resource, n)) for n in dir(resource) if n.startswith("RLIMIT_")])
+        print(sys.stdin.read() == "", sys.stdout.write_through, sys.stderr.write_through, sys.dont_write_bytecode)
+    """,
+    "traceback": """
+        def f():
+            return 1 / 0
+        print("before", flush=False)
+        f()
+    """,
+    "syntax": "def f(:\n    pass\n",
+    "exit": "import sys\nsys.exit('a message')",
+    "status": "import os\nprint('kept', flush=True)\nos._exit(3)",
+    "at exit": """
+        import atexit, threading, time
+        atexit.register(lambda: print("atexit ran"))
+        threading.Thread(target=lambda: (time.sleep(0.3), print("thread done"))).start()
+        print("main done")
+    """,
+    "network": """
+        import socket
+        try:
+            socket.create_connection(("127.0.0.1", 9), timeout=2).close()
+        except OSError as e:
+            print(type(e).__name__)
+    """,
+}
+
+
+@pytest.mark.parametrize("probe", FRESH_PROBES)
+def test_a_run_through_the_fork_server_sees_what_a_new_interpreter_sees(digits, monkeypatch, probe):
+    import re
+    outputs = []
+    for server in (False, True):
+        monkeypatch.setattr(env, "FORK_SERVER", server)
+        r = run(digits, FRESH_PROBES[probe])
+        outputs.append((r.status, r.returncode, re.sub(r"mlenv-digits-p\d+-\w+", "WORK", r.output)))
+    assert outputs[0] == outputs[1]
+    assert outputs[0][1] == {"startup": 0, "status": 3, "at exit": 0, "network": 0}.get(probe, 1)
+
+
+def test_fork_server_runs_draw_their_own_random_numbers(digits):
+    code = "import numpy as np, random\nprint(np.random.rand(), random.random())"
+    first, second = run(digits, code).output, run(digits, code).output
+    assert first.strip() and first != second  # a new interpreter seeds both generators from the OS
+
+
+def test_a_dead_fork_server_is_started_again(digits):
+    run(digits, "print(1)")
+    server = env._SERVER[0]
+    assert server is not None, "the fork server did not start here"
+    server.proc.kill()
+    server.proc.wait()
+    r = run(digits, "print('after')")
+    assert r.returncode == 0 and "after" in r.output  # no submission, but the script ran
+    assert env._SERVER[0] is not server and env._SERVER[0].proc.poll() is None
+
+
 def test_delayed_grandchild_never_writes(digits, shared_dir):
     token = f"envtest-delayed-{uuid.uuid4().hex}"
     marker, probe = shared_dir / "late.txt", shared_dir / "probe.txt"
@@ -1305,11 +1368,16 @@ def test_the_sandboxed_script_dies_with_its_parent_and_its_folder_is_swept(digit
     """)], cwd=ROOT, start_new_session=True)
     deadline = time.time() + 60
 
-    def script_pids():
-        out = subprocess.run(["pgrep", "-f", "train.py"], capture_output=True, text=True).stdout.split()
-        return [p for p in out if Path(f"/proc/{p}/cwd").exists() and
-                str(os.readlink(f"/proc/{p}/cwd")).startswith(tempfile.gettempdir() + "/mlenv-digits-p"
-                                                                + str(parent.pid))]
+    def script_pids():  # by working folder: a run forked by the fork server has the server's command line
+        found = []
+        for p in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                if os.readlink(f"/proc/{p}/cwd").startswith(f"{tempfile.gettempdir()}/mlenv-digits-p{parent.pid}-") \
+                        and "\nState:\tZ" not in Path(f"/proc/{p}/status").read_text():
+                    found.append(p)
+            except OSError:
+                pass
+        return found
 
     while time.time() < deadline and not script_pids():
         time.sleep(0.05)
