@@ -396,7 +396,7 @@ def main(argv=None):
     p.add_argument("--tasks", nargs="+", default=held_in, help="built-in task names or task folders "
                                                                f"(default: the held-in tasks {' '.join(held_in)})")
     p.add_argument("--trajectories", type=int, default=1, help="trajectories per task (the offline default: one "
-                   "on each of the 28 held-in tasks)")
+                   f"on each of the {len(held_in)} held-in tasks)")
     p.add_argument("--workers", type=int, default=2, help="worker processes")
     p.add_argument("--expert", default="scripted", help="'scripted' (offline stand-in), an endpoint model name, "
                                                         "or a local checkpoint folder")

@@ -45,6 +45,8 @@ all CPU cores; without root there is no separate uid, so `private/` is readable 
 escapes the group kill. Where `unshare` fails the network stays reachable (RunResult.isolation says what applied).
 When the Python interpreter lives under a folder the sandbox uid cannot enter (e.g. /root/.pyenv), the run gets a
 private mount namespace in which that folder is covered by an empty tmpfs with only the interpreter bound back in.
+Each run is forked from a fork server that imported numpy, pandas and scikit-learn once (see its section): all of
+the above is applied in the fork, as subprocess would before starting a new interpreter.
 
 Run:  python env.py list | python env.py prepare | python env.py run --task digits --script my_train.py
       python env.py import-mlebench --prepared ~/.cache/mle-bench/data/ID/prepared --out runs/tasks-mle/ID
@@ -95,7 +97,7 @@ TASKS_DIR = ROOT / "runs" / "tasks"
 CACHE_DIR = ROOT / "runs" / "cache"
 LOG_DIR = ROOT / "runs" / "logs"
 DATA_DIR = ROOT / "tasks"  # the texts: starter scripts, descriptions, recipes (not runs/tasks, the prepared folders)
-TASKS_VERSION = 5  # bump when a generator changes: prepare() rebuilds tasks made by an older version
+TASKS_VERSION = 6  # bump when a generator changes: prepare() rebuilds tasks made by an older version
 
 
 def _text(name: str) -> str:
@@ -1284,6 +1286,56 @@ def _house_prices(n=2000, seed=0) -> pd.DataFrame:
                          "lot_size": lot, "neighborhood": hood, "price": price})
 
 
+def _loans(n=4000, seed=0) -> pd.DataFrame:
+    """Loan applications and how they were repaid (`outcome` 0 on time, 1 late, 2 default): a latent risk from the
+    debt ratio (steeper for the self-employed), log income, the loan's size against income, credit history,
+    delinquencies (past two, much worse), purpose and age (U-shaped), with logistic noise, cut at its 60% and 85%
+    quantiles. Some values missing."""
+    rng = np.random.default_rng(seed)
+    income = np.round(rng.lognormal(10.8, 0.45, n), -2)
+    debt_ratio = np.round(np.clip(rng.beta(2, 5, n) + rng.normal(0, 0.03, n), 0.0, 1.0), 3)
+    employment = rng.choice(["salaried", "self_employed", "unemployed", "retired"], size=n, p=[0.6, 0.2, 0.08, 0.12])
+    history = np.clip(np.round(rng.gamma(3.0, 3.0, n)), 0, 40)
+    delinquencies = rng.poisson(0.5, n)
+    amount = np.round(income * rng.uniform(0.05, 0.9, n), -2)
+    age = np.clip(np.round(rng.normal(41, 12, n)), 21, 80)
+    purpose = rng.choice(["car", "home", "education", "business", "other"], size=n, p=[0.3, 0.25, 0.15, 0.1, 0.2])
+    risk = (3.0 * debt_ratio * np.where(employment == "self_employed", 2.0, 1.0) - 1.2 * np.log(income / 50000)
+            + 2.5 * amount / income - 0.07 * history + 0.5 * np.minimum(delinquencies, 2)
+            + 1.5 * (delinquencies > 2) + np.select([purpose == "business", purpose == "education"], [0.6, 0.3], 0.0)
+            + np.select([employment == "unemployed", employment == "retired"], [1.0, -0.2], 0.0)
+            + 0.002 * (age - 45) ** 2 + rng.logistic(0.0, 0.3, n))
+    df = pd.DataFrame({"income": income, "debt_ratio": debt_ratio, "employment": employment,
+                       "credit_history_years": history, "delinquencies": delinquencies, "loan_amount": amount,
+                       "age": age, "purpose": purpose})
+    for col in ("income", "credit_history_years"):
+        df.loc[rng.random(n) < 0.05, col] = np.nan
+    df["outcome"] = np.digitize(risk, np.quantile(risk, [0.6, 0.85]))
+    return df
+
+
+def _energy(n=3000, seed=0) -> pd.DataFrame:
+    """Yearly heating energy of buildings (kWh per m2): heat lost through walls (insulation, with diminishing
+    returns), windows and air leaks (older buildings leak more), times the climate's degree-days, over the heating
+    system's efficiency; smaller buildings lose more per m2; multiplicative noise."""
+    rng = np.random.default_rng(seed)
+    area = np.round(rng.lognormal(5.2, 0.6, n))
+    floors = rng.integers(1, 7, n)
+    year = rng.integers(1900, 2023, n)
+    insulation = np.round(np.clip(rng.gamma(2.0, 6.0, n) * (0.4 + (year - 1900) / 122), 0, 40))
+    windows = np.round(rng.uniform(0.1, 0.5, n), 2)
+    climate = rng.choice(["mild", "temperate", "cold"], size=n, p=[0.3, 0.45, 0.25])
+    heating = rng.choice(["gas", "oil", "heat_pump", "district"], size=n, p=[0.45, 0.15, 0.25, 0.15])
+    degree_days = np.select([climate == "mild", climate == "temperate"], [1800.0, 2800.0], 4000.0)
+    efficiency = np.select([heating == "gas", heating == "oil", heating == "heat_pump"], [0.92, 0.85, 3.0], 0.95)
+    loss = (1 - windows) / (0.25 + insulation / 4) + 2.6 * windows + 0.6 * (2.2 - (year - 1900) / 80)
+    compact = 1 + 4 / np.sqrt(area / floors)
+    energy = 0.024 * degree_days * loss * compact / efficiency * 30
+    return pd.DataFrame({"floor_area": area, "floors": floors, "year_built": year, "insulation_cm": insulation,
+                         "window_share": windows, "climate": climate, "heating": heating,
+                         "energy": np.round(energy * rng.lognormal(0, 0.1, n), 1)})
+
+
 SALES_WEEK = (0.9, 0.92, 0.95, 1.0, 1.12, 1.35, 1.2)  # Monday ... Sunday
 
 
@@ -1358,7 +1410,8 @@ class TaskSpec:
 
 
 LOADERS = {"digits": _digits, "breast-cancer": _breast_cancer, "reviews": _reviews, "churn": _churn, "wine": _wine,
-           "diabetes": _diabetes, "sales": _daily_sales, "house-prices": _house_prices}  # the hand-made tasks' data
+           "diabetes": _diabetes, "loans": _loans, "energy": _energy, "sales": _daily_sales,
+           "house-prices": _house_prices}  # the hand-made tasks' data
 
 
 def _handmade(row: dict) -> TaskSpec:

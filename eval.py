@@ -502,15 +502,15 @@ CLAIM_PRESETS = {
     "full": dict(tasks=HELD_IN, few_tasks=4, trajectories=1, sft_seeds=(0, 1), sft=[], unseen_states=150,
                  ppo=["--iterations", "16"], objective_states=64, objective_seeds=3,
                  eval=["--k", "2", "--max-steps", "8"], eval_tasks=[], orch_task="breast-cancer",
-                 orch=["--iterations", "1", "--depth", "2"], c7_rounds=6, c8_tasks=["wine", "diabetes"]),
+                 orch=["--iterations", "1", "--depth", "2"], c7_rounds=6, c8_tasks=["loans", "energy"]),
     # --quick: the same steps at a small size that shows the report's shape quickly, not the claims' outcomes
     "quick": dict(tasks=["digits", "churn", "synth-regression-0", "synth-classification-0", "synth-timeseries-0",
                          "synth-text-0"], few_tasks=2, trajectories=1, sft_seeds=(0,), sft=["--epochs", "2"],
                   unseen_states=40, ppo=["--iterations", "2", "--batch-size", "8"], objective_states=16,
-                  objective_seeds=1, eval=["--k", "1", "--max-steps", "4"], eval_tasks=["wine", "diabetes"],
+                  objective_seeds=1, eval=["--k", "1", "--max-steps", "4"], eval_tasks=["loans", "energy"],
                   orch_task="breast-cancer",
                   orch=["--iterations", "1", "--depth", "1", "--imitation-steps", "200", "--imitation-tasks", "1"],
-                  c7_rounds=3, c8_tasks=["wine"]),
+                  c7_rounds=3, c8_tasks=["loans"]),
 }
 
 
@@ -656,7 +656,7 @@ def _run_claims(preset: dict, out: Path, log, lanes) -> dict:
             ("orchestrator-train", "orchestrator.py", ["train", "--task", p["orch_task"], "--out", orch, *p["orch"]],
              [orch]),
             ("eval-context", "eval.py", ["--scaffold", "matryoshka", "monolithic", "--policy", "scripted", "--tasks",
-                                         p["eval_tasks"][0] if p["eval_tasks"] else "wine", "--k", "1", "--rounds",
+                                         p["eval_tasks"][0] if p["eval_tasks"] else "loans", "--k", "1", "--rounds",
                                          p["c7_rounds"], "--out", ev7, "--no-plots"], [ev7]))
     R.steps(*[(f"ppo-{name}", "ppo.py", ["--model", start, "--states", f"{states}/states.jsonl", "--out",
                                          ppo_ckpt[name], "--log-file", f"{ppo_ckpt[name]}.jsonl", *p["ppo"], *extra],
