@@ -507,7 +507,7 @@ CLAIM_PRESETS = {
     "quick": dict(tasks=["digits", "churn", "synth-regression-0", "synth-classification-0", "synth-timeseries-0",
                          "synth-text-0"], few_tasks=2, trajectories=1, sft_seeds=(0,), sft=["--epochs", "2"],
                   unseen_states=40, ppo=["--iterations", "2", "--batch-size", "8"], objective_states=16,
-                  objective_seeds=1, eval=["--k", "1", "--max-steps", "4"], eval_tasks=["loans", "energy"],
+                  objective_seeds=1, eval=["--k", "1", "--max-steps", "4"], eval_tasks=["energy", "loans"],
                   orch_task="breast-cancer",
                   orch=["--iterations", "1", "--depth", "1", "--imitation-steps", "200", "--imitation-tasks", "1"],
                   c7_rounds=3, c8_tasks=["loans"]),
@@ -655,8 +655,10 @@ def _run_claims(preset: dict, out: Path, log, lanes) -> dict:
             # the Matryoshka runs (C7, C8) need none of the above
             ("orchestrator-train", "orchestrator.py", ["train", "--task", p["orch_task"], "--out", orch, *p["orch"]],
              [orch]),
+            # C7 on energy: the context's growth does not depend on the task, and the monolithic chat's stacked
+            # scripts took 341 s on loans against 82 s on energy (2026-12-02)
             ("eval-context", "eval.py", ["--scaffold", "matryoshka", "monolithic", "--policy", "scripted", "--tasks",
-                                         p["eval_tasks"][0] if p["eval_tasks"] else "loans", "--k", "1", "--rounds",
+                                         p["eval_tasks"][0] if p["eval_tasks"] else "energy", "--k", "1", "--rounds",
                                          p["c7_rounds"], "--out", ev7, "--no-plots"], [ev7]))
     R.steps(*[(f"ppo-{name}", "ppo.py", ["--model", start, "--states", f"{states}/states.jsonl", "--out",
                                          ppo_ckpt[name], "--log-file", f"{ppo_ckpt[name]}.jsonl", *p["ppo"], *extra],
