@@ -832,14 +832,14 @@ def _kill_uid(uid: int):
 # server, started with the sandbox's environment on the first run of a process, forks a child per run, and the child
 # applies everything a fresh interpreter's run gets (the same files, output, session, namespaces, rlimits, uid,
 # parent-death signal and scrubbed environment, in the order subprocess applies them) and runs the script as
-# `python -u script` would (compiled and run in a new __main__): same sys.argv, sys.path[0], exit status and
-# traceback, with atexit handlers and non-daemon threads waited for at exit. What differs: the modules are already imported (and unseen by the script's
-# `-X importtime`), and every run of one server shares Python's hash seed (set iteration order), a fresh
-# interpreter draws one per run; numpy's and Python's global generators are reseeded from the OS in every child, as a
-# fresh interpreter seeds them. The server has no secrets to leak: it holds the sandbox's environment, this module's
-# code and the imported libraries. It dies with the process that started it (end of file on its socket), killing the
-# runs it holds; a run dies with the server (parent-death signal). Where it cannot start, or FORK_SERVER is False,
-# every run is a new interpreter as before.
+# `python -u script` would (compiled and run in a new __main__): same sys.argv, sys.path[0], exit status and traceback,
+# with atexit handlers and non-daemon threads waited for at exit. What differs: the modules are already imported (and
+# unseen by the script's `-X importtime`), and every run of one server shares Python's hash seed (set iteration order),
+# a fresh interpreter draws one per run; numpy's and Python's global generators are reseeded from the OS in every child,
+# as a fresh interpreter seeds them. The server has no secrets to leak: it holds the sandbox's environment, this
+# module's code and the imported libraries. It dies with the process that started it (end of file on its socket),
+# killing the runs it holds; a run dies with the server (parent-death signal). Where it cannot start, or FORK_SERVER is
+# False, every run is a new interpreter as before.
 
 FORK_SERVER = True
 PRELOAD = ("numpy", "pandas", "scipy.sparse", "sklearn.base", "sklearn.calibration", "sklearn.compose",
