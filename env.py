@@ -67,7 +67,6 @@ import json
 import math
 import os
 import posixpath
-import random
 import re
 import resource
 import secrets
@@ -997,8 +996,7 @@ def _child(req: dict, log: int, setup: Callable):
     os.environ.clear()
     os.environ.update(req["env"])
     tempfile.tempdir = None  # read again from TMPDIR
-    random.seed()
-    np.random.seed()
+    np.random.seed()  # Python's own generator reseeds itself after a fork (random.py's register_at_fork)
     sys.modules.pop("env", None)  # a workspace's own env.py imports as it would in a fresh interpreter
     path = os.path.join(req["cwd"], req["script"])
     sys.argv, sys.path[0] = [req["script"]], os.path.dirname(path)
