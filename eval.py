@@ -26,7 +26,8 @@ What comes from where:
   `--ideas sampled` (default) draws 1-3 ideas from the task's offline recipe pool per run, seeded by (seed, task, run)
   and so the same for every policy; `--ideas none` is the paper's test prompt.
 - Sampling temperature 0.7 (the papers give none for testing; summarize_from_feedback_details samples at 0.7), so that
-  the K runs differ; each run seeds `random` and torch with its own seed.
+  the K runs differ; each run seeds `random` and torch with its own seed, so runs go several at once (--workers, one
+  process each; default one per CPU core) and give what they give one at a time (tests/test_eval.py).
 
 Matryoshka and the monolithic baseline run through orchestrator.py (run_matryoshka, run_monolithic) with its budgets
 (rounds x tool calls x Sub-Agent iterations); their submission is the best attempt by public score, which may be the
@@ -60,7 +61,9 @@ import shutil
 import subprocess
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
+import multiprocessing
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor, as_completed
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -99,6 +102,8 @@ class Config:
     ppo_log: str = str(ROOT / "runs/ppo/log.jsonl")  # ppo.py's log, one line per iteration (its "reward" field)
     plots: bool = True  # write PNG plots when matplotlib is installed
     threads: int = 1  # torch CPU threads of a local checkpoint (tiny-model decoding: fastest single-threaded when busy)
+    workers: int = 0  # runs at once, each in its own process; 0: one per CPU core (at most 4), 1 on CUDA with a
+                      # local checkpoint (each worker loads its own copy); 1: every run in this process
 
 # ============================================================================================== the two metrics
 
@@ -441,6 +446,62 @@ def resolve_tasks(cfg: Config) -> list:
     return [t for t in env.list_tasks() if cfg.split == "all" or t.split == cfg.split]
 
 
+def workers_for(cfg: Config, policies, runs: int) -> int:
+    """How many runs go at once (Config.workers)."""
+    if cfg.workers:
+        return max(min(cfg.workers, runs), 1)
+    if any(os.path.isdir(p) for p in [*policies, cfg.sub_agent or ""]) and not cfg.base_url:
+        import torch
+        if torch.cuda.is_available():  # one copy of the checkpoint per worker on the GPU: one worker unless asked
+            return 1
+    return max(min(os.cpu_count() or 1, 4, runs), 1)
+
+
+_WORKER: dict = {}  # in a worker process: its Config and tasks
+
+
+def _worker_start(cfg: Config):
+    _WORKER.update(cfg=cfg, tasks=resolve_tasks(cfg))
+
+
+def _worker_run(scaffold: str, policy: str, i: int, r: int) -> dict:
+    return run_one(_WORKER["cfg"], scaffold, policy, _WORKER["tasks"][i], r)
+
+
+def run_all(cfg: Config, todo, tasks, policies):
+    """Yield (job, row) for every job (scaffold, policy, task index, run) as it finishes. Several workers: each a
+    new process (spawn: no inherited sandbox server or torch threads) with its own backends, so a checkpoint loads
+    once per worker. A run's outcome does not depend on where it runs: run_one seeds every generator it draws from
+    with the run's own seed, and run_key holds everything else that changes it. An endpoint that cannot serve us
+    (agent.BackendError) stops the rest: the runs under way still finish and are yielded, then it is raised."""
+    workers = workers_for(cfg, policies, len(todo))
+    if workers == 1:
+        for job in todo:
+            yield job, run_one(cfg, job[0], job[1], tasks[job[2]], job[3])
+        return
+    error = None
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"), initializer=_worker_start,
+                             initargs=(cfg,)) as pool:
+        futures = {pool.submit(_worker_run, *job): job for job in todo}
+        try:
+            for f in as_completed(futures):
+                if f.cancelled():
+                    continue
+                try:
+                    yield futures[f], f.result()
+                except agent.BackendError as e:
+                    error = error or e
+                    for g in futures:
+                        g.cancel()
+        except BrokenProcessPool as e:  # a worker was killed (out of memory, a signal): the finished runs are kept
+            raise RuntimeError(f"a worker process died ({e}); run eval.py again to resume") from None
+        finally:
+            for g in futures:  # a kill or an error here: runs not started are not started
+                g.cancel()
+    if error:
+        raise error
+
+
 def evaluate(cfg: Config, log=print) -> dict:
     """Run what runs.jsonl does not hold yet, then write report.json, report.md and the plots; returns the report."""
     with agent.claim_folder(cfg.out):  # one evaluation per --out: a second one would run and append every run again
@@ -462,9 +523,9 @@ def _evaluate(cfg: Config, log) -> dict:
     todo = [job for job, key in keys.items() if key not in done]
     log(f"eval.py: {len(keys)} runs ({len(keys) - len(todo)} already in {path}); policies "
         f"{', '.join(map(policy_label, policies))}; tasks {', '.join(t.name for t in tasks)}")
-    for n, (scaffold, policy, i, r) in enumerate(todo, 1):
-        row = {"key": keys[scaffold, policy, i, r], **run_one(cfg, scaffold, policy, tasks[i], r)}
-        collect.append_line(path, row)  # one whole line, flushed: a kill loses at most this run
+    for n, ((scaffold, policy, i, r), row) in enumerate(run_all(cfg, todo, tasks, policies), 1):
+        row = {"key": keys[scaffold, policy, i, r], **row}
+        collect.append_line(path, row)  # one whole line, flushed: a kill loses at most the runs under way
         done[row["key"]] = row
         log(f"[{n}/{len(todo)}] {scaffold} {row['policy']} {tasks[i].name} run {r}: "
             + (f"private {_f(row['private'])}" if row["valid"] else f"INVALID ({row['error'] or row['submission']})")
@@ -842,7 +903,7 @@ def main(argv=None):
     p.add_argument("--split", choices=("held-out", "held-in", "all"), default=d.split)
     for flag, typ in [("k", int), ("max-steps", int), ("time-limit", float), ("temperature", float),
                       ("max-tokens", int), ("price-in", float), ("price-out", float), ("rounds", int), ("calls", int),
-                      ("sub-iters", int), ("seed", int), ("threads", int)]:
+                      ("sub-iters", int), ("seed", int), ("threads", int), ("workers", int)]:
         p.add_argument(f"--{flag}", type=typ, default=getattr(d, flag.replace("-", "_")))
     p.add_argument("--ideas", choices=("sampled", "none"), default=d.ideas)
     p.add_argument("--editor", default=d.editor, help="auto | recipes | policy | an endpoint model name")
@@ -855,6 +916,8 @@ def main(argv=None):
     for name in ("k", "max_steps", "max_tokens", "rounds", "calls", "sub_iters"):
         if getattr(cfg, name) is not None and getattr(cfg, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be at least 1")
+    if cfg.workers < 0:
+        p.error(f"--workers must be >= 0 (0: one per CPU core), not {cfg.workers}")
     for name in ("time_limit", "temperature", "price_in", "price_out", "threads"):
         v = getattr(cfg, name)
         if not 0 <= v < math.inf or (name == "time_limit" and v == 0):  # nan fails too
@@ -878,7 +941,7 @@ def main(argv=None):
         p.error(str(e))
     try:
         report = evaluate(cfg)
-    except agent.BackendError as e:
+    except (agent.BackendError, RuntimeError) as e:  # an endpoint that cannot serve us, a worker that died
         sys.exit(f"eval.py: {e}")
     except (ValueError, OSError) as e:  # --out a file or in use, a bad line of runs.jsonl: one line
         p.error(str(e))

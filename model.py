@@ -304,12 +304,13 @@ class Qwen(nn.Module):
     @torch.inference_mode()
     def generate(self, prompts, max_new_tokens=128, temperature=0.0, top_p=1.0, stop_token_ids=None,
                  pad_token_id=None, generator=None, stop_fn=None, seeds=None, prefill_chunk=2048, max_batch=None,
-                 n=1):
+                 n=1, on_done=None):
         """Generation from token-id prompts of different lengths -> Generation, n rows per prompt (prompt-major).
         The Engine below does the work: at most max_batch sequences (default: all) decode together, a finished one
         gives its slot to the next waiting prompt, the n samples of a prompt share one prefill. stop_fn(i, new_tokens)
         -> bool, if given, is asked after each step whether sequence i should stop (stop strings); the token that
-        made it true is the last one kept. seeds (one int per prompt): each row samples from its own generator, so a
+        made it true is the last one kept. on_done(i, tokens, reason), if given, is called as soon as sequence i
+        has finished, while the others go on (ppo.py starts executing an action then). seeds (one int per prompt): each row samples from its own generator, so a
         row's tokens do not depend on which rows share its batch (ppo.py under torchrun splits a batch across ranks
         and still samples what one process would); otherwise rows draw from `generator`. The prompts enter the cache
         prefill_chunk positions at a time, so a long prompt never runs the MLP on all its tokens at once (16 rows of
@@ -323,6 +324,8 @@ class Qwen(nn.Module):
         for i, s in enumerate(seqs):
             if s.generator is not None and i % n:  # the n samples of a seeded prompt: distinct, reproducible streams
                 s.generator.manual_seed(seeds[i // n] * 1000003 + i % n)
+            if on_done is not None:
+                s.on_done = lambda s, i=i: on_done(i, s.tokens, s.reason)
         engine = Engine(self, max_batch or len(seqs), prefill_chunk, generator)
         engine.run([seqs[j * n:(j + 1) * n] for j in range(len(prompts))])
         return Generation([s.tokens for s in seqs], [s.logprobs for s in seqs], [s.reason for s in seqs])
@@ -339,6 +342,7 @@ class Sequence:
     stop_fn: object = None         # new tokens -> bool: a stop string was completed
     generator: object = None       # this row's own torch.Generator (seeded requests)
     on_token: object = None        # called with (sequence, token) as each token arrives (streaming)
+    on_done: object = None         # called with the sequence once it has finished (ppo.py executes it meanwhile)
     tokens: list = dataclasses.field(default_factory=list)
     logprobs: list = dataclasses.field(default_factory=list)
     reason: str | None = None      # "stop" or "length" once finished
@@ -551,6 +555,8 @@ class Engine:
             s.reason = "length"
         if s.reason and s.done is not None:
             s.done.set()
+        if s.reason and s.on_done is not None:
+            s.on_done(s)
 
     def _compact(self):
         """Finished sequences leave; the last live slot moves into each hole, so the live slots stay 0 .. live-1."""

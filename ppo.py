@@ -486,19 +486,22 @@ def autocast(device):  # bf16 matmuls on CUDA, fp32 master weights (an lr of 1e-
 # ----------------------------------------------------------------------------------------------------------------
 # Acting: generation (step 2) and execution in the sandboxes (step 3)
 
-def generate(lm, tokenizer, messages, cfg, device, seeds=None, n=1):
+def generate(lm, tokenizer, messages, cfg, device, seeds=None, n=1, on_done=None):
     """n sampled responses per prompt (prompt-major; the n share one prefill): prompt ids, token ids, their generation
     log-probs, decoded texts, and whether each ended with a stop token (False: cut at max_new_tokens). seeds: one
     per prompt (model.generate samples each row from its own generator, so the rows a rank holds do not change its
-    samples)."""
+    samples). on_done(i, text, ended), if given, is called as soon as response i is complete."""
     prompts = [model.keep_end(tokenizer.encode(tokenizer.apply_chat_template(m)), lm.config.max_position_embeddings,
                               cfg.max_new_tokens) for m in messages]
+    text = lambda t: agent.cut_at_stop(tokenizer.decode(t, skip_special_tokens=True), agent.STOP)  # noqa: E731
+    done = None if on_done is None else lambda i, t, reason: on_done(i, text(t), reason == "stop")  # noqa: E731
     with autocast(device):  # continuous batching: at most gen_batch rows (and their KV cache) at a time
         g = lm.generate(prompts, cfg.max_new_tokens, cfg.temperature, stop_token_ids=model.stop_ids(lm, tokenizer),
-                        seeds=seeds, max_batch=cfg.gen_batch, n=n, stop_fn=model.stop_strings(tokenizer, agent.STOP))
+                        seeds=seeds, max_batch=cfg.gen_batch, n=n, stop_fn=model.stop_strings(tokenizer, agent.STOP),
+                        on_done=done)
     tokens, logprobs = g.tokens, g.logprobs  # a stop string's tokens stay in the action: the policy chose to stop
-    texts = [agent.cut_at_stop(tokenizer.decode(t, skip_special_tokens=True), agent.STOP) for t in tokens]
-    return [p for p in prompts for _ in range(n)], tokens, logprobs, texts, [r == "stop" for r in g.finish_reasons]
+    return ([p for p in prompts for _ in range(n)], tokens, logprobs, [text(t) for t in tokens],
+            [r == "stop" for r in g.finish_reasons])
 
 
 def execute(e, text, reward_config, finished=True, unfinished_invalid=True):
@@ -524,19 +527,37 @@ def make_env(task, task_dir, editor):
     return env.Env(task if task in env.BUILTIN_TASKS else task_dir, editor=editor)
 
 
-def step_rollout(states, lm, tokenizer, cfg, pool, editor, device, timer, seeds=None, n=1):
-    """Steps 2-3, step-wise: n actions per expert state (rows state-major), each executed from the restored state."""
-    prompts, tokens, gen_lp, texts, ended = generate(lm, tokenizer, [s["messages"] for s in states], cfg, device,
-                                                     seeds=seeds, n=n)
-    timer("generate")
+class Executions:
+    """Each action is executed in the pool as soon as `generate` reports its response complete (on_done), while the
+    other rows are still decoding: its sandbox runs in another process, the decoding in this one. `outcomes` starts
+    any row that was not reported and returns every outcome in row order."""
 
-    def run(i):
+    def __init__(self, pool, run):  # run(row, text, ended) -> outcome
+        self.pool, self.run, self.running = pool, run, {}
+
+    def on_done(self, i, text, ended):
+        self.running.setdefault(i, self.pool.submit(self.run, i, text, ended))
+
+    def outcomes(self, texts, ended):
+        for i, (text, end) in enumerate(zip(texts, ended)):
+            self.on_done(i, text, end)
+        return [self.running[i].result() for i in range(len(texts))]
+
+
+def step_rollout(states, lm, tokenizer, cfg, pool, editor, device, timer, seeds=None, n=1):
+    """Steps 2-3, step-wise: n actions per expert state (rows state-major), each executed from the restored state as
+    soon as its response is complete (Executions); "execute" times the wait after the last response."""
+    def run(i, text, ended):
         s = states[i // n]
         e = make_env(s["task"], s["task_dir"], editor)
         e.restore(s["snapshot"])  # the environment exactly as the expert found it at s_t
-        return execute(e, texts[i], cfg.reward, ended[i], cfg.unfinished_invalid)
+        return execute(e, text, cfg.reward, ended, cfg.unfinished_invalid)
 
-    outcomes = list(pool.map(run, range(len(texts))))
+    runs = Executions(pool, run)
+    prompts, tokens, gen_lp, texts, ended = generate(lm, tokenizer, [s["messages"] for s in states], cfg, device,
+                                                     seeds=seeds, n=n, on_done=runs.on_done)
+    timer("generate")
+    outcomes = runs.outcomes(texts, ended)
     timer("execute")
     return prompts, tokens, gen_lp, outcomes, [-1] * len(texts)
 
@@ -555,10 +576,11 @@ def episode_rollout(starts, lm, tokenizer, cfg, pool, editor, device, timer, see
         msgs = [agent.build_messages(problems[i], histories[i], [tuple(x) for x in starts[i]["ideas"]])
                 for i in alive]
         step_seeds = None if seeds is None else [seeds[i] * 1000 + len(histories[i]) for i in alive]
-        p, t, lp, texts, ended = generate(lm, tokenizer, msgs, cfg, device, seeds=step_seeds)
+        runs = Executions(pool, lambda j, text, end, envs_=[envs[i] for i in alive]: execute(
+            envs_[j], text, cfg.reward, end, cfg.unfinished_invalid))
+        p, t, lp, texts, ended = generate(lm, tokenizer, msgs, cfg, device, seeds=step_seeds, on_done=runs.on_done)
         timer("generate")
-        res = list(pool.map(lambda j: execute(envs[alive[j]], texts[j], cfg.reward, ended[j], cfg.unfinished_invalid),
-                            range(len(alive))))
+        res = runs.outcomes(texts, ended)
         timer("execute")
         for j, i in enumerate(alive):
             histories[i].append((texts[j], res[j]["observation"]))

@@ -130,7 +130,7 @@ def test_failing_runs_are_recorded_and_counted(tmp_path, monkeypatch):
     backends = {"nosub": _NoSubmission(), "crash": _Crash()}
     monkeypatch.setattr(ev, "get_backend", lambda name, role, cfg: backends[name])
     cfg = ev.Config(policies=["nosub", "crash"], tasks=["wine"], k=2, max_steps=4, editor="policy",
-                    out=str(tmp_path), plots=False)
+                    out=str(tmp_path), plots=False, workers=1)  # the patched backends live in this process
     report = ev.evaluate(cfg, log=lambda *a: None)
     rows = [json.loads(line) for line in (tmp_path / "runs.jsonl").read_text().splitlines()]
     assert len(rows) == 4  # 2 policies x K = 2: nothing dropped
@@ -158,6 +158,20 @@ def test_matryoshka_and_monolithic_runs_record_scores_and_context(tmp_path):
     assert len(mono) >= 2 and all(b > a for a, b in zip(mono, mono[1:]))  # the monolithic chat only grows
     assert all(r["valid_attempts"] <= r["steps"] and r["private"] is not None for r in rows.values())
 
+
+
+def test_runs_in_worker_processes_equal_runs_in_this_process(tmp_path):
+    # the scripted expert (sandbox runs) and the scripted Orchestrator (its own generator): each run's outcome is its
+    # own, whether it runs here or in one of two workers that each take several runs
+    cfg = dict(scaffolds=["mlab", "matryoshka"], policies=["scripted"], tasks=["wine"], k=3, max_steps=4, rounds=2,
+               calls=1, sub_iters=2, plots=False)
+    rows = {}
+    for workers in (1, 2):
+        ev.evaluate(ev.Config(**cfg, out=str(tmp_path / str(workers)), workers=workers), log=lambda *a: None)
+        rows[workers] = {k: {f: r[f] for f in ("private", "public", "steps", "ideas", "seed", "valid")}
+                         for k, r in ev.read_runs(tmp_path / str(workers) / "runs.jsonl").items()}
+    assert len(rows[1]) == 6 and rows[1] == rows[2]
+    assert len({r["private"] for r in rows[1].values()}) > 1  # the runs differ from each other
 
 
 def test_seeding_fixes_torch_in_a_fresh_process():

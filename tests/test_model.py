@@ -362,8 +362,13 @@ def test_greedy_generation_matches_transformers(ckpt):
     stop = hf_generate([ckpt.vocab - 1])[0][3]  # (a suppressed id as eos: no early stop)
     expected = [upto_stop(s, stop) for s in hf_generate(stop)]
     for max_batch in (None, 2, 1):  # all at once; continuous batching (a finished row's slot goes to a waiting prompt)
-        g = ckpt.ours.generate(prompts, max_new_tokens=n, temperature=0.0, stop_token_ids=[stop], max_batch=max_batch)
+        done = []  # on_done: each row once, as it finishes, with its final tokens (the stopped row before the others)
+        g = ckpt.ours.generate(prompts, max_new_tokens=n, temperature=0.0, stop_token_ids=[stop], max_batch=max_batch,
+                               on_done=lambda i, toks, reason: done.append((i, list(toks), reason)))
         assert g.tokens == expected, max_batch
+        assert sorted(done) == [(i, t, r) for i, (t, r) in enumerate(zip(g.tokens, g.finish_reasons))]
+        if max_batch is None:  # all rows decode together: the shortest finishes first
+            assert len(done[0][1]) == min(map(len, g.tokens)) < n and done[0][2] == "stop"
     assert g.finish_reasons == ["stop" if s[-1] == stop else "length" for s in expected]
     assert g.finish_reasons[0] == "stop" and all(len(s) == n for s, r in zip(g.tokens, g.finish_reasons) if r == "length")
     assert [len(lp) for lp in g.logprobs] == [len(s) for s in g.tokens]

@@ -410,7 +410,7 @@ def test_episodic_rollout_links_the_steps_of_each_episode(pool, monkeypatch):
     _, _, states = pool
     seen = []
 
-    def fake_generate(lm, tokenizer, messages, cfg, device, seeds=None, n=1):  # the policy always lists the files
+    def fake_generate(lm, tokenizer, messages, cfg, device, seeds=None, n=1, on_done=None):  # the policy always lists the files
         seen.append(messages)
         return [[1, 2]] * len(messages), [[4, 5, 6]] * len(messages), [[-0.1] * 3] * len(messages), \
             [LIST] * len(messages), [True] * len(messages)
@@ -432,9 +432,13 @@ def test_n_samples_per_state_are_state_major_each_from_the_restored_state(pool, 
     edit = ("Reflection: none\nResearch Plan and Status: 1. edit [in progress]\nFact Check: none\nThought: edit\n"
             "Action: Edit Script (AI)\nAction Input: {\"script_name\": \"train.py\", \"edit_instruction\": "
             "\"Use a random forest.\", \"save_name\": \"train.py\"}")
-    monkeypatch.setattr(ppo, "generate", lambda lm, tokenizer, messages, cfg, device, seeds=None, n=1: (
-        [[1]] * (len(messages) * n), [[4]] * (len(messages) * n), [[-0.1]] * (len(messages) * n),
-        [t for _ in messages for t in ([LIST, edit] * n)[:n]], [True] * (len(messages) * n)))
+    def fake_generate(lm, tokenizer, messages, cfg, device, seeds=None, n=1, on_done=None):
+        texts = [t for _ in messages for t in ([LIST, edit] * n)[:n]]
+        for i in (3, 0):  # rows reported complete early (model.generate's on_done), out of order; 1 and 2 not at all
+            on_done(i, texts[i], True)
+        return [[1]] * len(texts), [[4]] * len(texts), [[-0.1]] * len(texts), texts, [True] * len(texts)
+
+    monkeypatch.setattr(ppo, "generate", fake_generate)
     with ppo.ThreadPoolExecutor(2) as pool_:
         outcomes, nxt = ppo.step_rollout([states[0], states[0]], None, None, ppo.Config(), pool_,
                                          env.recipe_editor, "cpu", lambda name: None, n=2)[3:]
@@ -447,7 +451,7 @@ def test_n_samples_per_state_are_state_major_each_from_the_restored_state(pool, 
 @pytest.mark.parametrize("episodic", [False, True])
 def test_reward_config_reaches_the_rollouts(pool, monkeypatch, episodic):
     _, _, states = pool
-    monkeypatch.setattr(ppo, "generate", lambda lm, tokenizer, messages, cfg, device, seeds=None, n=1: (
+    monkeypatch.setattr(ppo, "generate", lambda lm, tokenizer, messages, cfg, device, seeds=None, n=1, on_done=None: (
         [[1, 2]] * len(messages), [[4, 5]] * len(messages), [[-0.1] * 2] * len(messages),
         ["no format at all"] * len(messages), [True] * len(messages)))
     rollout_ = ppo.episode_rollout if episodic else ppo.step_rollout
@@ -783,7 +787,7 @@ def test_bad_states_lines_name_the_file_and_line(tmp_path, content, says):
 @pytest.mark.parametrize("episodic", [False, True])
 def test_a_response_cut_at_max_new_tokens_is_invalid_unless_switched_off(pool, monkeypatch, episodic):
     _, _, states = pool
-    monkeypatch.setattr(ppo, "generate", lambda lm, tokenizer, messages, cfg, device, seeds=None, n=1: (
+    monkeypatch.setattr(ppo, "generate", lambda lm, tokenizer, messages, cfg, device, seeds=None, n=1, on_done=None: (
         [[1]] * len(messages), [[4]] * len(messages), [[-0.1]] * len(messages), [LIST] * len(messages),
         [False] * len(messages)))  # a valid List Files action, but no stop token came
     rollout_ = ppo.episode_rollout if episodic else ppo.step_rollout

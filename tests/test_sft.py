@@ -140,8 +140,8 @@ def test_masked_loss_equals_hand_computation(tok, tiny_dir, chats):
     net = sft.SFTModel(lm)
     batch = [sft.encode_chat(tok, c) for c in chats[:3]]
     batch[1] = (batch[1][0][:-5], batch[1][1][:-5])  # different lengths: right padding in the batch
-    ids, labels, lengths = sft.collate(batch, tok.pad_token_id, torch.device("cpu"))
-    weighted, loss, n = net(ids, labels, lengths)
+    ids, labels, lengths, prefix = sft.collate(batch, tok.pad_token_id, torch.device("cpu"))
+    weighted, loss, n = net(ids, labels, lengths, prefix)
     assert weighted.item() == loss.item()  # prompt weight 0: the assistant tokens only
     with torch.no_grad():
         logp = torch.log_softmax(lm(ids), -1)  # (B, T, V)
@@ -162,8 +162,8 @@ def test_prompt_loss_weight_adds_the_other_real_tokens(tok, tiny_dir, chats):
     net = sft.SFTModel(lm, prompt_weight=0.25)
     batch = [sft.encode_chat(tok, c) for c in chats[:3]]
     batch[1] = (batch[1][0][:-5], batch[1][1][:-5])
-    ids, labels, lengths = sft.collate(batch, tok.pad_token_id, torch.device("cpu"))
-    weighted, loss, n = net(ids, labels, lengths)
+    ids, labels, lengths, prefix = sft.collate(batch, tok.pad_token_id, torch.device("cpu"))
+    weighted, loss, n = net(ids, labels, lengths, prefix)
     with torch.no_grad():
         logp = torch.log_softmax(lm(ids), -1)
     ours = other = 0.0
@@ -181,14 +181,14 @@ def test_prompt_loss_weight_adds_the_other_real_tokens(tok, tiny_dir, chats):
     assert weighted.item() == pytest.approx(alone, rel=1e-5)
 
 
-def _one_step(tiny_dir, batches, tok, checkpointing=False, calls=None, prompt_weight=0.0):
+def _one_step(tiny_dir, batches, tok, checkpointing=False, calls=None, prompt_weight=0.0, share=False):
     lm, _ = model.load(tiny_dir, "cpu")
     if checkpointing:
         sft.enable_grad_checkpointing(lm)
     if calls is not None:  # counts MLP calls (a pre-hook: the recomputation in backward stops early, inside the MLP)
         for block in lm.model.layers:
             block.mlp.register_forward_pre_hook(lambda *_: calls.append(1))
-    net = sft.SFTModel(lm, prompt_weight)
+    net = sft.SFTModel(lm, prompt_weight, share_prefix=share)
     opt = torch.optim.SGD(net.parameters(), lr=0.5)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
     a = sft.Config(grad_clip=0.0)
@@ -205,6 +205,34 @@ def test_accumulation_averages_over_all_trained_tokens(tok, tiny_dir, chats, pro
     assert n1 == n2 and loss1 == pytest.approx(loss2, rel=1e-5)
     w0 = weights(model.load(tiny_dir, "cpu")[0])
     assert any(not torch.equal(w0[k], w1[k]) for k in w0)
+    for k in w1:
+        torch.testing.assert_close(w1[k], w2[k], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("prompt_weight", [0.0, 0.5])
+def test_a_shared_prefix_computed_once_gives_the_same_loss_and_step(tok, tiny_dir, chats, prompt_weight):
+    # every chat begins with the same system prompt; rows of different lengths and one that shares more (a copy of
+    # another with its answer cut)
+    ex = [sft.encode_chat(tok, c) for c in chats[:3]]
+    ex.append((ex[0][0][:-3], ex[0][1][:-3]))
+    P = sft.shared_prefix(ex)
+    assert P == sft.shared_prefix(ex[:3]) >= len(tok.encode(SYSTEM))  # at least the system prompt, at most where
+    assert any(x[P] != ex[0][0][P] for x, _ in ex[1:])                 # two rows part
+    assert sft.shared_prefix([ex[0], ex[3]]) == len(ex[3][0]) - 1  # a row that is all prefix keeps one position
+    lm, _ = model.load(tiny_dir, "cpu")
+    calls = []
+    for block in lm.model.layers:
+        block.mlp.register_forward_hook(lambda mod, args, out: calls.append(args[0].shape[:2]))
+    ids, labels, lengths, prefix = sft.collate(ex, tok.pad_token_id, torch.device("cpu"))
+    shared = sft.SFTModel(lm, prompt_weight, share_prefix=True)(ids, labels, lengths, prefix)
+    L = lm.config.num_hidden_layers  # every block: the prefix once, then each row's rest
+    assert [tuple(c) for c in calls] == [(1, P)] * L + [(4, ids.shape[1] - P)] * L
+    plain = sft.SFTModel(lm, prompt_weight)(ids, labels, lengths, prefix)
+    for a, b in zip(shared, plain):
+        assert a.item() == pytest.approx(b.item(), rel=1e-5)
+    loss1, n1, w1 = _one_step(tiny_dir, [ex], tok, prompt_weight=prompt_weight, share=True)
+    loss2, n2, w2 = _one_step(tiny_dir, [ex], tok, prompt_weight=prompt_weight)
+    assert n1 == n2 and loss1 == pytest.approx(loss2, rel=1e-5)
     for k in w1:
         torch.testing.assert_close(w1[k], w2[k], rtol=1e-5, atol=1e-6)
 
