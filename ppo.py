@@ -35,7 +35,9 @@ How this departs from the paper and the references:
 - The masks come from the lengths of prompts and responses, not from `ids != pad`, so the pad token may equal EOS
   (it does in Qwen's and the tiny tokenizers); the N-details' "pad distinct from EOS" guards against that comparison.
 - Generation stops where the agent's does at evaluation (agent.run_episode): at the stop tokens and at the stop
-  string "\nObservation:", whose tokens stay in the action (the policy chose to stop there).
+  string "\nObservation:", whose tokens stay in the action (the policy chose to stop there). Each action starts
+  executing in its sandbox as soon as its response is complete, while the other rows are still decoding
+  (`Executions`); the log's time_generate then includes executions under way, time_execute the wait after.
 - A response that reaches --max-new-tokens without a stop token is invalid (R_format), whatever it holds: the
   N-details give responses without EOS a fixed low score for the same reason (a policy paid for a valid action it
   never ended drifts toward never ending). `--no-unfinished-invalid` scores such responses as written.
@@ -536,7 +538,8 @@ class Executions:
         self.pool, self.run, self.running = pool, run, {}
 
     def on_done(self, i, text, ended):
-        self.running.setdefault(i, self.pool.submit(self.run, i, text, ended))
+        if i not in self.running:  # each row runs once
+            self.running[i] = self.pool.submit(self.run, i, text, ended)
 
     def outcomes(self, texts, ended):
         for i, (text, end) in enumerate(zip(texts, ended)):

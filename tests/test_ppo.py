@@ -439,6 +439,8 @@ def test_n_samples_per_state_are_state_major_each_from_the_restored_state(pool, 
         return [[1]] * len(texts), [[4]] * len(texts), [[-0.1]] * len(texts), texts, [True] * len(texts)
 
     monkeypatch.setattr(ppo, "generate", fake_generate)
+    calls, execute = [], ppo.execute
+    monkeypatch.setattr(ppo, "execute", lambda *a, **k: calls.append(1) or execute(*a, **k))
     with ppo.ThreadPoolExecutor(2) as pool_:
         outcomes, nxt = ppo.step_rollout([states[0], states[0]], None, None, ppo.Config(), pool_,
                                          env.recipe_editor, "cpu", lambda name: None, n=2)[3:]
@@ -446,6 +448,7 @@ def test_n_samples_per_state_are_state_major_each_from_the_restored_state(pool, 
     assert [o["kind"] for o in outcomes] == ["neutral", "edit", "neutral", "edit"] and nxt == [-1] * 4
     assert outcomes[1]["m_prev"] == outcomes[3]["m_prev"] == states[0]["m_t"]
     assert outcomes[1]["reward"] == outcomes[3]["reward"] != 0
+    assert len(calls) == 4  # each action executed once, whether reported early or not
 
 
 @pytest.mark.parametrize("episodic", [False, True])
