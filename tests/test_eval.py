@@ -212,7 +212,8 @@ def test_end_to_end_scripted_k2_and_resume(tmp_path):
     assert first.returncode == 0, first.stderr
     report = json.loads((tmp_path / "report.json").read_text())
     assert (tmp_path / "report.md").read_text().count("| mlab | scripted | wine |") == 1
-    runs = [json.loads(line) for line in (tmp_path / "runs.jsonl").read_text().splitlines()]
+    runs = sorted((json.loads(line) for line in (tmp_path / "runs.jsonl").read_text().splitlines()),
+                  key=lambda r: r["run"])  # in the order they finished (two worker processes)
     assert [r["run"] for r in runs] == [0, 1] and len({r["seed"] for r in runs}) == 2
     task = env.load_task("wine")
     starter = env.run_script(task, (task.public_dir / "train.py").read_text())
