@@ -389,6 +389,20 @@ def test_chunked_prefill_and_per_row_seeds(ckpt):
     assert alone.tokens[0] == batch.tokens[1] and other.tokens[0] != batch.tokens[1]
 
 
+def test_the_transposed_lm_head_copy_changes_nothing(ckpt, monkeypatch):
+    """On CPU the engine multiplies by a (C, V) copy of the lm_head weight (faster to stream); the same tokens and
+    log-probs as the lm_head itself (HEAD_COPY_BYTES = 0 turns the copy off)."""
+    prompts, kw = prompts_for(ckpt.tok), dict(max_new_tokens=8, stop_token_ids=[], seeds=[1, 2, 3], temperature=1.0)
+    assert model.Engine(ckpt.ours).head_t is not None
+    copy = ckpt.ours.generate(prompts, **kw)
+    monkeypatch.setattr(model, "HEAD_COPY_BYTES", 0)
+    assert model.Engine(ckpt.ours).head_t is None
+    plain = ckpt.ours.generate(prompts, **kw)
+    assert copy.tokens == plain.tokens
+    for a, b in zip(copy.logprobs, plain.logprobs):
+        torch.testing.assert_close(torch.tensor(a), torch.tensor(b), atol=1e-5, rtol=0)
+
+
 def test_kv_cache_logprobs_match_full_forward(ckpt):
     prompts, n = prompts_for(ckpt.tok), 10
     with full_vocab(ckpt.ours) as m:
