@@ -1386,6 +1386,9 @@ class TaskSpec:
     data: str = PLAIN_DATA  # the starter's data block: builds X and X_test ($target: the target column)
     submit: str = "label"  # submission.csv holds: "label", "probability" (of class 1) or "classes" (one column each)
     test_fraction: float = 0.3  # time series: the last days instead
+    # seconds per run of train.py. Alone on 2 cores the starters take 0.4-1.2 s in the sandbox and the slowest offline
+    # recipe 4.9 s (digits, gradient boosting), but under ppo.py's load (4 scripts and the generation on 2 cores) a
+    # policy's script took 15.7 s; 20 s was tried and dropped (2026-12-02): it would make rewards depend on load.
     time_limit: float = 60.0
     missing: bool = False  # some feature values are missing (the missing-indicator recipe applies)
     classes: int = 3  # classes of a submit="classes" task (one probability column each)
