@@ -173,15 +173,27 @@ class KVCache:
         return self.k[layer][:, :, :end], self.v[layer][:, :, :end]
 
 
+class Linear(nn.Linear):
+    """nn.Linear (the same parameters and names). While an Engine on CPU holds `weight_t`, a (in, out) copy of the
+    weight, the product reads that copy. On CPU a batch-1 product with a (out, in) weight streamed it at 11-14 GB/s
+    and the same product over the transposed copy at 13-18 GB/s (the layers of tests/bench_model.py's model, too many
+    to stay in cache, 1 thread, 2026-12-02; a 32000 x 512 lm_head: 13 against 23 GB/s), and a decode step reads every
+    weight once. The same values, summed in another order."""
+    weight_t = None
+
+    def forward(self, x):
+        return super().forward(x) if self.weight_t is None else F.linear(x, self.weight_t.t(), self.bias)
+
+
 class Attention(nn.Module):
     def __init__(self, cfg):
         super().__init__()
         self.n_head, self.n_kv, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         C, D, b = cfg.hidden_size, cfg.head_dim, cfg.attention_bias
-        self.q_proj = nn.Linear(C, self.n_head * D, bias=b)  # Qwen2: bias on q, k, v only (HF modeling_qwen2)
-        self.k_proj = nn.Linear(C, self.n_kv * D, bias=b)
-        self.v_proj = nn.Linear(C, self.n_kv * D, bias=b)
-        self.o_proj = nn.Linear(self.n_head * D, C, bias=b and cfg.model_type == "qwen3")
+        self.q_proj = Linear(C, self.n_head * D, bias=b)  # Qwen2: bias on q, k, v only (HF modeling_qwen2)
+        self.k_proj = Linear(C, self.n_kv * D, bias=b)
+        self.v_proj = Linear(C, self.n_kv * D, bias=b)
+        self.o_proj = Linear(self.n_head * D, C, bias=b and cfg.model_type == "qwen3")
         self.qk_norm = cfg.model_type == "qwen3"
         if self.qk_norm:  # Qwen3: RMSNorm on q and k per head, before RoPE (Qwen3 tech report; HF modeling_qwen3)
             self.q_norm = RMSNorm(D, cfg.rms_norm_eps)
@@ -215,9 +227,9 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, cfg):
         super().__init__()
-        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        self.gate_proj = Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.up_proj = Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
     def forward(self, x):  # SwiGLU (Shazeer, arXiv:2002.05202)
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
@@ -252,7 +264,7 @@ class Qwen(nn.Module):
             embed_tokens=nn.Embedding.from_pretrained(torch.empty(cfg.vocab_size, cfg.hidden_size), freeze=False),
             layers=nn.ModuleList(Block(cfg) for _ in range(cfg.num_hidden_layers)),
             norm=RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)))
-        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if not self.lm_head.weight.is_meta:  # on the meta device `load` fills the weights from a checkpoint instead
             for m in self.modules():  # HF init: normal(0, initializer_range=0.02), zero biases
                 if isinstance(m, (nn.Linear, nn.Embedding)):
@@ -327,7 +339,10 @@ class Qwen(nn.Module):
             if on_done is not None:
                 s.on_done = lambda s, i=i: on_done(i, s.tokens, s.reason)
         engine = Engine(self, max_batch or len(seqs), prefill_chunk, generator)
-        engine.run([seqs[j * n:(j + 1) * n] for j in range(len(prompts))])
+        try:
+            engine.run([seqs[j * n:(j + 1) * n] for j in range(len(prompts))])
+        finally:
+            engine.close()  # the copies go: the weights may change (PPO) before the next call
         return Generation([s.tokens for s in seqs], [s.logprobs for s in seqs], [s.reason for s in seqs])
 
 
@@ -384,7 +399,7 @@ class SlotCache:
             buf[dst, :, :length] = buf[src, :, :length]
 
 
-HEAD_COPY_BYTES = 1 << 30  # the largest lm_head the engine copies transposed on CPU (Engine.__init__)
+TRANSPOSED_COPY_BYTES = 1 << 30  # the most that an engine on CPU copies of the weights, transposed (Engine.__init__)
 
 
 class Engine:
@@ -401,16 +416,23 @@ class Engine:
         self.capacity, self.waiting, self.live, self.lock = capacity, [], [], threading.Lock()
         self.most_live = 0  # the largest batch decoded so far (benchmarks, tests)
         self.cache = self.lengths = self.last = self.fresh = None
-        # On CPU a product with the (V, C) lm_head weight streams it at about half the memory bandwidth that the same
-        # product over its transpose (C, V) reaches (1 thread, V = 32000, C = 512: 13 against 23 GB/s), and the
-        # lm_head is the largest matrix a decode step reads: the engine keeps a transposed copy (once per engine:
-        # per generate call, per server), up to HEAD_COPY_BYTES. The same tokens (tests/test_model.py).
-        head, self.head_t = getattr(model, "lm_head", None), None
-        w = getattr(head, "weight", None)
-        if w is not None and w.device.type == "cpu" and head.bias is None and \
-                w.numel() * w.element_size() <= HEAD_COPY_BYTES:
+        # On CPU every linear layer reads a transposed copy of its weight while this engine lives (`Linear`): a decode
+        # step streams every weight once, and the transposed layout streams faster (58M-param model, batch 1: see the
+        # README's benchmark table). All or nothing, up to TRANSPOSED_COPY_BYTES (a 7B model on CPU gets none); the
+        # copies are of the weights as they are now, so `close` drops them (generate() does, after its last step).
+        self.linears = []
+        layers = [m for m in model.modules() if isinstance(m, Linear)] if model is not None else []
+        if layers and all(m.weight.device.type == "cpu" for m in layers) and \
+                sum(m.weight.numel() * m.weight.element_size() for m in layers) <= TRANSPOSED_COPY_BYTES:
             with torch.no_grad():
-                self.head_t = w.t().contiguous()  # (C, V)
+                for m in layers:
+                    m.weight_t = m.weight.t().contiguous()  # (in, out)
+            self.linears = layers
+
+    def close(self):
+        for m in self.linears:
+            m.weight_t = None
+        self.linears = []
 
     def add(self, group):  # a list of Sequences with the same prompt (at most max_batch of them)
         with self.lock:
@@ -495,14 +517,11 @@ class Engine:
         where = torch.tensor(rows, device=dev)
         self.temp[where] = torch.tensor([float(s.temperature) for s in seqs], device=dev)
         self.top_p[where] = torch.tensor([float(s.top_p) for s in seqs], device=dev)
-        logits = self._head(h_last).float()[:, :m.sample_vocab_size]
+        logits = m.lm_head(h_last).float()[:, :m.sample_vocab_size]
         tok, lp = self._sample(logits[leaders - A], seqs, self.temp[where], self.top_p[where])  # one draw each
         self.last[where], self.lengths[where] = tok, torch.tensor([len(s.prompt) for s in seqs], device=dev)
         self.live += [seqs[i] for i in order]
         self.fresh = (seqs, tok, lp)  # reported with the next decode step's sync
-
-    def _head(self, h):  # (B, C) -> (B, V) logits
-        return self.model.lm_head(h) if self.head_t is None else h.to(self.head_t.dtype) @ self.head_t
 
     def _sample(self, logits, seqs, temp, top_p):
         """One token per row under its temperature / top-p (device tensors (R,), so no host copy) and generator
@@ -544,7 +563,7 @@ class Engine:
             self.cache.at(slice(0, A), pos=pos, end=end)
             mask = (torch.arange(end, device=pos.device) <= pos[:, None])[:, None, None]  # (A, 1, 1, end)
         h = m.blocks(self.last[:A, None], pos[:, None], mask, self.cache)[:, -1]
-        tok, lp = self._sample(self._head(h).float()[:, :m.sample_vocab_size], self.live, self.temp[:A],
+        tok, lp = self._sample(m.lm_head(h).float()[:, :m.sample_vocab_size], self.live, self.temp[:A],
                                self.top_p[:A])
         self.last[:A], self.lengths[:A] = tok, pos + 1
         fresh, self.fresh = self.fresh, None

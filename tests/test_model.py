@@ -389,14 +389,21 @@ def test_chunked_prefill_and_per_row_seeds(ckpt):
     assert alone.tokens[0] == batch.tokens[1] and other.tokens[0] != batch.tokens[1]
 
 
-def test_the_transposed_lm_head_copy_changes_nothing(ckpt, monkeypatch):
-    """On CPU the engine multiplies by a (C, V) copy of the lm_head weight (faster to stream); the same tokens and
-    log-probs as the lm_head itself (HEAD_COPY_BYTES = 0 turns the copy off)."""
+def test_the_transposed_weight_copies_change_nothing(ckpt, monkeypatch):
+    """On CPU the engine's linear layers multiply by (in, out) copies of their weights (faster to stream): the same
+    tokens and log-probs as the weights themselves (TRANSPOSED_COPY_BYTES = 0 turns the copies off), and generate()
+    drops the copies when it returns (a later training step changes the weights)."""
     prompts, kw = prompts_for(ckpt.tok), dict(max_new_tokens=8, stop_token_ids=[], seeds=[1, 2, 3], temperature=1.0)
-    assert model.Engine(ckpt.ours).head_t is not None
+    layers = [m for m in ckpt.ours.modules() if isinstance(m, model.Linear)]
+    engine = model.Engine(ckpt.ours)
+    assert len(engine.linears) == len(layers) == 7 * ckpt.ours.config.num_hidden_layers + 1
+    assert all(m.weight_t is not None and torch.equal(m.weight_t, m.weight.t()) for m in layers)
+    engine.close()
+    assert all(m.weight_t is None for m in layers)
     copy = ckpt.ours.generate(prompts, **kw)
-    monkeypatch.setattr(model, "HEAD_COPY_BYTES", 0)
-    assert model.Engine(ckpt.ours).head_t is None
+    assert all(m.weight_t is None for m in layers)
+    monkeypatch.setattr(model, "TRANSPOSED_COPY_BYTES", 0)
+    assert model.Engine(ckpt.ours).linears == []
     plain = ckpt.ours.generate(prompts, **kw)
     assert copy.tokens == plain.tokens
     for a, b in zip(copy.logprobs, plain.logprobs):
