@@ -182,7 +182,8 @@ class Linear(nn.Linear):
     weight_t = None
 
     def forward(self, x):
-        return super().forward(x) if self.weight_t is None else F.linear(x, self.weight_t.t(), self.bias)
+        t = self.weight_t  # read once: another thread's engine may drop it meanwhile (the plain product is the same)
+        return super().forward(x) if t is None else F.linear(x, t.t(), self.bias)
 
 
 class Attention(nn.Module):
