@@ -22,6 +22,7 @@ The aim: generation and training at least as fast as transformers (ratio >= 1) a
     python tests/bench_model.py --threads 1             # steadier numbers on a machine shared with other work
     python tests/bench_model.py --hidden 256 --layers 4 --new-tokens 32 --skip-load   # a quick look
     python tests/bench_model.py --load-hidden 1024 --load-layers 12 --load-vocab 32000  # the ~200M load check
+    python tests/bench_model.py --skip-load --skip-rollout --skip-serve --no-copies   # ours without the weight copies
 """
 from __future__ import annotations
 
@@ -261,9 +262,13 @@ def main():
     ap.add_argument("--serve-requests", type=int, default=32)
     ap.add_argument("--skip-serve", action="store_true")
     ap.add_argument("--json", help="also write the results to this file")
+    ap.add_argument("--no-copies", action="store_true",
+                    help="ours without the transposed weight copies of model.Engine on CPU (model.TRANSPOSED_COPY_BYTES = 0)")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.no_copies:
+        model.TRANSPOSED_COPY_BYTES = 0
     rows, results = [], {"threads": torch.get_num_threads()}
 
     with tempfile.TemporaryDirectory(prefix="bench-model-") as tmp:
