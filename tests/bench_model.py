@@ -263,7 +263,7 @@ def main():
     ap.add_argument("--skip-serve", action="store_true")
     ap.add_argument("--json", help="also write the results to this file")
     ap.add_argument("--no-copies", action="store_true",
-                    help="ours without the transposed weight copies of model.Engine on CPU (model.TRANSPOSED_COPY_BYTES = 0)")
+                    help="ours without model.Engine's transposed weight copies on CPU (TRANSPOSED_COPY_BYTES = 0)")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
