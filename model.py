@@ -183,7 +183,9 @@ class Linear(nn.Linear):
 
     def forward(self, x):
         t = self.weight_t  # read once: another thread's engine may drop it meanwhile (the plain product is the same)
-        return super().forward(x) if t is None else F.linear(x, t.t(), self.bias)
+        if t is None or torch.is_grad_enabled():  # a forward that trains differentiates through the weight itself
+            return super().forward(x)
+        return F.linear(x, t.t(), self.bias)
 
 
 class Attention(nn.Module):

@@ -398,6 +398,10 @@ def test_the_transposed_weight_copies_change_nothing(ckpt, monkeypatch):
     engine = model.Engine(ckpt.ours)
     assert len(engine.linears) == len(layers) == 7 * ckpt.ours.config.num_hidden_layers + 1
     assert all(m.weight_t is not None and torch.equal(m.weight_t, m.weight.t()) for m in layers)
+    ids = torch.tensor([prompts[0]])
+    ckpt.ours(ids).sum().backward()  # a training forward while the copies exist still reaches every weight
+    assert all(m.weight.grad is not None for m in layers)
+    ckpt.ours.zero_grad(set_to_none=True)
     engine.close()
     assert all(m.weight_t is None for m in layers)
     copy = ckpt.ours.generate(prompts, **kw)
