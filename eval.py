@@ -559,18 +559,19 @@ def _evaluate(cfg: Config, log) -> dict:
 HELD_IN = [n for n, s in env.BUILTIN_TASKS.items() if s.split == "held-in"]
 CLAIM_PRESETS = {
     # the full run: every held-in task, two SFT seeds, PPO for 16 iterations of 16 states (ppo.py's tiny defaults:
-    # 4 samples each, the group baseline), J_step over 3 x 64 states, K = 2 on the held-out tasks
+    # 4 samples each, the group baseline), J_step over 3 x 64 states, K = 2 on the held-out tasks; C8 on all of them
     "full": dict(tasks=HELD_IN, few_tasks=4, trajectories=1, sft_seeds=(0, 1), sft=[], unseen_states=150,
                  ppo=["--iterations", "16"], objective_states=64, objective_seeds=3,
                  eval=["--k", "2", "--max-steps", "8"], eval_tasks=[], orch_task="breast-cancer",
-                 orch=["--iterations", "1", "--depth", "2"], c7_rounds=6, c8_tasks=["loans", "energy"]),
+                 orch=["--iterations", "1", "--depth", "2"], c7_rounds=6,
+                 c8_tasks=[n for n, s in env.BUILTIN_TASKS.items() if s.split == "held-out"]),
     # --quick: the same steps at a small size that shows the report's shape quickly, not the claims' outcomes
     "quick": dict(tasks=["digits", "churn", "synth-regression-0", "synth-classification-0", "synth-timeseries-0",
                          "synth-text-0"], few_tasks=2, trajectories=1, sft_seeds=(0,), sft=["--epochs", "2"],
                   unseen_states=40, ppo=["--iterations", "2", "--batch-size", "8"], objective_states=16,
                   objective_seeds=1, eval=["--k", "1", "--max-steps", "4"], eval_tasks=["energy", "loans"],
                   orch_task="breast-cancer",
-                  orch=["--iterations", "1", "--depth", "1", "--imitation-steps", "200", "--imitation-tasks", "1"],
+                  orch=["--iterations", "1", "--depth", "1", "--imitation-steps", "200", "--tree-tasks", "1"],
                   c7_rounds=3, c8_tasks=["loans"]),
 }
 

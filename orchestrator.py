@@ -39,14 +39,25 @@ Where the paper's text is silent (our choices):
   (a Sub-Agent that applies env.py's recipe for its instruction). They write the same JSON and ```python messages an
   LLM would, so the same parsing code runs, and read their state from the record a prompt is written from (its
   `Prompt.state`). Offline `train` collects with the scripted orchestrator (not on-policy) and trains a tiny model
-  made from scratch, with a tokenizer trained on the tree's prompts.
+  made from scratch, with a tokenizer trained on the trees' prompts.
+- Trees: each iteration collects --task's tree to --depth and a depth-1 tree on --tree-tasks held-in tasks of each
+  (kind, modality, metric direction) (default 2 each: 11 tasks beside breast-cancer); all their preference groups
+  train the Orchestrator. The paper trains on trees of many tasks; the number here is our choice.
 - OFFLINE STAND-IN for "the same model before tree training": the paper's Orchestrator before tree training is a
   pre-trained LLM that already answers in the decision format; a tiny model from scratch answers nothing parsable.
   So without --model, ckpt-0 is the tiny model after imitation (cross-entropy on the scripted orchestrator's
-  decisions on the tree's states, states resampled from its attempts and the starter states of held-in tasks;
-  never a held-out task; `imitation_orchestrator`), AdamW at 6e-3 for 1000 updates (the paper has no such step).
-  The ranking loss then trains ckpt-0 -> ckpt-1 with ckpt-0 as the reference, as for a given checkpoint.
+  decisions on the trees' states and states resampled from their attempts; never a held-out task;
+  `imitation_orchestrator`), AdamW at 6e-3 for 1000 updates (the paper has no such step). The ranking loss then
+  trains ckpt-0 -> ckpt-1 with ckpt-0 as the reference, as for a given checkpoint, at the paper's lr 1e-5.
   ckpt-0/imitation.json keeps the imitation's loss and the share of its greedy answers that parse.
+- Larger ranking learning rates for the tiny model were tried and not taken (2026-12-02; one ckpt-0, the default
+  trees; HumanRank of 6-round runs, K = 1, on 4 held-in tasks outside the trees: synth-regression-1,
+  synth-classification-2, synth-timeseries-2, synth-text-1): they fit the groups better (mean ranking loss after
+  training 0.685 at 1e-5, 0.670 at 3e-5, 0.592 at 1e-4, 0.483 at 3e-4) but decided worse (HumanRank: ckpt-0 0.896,
+  1e-5 0.896, 3e-5 0.896, 1e-4 0.824, 3e-4 0.720); at 1e-3 greedy answers parsed on 0 of 18 round-1 prompts of
+  held-in tasks outside the trees (ckpt-0: 18), 8 of 18 with the chosen decision's NLL added to the loss (RPO).
+  Depth-2 trees on the other tasks (35 groups instead of 11) gave a ckpt-0 of 0.861 and ckpt-1s of 0.814 (1e-5 and
+  1e-4) and 0.754 (3e-4).
 
 Run:  python orchestrator.py run --task breast-cancer                 (scripted orchestrator + recipe sub-agent)
       python orchestrator.py run --task breast-cancer --monolithic    (the baseline)
@@ -99,15 +110,16 @@ class Config:
     tree_temperature: float = 1.0  # sampling temperature of those decisions
     # --- Orchestrator training
     beta: float = 0.1  # scale of the log-ratio scores (DPO's default; the paper's text gives none)
-    lr: float = 1e-5  # AdamW learning rate (paper tables: 1e-5)
+    lr: float = 1e-5  # AdamW learning rate (paper tables: 1e-5; the tiny model too: why in the docstring)
     epochs: int = 2  # passes over the preference groups per iteration (paper tables: 2)
     iterations: int = 1  # online iterations: collect, train, the trained model becomes the next reference
     max_len: int = 8192  # tokens of prompt + decision kept for log-probs (the prompt is cut from the left)
     # --- the tiny from-scratch ckpt-0 (offline, no --model): imitation of the scripted orchestrator first
     imitation_steps: int = 1000  # AdamW updates of cross-entropy on scripted decisions (one prompt's decisions each)
     imitation_lr: float = 6e-3  # peak learning rate, linear decay to 0 (a from-scratch 64-wide model, not 1e-5)
-    imitation_tasks: int = 2  # held-in built-in tasks per (kind, modality, metric direction) whose starter state is
-    # added to the tree's states (format across tasks; 0: the tree's task only)
+    tree_tasks: int = 2  # held-in built-in tasks per (kind, modality, metric direction) that get a tree of depth
+    # OTHER_TREE_DEPTH in every iteration beside --task's: their preference groups join the ranking loss and their
+    # states the imitation (0: --task's tree only)
     seed: int = 0
 
 
@@ -934,9 +946,11 @@ def train_orchestrator(policy, ref, tok, groups, cfg: Config, steps=None, log=pr
     losses = adamw_passes(policy, len(groups), cfg.epochs * len(groups) if steps is None else steps, cfg.lr,
                           cfg.seed, random.Random(cfg.seed), lambda i: ranking_loss(scores(i), groups[i]["R"]))
     with torch.no_grad():  # how often the top-ranked child now has the highest score
-        top = [int(torch.argmax(scores(i))) == g["R"].index(max(g["R"])) for i, g in enumerate(groups)]
+        after = [scores(i) for i in range(len(groups))]
+        top = [int(torch.argmax(s)) == g["R"].index(max(g["R"])) for s, g in zip(after, groups)]
+        mean = sum(ranking_loss(s, g["R"]).item() for s, g in zip(after, groups)) / len(groups) if groups else None
     stats = {"steps": len(losses), "loss_first": losses[0] if losses else None, "loss_last": losses[-1] if losses else None,
-             "top_accuracy": sum(top) / len(top) if top else None}
+             "loss_after": mean, "top_accuracy": sum(top) / len(top) if top else None}
     log(f"train: {stats}")
     return stats
 
@@ -956,9 +970,9 @@ def tiny_orchestrator(texts, vocab_size=1024, seed=0):
 # as a few prompts, each prompt with its answers; then `imitate` trains on them and greedy_parse_rate measures it.
 
 
-def imitation_tasks(tree_task: str, per_group: int) -> list[str]:
+def other_tasks(tree_task: str, per_group: int) -> list[str]:
     """Held-in built-in tasks: the first `per_group` of each (kind, modality, metric direction), the tree's own task
-    left out (the tree gives its states). Never a held-out task."""
+    left out (it has its own tree). Never a held-out task."""
     groups: dict = {}
     for name, spec in env.BUILTIN_TASKS.items():
         if spec.split == "held-in" and name != tree_task:
@@ -967,7 +981,8 @@ def imitation_tasks(tree_task: str, per_group: int) -> list[str]:
 
 
 IMITATION_VIEWS = 3  # prompts per state: the tree's own header, then two with another round count and a clock
-IMITATION_RESAMPLED = 24  # further states made of the tree's attempts (resampled_states)
+IMITATION_RESAMPLED = 24  # further states made of --task's tree's attempts (resampled_states); a quarter as many
+# from each other task's tree
 
 
 def resampled_states(tree, n: int, rng) -> list[list[Attempt]]:
@@ -994,30 +1009,33 @@ def resampled_states(tree, n: int, rng) -> list[list[Attempt]]:
     return states
 
 
-def imitation_examples(tree, cfg: Config) -> list[dict]:
-    """What the tiny ckpt-0 imitates.
-    - States: every done node of the tree (its path's attempts), resampled_states of the tree's attempts, and the
-      starter of cfg.imitation_tasks held-in tasks per kind (imitation_tasks).
-    - Prompts: each state IMITATION_VIEWS times, first as collect_tree asks it (round depth + 1 of cfg.depth, no
-      clock), then with another "Round r of R, about s left" header, as runs ask it; a prompt met before is skipped.
+def imitation_examples(trees, cfg: Config) -> list[dict]:
+    """What the tiny ckpt-0 imitates, from the iteration's trees (--task's first, then the other tasks').
+    - States: every done node of each tree (its path's attempts) and resampled_states of each tree's attempts.
+    - Prompts: each state IMITATION_VIEWS times, first as collect_tree asks it (round depth + 1 of the tree's depth,
+      no clock), then with another "Round r of R, about s left" header, as runs ask it; a prompt met before is
+      skipped.
     - Answers: a node's own prompt keeps the tree's decisions (its children, sampled at cfg.tree_temperature: the texts
       the ranking loss then compares); every other prompt gets cfg.children decisions of ScriptedOrchestrator.decide
       with the best attempt as parent and its untried ideas sampled (sample_parent=False).
     Why: the parent is then a function of the prompt that a 64-wide model can learn to copy (with sampled parents its
     answers on runs' prompts named attempts that do not exist), while the ideas keep a spread for the ranking loss to
     reshape (with greedy ideas ckpt-0 answered every held-out prompt with one decision, and no trained ckpt-1 answered
-    otherwise). -> [{"messages", "responses", "known": the state's ids, "tree": whether the prompt is the tree's own}]"""
-    task, rng = env.load_task(cfg.task), random.Random(f"{cfg.seed}:imitation")
-    states = [(task, tree.state(n.id), n) for n in tree.nodes if n.status == "done"]  # (task, state, node)
-    states += [(task, attempts, None) for attempts in resampled_states(tree, IMITATION_RESAMPLED, rng)]
-    states += [(t, [starter_attempt(t, cfg)], None)
-               for t in map(env.load_task, imitation_tasks(task.name, cfg.imitation_tasks))]
+    otherwise). With --task's tree alone, ckpt-0's answers on other tasks parsed in round 1 only (one attempt in
+    memory), never later. -> [{"messages", "responses", "known": the state's ids, "tree": whether the prompt is a
+    tree's own}]"""
+    rng, states = random.Random(f"{cfg.seed}:imitation"), []  # (task, state, node, its tree, the tree's depth)
+    for i, tree in enumerate(trees):
+        task, depth = env.load_task(cfg.task if i == 0 else tree.task), cfg.depth if i == 0 else OTHER_TREE_DEPTH
+        states += [(task, tree.state(n.id), n, tree, depth) for n in tree.nodes if n.status == "done"]
+        states += [(task, attempts, None, tree, depth) for attempts in
+                   resampled_states(tree, IMITATION_RESAMPLED if i == 0 else IMITATION_RESAMPLED // 4, rng)]
     out, seen = [], set()
-    for t, attempts, node in states:
+    for t, attempts, node, tree, tree_depth in states:
         depth = node.depth if node else min(len(attempts) - 1, 1)  # a run's round 1 sees the starter only
         for view in range(IMITATION_VIEWS):
             if view == 0:  # as collect_tree asks it
-                rnd, rounds, clock = depth + 1, max(cfg.depth, depth + 1), None
+                rnd, rounds, clock = depth + 1, max(tree_depth, depth + 1), None
             else:  # as a run asks it
                 rounds = rng.randint(max(2, depth + 1), 8)
                 rnd, clock = rng.randint(depth + 1, rounds), rng.uniform(60.0, cfg.time_limit)
@@ -1071,12 +1089,12 @@ def greedy_parse_rate(lm, tok, examples, cfg: Config) -> float | None:
     return ok / len(examples) if examples else None
 
 
-def imitation_orchestrator(tree, groups, cfg: Config, log=print):
+def imitation_orchestrator(trees, groups, cfg: Config, log=print):
     """OFFLINE STAND-IN for "the same model before tree training" (Matryoshka's pre-trained LLM, which already
     answers in the Orchestrator's format): a tiny Qwen from scratch, its tokenizer fit on the imitation prompts and
     decisions and the preference groups, then `imitate`d on imitation_examples. -> (lm, tok, stats); stats holds the
     greedy parse rate on the tree's own prompts and on the other tasks' prompts."""
-    examples = imitation_examples(tree, cfg)
+    examples = imitation_examples(trees, cfg)
     texts = [m["content"] for e in examples for m in e["messages"]] + [r for e in examples for r in e["responses"]] \
         + [m["content"] for g in groups for m in g["messages"]] + [r for g in groups for r in g["responses"]]
     lm, tok = tiny_orchestrator(texts or ["{}"], seed=cfg.seed)
@@ -1108,9 +1126,14 @@ def recover_checkpoints(out: Path):
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+OTHER_TREE_DEPTH = 1  # the other tasks' trees (cfg.tree_tasks): one decision pair from the starter, one group each
+
+
 def train_loop(cfg: Config, model_path: str | None, collector: str, sub, out: Path, log=print) -> Path:
-    """Online iterations: collect a tree with the current orchestrator, train on its groups against the current
-    orchestrator as reference, the trained one becomes the next. Resumes from out/ckpt-<i> and out/tree-<i>.json."""
+    """Online iterations: collect trees with the current orchestrator (--task's to cfg.depth, out/tree-<i>.json, and
+    one of depth OTHER_TREE_DEPTH on each of other_tasks, out/tree-<i>-<task>.json: Matryoshka trains on the trees of
+    many tasks), train on their groups against the current orchestrator as reference, the trained one becomes the
+    next. Resumes from out/ckpt-<i> and the trees' JSON."""
     import model  # lazy: see the imports
     recover_checkpoints(out)
     current = Path(model_path) if model_path else out / "ckpt-0"
@@ -1122,10 +1145,13 @@ def train_loop(cfg: Config, model_path: str | None, collector: str, sub, out: Pa
         orch = ScriptedOrchestrator(cfg.seed + it) if collector == "scripted" else agent.LocalBackend(str(current))
         if collector == "scripted":
             log("collecting with the scripted orchestrator (OFFLINE STAND-IN: decisions are not the policy's)")
-        tree = collect_tree(dataclasses.replace(cfg, seed=cfg.seed + it), orch, sub, out / f"tree-{it}.json", log)
-        groups = preference_groups(tree)
+        trees = [collect_tree(dataclasses.replace(cfg, seed=cfg.seed + it), orch, sub, out / f"tree-{it}.json", log)]
+        for name in other_tasks(trees[0].task, cfg.tree_tasks):
+            trees.append(collect_tree(dataclasses.replace(cfg, task=name, depth=OTHER_TREE_DEPTH, seed=cfg.seed + it),
+                                      orch, sub, out / f"tree-{it}-{name}.json", log))
+        groups = [g for tree in trees for g in preference_groups(tree)]
         if not current.exists():  # no checkpoint given: a tiny model from scratch that first imitates the format
-            lm, tok, stats = imitation_orchestrator(tree, groups, cfg, log)
+            lm, tok, stats = imitation_orchestrator(trees, groups, cfg, log)
             save_checkpoint(lm, tok, current, notes={"imitation.json": stats})
         policy, tok = model.load(str(current), dtype="float32")  # fp32 master weights, whatever the checkpoint's dtype
         # the previous orchestrator is the reference (Matryoshka §3.6); frozen (no updates), it stays in the checkpoint's
@@ -1133,7 +1159,8 @@ def train_loop(cfg: Config, model_path: str | None, collector: str, sub, out: Pa
         ref, _ = model.load(str(current))
         for p in ref.parameters():
             p.requires_grad_(False)
-        log(f"iteration {it}: {len(groups)} preference group(s) from {len(tree.nodes)} nodes")
+        log(f"iteration {it}: {len(groups)} preference group(s) from {sum(len(t.nodes) for t in trees)} nodes of "
+            f"{len(trees)} tree(s)")
         if groups:
             train_orchestrator(policy, ref, tok, groups, cfg, log=log)
         save_checkpoint(policy, tok, nxt, dtype=getattr(model.torch, policy.config.torch_dtype))  # as it came (bf16)
@@ -1162,7 +1189,7 @@ def token_table(records) -> str:
 
 
 LEAST = {**dict.fromkeys(("rounds", "calls", "sub_iters", "workers", "max_tokens", "depth", "children", "iterations",
-                          "epochs"), 1), "imitation_steps": 0, "imitation_tasks": 0}  # the least each count may be
+                          "epochs"), 1), "imitation_steps": 0, "tree_tasks": 0}  # the least each count may be
 POSITIVE = ("time_limit", "script_timeout", "lr", "beta", "imitation_lr")  # the numbers that must be > 0
 
 
@@ -1193,7 +1220,7 @@ def main(argv=None):
             t.add_argument("--model", help="orchestrator checkpoint (default: a tiny model from scratch)")
             t.add_argument("--collector", choices=("auto", "policy", "scripted"), default="auto")
             for flag, typ in [("iterations", int), ("beta", float), ("lr", float), ("epochs", int),
-                              ("imitation-steps", int), ("imitation-lr", float), ("imitation-tasks", int)]:
+                              ("imitation-steps", int), ("imitation-lr", float), ("tree-tasks", int)]:
                 t.add_argument(f"--{flag}", type=typ)
     args = p.parse_args(argv)
     for name, v in vars(args).items():  # every number given must be usable: one line, exit 2, before any work

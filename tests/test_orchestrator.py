@@ -8,6 +8,7 @@
 - a scripted run: every stand-in message goes through the real parsers, the Orchestrator's prompt grows by a bounded
   amount per attempt while the monolithic agent's grows much faster; the best attempt and its submission file are
   tracked; runs resume;
+- training also collects a depth-1 tree on other held-in tasks, whose decisions ckpt-0 imitates;
 - the tool calls of one round run in parallel; a Sub-Agent that always crashes stops at its iteration limit;
 - tree save and resume, a tree's JSON round trip, a tree.json of the dict trees still loading; long environment
   output keeps its head and tail; SFT export; command-line errors.
@@ -191,7 +192,7 @@ def test_a_from_scratch_ckpt0_imitates_the_decision_format(tmp_path, monkeypatch
     (tmp_path / "train").mkdir()
     (tmp_path / "train" / "tree-0.json").write_text(json.dumps(tree.to_json()))
     monkeypatch.setattr(orc, "IMITATION_RESAMPLED", 2)
-    c = cfg(depth=1, iterations=1, imitation_tasks=0, imitation_steps=400)
+    c = cfg(depth=1, iterations=1, tree_tasks=0, imitation_steps=400)
     final = orc.train_loop(c, None, "scripted", orc.RecipeCoder(), tmp_path / "train", log=lambda *_: 0)
     notes = json.loads((tmp_path / "train" / "ckpt-0" / "imitation.json").read_text())
     assert final.name == "ckpt-1" and notes["steps"] == 400 and notes["loss_last_pass"] < notes["loss_first"]
@@ -201,6 +202,32 @@ def test_a_from_scratch_ckpt0_imitates_the_decision_format(tmp_path, monkeypatch
     text = agent.LocalBackend(lm=lm, tokenizer=tok).chat(tree.nodes[0].prompt, max_tokens=600).texts[0]
     calls, finished = orc.parse_decision(text, {0}, 2)
     assert calls and not finished
+
+
+def test_training_collects_a_tree_on_other_held_in_tasks_for_ranking_and_imitation(tmp_path, monkeypatch):
+    """--tree-tasks: besides --task's tree, each iteration collects a depth-1 tree on held-in tasks of every kind
+    (never a held-out task, never --task); their decisions are the imitation's answers on their prompts and their
+    groups join the ranking loss (the log counts the trees)."""
+    others = orc.other_tasks(TASK, 1)
+    assert TASK not in others and all(env.BUILTIN_TASKS[n].split == "held-in" for n in orc.other_tasks(TASK, 9))
+    held_in = {(s.kind, s.modality) for s in env.BUILTIN_TASKS.values() if s.split == "held-in"}
+    assert {(env.BUILTIN_TASKS[n].kind, env.BUILTIN_TASKS[n].modality) for n in others + [TASK]} == held_in
+    assert orc.other_tasks(TASK, 0) == []
+    (tmp_path / "train").mkdir()
+    (tmp_path / "train" / "tree-0.json").write_text(json.dumps(tiny_tree().to_json()))
+    monkeypatch.setattr(orc, "other_tasks", lambda task, n: ["wine"][:n])
+    monkeypatch.setattr(orc, "IMITATION_RESAMPLED", 4)
+    seen, real = [], orc.imitation_examples
+    monkeypatch.setattr(orc, "imitation_examples", lambda trees, c: seen.append(real(trees, c)) or seen[-1])
+    logs = []
+    orc.train_loop(cfg(depth=1, iterations=1, tree_tasks=1, imitation_steps=2), None, "scripted", orc.RecipeCoder(),
+                   tmp_path / "train", log=logs.append)
+    wine = orc.Tree.load(tmp_path / "train" / "tree-0-wine.json")
+    assert wine.task == "wine" and len(wine.nodes) == 3 and max(n.depth for n in wine.nodes) == 1
+    own = [e for e in seen[0]
+           if e["tree"] and e["known"] == [0] and e["messages"][1]["content"].startswith("Task: wine")]
+    assert len(own) == 1 and own[0]["responses"] == list(dict.fromkeys(k.decision for k in wine.children(0)))
+    assert any("of 2 tree(s)" in line for line in logs), logs
 
 
 class SlowSummary:
@@ -555,7 +582,7 @@ def test_cli_usage_errors_exit_2(capsys):
 def test_cli_train_offline_end_to_end(tmp_path):
     import model
     orc.main(["train", "--task", TASK, "--depth", "1", "--sub-iters", "1", "--out", str(tmp_path), "--lr", "1e-3",
-              "--imitation-steps", "20", "--imitation-tasks", "0"])
+              "--imitation-steps", "20", "--tree-tasks", "0"])
     lm, tok = model.load(str(tmp_path / "train" / "ckpt-1"))
     assert lm.config.num_hidden_layers == 2 and len(tok) > 256
     tree = json.loads((tmp_path / "train" / "tree-0.json").read_text())
