@@ -995,7 +995,8 @@ def resampled_states(tree, n: int, rng) -> list[list[Attempt]]:
     for _ in range(n if len(pool) > 1 else 0):
         order = [0]
         for _ in range(rng.randint(1, len(pool) - 1)):
-            ready = [i for i, a in pool.items() if i not in order and a.parent in order]
+            ready = [i for i in sorted(pool) if i not in order and pool[i].parent in order]  # by id: the JSON
+            # holds the attempts in the order their parallel runs ended
             if not ready:
                 break
             order.append(rng.choice(ready))

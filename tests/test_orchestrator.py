@@ -189,6 +189,10 @@ def test_a_from_scratch_ckpt0_imitates_the_decision_format(tmp_path, monkeypatch
     for state in orc.resampled_states(tree, 5, orc.random.Random(0)):
         assert [a.id for a in state] == list(range(len(state))) and state[0].parent is None
         assert all(a.parent is not None and a.parent < a.id for a in state[1:])
+    shuffled = copy.deepcopy(tree)  # attempts in another order (parallel runs end in any order): the same states
+    shuffled.attempts = dict(reversed(list(tree.attempts.items())))
+    states = orc.resampled_states(tree, 5, orc.random.Random(0))
+    assert orc.resampled_states(shuffled, 5, orc.random.Random(0)) == states
     (tmp_path / "train").mkdir()
     (tmp_path / "train" / "tree-0.json").write_text(json.dumps(tree.to_json()))
     monkeypatch.setattr(orc, "IMITATION_RESAMPLED", 2)
