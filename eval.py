@@ -703,10 +703,10 @@ def _run_claims(preset: dict, out: Path, log, lanes) -> dict:
             ("collect-unseen", "collect.py", [*tasks, "--seed", 1, "--out", unseen], [unseen]))
     sft_ckpt = {s: R.path(f"sft-{s}") for s in p["sft_seeds"]}
     sft0, sft1 = sft_ckpt[p["sft_seeds"][0]], R.path("sft-k1")
-    # PPO from the same SFT model: step-wise (C2), step-wise with the critic against episode-wise (C3: the same
-    # advantage estimator and the same actions per update, since the group baseline is step-wise only), few tasks
-    # (C4), the reward ablations (C6), and from the SFT model of the less diverse data (C5)
-    runs = {"ppo": [], "gae": ["--advantage", "gae"], "episodic": ["--episodic"], "few": ["--tasks", p["few_tasks"]],
+    # PPO from the same SFT model: step-wise (C2), episode-wise (C3: the same group baseline, over 4 episodes of a
+    # task start instead of 4 actions in a state, and at most the same actions per update), few tasks (C4), the
+    # reward ablations (C6), and from the SFT model of the less diverse data (C5)
+    runs = {"ppo": [], "episodic": ["--episodic"], "few": ["--tasks", p["few_tasks"]],
             "binary": ["--binary-performance"], "no-format": ["--no-format-term"], "no-corner": ["--no-corner-term"]}
     ppo_ckpt = {name: R.path(f"ppo-{name}") for name in [*runs, "k1"]}  # the actors' folders (their base names
     policies = {"sft": sft0, **ppo_ckpt, "sft-k1": sft1}                 # label the policies in eval's report)
@@ -752,7 +752,8 @@ def _run_claims(preset: dict, out: Path, log, lanes) -> dict:
     gains = {k: _gains(report).get(policy_label(c), []) for k, c in policies.items()}
     gain = {k: bootstrap(v) for k, v in gains.items()}
     div = {"with ideas": _distinct_ideas(data), "one idea per category": _distinct_ideas(data1)}
-    logs = {k: collect.read_jsonl(Path(f"{ppo_ckpt[k]}.jsonl")) for k in ("gae", "episodic")}
+    c3 = {"step-wise": "ppo", "episode-wise": "episodic"}
+    logs = {k: collect.read_jsonl(Path(f"{ppo_ckpt[run]}.jsonl")) for k, run in c3.items()}
     diff = lambda a, b: bootstrap([x - y for x, y in zip(obj[a]["rewards"], obj[b]["rewards"])])  # noqa: E731
     rep8 = json.loads((Path(ev8) / "report.json").read_text())
     ranks = {Path(g["policy_path"]).name: bootstrap([t["human_rank_avg"] for t in g["tasks"]])
@@ -775,12 +776,12 @@ def _run_claims(preset: dict, out: Path, log, lanes) -> dict:
                 "step_reward_ppo_minus_sft": diff("ppo", "sft"), "gain": {k: gain[k] for k in ("sft", "ppo")}},
                diff("ppo", "sft")["lo"] is not None and diff("ppo", "sft")["lo"] > 0 and _gt(gain["ppo"], gain["sft"])),
         _claim("C3 step-wise beats episode-wise", "ML-Agent Figure 3",
-               "mean step reward on the held-in states after the same number of actions per update (paired), and "
-               "the training reward against wall time (plot)",
-               {"step_reward": {k: obj[k]["mean_reward"] for k in ("gae", "episodic")},
-                "stepwise_minus_episodic": diff("gae", "episodic"),
+               "mean step reward on the held-in states after at most the same number of actions per update (paired), "
+               "and the training reward against wall time (plot)",
+               {"step_reward": {k: obj[run]["mean_reward"] for k, run in c3.items()},
+                "stepwise_minus_episodic": diff("ppo", "episodic"),
                 "seconds": {k: sum(r["time_total"] for r in v) for k, v in logs.items()}},
-               diff("gae", "episodic")["lo"] is not None and diff("gae", "episodic")["lo"] > 0),
+               diff("ppo", "episodic")["lo"] is not None and diff("ppo", "episodic")["lo"] > 0),
         _claim("C4 more RL tasks help", "ML-Agent Figure 5",
                f"Δr avg@K on the held-out tasks after PPO on 0 (the SFT model), {p['few_tasks']} and "
                f"{len(p['tasks'])} held-in tasks", {"0": gain["sft"], str(p["few_tasks"]): gain["few"],

@@ -27,7 +27,10 @@ How this departs from the paper and the references:
 - `--advantage group` (the tiny model's default, 4 samples per state) replaces the critic by the other samples of
   the same state (RLOO, Ahmadian et al. 2024, arXiv:2402.14740): an action's advantage is its score (reward minus
   kl_coef times its summed KL to the reference) minus the mean score of the other n - 1 actions sampled in its
-  state, on every one of its tokens, not whitened. The critic is then neither run nor trained (it is still built and saved, so checkpoints keep one layout).
+  state, on every one of its tokens, not whitened. In --episodic the n samples are n episodes from the same task
+  start, and a step's score is its return-to-go (its own and its episode's later scores, gamma 1) against the mean
+  return-to-go of the other n - 1 episodes at the same step (0 for an episode that has ended). The critic is then
+  neither run nor trained (it is still built and saved, so checkpoints keep one layout).
 - `--tasks N` trains on the states of N of the pool's tasks (ML-Agent Figure 5 varies the number of RL training
   tasks); `estimate_objective` measures J_step of a checkpoint on a fixed sample of states (eval.py's claims).
 - The critic is a separate copy of the policy with a scalar value head (as OpenRLHF's critic; the paper's Appendix
@@ -44,7 +47,8 @@ How this departs from the paper and the references:
 - `Edit Script (AI)` is executed by env.py's offline recipe editor unless `--editor` names an endpoint model.
 - `--episodic` is the paper's ablation "episode-wise RL": the policy rolls out whole trajectories from the task start
   (env reset, agent.build_messages with the ideas of an expert's first step), rewards on each step's last token, GAE
-  running across the steps of an episode; same number of actions per iteration as the step-wise run.
+  running across the steps of an episode (or the group baseline over episodes, above); at most as many actions per
+  iteration as the step-wise run: batch_size / episode_steps starts, samples_per_state episodes from each.
 - `--lora-rank r` trains low-rank adapters (Hu et al. 2021, arXiv:2106.09685) on the actor's and critic's linear
   layers instead of all weights; the reference is then the actor with its adapters switched off (no third copy). The
   frozen base is bf16 on CUDA, the adapters and their optimizer fp32.
@@ -110,7 +114,7 @@ class Config:
     batch_size: int = 16                     # states per iteration (paper ~256: 10k states / 39 steps)
     samples_per_state: int | None = None     # actions sampled in each state (OpenRLHF's n_samples_per_prompt); they
                                              # share the prompt's prefill. None: 1 (the paper), GROUP_SAMPLES with
-                                             # --advantage group
+                                             # --advantage group. In --episodic: episodes from each task start
     num_minibatches: int = 2                 # PPO minibatches per iteration (N-details: 1)
     micro_batch: int = 4                     # at most this many rows per forward pass (gradient accumulation)
     micro_tokens: int = 16384                # and at most this many tokens (rows x the longest row; one longer row
@@ -140,7 +144,7 @@ class Config:
     unfinished_invalid: bool = True          # a response with no stop token within max_new_tokens is invalid
                                              # (R_format); N-details: responses without EOS get the score -1
     workers: int = 4                         # sandboxes executing actions in parallel (threads over subprocesses)
-    episodic: bool = False                   # the ablation: whole episodes from the task start
+    episodic: bool = False                   # the ablation: whole episodes from task starts
     episode_steps: int = 4                   # steps per episode in --episodic (paper's trajectories: 15)
     save_every: int = 5                      # checkpoint every N iterations (and at the end)
     editor: str = "recipes"                  # "recipes" (offline stand-in) or an endpoint model for Edit Script (AI)
@@ -166,9 +170,10 @@ GROUP_SAMPLES = 4  # samples per state of --advantage group unless --samples-per
 
 def resolve_defaults(cfg, n_params):
     """cfg with its None fields filled in: the paper's values, or TINY for a policy under TINY_PARAMS. The group
-    baseline is step-wise only and needs several samples, so --episodic or --samples-per-state 1 keep the critic."""
+    baseline needs several samples (of a state, or episodes of a task start), so --samples-per-state 1 keeps the
+    critic."""
     chosen = dict(TINY if n_params < TINY_PARAMS else PAPER)
-    if cfg.episodic or cfg.samples_per_state == 1:
+    if cfg.samples_per_state == 1:
         chosen["advantage"] = "gae"
     cfg = dataclasses.replace(cfg, advantage=cfg.advantage or chosen["advantage"])
     if cfg.advantage == "group":  # no critic to warm up
@@ -408,6 +413,32 @@ def group_advantages(scores, kl, mask, n, kl_coef):
     g = (scores - kl_coef * kl.sum(1)).view(-1, n)
     loo = g - (g.sum(1, keepdim=True) - g) / (n - 1)
     return loo.view(-1, 1) * mask
+
+
+def episode_group_advantages(scores, kl, mask, nxt, n, kl_coef):
+    """--advantage group in --episodic: the same leave-one-out baseline over the n episodes of one task start. A
+    step's score (as in group_advantages) plus its episode's later scores is its return-to-go (gamma 1); the baseline is
+    the mean return-to-go of the other n - 1 episodes at the same step (0 past an episode's end). A baseline from other
+    episodes does not depend on this episode's actions, so it adds no bias. Rows as episode_rollout returns them:
+    step-major, each linked to its episode's next step (nxt, -1 at the end), episodes start-major in groups of n.
+    scores (B,), kl and mask (B, R) -> advantages (B, R), every token of a step the same."""
+    g = (scores - kl_coef * kl.sum(1)).tolist()
+    togo = list(g)
+    for r in reversed(range(len(nxt))):  # a successor always comes later in the batch
+        if nxt[r] >= 0:
+            togo[r] += togo[nxt[r]]
+    chains = []  # each episode's rows in step order; the first steps are the rows no row links to, in episode order
+    for r in sorted(set(range(len(nxt))) - set(nxt)):
+        chains.append([])
+        while r >= 0:
+            chains[-1].append(r)
+            r = nxt[r]
+    adv = [0.0] * len(nxt)
+    for e, chain in enumerate(chains):
+        others = [chains[f] for f in range(e - e % n, e - e % n + n) if f != e]
+        for t, r in enumerate(chain):
+            adv[r] = togo[r] - sum(togo[c[t]] if t < len(c) else 0.0 for c in others) / (n - 1)
+    return torch.tensor(adv, dtype=scores.dtype, device=scores.device)[:, None] * mask
 
 
 def masked_mean(x, mask, ranks=Ranks()):  # over the valid tokens of every rank
@@ -877,9 +908,9 @@ def train(cfg):
         states = pick_tasks(states, cfg.tasks, cfg.seed)
         say(f"ppo.py: training on the {len(states)} states of {len({s['task'] for s in states})} task(s): "
             f"{' '.join(sorted({s['task'] for s in states}))}")
-    episodes = max(cfg.batch_size // cfg.episode_steps, 1)
-    if (episodes if cfg.episodic else cfg.batch_size) < world:
-        raise ValueError(f"--batch-size {cfg.batch_size} gives {'episodes' if cfg.episodic else 'states'} to fewer "
+    n_starts = max(cfg.batch_size // cfg.episode_steps, 1)  # --episodic: task starts per iteration
+    if (n_starts if cfg.episodic else cfg.batch_size) < world:
+        raise ValueError(f"--batch-size {cfg.batch_size} gives {'task starts' if cfg.episodic else 'states'} to fewer "
                          f"than the {world} ranks")
     lock = claim_out(cfg, cfg.model) if rank == 0 else None  # rank 0 owns --out and the log
     if world > 1:
@@ -899,7 +930,8 @@ def train(cfg):
     n_params = sum(p.numel() for p in actor.lm.parameters())
     cfg = resolve_defaults(cfg, n_params)
     checkpointing = cfg.grad_checkpointing or n_params >= TINY_PARAMS  # as `build` decided
-    say(f"ppo.py: actor lr {cfg.actor_lr:g}, " + (f"group baseline over {cfg.samples_per_state} samples per state, no "
+    say(f"ppo.py: actor lr {cfg.actor_lr:g}, " + (f"group baseline over {cfg.samples_per_state} "
+        f"{'episodes per task start' if cfg.episodic else 'samples per state'}, no "
         "critic" if cfg.advantage == "group" else f"critic lr {cfg.critic_lr:g}, critic alone for the first "
         f"{cfg.critic_warmup} iteration(s)") + f"; {world} rank(s) on {device}"
         f"{' (FSDP2)' if sharded else ' (LoRA, data parallel)' if world > 1 else ''}")
@@ -946,19 +978,19 @@ def train(cfg):
         rng = random.Random(f"{cfg.seed}:{it}")
         seed = lambda g: (cfg.seed * 100003 + it) * 100003 + g
         policy = rollout_copy(actor, device)  # a full (bf16 on CUDA) copy under FSDP, freed after the rollout
-        if cfg.episodic:  # the ablation: episodes from task starts, batch_size actions in all
-            batch = [rng.choice(starts) for _ in range(episodes)]
+        n = cfg.samples_per_state
+        if cfg.episodic:  # the ablation: episodes from task starts, n from each, at most batch_size x n actions in all
+            batch = [rng.choice(starts) for _ in range(n_starts)]
             # 2.-3. the policy acts for whole episodes; each action is executed in its episode's sandbox
             prompts, tokens, gen_lp, outcomes, nxt = episode_rollout(
-                batch[rank::world], policy, tokenizer, cfg, pool, editor, device, timer,
-                seeds=[seed(g) for g in range(rank, len(batch), world)])
+                [s for s in batch[rank::world] for _ in range(n)], policy, tokenizer, cfg, pool, editor, device, timer,
+                seeds=[seed(g) * n + j for g in range(rank, len(batch), world) for j in range(n)])
             sizes = ranks.gather([len(outcomes)])  # rows per rank (episodes end at different steps)
             places = [sum(sizes[:rank]) + j for j in range(len(outcomes))]  # the whole batch: rank by rank
         else:
             batch = [states[i] for i in order[k * cfg.batch_size:(k + 1) * cfg.batch_size]]
             # 2. the policy generates one action per state (batched, left-padded, KV cache, log-probs kept)
             # 3. each environment restores its state and executes the action, several sandboxes in parallel
-            n = cfg.samples_per_state
             prompts, tokens, gen_lp, outcomes, nxt = step_rollout(
                 batch[rank::world], policy, tokenizer, cfg, pool, editor, device, timer,
                 seeds=[seed(g) for g in range(rank, len(batch), world)], n=n)
@@ -984,8 +1016,11 @@ def train(cfg):
         # 5. the critic's values; GAE (gamma 1, lambda 0.95), in --episodic across the steps of an episode;
         #    advantages whitened over the valid tokens of the whole batch
         #    (--advantage group: no critic; each action against the other samples of its state, not whitened)
-        if value_net is None:
-            advantages = returns = group_advantages(scores, kl, mask, cfg.samples_per_state, cfg.kl_coef)
+        if value_net is None and cfg.episodic:
+            advantages = returns = episode_group_advantages(scores, kl, mask, nxt, n, cfg.kl_coef)
+            ev = None
+        elif value_net is None:
+            advantages = returns = group_advantages(scores, kl, mask, n, cfg.kl_coef)
             ev = None
         else:
             advantages, returns = gae_rows(rewards, values, mask, nxt, cfg.gamma, cfg.lam)
@@ -1098,13 +1133,11 @@ def main(argv=None):
                 "--max-grad-norm, --adam-eps, --lora-alpha > 0")
     if model.bad_device(cfg.device):
         p.error(model.bad_device(cfg.device))
-    if cfg.episodic and (cfg.samples_per_state or 1) > 1:
-        p.error("--samples-per-state is step-wise only: --episodic samples one action per episode step")
     if cfg.advantage not in (None, "gae", "group"):
         p.error(f"--advantage must be gae or group, not {cfg.advantage!r}")
-    if cfg.advantage == "group" and ((cfg.samples_per_state or 2) < 2 or cfg.episodic or cfg.critic_warmup):
-        p.error("--advantage group needs --samples-per-state >= 2 (step-wise; its baseline is the other samples) and "
-                "has no critic to warm up (--critic-warmup)")
+    if cfg.advantage == "group" and ((cfg.samples_per_state or 2) < 2 or cfg.critic_warmup):
+        p.error("--advantage group needs --samples-per-state >= 2 (its baseline is the other samples, or the other "
+                "episodes in --episodic) and has no critic to warm up (--critic-warmup)")
     if cfg.save_dtype not in ("auto", "float32"):
         p.error(f"--save-dtype must be auto or float32, not {cfg.save_dtype!r}")
     if cfg.temperature <= 0 or cfg.epochs <= 0 or cfg.lora_rank < 0 or cfg.iterations < 0 or cfg.tasks < 0:

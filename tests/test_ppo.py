@@ -136,6 +136,21 @@ def test_group_advantages_are_each_score_against_the_other_samples_of_its_state(
     assert torch.equal(adv[3:], torch.zeros(3, 2))  # equal scores: no signal, whatever the baseline
 
 
+def test_episode_group_advantages_are_returns_to_go_against_the_other_episodes_of_the_start():
+    # start 1: episode A two steps (scores 0.5, 1.0), episode B one step (-1); start 2: C and D one step each (0, 0)
+    # rows step-major: A0, B0, C0, D0, then A1; nxt links A0 -> A1
+    scores, nxt = torch.tensor([0.5, -1.0, 0.0, 0.0, 1.0]), [4, -1, -1, -1, -1]
+    mask = torch.tensor([[1.0, 1.0], [1.0, 0.0], [1.0, 1.0], [1.0, 1.0], [1.0, 0.0]])
+    kl = torch.tensor([[0.0, 0.0], [0.0, 0.0], [0.25, 0.25], [0.0, 0.0], [0.0, 0.0]]) * mask
+    adv = ppo.episode_group_advantages(scores, kl, mask, nxt, 2, 2.0)
+    # A's return-to-go 1.5 at step 0 and 1.0 at step 1, B's -1 and then 0 (ended): A0 1.5 - (-1) = 2.5,
+    # B0 -1 - 1.5 = -2.5, A1 1.0 - 0 = 1.0; C scores 0 - 2 * 0.5 = -1 against D's 0: -1 and +1
+    assert torch.equal(adv, torch.tensor([[2.5, 2.5], [-2.5, 0.0], [-1.0, -1.0], [1.0, 1.0], [1.0, 0.0]]))
+    # one step per episode: the same as the step-wise group baseline over the episodes of a start
+    one = ppo.episode_group_advantages(scores[:4], kl[:4], mask[:4], [-1] * 4, 2, 2.0)
+    assert torch.equal(one, ppo.group_advantages(scores[:4], kl[:4], mask[:4], 2, 2.0))
+
+
 def test_whiten_over_valid_tokens_only():
     x = torch.tensor([[1.0, 2.0, 3.0], [4.0, 100.0, -50.0]])
     mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0]])
@@ -327,11 +342,13 @@ def test_tiny_policies_get_their_own_learning_rates_and_pretrained_ones_the_pape
     assert (tiny.actor_lr, tiny.critic_lr) == (ppo.TINY["actor_lr"], ppo.TINY["critic_lr"])
     assert (tiny.advantage, tiny.samples_per_state, tiny.critic_warmup) == ("group", ppo.GROUP_SAMPLES, 0)
     assert ppo.resolve_defaults(ppo.Config(actor_lr=5e-5), 700_000).actor_lr == 5e-5  # a flag always wins
-    # the tiny model with the critic: its warm-up comes back; episodes and one sample per state keep the critic
+    # the tiny model with the critic: its warm-up comes back; one sample per state keeps the critic, episodes do not
     gae = ppo.resolve_defaults(ppo.Config(advantage="gae"), 700_000)
     assert (gae.samples_per_state, gae.critic_warmup) == (1, ppo.TINY["critic_warmup"])
-    for cfg in (ppo.Config(episodic=True), ppo.Config(samples_per_state=1)):
-        assert ppo.resolve_defaults(cfg, 700_000).advantage == "gae"
+    assert ppo.resolve_defaults(ppo.Config(samples_per_state=1), 700_000).advantage == "gae"
+    episodic = ppo.resolve_defaults(ppo.Config(episodic=True), 700_000)
+    assert (episodic.advantage, episodic.samples_per_state) == ("group", ppo.GROUP_SAMPLES)  # episodes per start
+    assert ppo.resolve_defaults(ppo.Config(episodic=True), 7_615_616_512).advantage == "gae"
     assert ppo.resolve_defaults(ppo.Config(advantage="group"), 7_615_616_512).samples_per_state == ppo.GROUP_SAMPLES
     with pytest.raises(ValueError, match="--critic-warmup"):  # the group baseline has no critic to warm up
         ppo.resolve_defaults(ppo.Config(critic_warmup=2), 700_000)
@@ -534,14 +551,18 @@ def test_ppo_end_to_end_writes_a_loadable_checkpoint_and_resumes(pool):
 
 
 @pytest.mark.slow
-def test_episodic_run_of_two_iterations_in_one_process(pool, tmp_path):
+@pytest.mark.parametrize("advantage,actions", [("group", 16), ("gae", 4)])
+def test_episodic_run_of_two_iterations_in_one_process(pool, tmp_path, advantage, actions):
     out, _, _ = pool
     r = run_ppo("--model", out / "tiny", "--states", out / "states.jsonl", "--out", tmp_path / "ckpt", "--log-file",
                 tmp_path / "log.jsonl", "--episodic", "--episode-steps", 2, "--batch-size", 4, "--micro-batch", 2,
-                "--max-new-tokens", 8, "--workers", 2, "--iterations", 2, cwd=out)
+                "--max-new-tokens", 8, "--workers", 2, "--iterations", 2, "--advantage", advantage, cwd=out)
     assert r.returncode == 0, r.stderr
+    # 2 task starts x 2 steps (responses cut at 8 tokens are invalid, which ends no episode), x 4 episodes per start
+    # with the group baseline
     logs = [json.loads(x) for x in (tmp_path / "log.jsonl").read_text().splitlines()]
-    assert [x["iteration"] for x in logs] == [1, 2] and all(x["states"] == 4 for x in logs)
+    assert [x["iteration"] for x in logs] == [1, 2] and all(x["states"] == actions for x in logs)
+    assert ("group baseline over 4 episodes per task start" if advantage == "group" else "critic lr") in r.stdout
     assert all(x["generate_vs_forward_logprob_gap"] < 1e-4 for x in logs)
 
 
