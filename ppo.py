@@ -165,7 +165,7 @@ PAPER = dict(actor_lr=1e-6, critic_lr=1e-5, critic_warmup=0, advantage="gae")  #
 # alone for the first critic_warmup iterations (OpenRLHF's --freezing_actor_steps). From a stronger SFT start (the
 # claims run of 2026-12-03, J_step -0.107) 16 iterations moved J_step by +0.013 [-0.060, +0.085] at 1e-4, -0.048
 # [-0.131, +0.034] at 3e-4 (KL 14, invalid actions 21% against 10%), +0.031 [-0.045, +0.104] at 3e-4 with kl_coef
-# 0.01; at 1e-3 every action was invalid by iteration 8, where equal rewards leave the group baseline no signal.
+# 0.01; at 1e-3 every action was invalid from iteration 9, where equal rewards leave the group baseline no signal.
 TINY = dict(actor_lr=1e-4, critic_lr=3e-3, critic_warmup=2, advantage="group")
 TINY_PARAMS = 10_000_000
 GROUP_SAMPLES = 4  # samples per state of --advantage group unless --samples-per-state says otherwise
