@@ -1018,12 +1018,11 @@ def train(cfg):
 
         # 5. the critic's values; GAE (gamma 1, lambda 0.95), in --episodic across the steps of an episode;
         #    advantages whitened over the valid tokens of the whole batch
-        #    (--advantage group: no critic; each action against the other samples of its state, not whitened)
-        if value_net is None and cfg.episodic:
-            advantages = returns = episode_group_advantages(scores, kl, mask, nxt, n, cfg.kl_coef)
-            ev = None
-        elif value_net is None:
-            advantages = returns = group_advantages(scores, kl, mask, n, cfg.kl_coef)
+        #    (--advantage group: no critic; each action against the other samples of its state, or in --episodic
+        #    each step's return-to-go against the other episodes of its task start; not whitened)
+        if value_net is None:
+            advantages = returns = (episode_group_advantages(scores, kl, mask, nxt, n, cfg.kl_coef) if cfg.episodic
+                                    else group_advantages(scores, kl, mask, n, cfg.kl_coef))
             ev = None
         else:
             advantages, returns = gae_rows(rewards, values, mask, nxt, cfg.gamma, cfg.lam)
