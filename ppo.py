@@ -531,10 +531,16 @@ def generate(lm, tokenizer, messages, cfg, device, seeds=None, n=1, on_done=None
                               cfg.max_new_tokens) for m in messages]
     text = lambda t: agent.cut_at_stop(tokenizer.decode(t, skip_special_tokens=True), agent.STOP)  # noqa: E731
     done = None if on_done is None else lambda i, t, reason: on_done(i, text(t), reason == "stop")  # noqa: E731
-    with autocast(device):  # continuous batching: at most gen_batch rows (and their KV cache) at a time
-        g = lm.generate(prompts, cfg.max_new_tokens, cfg.temperature, stop_token_ids=model.stop_ids(lm, tokenizer),
-                        seeds=seeds, max_batch=cfg.gen_batch, n=n, stop_fn=model.stop_strings(tokenizer, agent.STOP),
-                        on_done=done)
+    threads = torch.get_num_threads()
+    if device.type == "cpu":  # one thread: the sandboxes run the finished rows' scripts on the same cores meanwhile,
+        torch.set_num_threads(1)  # and OpenMP threads that wait on each other at every small op then crawl (the
+    try:                          # tiny model, 16 states x 4 samples, under load: 5.1-5.6 s with 1, 12-20 s with 2)
+        with autocast(device):  # continuous batching: at most gen_batch rows (and their KV cache) at a time
+            g = lm.generate(prompts, cfg.max_new_tokens, cfg.temperature, stop_token_ids=model.stop_ids(lm, tokenizer),
+                            seeds=seeds, max_batch=cfg.gen_batch, n=n,
+                            stop_fn=model.stop_strings(tokenizer, agent.STOP), on_done=done)
+    finally:
+        torch.set_num_threads(threads)
     tokens, logprobs = g.tokens, g.logprobs  # a stop string's tokens stay in the action: the policy chose to stop
     return ([p for p in prompts for _ in range(n)], tokens, logprobs, [text(t) for t in tokens],
             [r == "stop" for r in g.finish_reasons])
