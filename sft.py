@@ -35,7 +35,9 @@ on CUDA. Departures and choices:
     held-out loss of 0.171 and 100% of 23 held-out greedy responses valid (82.6% the expert's action) in 398 s,
     5 epochs 0.276 and 95.7% (78.3%) in 195 s; in `python eval.py` after the quick pipeline, the 5-epoch SFT and PPO
     policies left every held-out starter unchanged (gain +0.00% / -0.32% avg@2), the 8-epoch ones edited it
-    (best@2 +14.3% / +2.8%).
+    (best@2 +14.3% / +2.8%). Again on 2026-12-03: 6 epochs acted worse than 8 (mean step reward of one sampled
+    action in 3 x 64 states of the pool, ppo.estimate_objective: -0.191 against -0.107), though more of their greedy
+    responses on 150 states of unseen trajectories parsed (94.7% against 90.7%).
   - Batches: sequences of similar length are grouped (length buckets) and right-padded; no packing. The prefix that
     the rows of a micro-batch share is computed once (SFTModel): every prompt begins with the tools' descriptions,
     514 of the about 2,200 tokens of a conversation of collect.py's default data (2026-12-02). Batching the steps of

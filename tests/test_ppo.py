@@ -192,6 +192,28 @@ def test_recomputed_logprobs_equal_generation_logprobs(tiny):
     assert mask.sum(1).tolist() == [len(t) for t in gen.tokens]
 
 
+def test_rollouts_decode_with_one_thread_on_cpu_and_give_the_threads_back(tiny, monkeypatch):
+    lm, tok = tiny
+    real, seen, before = lm.generate, [], torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        def spy(*a, **k):
+            seen.append(torch.get_num_threads())
+            if len(seen) == 2:
+                raise RuntimeError("boom")
+            return real(*a, **k)
+        monkeypatch.setattr(lm, "generate", spy)
+        msgs = [[{"role": "user", "content": "list the files"}]]
+        cfg = ppo.Config(max_new_tokens=4)
+        out = ppo.generate(lm, tok, msgs, cfg, torch.device("cpu"), seeds=[0], n=2)
+        assert len(out[1]) == 2 and torch.get_num_threads() == 2
+        with pytest.raises(RuntimeError, match="boom"):
+            ppo.generate(lm, tok, msgs, cfg, torch.device("cpu"), seeds=[0])
+        assert seen == [1, 1] and torch.get_num_threads() == 2  # restored after an error too
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_a_prompt_with_its_samples_in_one_row_scores_as_separate_rows(tiny):
     """make_batch(group=n) puts a prompt once and its n responses after it (each attending to the prompt and to
     itself only): log-probs, values and an update equal those of n separate rows prompt + response."""
