@@ -5,8 +5,9 @@ J_step(theta) = E_{s ~ d^{pi_e}, a ~ pi_theta(.|s)} [R(s, a)]: each iteration sa
 take ONE action in each, restores the environment of each state, executes the action in the sandbox, scores it with
 reward.py, and makes a PPO update. The six steps of an iteration are numbered in `train` below. The PPO details follow
 "The N Implementation Details of RLHF with PPO" (Huang et al. 2024, summarize_from_feedback_details) and CleanRL:
-left-padded prompts for generation, log-probs under temperature-scaled logits (recomputed by a forward pass over
-right-padded prompt + response rows, which needs no padding mask; tests/test_ppo.py checks they match), a
+left-padded prompts for generation, log-probs under temperature-scaled logits (on CUDA recomputed by a forward pass
+over right-padded prompt + response rows, which needs no padding mask, as the rollout ran on bf16 weights; on CPU
+the rollout ran on the actor's own fp32 weights and its log-probs are kept: tests/test_ppo.py checks they match), a
 per-token KL penalty to the frozen reference inside the reward, the scalar reward on the last response token, GAE with
 gamma 1 and lambda 0.95, advantages whitened over valid tokens, clipped policy and value losses, no dropout (model.py
 has none).
@@ -637,25 +638,30 @@ def episode_rollout(starts, lm, tokenizer, cfg, pool, editor, device, timer, see
 # ----------------------------------------------------------------------------------------------------------------
 # The update (step 6)
 
-def forward_scores(actor, critic, ref, ids, lengths, starts, R, cfg, device, ranks=Ranks()):
+def forward_scores(actor, critic, ref, ids, lengths, starts, R, cfg, device, ranks=Ranks(), logprobs=None):
     """No-grad rollout forward in micro-batches of similar lengths -> logprobs, ref_logprobs, values (B, R).
-    actor and ref are Actors (ref None with LoRA: the actor with its adapters off); ids as make_batch gives them."""
+    actor and ref are Actors (ref None with LoRA: the actor with its adapters off); ids as make_batch gives them.
+    logprobs (B, R), if given, are the actor's already (the generation's): the actor's forward is skipped."""
     out = [torch.zeros(lengths.shape[0], R, device=device) for _ in range(3)]
+    if logprobs is not None:
+        out[0] = logprobs
     everyone, shared = torch.arange(lengths.shape[0], device=device), lengths.shape[0] // ids.shape[0]
     with torch.no_grad(), autocast(device):
         for idx, weight in in_step(micro_batches(everyone, lengths, cfg, shared), ranks, everyone[:shared]):
             i, ln, st = rows(ids, lengths, starts, idx, shared)
-            lp = actor(i, ln, st)
+            lp = actor(i, ln, st) if logprobs is None else None
             if ref is None:  # LoRA: the reference is the actor without its adapters
                 set_lora(actor, False)
                 ref_lp = actor(i, ln, st)
                 set_lora(actor, True)
             else:
                 ref_lp = ref(i, ln, st)
-            v = critic(i, ln, st).float() if critic is not None else torch.zeros_like(lp)
+            v = critic(i, ln, st).float() if critic is not None else torch.zeros_like(ref_lp)
             if weight:  # a filler micro-batch (FSDP: as many forwards as the other ranks) is not kept
-                n = lp.shape[1]
-                out[0][idx, :n], out[1][idx, :n], out[2][idx, :n] = lp, ref_lp, v
+                n = ref_lp.shape[1]
+                out[1][idx, :n], out[2][idx, :n] = ref_lp, v
+                if lp is not None:
+                    out[0][idx, :n] = lp
     return out
 
 
@@ -1014,11 +1020,21 @@ def train(cfg):
         group = 1 if cfg.episodic else cfg.samples_per_state
         ids, lengths, mask, begins = make_batch(prompts, tokens, tokenizer.pad_token_id, device,
                                                 1 if checkpointing or sharded else group)
+        # the old log-probs: on CPU the rollout ran on the actor's own fp32 weights, so the generation's log-probs
+        # are kept (they matched a forward pass within 2e-5 in the quick pipeline; the first minibatch's ratio, logged,
+        # shows the gap) and one forward pass over the batch is saved; on CUDA the rollout's bf16 weights and kernels
+        # differ from the update's autocast forward, so it is recomputed, as VeRL and OpenRLHF do
+        kept = None
+        if device.type == "cpu":
+            kept = torch.zeros(mask.shape, device=device)
+            for row, lps in enumerate(gen_lp):
+                kept[row, :len(lps)] = torch.tensor(lps, device=device)
         logprobs, ref_logprobs, values = forward_scores(actor, value_net, ref, ids, lengths, begins, mask.shape[1],
-                                                        cfg, device, ranks)
+                                                        cfg, device, ranks, logprobs=kept)
         logprobs, ref_logprobs, values = logprobs * mask, ref_logprobs * mask, values * mask
-        gen_gap = ranks.max(max((abs(a - b) for row, lps in enumerate(gen_lp) for a, b in
-                                 zip(lps, logprobs[row, :len(lps)].tolist())), default=0.0))  # generate vs forward
+        gen_gap = None if kept is not None else ranks.max(max(  # generate vs forward
+            (abs(a - b) for row, lps in enumerate(gen_lp) for a, b in zip(lps, logprobs[row, :len(lps)].tolist())),
+            default=0.0))
         scores = torch.tensor([o["reward"] for o in outcomes], device=device)
         rewards, kl = token_rewards(scores, logprobs, ref_logprobs, mask, cfg.kl_coef)
 

@@ -414,6 +414,29 @@ def test_the_transposed_weight_copies_change_nothing(ckpt, monkeypatch):
         torch.testing.assert_close(torch.tensor(a), torch.tensor(b), atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("past", [4, 12])
+def test_rows_over_a_shared_cache_match_the_full_forward(past, monkeypatch):
+    """sft.py's shared prefix: the prefix once (one row, into a cache), then every row's rest over that cache. With
+    past < T the rest runs with front-padded queries and no mask (the fused causal kernel), with past >= T under a
+    causal mask; both give the full forward's hidden states and gradients."""
+    torch.manual_seed(0)
+    lm = model.Qwen(model.tiny_config("qwen3", vocab_size=50))
+    ids = torch.randint(0, 50, (3, 20))
+    ids[:, :past] = ids[0, :past]  # the rows share their first `past` ids
+    masks, sdpa = [], F.scaled_dot_product_attention
+    monkeypatch.setattr(F, "scaled_dot_product_attention", lambda *a, **k: masks.append(k["attn_mask"]) or sdpa(*a, **k))
+    cache = model.KVCache()
+    head = lm.hidden(ids[:1, :past], cache=cache)
+    tail = lm.hidden(ids[:, past:], cache=cache)
+    assert (masks[-1] is None) == (past < 20 - past)
+    grads = torch.autograd.grad(head.pow(2).sum() * 3 + tail.pow(2).sum(), list(lm.parameters()))
+    full = lm.hidden(ids)
+    torch.testing.assert_close(tail, full[:, past:], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(head.expand(3, -1, -1), full[:, :past], rtol=1e-5, atol=1e-5)
+    for a, b in zip(grads, torch.autograd.grad(full.pow(2).sum(), list(lm.parameters()))):
+        assert float((a - b).norm()) <= 1e-4 * float(b.norm())  # fp32 sums in another order
+
+
 def test_kv_cache_logprobs_match_full_forward(ckpt):
     prompts, n = prompts_for(ckpt.tok), 10
     with full_vocab(ckpt.ours) as m:

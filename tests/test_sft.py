@@ -157,6 +157,26 @@ def test_masked_loss_equals_hand_computation(tok, tiny_dir, chats):
     assert loss.item() == pytest.approx(alone, rel=1e-5)  # padding does not change any sequence's loss
 
 
+@pytest.mark.parametrize("amp", [False, True])
+def test_the_fused_lm_head_and_cross_entropy_match_autograd(amp):
+    """sft.LinearCrossEntropy: the same per-row losses and gradients as the lm_head then F.cross_entropy, each row's
+    loss weighted as SFTModel weighs it; under bf16 autocast (as on CUDA) within bf16's rounding, in the inputs'
+    dtypes."""
+    torch.manual_seed(0)
+    h, w = torch.randn(9, 16, requires_grad=True), torch.randn(40, 16, requires_grad=True)
+    targets, weight = torch.randint(0, 40, (9,)), torch.rand(9)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp):
+        ours = sft.LinearCrossEntropy.apply(h, w, targets)
+        (ours * weight).sum().backward()
+        h2, w2 = h.detach().clone().requires_grad_(), w.detach().clone().requires_grad_()
+        ref = torch.nn.functional.cross_entropy((h2 @ w2.t()).float(), targets, reduction="none")
+        (ref * weight).sum().backward()
+    tol = dict(rtol=2e-2, atol=2e-2) if amp else dict(rtol=1e-5, atol=1e-6)
+    assert ours.dtype == h.grad.dtype == w.grad.dtype == torch.float32
+    for a, b in ((ours, ref), (h.grad, h2.grad), (w.grad, w2.grad)):
+        torch.testing.assert_close(a, b, **tol)
+
+
 def test_prompt_loss_weight_adds_the_other_real_tokens(tok, tiny_dir, chats):
     lm, _ = model.load(tiny_dir, "cpu")
     net = sft.SFTModel(lm, prompt_weight=0.25)
