@@ -310,9 +310,8 @@ def _collect(start, out, tasks, trajectories, workers, expert, base_url, seed, k
         if old != reward_config:  # one folder, one reward
             raise RewardMismatch(f"{traj_path} holds trajectories collected with {old}, the flags give "
                                  f"{reward_config}; pass the same reward flags or another --out")
-    # built-in tasks are built here (several at once, env.prepare), not racing in the workers
-    env.prepare([t for t in tasks if t in env.BUILTIN_TASKS])
-    loaded = [env.load_task(t) for t in tasks]
+    # built-in tasks are built here (several at once, env.load_tasks), not racing in the workers
+    loaded = env.load_tasks(tasks)
 
     # 1. idea pools: reused from ideas.json when resuming, so a resumed run samples from the same pools
     ideas_path = out / "ideas.json"
@@ -422,8 +421,7 @@ def main(argv=None):
         reward_config = reward.from_flags(args)
         if os.path.isdir(args.expert) and not args.base_url:  # a local checkpoint: fail now, not in every rollout
             agent.check_checkpoint(args.expert)
-        for t in args.tasks:
-            env.load_task(t)
+        env.load_tasks(args.tasks)  # built here, several at once, and checked
     except (ValueError, env.TaskError) as e:
         p.error(f"--expert {e}" if "checkpoint" in str(e) else str(e))
     try:

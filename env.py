@@ -289,9 +289,19 @@ def load_task(name_or_path) -> Task:
     return task
 
 
+def load_tasks(names) -> list[Task]:
+    """load_task of each name or folder; the built-in tasks among them that are not built yet are built first, several
+    at once (prepare), where load_task alone would build them one after another."""
+    names = list(names)
+    builtin = [str(n) for n in names if not isinstance(n, Task) and str(n) in BUILTIN_TASKS]
+    if builtin:
+        prepare(builtin)
+    return [load_task(n) for n in names]
+
+
 def list_tasks() -> list[Task]:
     """The built-in tasks (prepared on first use)."""
-    return [load_task(name) for name in BUILTIN_TASKS]
+    return load_tasks(BUILTIN_TASKS)
 
 
 @dataclass

@@ -442,7 +442,7 @@ def plots(report: dict, runs: list[dict], cfg: Config) -> list[str]:
 
 def resolve_tasks(cfg: Config) -> list:
     if cfg.tasks:
-        return [env.load_task(t) for t in cfg.tasks]
+        return env.load_tasks(cfg.tasks)
     return [t for t in env.list_tasks() if cfg.split == "all" or t.split == cfg.split]
 
 

@@ -705,6 +705,23 @@ def test_prepare_builds_missing_tasks_at_once_as_one_at_a_time_would(tmp_path):
     assert not (tmp_path / "three" / "diabetes").exists()  # a bad name is refused before anything is built
 
 
+def test_load_tasks_builds_the_missing_builtin_tasks_in_one_call(monkeypatch, tmp_path):
+    """collect.py and eval.py load their tasks with env.load_tasks: the built-in ones go to one prepare call (built
+    several at once) before any is loaded, where load_task alone built them one after another; a list without
+    built-in tasks calls no prepare (prepare([]) would build every built-in task)."""
+    calls, real = [], env.prepare
+    monkeypatch.setattr(env, "prepare", lambda names=None, **kw: calls.append(list(names)) or real(names, **kw))
+    folder = env.load_task("wine").dir
+    calls.clear()
+    tasks = env.load_tasks(["diabetes", str(folder), "breast-cancer"])
+    assert [t.name for t in tasks] == ["diabetes", "wine", "breast-cancer"]
+    assert calls[0] == ["diabetes", "breast-cancer"]
+    calls.clear()
+    assert [t.name for t in env.load_tasks([str(folder)])] == ["wine"] and calls == []
+    with pytest.raises(env.TaskError, match="unknown task"):
+        env.load_tasks([str(tmp_path / "nothing")])
+
+
 def test_a_killed_builders_half_written_folder_is_removed_by_the_next(tmp_path):
     """A folder is written as .<name>-p<pid>-* beside its place; a builder killed meanwhile leaves it, answers
     included. The next write removes those of dead processes and leaves a live one's alone."""
