@@ -92,7 +92,6 @@ import typing
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import nn
 from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_optimizer_state_dict,
                                                      set_optimizer_state_dict)
@@ -258,7 +257,8 @@ class LinearCrossEntropy(torch.autograd.Function):
         total = probs.sum(-1, keepdim=True)
         loss = (top + total.log())[:, 0] - picked  # log-sum-exp - the target's logit
         ctx.save_for_backward(h, weight, targets, probs.div_(total))  # the softmax
-        ctx.amp = h.device.type, torch.is_autocast_enabled(h.device.type)
+        kind = h.device.type
+        ctx.amp = kind, torch.is_autocast_enabled(kind), torch.get_autocast_dtype(kind)
         return loss
 
     @staticmethod
@@ -267,7 +267,8 @@ class LinearCrossEntropy(torch.autograd.Function):
         h, weight, targets, probs = ctx.saved_tensors
         probs[torch.arange(len(targets), device=probs.device), targets] -= 1  # d loss / d logits
         d = probs.mul_(grad[:, None])
-        with torch.autocast(ctx.amp[0], enabled=ctx.amp[1]):  # the backward runs outside the forward's autocast
+        with torch.autocast(ctx.amp[0], dtype=ctx.amp[2], enabled=ctx.amp[1]):  # the backward runs outside the
+            # forward's autocast: the products in the same dtype
             gh, gw = d @ weight, d.t() @ h
         return gh.to(h.dtype), gw.to(weight.dtype), None
 
