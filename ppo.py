@@ -549,7 +549,8 @@ def generate(lm, tokenizer, messages, cfg, device, seeds=None, n=1, on_done=None
 
 def execute(e, text, reward_config, finished=True, unfinished_invalid=True):
     """Parse and run one action in env `e` (already in its state; agent.act executes and scores it, as in
-    collection and evaluation) -> {kind, reward, m_prev, m_new, done, observation, finished}.
+    collection and evaluation) -> {kind, reward, m_prev, m_new, done, observation, finished, action, edit}; edit is
+    the edit instruction of an `Edit Script (AI)` (None otherwise).
     finished=False: the response was cut at max_new_tokens; unless unfinished_invalid=False (--no-unfinished-invalid)
     that is invalid whatever it holds. Otherwise a policy that writes a valid action and then runs on (writing the
     Observation itself) is paid as if it had stopped, and PPO drifts toward responses that never end (README, "PPO
@@ -562,8 +563,12 @@ def execute(e, text, reward_config, finished=True, unfinished_invalid=True):
     except agent.ParseError as err:  # unparsable, unknown action or bad JSON: invalid (R_format)
         reason = str(err)
     result, r = agent.act(e, action, action_input, reason, reward_config)
+    edit = action_input.get("edit_instruction") if action == "Edit Script (AI)" and isinstance(action_input, dict) \
+        else None
+    edit = edit if isinstance(edit, str) else None if edit is None else json.dumps(edit)  # hashable, for C5
     return {"kind": result.kind, "reward": r, "m_prev": result.metric_prev, "m_new": result.metric_new,
-            "done": result.done, "observation": result.observation, "finished": finished}
+            "done": result.done, "observation": result.observation, "finished": finished, "action": action,
+            "edit": edit}
 
 
 def make_env(task, task_dir, editor):
@@ -1102,7 +1107,9 @@ def estimate_objective(policy, states_path, n=64, seed=0, temperature=0.7, max_n
                        reward_config=RewardConfig(), device=None):
     """J_step of a policy checkpoint, estimated: one sampled action in each of n states of the pool (the same seeded
     states, in the same order, with the same sampling seed for every policy, so two policies compare state by state),
-    executed and scored as in training. -> {mean_reward, frac_<kind>, rewards, kinds, states}."""
+    executed and scored as in training. -> {mean_reward, frac_<kind>, rewards, kinds, edits, states}; edits: the
+    edit instruction of each action that was an `Edit Script (AI)`, else None (the agent's action diversity, eval.py
+    claim C5)."""
     states = load_states(states_path)
     picked = random.Random(f"objective:{seed}").sample(range(len(states)), min(n, len(states)))
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -1114,6 +1121,7 @@ def estimate_objective(policy, states_path, n=64, seed=0, temperature=0.7, max_n
                                 lambda name: None)[3]
     rewards, kinds = [o["reward"] for o in outcomes], [o["kind"] for o in outcomes]
     return {"mean_reward": sum(rewards) / len(rewards), "rewards": rewards, "kinds": kinds, "states": picked,
+            "edits": [o["edit"] for o in outcomes],
             **{f"frac_{k}": kinds.count(k) / len(kinds) for k in OUTCOMES}}
 
 

@@ -455,6 +455,10 @@ def test_expert_response_from_restored_state_reproduces_its_reward(pool):
         e.restore(state["snapshot"])
         got = ppo.execute(e, step["response"], ppo.RewardConfig())
         assert (got["kind"], got["reward"]) == (step["kind"], pytest.approx(step["reward"]))
+        assert got["action"] == step["action"]  # and an edit's instruction is kept (the agent's diversity, C5)
+        assert got["edit"] == (step["action_input"]["edit_instruction"] if step["action"] == "Edit Script (AI)"
+                               else None)
+    assert any(s["action"] == "Edit Script (AI)" for s in traj["steps"])  # the check above met an edit
     e = ppo.make_env(states[0]["task"], states[0]["task_dir"], env.recipe_editor)
     e.restore(states[0]["snapshot"])
     bad = ppo.execute(e, "no format at all", ppo.RewardConfig())
