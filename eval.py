@@ -560,8 +560,8 @@ HELD_IN = [n for n, s in env.BUILTIN_TASKS.items() if s.split == "held-in"]
 CLAIM_PRESETS = {
     # the full run: every held-in task, two SFT seeds, PPO for 16 iterations of 16 states (ppo.py's tiny defaults:
     # 4 samples each, the group baseline), J_step over 8 x 64 states, K = 2 on the held-out tasks; C8 on all of them.
-    # J_step is cheap beside training (about 13 s a policy and seed) and its paired differences vary by about 0.7 a
-    # state, so 3 x 64 left an interval of +-0.1 around effects of that size; 8 x 64 narrows it to about +-0.06
+    # J_step is cheap beside training; over 3 x 64 states its paired intervals were as wide as the effects they
+    # measured (README, "The claims")
     "full": dict(tasks=HELD_IN, few_tasks=4, trajectories=1, sft_seeds=(0, 1), sft=[], unseen_states=150,
                  ppo=["--iterations", "16"], objective_states=64, objective_seeds=8,
                  eval=["--k", "2", "--max-steps", "8"], eval_tasks=[], orch_task="breast-cancer",
