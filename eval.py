@@ -219,7 +219,8 @@ def run_mlab(cfg: Config, policy: str, task, ideas) -> dict:
     tok = getattr(backend, "tokenizer", None)
     return {"submission": final.status, "public": final.score, "private": final.test_score,
             "steps": len(traj.steps), "stopped": traj.stopped, **{k: after[k] - before[k] for k in after},
-            "context": [orchestrator.prompt_tokens(s.messages, tok) for s in traj.steps]}
+            "context": [orchestrator.prompt_tokens(s.messages, tok) for s in traj.steps],
+            "actions": [[s.action, s.kind, s.reward] for s in traj.steps]}  # what the agent did, step by step
 
 
 def run_hierarchical(cfg: Config, scaffold: str, policy: str, task, seed: int) -> dict:
@@ -326,6 +327,10 @@ def task_summary(task, m_init: dict, runs: list[dict]) -> dict:
             return None
     ranks = [human_rank(r["private"] if r["valid"] else None, board, higher) for r in runs] if board else []
     k = max(len(runs), 1)
+    # what the MLAB agent did (runs.jsonl's "actions": [action, kind, reward] a step; other scaffolds have none):
+    # the share of its steps that were invalid, and how often an Undo gave back an improvement it had made
+    acted = [r["actions"] for r in runs if r.get("actions") is not None]
+    steps = [a for actions in acted for a in actions]
     return {"task": task.name, "metric": task.metric, "higher_is_better": higher, "runs": len(runs),
             "m_init_public": m_init["public"], "m_init": init, "avg@K": avg, "best@K": best,
             "gain_avg": gain(avg), "gain_best": gain(best), "human_rank_avg": _mean(ranks),
@@ -333,13 +338,16 @@ def task_summary(task, m_init: dict, runs: list[dict]) -> dict:
             "valid_rate": sum(r["valid"] for r in runs) / k, "failed": sum(r["status"] == "failed" for r in runs),
             "tokens_per_traj": sum(r["prompt_tokens"] + r["completion_tokens"] for r in runs) / k,
             "cost_per_traj": sum(r["cost"] for r in runs) / k, "seconds_per_traj": sum(r["seconds"] for r in runs) / k,
-            "steps_per_traj": sum(r["steps"] for r in runs) / k}
+            "steps_per_traj": sum(r["steps"] for r in runs) / k,
+            "invalid_step_rate": sum(kind == "invalid" for _, kind, _ in steps) / len(steps) if steps else None,
+            "undone_gains_per_traj": sum(a == "Undo Edit Script" and kind == "edit" and rew < 0
+                                         for a, kind, rew in steps) / len(acted) if acted else None}
 
 
 def overall(rows: list[dict]) -> dict:
     """The mean over tasks of each per-task number (the papers average per task, then over tasks)."""
     keys = ("gain_avg", "gain_best", "human_rank_avg", "human_rank_best", "valid_rate", "tokens_per_traj",
-            "cost_per_traj", "seconds_per_traj", "steps_per_traj")
+            "cost_per_traj", "seconds_per_traj", "steps_per_traj", "invalid_step_rate", "undone_gains_per_traj")
     return {"tasks": len(rows), "runs": sum(r["runs"] for r in rows), "failed": sum(r["failed"] for r in rows),
             **{k: _mean([r[k] for r in rows]) for k in keys}}
 
@@ -359,16 +367,19 @@ def markdown(report: dict) -> str:
     lines = [f"# Evaluation: {', '.join(c['scaffolds'])} on {len(report['tasks'])} task(s), K = {c['k']}", "",
              f"Private-part scores. Gain = beta (m - m_init) / |m_init| (ML-Agent); HumanRank = 1 - p/N against "
              f"private/leaderboard.csv (Matryoshka); a failed run scores m_init in avg@K/best@K and HumanRank 0. "
-             f"MLAB steps {c['max_steps']}, ideas {c['ideas']}, temperature {c['temperature']}, seed {c['seed']}.", "",
+             f"MLAB steps {c['max_steps']}, ideas {c['ideas']}, temperature {c['temperature']}, seed {c['seed']}. "
+             "Invalid steps: the share of the MLAB agent's steps that were not a valid action; undone gains: its Undo "
+             "Edit Script steps that gave back an improvement, per run.", "",
              "## Overall (mean over tasks)", "",
              "| scaffold | policy | tasks | runs | failed | gain avg@K | gain best@K | HumanRank | valid | tokens/traj "
-             "| $/traj | s/traj |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| $/traj | s/traj | invalid steps | undone gains/traj |", "|" + "---|" * 14]
     for g in report["groups"]:
         o = g["overall"]
         lines.append(f"| {g['scaffold']} | {g['policy']} | {o['tasks']} | {o['runs']} | {o['failed']} | "
                      f"{_f(o['gain_avg'], True)} | {_f(o['gain_best'], True)} | {_f(o['human_rank_avg'], digits=3)} | "
                      f"{_f(o['valid_rate'], digits=2)} | {_f(o['tokens_per_traj'], digits=0)} | "
-                     f"{_f(o['cost_per_traj'])} | {_f(o['seconds_per_traj'], digits=1)} |")
+                     f"{_f(o['cost_per_traj'])} | {_f(o['seconds_per_traj'], digits=1)} | "
+                     f"{_f(o['invalid_step_rate'], digits=2)} | {_f(o['undone_gains_per_traj'], digits=2)} |")
     lines += ["", "## Per task", "", "| scaffold | policy | task | metric | m_init | avg@K | best@K | gain avg@K | "
               "gain best@K | HumanRank avg | HumanRank best | valid | runs |", "|" + "---|" * 13]
     for g in report["groups"]:

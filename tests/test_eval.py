@@ -95,6 +95,22 @@ def test_task_summary_counts_a_failed_run_as_m_init_and_rank_zero():
     assert s["human_rank_best"] == pytest.approx(0.5)
     assert s["valid_rate"] == pytest.approx(1 / 3)
     assert s["tokens_per_traj"] == pytest.approx(100 / 3)  # the failed runs stay in the denominator
+    assert s["invalid_step_rate"] is None and s["undone_gains_per_traj"] is None  # no run recorded its actions
+
+
+def test_task_summary_counts_invalid_steps_and_undone_gains():
+    task = SimpleNamespace(name="t", metric="accuracy", higher_is_better=True, leaderboard=lambda: [])
+    edit, undo = "Edit Script (AI)", "Undo Edit Script"
+    runs = [{**_row(0.9, True), "actions": [[edit, "edit", 0.4], ["Execute Script", "neutral", 0.0],
+                                            [undo, "edit", -0.4], [None, "invalid", -1.0]]},  # a gain given back
+            {**_row(0.8, True), "actions": [[edit, "edit", -0.2], [undo, "edit", 0.2],  # a loss undone: not counted
+                                            [None, "invalid", -1.0], [undo, "error", -1.0]]},  # nothing to undo
+            _row(None, False, "failed")]  # a failed run recorded no actions: left out of both
+    s = ev.task_summary(task, {"public": 0.8, "private": 0.8}, runs)
+    assert s["invalid_step_rate"] == pytest.approx(2 / 8) and s["undone_gains_per_traj"] == pytest.approx(1 / 2)
+    assert "| invalid steps | undone gains/traj |" in ev.markdown(
+        {"config": {"scaffolds": ["mlab"], "k": 3, "max_steps": 4, "ideas": "sampled", "temperature": 0.7, "seed": 0},
+         "tasks": {"t": {}}, "groups": [{"scaffold": "mlab", "policy": "p", "overall": ev.overall([s]), "tasks": [s]}]})
 
 
 class _NoSubmission:
@@ -230,7 +246,8 @@ def test_end_to_end_scripted_k2_and_resume(tmp_path):
     assert t["human_rank_best"] == pytest.approx(ev.human_rank(t["best@K"], board, False))
     assert g["overall"]["gain_avg"] == pytest.approx(t["gain_avg"])
     # each run's final train.py was graded on the private rows; the scripted expert's runs are valid
-    assert all(r["valid"] and r["steps"] >= 1 and len(r["context"]) == r["steps"] for r in runs)
+    assert all(r["valid"] and r["steps"] >= 1 and len(r["context"]) == r["steps"] == len(r["actions"]) for r in runs)
+    assert t["invalid_step_rate"] == 0.0  # the scripted expert writes valid actions only
 
     second = _eval(*args)
     assert second.returncode == 0, second.stderr
