@@ -1026,8 +1026,8 @@ def train(cfg):
         ids, lengths, mask, begins = make_batch(prompts, tokens, tokenizer.pad_token_id, device,
                                                 1 if checkpointing or sharded else group)
         # the old log-probs: on CPU the rollout ran on the actor's own fp32 weights, so the generation's log-probs
-        # are kept (the first minibatch's ratio, logged, shows the gap: at most 3.3e-5 from 1 in the quick pipeline of
-        # 2026-12-03) and one forward pass over the batch is saved; on CUDA the rollout's bf16 weights and kernels
+        # are kept (the first minibatch's ratio, logged, shows the gap; README has the measured one) and one forward
+        # pass over the batch is saved; on CUDA the rollout's bf16 weights and kernels
         # differ from the update's autocast forward, so it is recomputed, as VeRL and OpenRLHF do
         kept = None
         if device.type == "cpu":
