@@ -79,6 +79,7 @@ Outputs under --out (default runs/ckpt/sft): the final Hugging Face folder itsel
 """
 import contextlib
 import dataclasses
+import datetime
 import glob
 import json
 import math
@@ -344,16 +345,27 @@ def enable_grad_checkpointing(lm):
         block.forward = fwd
 
 
+# NCCL aborts a collective that waits longer than its timeout (default 10 minutes). A rank waits in one while the
+# others run a task script (MLE-bench's limit: 600 s, several steps in a row) or while rank 0 writes a 7B trainer
+# state (~180 GiB of fp32 weights and moments); torchtitan and OpenRLHF raise it for the same reason (OpenRLHF's
+# DeepSpeed strategy: 30 minutes). Two hours covers both with room to spare.
+DIST_TIMEOUT = datetime.timedelta(hours=2)
+
+
 def setup_distributed(args):
-    """(rank, world, device); torchrun sets RANK / WORLD_SIZE / LOCAL_RANK."""
+    """(rank, world, device); torchrun sets RANK / WORLD_SIZE / LOCAL_RANK. On CUDA the device always carries the
+    rank's index (cuda:LOCAL_RANK): torch.cuda.set_device refuses a bare "cuda". --device cuda:N picks a GPU for a
+    one-process run."""
     world = int(os.environ.get("WORLD_SIZE", 1))
     local = int(os.environ.get("LOCAL_RANK", 0))
     cuda = torch.cuda.is_available() and (args.device or "cuda").startswith("cuda")
-    device = torch.device(f"cuda:{local}" if cuda and world > 1 else args.device or ("cuda" if cuda else "cpu"))
+    device = torch.device(args.device or "cpu") if not cuda else torch.device("cuda", local)
+    if cuda and world == 1 and args.device and torch.device(args.device).index is not None:
+        device = torch.device(args.device)
     if cuda:
         torch.cuda.set_device(device)
     if world > 1 and not dist.is_initialized():
-        dist.init_process_group("nccl" if cuda else "gloo")
+        dist.init_process_group("nccl" if cuda else "gloo", timeout=DIST_TIMEOUT)
     return (dist.get_rank() if world > 1 else 0), world, device
 
 

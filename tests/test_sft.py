@@ -483,3 +483,35 @@ def test_what_a_kill_while_saving_leaves_is_recovered_at_start(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["checkpoint-2", "checkpoint-4", "config.json", "tokenizer.json"]
     assert (tmp_path / "config.json").read_text() == "step 4" and not (tmp_path / "config.json.tmp").exists()
     assert sft.latest_checkpoint(str(tmp_path)).endswith("checkpoint-4")
+
+
+# ---- the CUDA paths, on CPU (issue: "The GPU node on the first try") ----
+
+@pytest.mark.parametrize("device, env, expect", [
+    (None, {}, "cuda:0"), ("cuda", {}, "cuda:0"), ("cuda:1", {}, "cuda:1"),  # one process, as `python sft.py`
+    (None, {"WORLD_SIZE": "1", "LOCAL_RANK": "0", "RANK": "0"}, "cuda:0"),  # torchrun --nproc_per_node 1
+    (None, {"WORLD_SIZE": "2", "LOCAL_RANK": "1", "RANK": "1"}, "cuda:1"),  # rank 1 of 2
+])
+def test_setup_distributed_gives_cuda_an_index_and_nccl_a_long_timeout(monkeypatch, device, env, expect):
+    """torch.cuda.set_device refuses a device without an index; NCCL's default 10-minute timeout would abort a rank
+    waiting for another's task script or checkpoint write. CUDA is faked: set_device checks its argument as the real
+    one does."""
+    from torch.cuda._utils import _get_device_index
+    for k in ("WORLD_SIZE", "LOCAL_RANK", "RANK"):
+        monkeypatch.delenv(k, raising=False)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    set_to, inits = [], []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda d: set_to.append(_get_device_index(d)))
+    monkeypatch.setattr(sft.dist, "is_initialized", lambda: False)
+    monkeypatch.setattr(sft.dist, "init_process_group", lambda backend, **kw: inits.append((backend, kw)))
+    monkeypatch.setattr(sft.dist, "get_rank", lambda: int(env.get("RANK", 0)))
+    rank, world, dev = sft.setup_distributed(sft.Config(device=device))
+    assert str(dev) == expect and set_to == [dev.index]
+    assert world == int(env.get("WORLD_SIZE", 1)) and rank == int(env.get("RANK", 0))
+    if world > 1:
+        (backend, kw), = inits
+        assert backend == "nccl" and kw["timeout"].total_seconds() >= 3600
+    else:
+        assert inits == []
