@@ -49,6 +49,7 @@ import requests
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.attention.bias import causal_lower_right
 from torch.utils.checkpoint import checkpoint
 from tqdm import tqdm
 
@@ -224,12 +225,15 @@ class Attention(nn.Module):
             return self.o_proj(y.reshape(B, 1, -1))  # (B, Hkv, G, D) is (B, H, 1, D) in memory
         past = k.shape[2] - T
         if mask is None and T > 1 and past:
-            # causal with an offset (sft.py: rows over their shared prefix's cache). SDPA's is_causal lines the first
-            # query up with the first key, so `past` zero queries go in front and their outputs are dropped: the
-            # fused kernel then skips the blocks above the diagonal, (past + T)^2 / 2 query-key pairs, while with a
-            # mask it visits all T (past + T). hidden() sends only past < T here, where that is fewer; 2 CPU cores,
-            # 1,730 queries over 2,244 keys, fwd + bwd: 91 ms padded against 134 ms masked (2026-12-03)
-            q = F.pad(q, (0, 0, past, 0))
+            # causal with an offset: query i sees keys 0 .. past + i (sft.py's rows over their shared prefix's cache,
+            # the engine's prefill chunks after the first, ppo.py's samples over their prompt's cache). A boolean
+            # mask here, with grouped-query heads, leaves CUDA only SDPA's math kernel (flash takes no mask, the
+            # memory-efficient kernel no GQA), which repeats K/V per head and builds every fp32 score: 56 GiB for 16
+            # rows of 16k tokens at 7B. Two mask-free forms reach the fused kernels instead:
+            if past < T:  # SDPA's is_causal lines the first query up with the first key, so `past` zero queries go
+                q = F.pad(q, (0, 0, past, 0))  # in front and their outputs are dropped: (past + T)^2 / 2 pairs
+            else:  # more cached than new: the lower-right causal bias, which flash attention takes as it is
+                mask = causal_lower_right(T, past + T)  # (torch.nn.attention.bias; on CPU it becomes the mask)
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None and T > 1,
                                            enable_gqa=self.n_kv != self.n_head)[:, :, -T:]  # (B, H, T, D)
         return self.o_proj(y.transpose(1, 2).reshape(B, T, -1))
@@ -298,9 +302,7 @@ class Qwen(nn.Module):
             attention_mask = None  # no padding: the plain causal path lets SDPA pick its fastest kernel
         if attention_mask is None:
             positions = torch.arange(past, past + T, device=dev).expand(B, T)
-            mask = None  # plain causal; with an offset past < T, Attention front-pads the queries instead (below)
-            if past >= T > 1:  # causal with an offset: query i sees keys 0 .. past + i
-                mask = (torch.arange(past + T, device=dev) <= positions[0, :, None])[None, None]
+            mask = None  # plain causal, or causal with an offset past (Attention picks a mask-free form for it)
         else:
             keep = attention_mask.bool()  # (B, Tk)
             positions = (keep.long().cumsum(-1) - 1).clamp(min=0)[:, -T:]  # positions skip the padding (HF generate)
@@ -349,7 +351,11 @@ class Qwen(nn.Module):
                 s.generator.manual_seed(seeds[i // n] * 1000003 + i % n)
             if on_done is not None:
                 s.on_done = lambda s, i=i: on_done(i, s.tokens, s.reason)
-        engine = Engine(self, max_batch or len(seqs), prefill_chunk, generator)
+        # the cache is sized once for the longest request of the wave (prompt + max_new_tokens): a later, longer
+        # prompt never reallocates it, which would hold the old and the new cache at once (vLLM likewise sizes its
+        # cache once, at start-up, from max_model_len)
+        need = max((len(s.prompt) + s.max_new_tokens for s in seqs), default=0) + 1
+        engine = Engine(self, max_batch or len(seqs), prefill_chunk, generator, capacity=need)
         try:
             engine.run([seqs[j * n:(j + 1) * n] for j in range(len(prompts))])
         finally:
@@ -471,10 +477,11 @@ class Engine:
         return self.model.lm_head.weight.dtype
 
     def _grow(self, need, dev):
-        """The cache holds max_batch slots of `need` positions (reallocated, live slots kept, when that grows)."""
+        """The cache holds max_batch slots of `capacity` positions (the engine's, or `need` if that is more: then it
+        is reallocated to exactly that, live slots kept; generate() sizes it so that this never happens)."""
         if self.cache is not None and need <= self.cache.capacity:
             return
-        cap = max(need, self.capacity, 2 * self.cache.capacity if self.cache else 0)
+        cap = max(need, self.capacity)
         old, self.cache = self.cache, SlotCache(self.max_batch, cap, self._dtype(dev))
         if old is not None and old.k:
             for name in ("k", "v"):
@@ -509,9 +516,8 @@ class Engine:
             x = ids[:, a:a + self.prefill_chunk]
             T = x.shape[1]
             pos = torch.arange(a, a + T, device=dev).expand(P, T)
-            mask = None if a == 0 else (torch.arange(a + T, device=dev) <= pos[0, :, None])[None, None]
             self.cache.at(slice(A, A + P), start=a)
-            h = m.blocks(x, pos, mask, self.cache)  # (P, T, C)
+            h = m.blocks(x, pos, None, self.cache)  # (P, T, C): causal over the a cached positions and these T
             inside = (ends >= a) & (ends < a + T)  # rows whose last prompt token is in this chunk
             pick = h[torch.arange(P, device=dev), (ends - a).clamp(0, T - 1)]
             h_last = pick if h_last is None else torch.where(inside[:, None], pick, h_last)

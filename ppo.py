@@ -133,6 +133,8 @@ class Config:
     adam_eps: float = 1e-5                   # N-details (TF Adam's 1e-5)
     max_grad_norm: float = 1.0               # OpenRLHF default
     max_new_tokens: int = 400                # tokens per action (the scripted expert's longest responses fit)
+    max_prompt_len: int = 15000              # a longer prompt loses its oldest tokens (sft.py --max-len does the
+                                             # same; ML-Agent's cutoff): it bounds the rollout's KV cache
     temperature: float = 0.7                 # N-details (summarize_from_feedback_details): 0.7
     kl_coef: float = 0.05                    # N-details: per-token KL penalty coefficient 0.05
     gamma: float = 1.0                       # N-details: no discount
@@ -169,6 +171,7 @@ PAPER = dict(actor_lr=1e-6, critic_lr=1e-5, critic_warmup=0, advantage="gae")  #
 # 0.01; at 1e-3 every action was invalid from iteration 9, where equal rewards leave the group baseline no signal.
 TINY = dict(actor_lr=1e-4, critic_lr=3e-3, critic_warmup=2, advantage="group")
 TINY_PARAMS = 10_000_000
+LORA_LR_FACTOR = 10
 GROUP_SAMPLES = 4  # samples per state of --advantage group unless --samples-per-state says otherwise
 
 
@@ -177,6 +180,9 @@ def resolve_defaults(cfg, n_params):
     baseline needs several samples (of a state, or episodes of a task start), so --samples-per-state 1 keeps the
     critic."""
     chosen = dict(TINY if n_params < TINY_PARAMS else PAPER)
+    if cfg.lora_rank and n_params >= TINY_PARAMS:  # adapters that start at B = 0 need about 10x the full fine-tuning
+        chosen["actor_lr"] *= LORA_LR_FACTOR       # rate ("LoRA Without Regret", Schulman et al., Thinking Machines
+                                                   # 2025, which finds the factor close to 10 across model sizes)
     if cfg.samples_per_state == 1:
         chosen["advantage"] = "gae"
     cfg = dataclasses.replace(cfg, advantage=cfg.advantage or chosen["advantage"])
@@ -315,12 +321,13 @@ class Ranks:
         return [x for part in parts for x in part]
 
 
-def rollout_copy(actor, device):
+def rollout_copy(actor, device, dtype=None):
     """What generates the rollouts. Generation decodes token by token; through FSDP every token would all-gather every
     block again, so each rank gathers one full copy of the policy (bf16 on CUDA) for the rollout and frees it before
     the update (VeRL's "hybrid engine" does the same with vLLM). On one CUDA device the fp32 master weights get a
     bf16 copy too (under autocast every fp32 weight would be cast again at every token); LoRA's base is bf16 already,
-    and on CPU the policy itself generates."""
+    and on CPU the policy itself generates. Each shard is cast before the all-gather, so the gather moves bf16, half
+    the bytes of the fp32 master weights. dtype: the copy's (default bf16 on CUDA, fp32 on CPU)."""
     sharded = any(isinstance(p, DTensor) for p in actor.parameters())
     lora = any(isinstance(m, LoRALinear) for m in actor.modules())
     if lora or not (sharded or (device.type == "cuda" and actor.lm.lm_head.weight.dtype == torch.float32)):
@@ -328,12 +335,13 @@ def rollout_copy(actor, device):
     lm = actor.lm
     with torch.device("meta"):
         copy = model.Qwen(lm.config)
-    copy = copy.to(torch.bfloat16 if device.type == "cuda" else torch.float32).to_empty(device=device)
+    dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
+    copy = copy.to(dtype).to_empty(device=device)
     copy.tie_weights()
     with torch.no_grad():
         mine = dict(copy.named_parameters())
         for name, p in lm.named_parameters():  # one all-gather per tensor, in the same order on every rank
-            mine[name].copy_(p.full_tensor() if isinstance(p, DTensor) else p)
+            mine[name].copy_(p.to(dtype).full_tensor() if isinstance(p, DTensor) else p)
     return copy.eval()
 
 
@@ -528,8 +536,9 @@ def generate(lm, tokenizer, messages, cfg, device, seeds=None, n=1, on_done=None
     log-probs, decoded texts, and whether each ended with a stop token (False: cut at max_new_tokens). seeds: one
     per prompt (model.generate samples each row from its own generator, so the rows a rank holds do not change its
     samples). on_done(i, text, ended), if given, is called as soon as response i is complete."""
-    prompts = [model.keep_end(tokenizer.encode(tokenizer.apply_chat_template(m)), lm.config.max_position_embeddings,
-                              cfg.max_new_tokens) for m in messages]
+    context = min(lm.config.max_position_embeddings, cfg.max_prompt_len + cfg.max_new_tokens)
+    prompts = [model.keep_end(tokenizer.encode(tokenizer.apply_chat_template(m)), context, cfg.max_new_tokens)
+               for m in messages]
     text = lambda t: agent.cut_at_stop(tokenizer.decode(t, skip_special_tokens=True), agent.STOP)  # noqa: E731
     done = None if on_done is None else lambda i, t, reason: on_done(i, text(t), reason == "stop")  # noqa: E731
     threads = torch.get_num_threads()
@@ -667,6 +676,7 @@ def forward_scores(actor, critic, ref, ids, lengths, starts, R, cfg, device, ran
                 out[1][idx, :n], out[2][idx, :n] = ref_lp, v
                 if lp is not None:
                     out[0][idx, :n] = lp
+    sft.reshard(actor, critic, ref)  # no backward follows these forwards: FSDP2's gathered roots are freed now
     return out
 
 
@@ -932,6 +942,10 @@ def train(cfg):
     if (n_starts if cfg.episodic else cfg.batch_size) < world:
         raise ValueError(f"--batch-size {cfg.batch_size} gives {'task starts' if cfg.episodic else 'states'} to fewer "
                          f"than the {world} ranks")
+    if not cfg.episodic and len(states) < world:  # a batch is at most the pool: every rank needs a state of it (each
+        # rank decides this alike, before any collective, so none is left waiting for a rank that stopped)
+        raise ValueError(f"{cfg.states}: {len(states)} state(s){' of the chosen tasks' if cfg.tasks else ''} for "
+                         f"{world} ranks; every rank needs at least one state per batch")
     lock = claim_out(cfg, cfg.model) if rank == 0 else None  # rank 0 owns --out and the log
     if world > 1:
         dist.barrier()  # the other ranks look for the checkpoint once rank 0 has repaired --out
@@ -1151,7 +1165,8 @@ def main(argv=None):
     except ValueError as e:
         p.error(str(e))
     cfg = Config(**{f.name: getattr(args, f.name) for f in dataclasses.fields(Config) if f.name != "reward"}, reward=rc)
-    for name in ("batch_size", "num_minibatches", "micro_batch", "update_epochs", "max_new_tokens", "workers",
+    for name in ("batch_size", "num_minibatches", "micro_batch", "update_epochs", "max_new_tokens", "max_prompt_len",
+                 "workers",
                  "episode_steps", "save_every", "micro_tokens", "logits_chunk", "gen_batch", "samples_per_state"):
         if getattr(cfg, name) is not None and getattr(cfg, name) < 1:  # None: filled in from the policy's size
             p.error(f"--{name.replace('_', '-')} must be at least 1")

@@ -97,7 +97,7 @@ from torch import nn
 from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_optimizer_state_dict,
                                                      set_optimizer_state_dict)
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor, distribute_tensor
 from torch.utils.checkpoint import checkpoint
 from tqdm import tqdm
@@ -383,6 +383,16 @@ def shard(net, blocks, world, device):
     return fully_shard(net, mesh=mesh, mp_policy=mp)
 
 
+def reshard(*nets):
+    """Free the gathered root unit of FSDP2 modules. FSDP2 keeps the root gathered after its forward, for the backward
+    that follows at once; after a forward under no_grad none follows, so the gathered embeddings and lm_head (2 GiB in
+    bf16 at 7B) would stay until the next backward, or for the whole run in a reference model that never has one.
+    VeRL reshards its FSDP reference after each forward for the same reason."""
+    for net in nets:
+        if isinstance(net, FSDPModule):
+            net.reshard()
+
+
 def fill(lm, tensors):
     """Copy checkpoint tensors (name, full CPU tensor), one at a time, into the parameters of the same name; a sharded
     parameter (a DTensor, after `shard`) keeps only this rank's rows. No rank ever holds the whole model."""
@@ -566,6 +576,7 @@ def heldout_loss(net, data, args, rank, world, pad_id, device):
             batch = data[i:i + args.micro_batch]  # every rank runs as many forwards (FSDP gathers in each one)
             _, loss, n = net(*collate(batch or data[:1], pad_id, device))  # the assistant tokens only
             total += torch.stack([loss.float(), n.float()]) * bool(batch)
+    reshard(net)
     if world > 1:
         dist.all_reduce(total)
     net.train()
@@ -619,8 +630,9 @@ def optimizer_step(net, optim, sched, batches, pad_id, device, args, world):
         sync = contextlib.nullcontext()
         if isinstance(net, nn.parallel.DistributedDataParallel) and not last:
             sync = net.no_sync()  # all-reduce gradients only once per step
-        elif hasattr(net, "set_requires_gradient_sync"):  # FSDP2
-            net.set_requires_gradient_sync(last)
+        # FSDP2 reduce-scatters after every micro-batch and adds into the sharded gradients: skipping that
+        # (set_requires_gradient_sync(False)) would keep every unsharded fp32 gradient until the last micro-batch,
+        # the whole model's size on each rank (28 GiB at 7B). torchtune's FSDP2 recipes accumulate the same way.
         with sync:
             with autocast(device):
                 weighted, loss, _ = net(ids, labels, lengths, prefix)

@@ -27,6 +27,7 @@ import subprocess
 import sys
 import threading
 import unicodedata
+import unittest.mock
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import SimpleNamespace
@@ -35,6 +36,7 @@ import pytest
 import requests
 import torch
 import torch.nn.functional as F
+from torch.nn.attention.bias import CausalBias
 import transformers
 from safetensors.torch import load_file as st_load_file, save_file as st_save_file
 from tokenizers import Regex, Tokenizer as HFTokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
@@ -414,21 +416,32 @@ def test_the_transposed_weight_copies_change_nothing(ckpt, monkeypatch):
         torch.testing.assert_close(torch.tensor(a), torch.tensor(b), atol=1e-5, rtol=0)
 
 
+def sdpa_with_bias(sdpa, q, k, v, attn_mask=None, **kw):
+    """The real SDPA under a test's spy: a CausalBias dispatches itself only when it is handed to the function it knows
+    (which the spy has replaced), so the spy hands it over to that dispatch itself."""
+    if isinstance(attn_mask, CausalBias):
+        with unittest.mock.patch.object(F, "scaled_dot_product_attention", sdpa):
+            return CausalBias._dispatch(q, k, v, attn_mask, **kw)
+    return sdpa(q, k, v, attn_mask=attn_mask, **kw)
+
+
 @pytest.mark.parametrize("past", [4, 12])
 def test_rows_over_a_shared_cache_match_the_full_forward(past, monkeypatch):
     """sft.py's shared prefix: the prefix once (one row, into a cache), then every row's rest over that cache. With
-    past < T the rest runs with front-padded queries and no mask (the fused causal kernel), with past >= T under a
-    causal mask; both give the full forward's hidden states and gradients."""
+    past < T the rest runs with front-padded queries and no mask (the fused causal kernel), with past >= T under the
+    lower-right causal bias; both give the full forward's hidden states and gradients."""
     torch.manual_seed(0)
     lm = model.Qwen(model.tiny_config("qwen3", vocab_size=50))
     ids = torch.randint(0, 50, (3, 20))
     ids[:, :past] = ids[0, :past]  # the rows share their first `past` ids
     masks, sdpa = [], F.scaled_dot_product_attention
-    monkeypatch.setattr(F, "scaled_dot_product_attention", lambda *a, **k: masks.append(k["attn_mask"]) or sdpa(*a, **k))
+    monkeypatch.setattr(F, "scaled_dot_product_attention", lambda *a, **k: masks.append(k["attn_mask"]) or
+                        sdpa_with_bias(sdpa, *a, **k))
     cache = model.KVCache()
     head = lm.hidden(ids[:1, :past], cache=cache)
     tail = lm.hidden(ids[:, past:], cache=cache)
-    assert (masks[-1] is None) == (past < 20 - past)
+    assert (masks[-1] is None) == (past < 20 - past)  # else the lower-right causal bias (no dense mask)
+    assert masks[-1] is None or isinstance(masks[-1], CausalBias)
     grads = torch.autograd.grad(head.pow(2).sum() * 3 + tail.pow(2).sum(), list(lm.parameters()))
     full = lm.hidden(ids)
     torch.testing.assert_close(tail, full[:, past:], rtol=1e-5, atol=1e-5)
@@ -1036,3 +1049,58 @@ def test_a_broken_json_file_of_a_checkpoint_is_named(cases, tmp_path, name, cont
     with pytest.raises(ValueError, match=name.replace(".", r"\.")) as e:
         model.load(str(tmp_path / "ckpt"), "cpu")
     assert "\n" not in str(e.value)
+
+
+# ---- the CUDA paths, on CPU (issue: "The GPU node on the first try") ----
+
+def _sdpa_spy(monkeypatch):
+    """Records (queries, dense mask?, enable_gqa) of every SDPA call the model makes with more than one query."""
+    calls, sdpa = [], F.scaled_dot_product_attention
+
+    def spy(q, k, v, attn_mask=None, **kw):
+        if q.shape[2] > 1:
+            calls.append((q.shape[2], type(attn_mask) is torch.Tensor, kw.get("enable_gqa", False)))
+        return sdpa_with_bias(sdpa, q, k, v, attn_mask=attn_mask, **kw)
+    monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
+    return calls
+
+
+def test_grouped_query_prefill_and_scoring_hand_sdpa_no_dense_mask(cases, monkeypatch):
+    """On CUDA a dense boolean mask with grouped-query heads leaves SDPA only its math kernel (flash takes no mask,
+    the memory-efficient kernel no GQA): fp32 scores for every head, 56 GiB for 16 rows of 16k tokens at 7B. A prompt
+    prefilled in chunks (every chunk after the first is causal with an offset) and samples scored over their prompt's
+    cache (ppo.py's n > 1) must reach SDPA without one, and give the tokens of a one-chunk prefill."""
+    c = cases("qwen2-untied")
+    assert c.ours.config.num_key_value_heads < c.ours.config.num_attention_heads  # grouped-query heads
+    prompts = [p * 3 for p in prompts_for(c.tok)]  # 3 prompts of 30 or more tokens
+    kw = dict(max_new_tokens=5, stop_token_ids=[], temperature=0.0)
+    whole = c.ours.generate(prompts, **kw)
+    calls = _sdpa_spy(monkeypatch)
+    chunked = c.ours.generate(prompts, prefill_chunk=4, **kw)
+    assert chunked.tokens == whole.tokens
+    assert len(calls) > 2 * c.ours.config.num_hidden_layers  # several chunks were prefilled
+    assert not [x for x in calls if x[1] and x[2]], calls  # no call with a dense mask and enable_gqa
+    calls.clear()
+    P, n, R = 12, 3, 5  # one prompt and its 3 samples in one row: the samples run over the prompt's cache (P >= R)
+    ids = torch.randint(0, c.n_tok, (1, P + n * R))
+    starts, lengths = torch.tensor([P, P + R, P + 2 * R]), torch.tensor([P + R, P + 2 * R, P + 3 * R])
+    with torch.no_grad():
+        model.response_hidden(c.ours, ids, lengths, starts)
+    assert calls and not [x for x in calls if x[1] and x[2]], calls
+
+
+def test_a_wave_sizes_its_kv_cache_once_for_its_longest_request(cases, monkeypatch):
+    """A later, longer prompt doubled the cache (and held the old one during the copy: 14 -> 28 GiB, 42 GiB at the
+    peak, for 16 slots at 7B). The cache is now allocated once, for the wave's longest prompt + max_new_tokens."""
+    c = cases("qwen2-untied")
+    made, slot_cache = [], model.SlotCache
+
+    def counting(slots, capacity, dtype):
+        made.append((slots, capacity))
+        return slot_cache(slots, capacity, dtype)
+    monkeypatch.setattr(model, "SlotCache", counting)
+    short, longer = c.tok.encode("Hello, world! " * 4), c.tok.encode("Hello, world! " * 5)
+    assert len(longer) > len(short)
+    g = c.ours.generate([short, short, longer], max_new_tokens=6, stop_token_ids=[], max_batch=1)  # one at a time
+    assert [len(t) for t in g.tokens] == [6, 6, 6]
+    assert made == [(1, len(longer) + 6 + 1)]
