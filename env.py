@@ -40,8 +40,8 @@ The sandbox (`run_script`) treats agent code as untrusted. It protects against:
   the work folder, so neither the grader nor the copy follows a symlink to `private/`;
 - the network: a new, empty network namespace (`unshare(CLONE_NEWNET)`) where the kernel allows it.
 It does NOT protect against: kernel exploits (same kernel, no seccomp filter), reading world-readable files
-elsewhere on the machine, filling the disk with many files below the size limit, using the GPU (not isolated) or
-all CPU cores; without root there is no separate uid, so `private/` is readable and a daemon that calls setsid
+elsewhere on the machine, filling the disk with many files below the size limit, using the GPU it is given
+(set_script_gpu: a torchrun rank's own, or none; not isolated from the trainer's memory) or all CPU cores; without root there is no separate uid, so `private/` is readable and a daemon that calls setsid
 escapes the group kill. Where `unshare` fails the network stays reachable (RunResult.isolation says what applied).
 When the Python interpreter lives under a folder the sandbox uid cannot enter (e.g. /root/.pyenv), the run gets a
 private mount namespace in which that folder is covered by an empty tmpfs with only the interpreter bound back in.
@@ -658,6 +658,8 @@ assert Env.HANDLERS.keys() == ACTIONS.keys(), "every action has its method"
 # ============================================================================================= the sandbox
 
 MEMORY_LIMIT = 4 << 30  # RLIMIT_AS of CPU-only runs: numpy/torch imports reserve GBs of virtual memory, so not lower
+GPU_MEMORY_LIMIT = 32 << 30  # RLIMIT_DATA of runs that see a GPU (set_script_gpu): CUDA reserves far more address
+                             # space than any limit on it would allow, so the limit is on writable private memory
 FILE_SIZE_LIMIT = 128 << 20  # RLIMIT_FSIZE: the largest file a run may write, its output log included
 OPEN_FILES_LIMIT = 1024
 PROCESS_LIMIT = 256  # RLIMIT_NPROC counts per uid, so it only applies with a dedicated uid (root parent)
@@ -860,11 +862,26 @@ _SERVER: list = []  # [_ForkServer] once started in this process; [None] when it
 _SERVER_LOCK = threading.Lock()
 
 
+SCRIPT_GPU: str | None = None  # CUDA_VISIBLE_DEVICES of every sandboxed run; None: the parent's (set_script_gpu)
+
+
+def set_script_gpu(index: int | None):
+    """Which GPU the scripts that this process runs may use. Under torchrun every rank's scripts would otherwise see
+    the parent's GPUs and land on GPU 0, beside rank 0's model: a rank passes its own local index (mapped through the
+    parent's CUDA_VISIBLE_DEVICES), or None to hide every GPU (CUDA_VISIBLE_DEVICES=""). Runs that see a GPU get
+    GPU_MEMORY_LIMIT on their data segment instead of the address-space limit, which CUDA cannot start under."""
+    global SCRIPT_GPU
+    visible = [d for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+    SCRIPT_GPU = "" if index is None else (visible[index] if index < len(visible) else str(index))
+
+
 def _sandbox_env(work) -> dict:
     """The whole environment of a sandboxed run: the whitelist, HOME and TMPDIR in its folder, one thread per run."""
     env = {k: os.environ[k] for k in ENV_KEEP if k in os.environ}
     env.update({"HOME": str(work), "TMPDIR": str(work), "PYTHONDONTWRITEBYTECODE": "1", "MPLBACKEND": "Agg"},
                **dict.fromkeys(THREAD_VARS, "1"))
+    if SCRIPT_GPU is not None:
+        env["CUDA_VISIBLE_DEVICES"] = SCRIPT_GPU
     return env
 
 
@@ -1077,7 +1094,7 @@ def _task_hash(task: Task) -> str:
 def run_script(task, code: str, timeout=None, cache=True, files: dict[str, str] | None = None, *,
                script="train.py", memory_limit: int | None = MEMORY_LIMIT, keep=()) -> RunResult:
     """Run `code` as `script` (train.py) in a fresh sandbox holding a copy of public/ and the extra `files`.
-    `memory_limit=None` lifts the address-space limit (GPU runs: CUDA maps far more virtual memory).
+    `memory_limit=None` lifts the memory limit (runs that see a GPU: set_script_gpu).
     `keep` names outputs of the run (e.g. "submission.csv") to copy out of the work folder before it is deleted:
     next to the log, or into the cache entry when the result is cached (a cache hit hands back those copies)."""
     task = load_task(task)
@@ -1126,7 +1143,10 @@ def _run(task: Task, files: dict[str, str], script: str, timeout: float, memory_
         cpu = int(timeout * (os.cpu_count() or 1)) + 1  # a backstop: the wall clock is the real limit
         limits = [(resource.RLIMIT_CPU, (cpu, cpu + 5)), (resource.RLIMIT_FSIZE, (FILE_SIZE_LIMIT,) * 2),
                   (resource.RLIMIT_NOFILE, (OPEN_FILES_LIMIT,) * 2), (resource.RLIMIT_CORE, (0, 0))]
-        limits += [(resource.RLIMIT_AS, (memory_limit,) * 2)] if memory_limit else []
+        if memory_limit and SCRIPT_GPU:  # the run sees a GPU
+            limits += [(resource.RLIMIT_DATA, (max(memory_limit, GPU_MEMORY_LIMIT),) * 2)]
+        elif memory_limit:
+            limits += [(resource.RLIMIT_AS, (memory_limit,) * 2)]
         limits += [(resource.RLIMIT_NPROC, (PROCESS_LIMIT,) * 2)] if uid is not None else []
         server = _fork_server(stage) if FORK_SERVER else None
         start = time.monotonic()

@@ -147,6 +147,8 @@ class Config:
     unfinished_invalid: bool = True          # a response with no stop token within max_new_tokens is invalid
                                              # (R_format); N-details: responses without EOS get the score -1
     workers: int = 4                         # sandboxes executing actions in parallel (threads over subprocesses)
+    script_gpu: bool = True                  # on CUDA, the scripts a rank runs see that rank's GPU (beside its
+                                             # model); --no-script-gpu hides every GPU from them
     episodic: bool = False                   # the ablation: whole episodes from task starts
     episode_steps: int = 4                   # steps per episode in --episodic (paper's trajectories: 15)
     save_every: int = 5                      # checkpoint every N iterations (and at the end)
@@ -930,6 +932,8 @@ def build(cfg, init, resume, st, ranks):
 
 def train(cfg):
     rank, world, device = sft.setup_distributed(cfg)
+    if device.type == "cuda":  # each rank's sandboxed scripts on its own GPU (not all on GPU 0), or on none
+        env.set_script_gpu(device.index if cfg.script_gpu else None)
     ranks = Ranks(rank, world, device)
     say = (lambda *a: print(*a, flush=True)) if rank == 0 else (lambda *a: None)
     torch.manual_seed(cfg.seed)  # the adapters' initialisation

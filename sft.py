@@ -80,6 +80,7 @@ Outputs under --out (default runs/ckpt/sft): the final Hugging Face folder itsel
 import contextlib
 import dataclasses
 import datetime
+import gc
 import glob
 import json
 import math
@@ -789,6 +790,10 @@ def train(args):
     if args.eval_parse and held_idx and step > 0:
         if world > 1:
             dist.barrier()  # rank 0 has written the checkpoint
+        optim = sched = net = None  # the optimizer's moments (twice the fp32 model) go before a second model comes
+        gc.collect()  # (the scheduler and the optimizer refer to each other)
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
         ev, ev_tok = model.load(args.out, device)  # the checkpoint just written, as ppo.py / eval.py will load it
         mine = held_idx[:args.eval_parse][rank::world]  # each rank answers its share: no rank waits at a barrier
         counts_ok = torch.tensor(parse_rate(ev, ev_tok, [rows[i] for i in mine], args.max_new_tokens),

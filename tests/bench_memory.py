@@ -145,88 +145,111 @@ def measure_block(cfg, tokens=256, lora_rank=0):
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# The plan: pure arithmetic. Rows (phase, item, bytes, how); phase 'states' is held throughout, 'rollout' and
-# 'update' come on top of it; 'note:rollout' and 'note:update' are transients the design leaves out (not in its total).
+# The plan: pure arithmetic. Rows (phase, item, bytes, how); phase 'states' is held throughout, 'rollout', 'update' and
+# 'parse-check' (sft.py's end) come on top of it, each also with FRAGMENTATION of its total.
 
-def plan(cfg, mode, world=8, seq=16384, micro=1, gen_batch=16, max_new=1024, lora_rank=16, logits_chunk=1024, *,
-         act, act_lora=None, prefill_chunk=2048):
-    """The rows of one mode. act / act_lora: bytes one block (full / LoRA) saves per token, from measure_block."""
+CONTEXT = 1.0 * GiB  # assumed: the CUDA context, cuBLAS workspaces and kernels loaded by torch (tests/gpu_check.py
+NCCL = 1.0 * GiB     # reports the measured context); NCCL's communicator buffers over 8 ranks, assumed
+FRAGMENTATION = 0.05  # assumed: the caching allocator's blocks that are reserved but not allocated, of each phase
+
+
+def plan(cfg, mode, world=8, max_prompt=15000, max_new=1024, gen_batch=16, micro_tokens=16384, sft_len=16384,
+         micro=1, lora_rank=16, logits_chunk=1024, *, act, act_lora=None, prefill_chunk=2048, eval_rows=8,
+         eval_new=400):
+    """The rows of one mode, as the code allocates: ppo.py (FSDP2 or LoRA) at --max-prompt-len max_prompt,
+    --max-new-tokens max_new, --gen-batch gen_batch, --micro-tokens micro_tokens; sft.py at --max-len sft_len,
+    --micro-batch micro, and its parse check of eval_rows rows (--eval-parse split over the ranks) at eval_new new
+    tokens. act / act_lora: the bytes one block (full / LoRA) saves per token, from measure_block."""
     n = count_params(cfg)
     P, L, C, V, I = n["total"], cfg.num_hidden_layers, cfg.hidden_size, cfg.vocab_size, cfg.intermediate_size
     N = 1 if mode == "ppo-lora" else world
-    prompt = seq - max_new if mode != "sft" else seq
-    tokens = micro * seq  # one forward of the update
+    row = max_prompt + max_new  # the longest rollout row (ppo.generate cuts prompts to max_prompt)
+    tokens = max(micro_tokens, row) if mode != "sft" else micro * sft_len  # one forward of the update
     rows = []
 
     def add(phase, item, nbytes, how):
         rows.append((phase, item, float(nbytes), how))
 
-    # model states
+    # model states, held throughout; gradients exist only in the update (every step frees them: set_to_none)
+    add("states", "CUDA context, cuBLAS, kernels (assumed)", CONTEXT, "a fixed allowance")
+    if N > 1:
+        add("states", "NCCL buffers (assumed)", NCCL, "a fixed allowance")
     if mode in ("ppo", "sft"):
         who = "actor" if mode == "ppo" else "model"
         add("states", f"{who} fp32 master weights", 4 * P / N, f"{P:,} params x 4 B / {N} rank{'s' if N > 1 else ''}")
-        add("states", f"{who} fp32 grads", 4 * P / N, f"{P:,} x 4 B / {N}")
         add("states", f"{who} AdamW exp_avg + exp_avg_sq", 8 * P / N, f"{P:,} x 2 x 4 B / {N}")
+    Pc = P + C + 1  # the policy's backbone and lm_head + a scalar value head
+    head = 0 if cfg.tie_word_embeddings else V * C  # the critic never calls its lm_head: no grad, no AdamW state
     if mode == "ppo":
-        Pc = P + C + 1  # the policy's backbone and lm_head + a scalar value head
-        head = 0 if cfg.tie_word_embeddings else V * C  # the critic never calls its lm_head: no grad, no AdamW state
-        add("states", "critic fp32 weights + grads + AdamW", (16 * (Pc - head) + 4 * head) / N,
-            f"({Pc - head:,} x 16 B + its unused lm_head {head:,} x 4 B, weights only) / {N}")
+        add("states", "critic fp32 weights + AdamW", (12 * (Pc - head) + 4 * head) / N,
+            f"({Pc - head:,} x 12 B + its unused lm_head {head:,} x 4 B) / {N}")
         add("states", "reference bf16, frozen", 2 * P / N, f"{P:,} x 2 B / {N}, no grads, no optimizer")
+    A = lora_params(cfg, lora_rank)
     if mode == "ppo-lora":
-        A = lora_params(cfg, lora_rank)
         add("states", "actor base bf16, frozen", 2 * P, f"{P:,} x 2 B")
         add("states", "critic base bf16, frozen", 2 * P, f"{P:,} x 2 B (a separate copy)")
         add("states", "reference", 0, "the actor with its adapters off: no copy")
-        add("states", f"adapters r={lora_rank}, actor + critic", 2 * A * 16,
-            f"2 x {A:,} (r x (in + out) per q,k,v,o,gate,up,down) x 16 B (fp32 weight, grad, AdamW)")
-        add("states", "critic value head", (C + 1) * 16, f"{C + 1:,} x 16 B")
+        add("states", f"adapters r={lora_rank}, actor + critic", 2 * A * 12,
+            f"2 x {A:,} (r x (in + out) per q,k,v,o,gate,up,down) x 12 B (fp32 weight, AdamW)")
+        add("states", "critic value head", (C + 1) * 12, f"{C + 1:,} x 12 B")
 
-    # rollout: generation of gen_batch rows of prompt + max_new tokens
+    # rollout (ppo.generate -> model.generate): the cache sized once for the longest row of the wave
     if mode != "sft":
-        rt = gen_batch * (prompt + max_new)
         if mode == "ppo":
             add("rollout", "actor inference copy, bf16, full", 2 * P, f"{P:,} x 2 B, gathered then freed before update")
-        add("rollout", "KV cache, bf16", kv_bytes_per_token(cfg) * rt,
+            add("rollout", "its gather: the largest tensor, bf16", 2 * V * C, f"{V:,} x {C} x 2 B, once at a time")
+        add("rollout", "KV cache, bf16", kv_bytes_per_token(cfg) * gen_batch * (row + 1),
             f"{kv_bytes_per_token(cfg):,} B/token (2 x {L} layers x {cfg.num_key_value_heads} kv heads x "
-            f"{cfg.head_dim} x 2 B) x {gen_batch} rows x {prompt + max_new:,} tokens")
-        add("rollout", "one step's logits, fp32", gen_batch * V * 4, f"{gen_batch} x {V:,} x 4 B")
+            f"{cfg.head_dim} x 2 B) x {gen_batch} slots x ({max_prompt:,} + {max_new:,} + 1) positions")
+        add("rollout", "sampling: logits, log-probs, probs, cdf, fp32", 4 * gen_batch * V * 4,
+            f"4 x {gen_batch} x {V:,} x 4 B")
+        pc = min(max_prompt, prefill_chunk)
+        add("rollout", "prefill of one chunk, MLP", (3 * I + 2 * C) * 2 * gen_batch * pc,
+            f"estimate: (3 x {I} (silu(gate), up, product) + 2 x {C}) x 2 B x {gen_batch} rows x {pc:,} positions; "
+            "attention: fused kernels, no scores (causal bias, no dense mask)")
 
-    # update: FSDP's gathered params, activations, logits
+    # update: gradients, FSDP's gathered params and its reduce-scatter, activations, logits
+    if mode == "ppo":
+        add("update", "actor + critic fp32 grads, sharded", (4 * P + 4 * (Pc - head)) / N,
+            f"({P:,} + {Pc - head:,}) x 4 B / {N}")
+    elif mode == "sft":
+        add("update", "fp32 grads, sharded (reduce-scattered every micro-batch)", 4 * P / N, f"{P:,} x 4 B / {N}")
+    else:
+        add("update", "adapter grads, actor + critic", 2 * A * 4 + (C + 1) * 4, f"(2 x {A:,} + {C + 1:,}) x 4 B")
     if mode in ("ppo", "sft"):
         add("update", "2 unsharded bf16 blocks", 2 * n["block"] * 2, f"2 x {n['block']:,} x 2 B (current + prefetched)")
-        add("update", "root unit unsharded, bf16", n["root"] * 2,
-            f"{n['root']:,} (embeddings, final norm{', lm_head' if not cfg.tie_word_embeddings else ''}) x 2 B")
+        add("update", "root unit unsharded, bf16 (one model)", n["root"] * 2,
+            f"{n['root']:,} (embeddings, final norm{', lm_head' if not cfg.tie_word_embeddings else ''}) x 2 B; the "
+            "scoring forward's roots are resharded (sft.reshard)")
+        add("update", "one block's grads at reduce-scatter", 6 * n["block"],
+            f"{n['block']:,} x (2 B bf16 grad + 4 B fp32 copy, reduce_dtype)")
     lora_block = mode == "ppo-lora" and act_lora is not None
     per_block = act_lora if lora_block else act
     add("update", "checkpointed block inputs, bf16", (L * C + 2 * cfg.head_dim) * 2 * tokens,
         f"({L} layers x {C} + cos/sin 2 x {cfg.head_dim}) x 2 B x {tokens:,} tokens")
     add("update", "one block's saved activations", per_block * tokens,
         f"{per_block / 1024:.1f} KiB/token (measured{', LoRA block' if lora_block else ''}) x {tokens:,} tokens")
-    trained = micro * (max_new if mode != "sft" else seq)  # response tokens (ppo) / at most every token (sft)
+    trained = max_new * max(tokens // row, 1) if mode != "sft" else tokens  # response tokens (ppo) / every token
     chunk = min(logits_chunk, trained)
     add("update", "logits chunk: fp32 logits, softmax, grad", 3 * chunk * V * 4,
         f"3 x {chunk:,} tokens x {V:,} x 4 B (recomputed per chunk in backward"
-        f"{'; SFT: trained positions only, chunked as ppo' if mode == 'sft' else ''})")
+        f"{'; SFT: trained positions only' if mode == 'sft' else ''})")
 
-    # the prefill: model.generate feeds the prompts prefill_chunk positions at a time
-    if mode != "sft":
-        pc = min(prompt, prefill_chunk)
-        add("rollout", "prefill of one chunk, MLP", (3 * I + 2 * C) * 2 * gen_batch * pc,
-            f"estimate: (3 x {I} (silu(gate), up, product) + 2 x {C}) x 2 B x {gen_batch} rows x {pc:,} positions")
-        add("rollout", "prefill padding mask", gen_batch * pc * prompt,
-            f"bool ({gen_batch}, 1, {pc:,}, {prompt:,}) when prompt lengths differ")
-    if mode in ("ppo", "sft"):
-        add("note:update", "one block's grads at reduce-scatter", 6 * n["block"],
-            f"estimate: {n['block']:,} x (2 B bf16 grad + 4 B fp32 copy, reduce_dtype)")
+    # sft.py's end: the optimizer goes, the saved checkpoint comes back in bf16 and answers the held-out prompts
+    if mode == "sft":
+        rows_here = max(eval_rows // N, 1)
+        add("parse-check", "AdamW moments freed first", -8 * P / N, f"-{P:,} x 8 B / {N}")
+        add("parse-check", "the saved checkpoint, bf16", 2 * P, f"{P:,} x 2 B")
+        add("parse-check", "its KV cache, bf16", kv_bytes_per_token(cfg) * rows_here * (sft_len + eval_new + 1),
+            f"{rows_here} rows x ({sft_len:,} + {eval_new} + 1) positions")
     return rows
 
 
 def totals(rows):
-    """{'rollout': bytes, 'update': bytes} (each with the states), and 'peak', the larger."""
+    """{phase: bytes} for every phase (the states, the phase's rows, FRAGMENTATION of both), and 'peak', the largest."""
     states = sum(b for ph, _, b, _ in rows if ph == "states")
-    t = {ph: states + sum(b for p, _, b, _ in rows if p == ph) for ph in ("rollout", "update")
-         if any(p == ph for p, *_ in rows)}
+    phases = dict.fromkeys(ph for ph, *_ in rows if ph != "states")
+    t = {ph: (1 + FRAGMENTATION) * (states + sum(b for p, _, b, _ in rows if p == ph)) for ph in phases}
     t["peak"] = max(t.values())
     return t
 
@@ -247,28 +270,14 @@ def print_plan(rows, mode, a):
              "sft": f"FSDP2 over {ranks}"}[mode]
     print(f"\n== {mode} ({title}): GiB per rank")
     for ph, item, b, how in rows:
-        if not ph.startswith("note"):
-            print(f"{ph:8} {item:42} {b / GiB:7.2f}  {how}")
+        print(f"{ph:11} {item:46} {b / GiB:7.2f}  {how}")
     t = totals(rows)
-    phases = ", ".join(f"{ph} {t[ph] / GiB:.2f}" for ph in ("rollout", "update") if ph in t)
+    phases = ", ".join(f"{ph} {v / GiB:.2f}" for ph, v in t.items() if ph != "peak")
     room, ok = verdict(t["peak"], a.gpu_gib)
-    print(f"{'total':8} {'peak = max(' + phases + ')':42} {t['peak'] / GiB:7.2f}  "
-          f"headroom {room:.1f}% of {a.gpu_gib:g} GiB: {ok} (needs >= {100 * HEADROOM:.0f}%)")
-    tokens = a.micro_batch * a.seq
-    with_ckpt = sum(b for ph, item, b, _ in rows if ph == "update" and ("block inputs" in item or "saved" in item))
-    per_block = next(b for ph, item, b, _ in rows if "saved activations" in item) / tokens
-    no_ckpt = a.cfg.num_hidden_layers * per_block * tokens
-    print(f"{'compare':8} {'activations without checkpointing':42} {no_ckpt / GiB:7.2f}  "
-          f"{a.cfg.num_hidden_layers} layers x {per_block / 1024:.1f} KiB/token x {tokens:,} tokens "
-          f"(with checkpointing: {with_ckpt / GiB:.2f})")
-    notes = [r for r in rows if r[0].startswith("note")]
-    for _, item, b, how in notes:
-        print(f"{'note':8} {item:42} {b / GiB:7.2f}  {how}")
-    if notes:  # the worst case: every note on top of the phase it belongs to
-        worst = max(t[ph] + sum(b for p, _, b, _ in notes if p == "note:" + ph) for ph in ("rollout", "update")
-                    if ph in t)
-        room, ok = verdict(worst, a.gpu_gib)
-        print(f"{'+notes':8} {'peak with the notes added':42} {worst / GiB:7.2f}  headroom {room:.1f}%: {ok}")
+    print(f"{'total':11} {'peak = max(' + phases + ')':46} {t['peak'] / GiB:7.2f}  (each phase + "
+          f"{100 * FRAGMENTATION:.0f}% fragmentation) headroom {room:.1f}% of {a.gpu_gib:g} GiB: {ok} "
+          f"(needs >= {100 * HEADROOM:.0f}%)")
+    return ok == "FITS"
 
 
 def parse_args(argv=None):
@@ -276,16 +285,19 @@ def parse_args(argv=None):
     p.add_argument("--model", default="qwen2.5-7b", help=f"a preset ({', '.join(PRESETS)}) or a config.json path")
     p.add_argument("--mode", default="all", choices=("all", *MODES))
     p.add_argument("--world", type=int, default=8, help="ranks (GPUs) of ppo and sft; ppo-lora uses 1")
-    p.add_argument("--seq", type=int, default=16384, help="tokens per row: prompt + response")
-    p.add_argument("--micro-batch", type=int, default=1, help="rows per forward of the update")
+    p.add_argument("--max-prompt-len", type=int, default=15000, help="ppo.py --max-prompt-len")
+    p.add_argument("--max-new-tokens", type=int, default=1024, help="ppo.py --max-new-tokens (the README's line)")
+    p.add_argument("--gen-batch", type=int, default=16, help="ppo.py --gen-batch")
+    p.add_argument("--micro-tokens", type=int, default=16384, help="ppo.py --micro-tokens")
+    p.add_argument("--max-len", type=int, default=16384, help="sft.py --max-len")
+    p.add_argument("--micro-batch", type=int, default=1, help="sft.py --micro-batch (a pre-trained model's default)")
     p.add_argument("--gpu-gib", type=float, default=80.0, help="memory of one GPU in GiB")
-    p.add_argument("--gen-batch", type=int, default=16, help="rows generated together on one rank (ppo.py --gen-batch)")
-    p.add_argument("--max-new-tokens", type=int, default=1024, help="response tokens (part of --seq)")
     p.add_argument("--lora-rank", type=int, default=16)
-    p.add_argument("--logits-chunk", type=int, default=1024, help="tokens per chunk of the log-prob computation")
+    p.add_argument("--logits-chunk", type=int, default=1024, help="ppo.py --logits-chunk")
     p.add_argument("--measure-tokens", type=int, default=256, help="tokens of the measured block forward")
     a = p.parse_args(argv)
-    for flag in ("world", "seq", "micro_batch", "gen_batch", "max_new_tokens", "lora_rank", "logits_chunk"):
+    for flag in ("world", "max_prompt_len", "max_new_tokens", "gen_batch", "micro_tokens", "max_len", "micro_batch",
+                 "lora_rank", "logits_chunk"):
         if getattr(a, flag) < 1:
             p.error(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(a, flag)}")
     if a.gpu_gib <= 0:
@@ -293,8 +305,6 @@ def parse_args(argv=None):
     if a.measure_tokens < 4:
         p.error(f"--measure-tokens must be >= 4, got {a.measure_tokens}")
     a.modes = MODES if a.mode == "all" else (a.mode,)
-    if any(m != "sft" for m in a.modes) and a.seq <= a.max_new_tokens:
-        p.error(f"--seq ({a.seq}) must exceed --max-new-tokens ({a.max_new_tokens}): a PPO row is prompt + response")
     try:
         a.cfg = load_config(a.model)
     except ValueError as e:
@@ -306,8 +316,9 @@ def main(argv=None):
     a = parse_args(argv)
     cfg, n = a.cfg, count_params(a.cfg)
     print(f"memory plan: {a.model}: {n['total']:,} params (block {n['block']:,} x {cfg.num_hidden_layers}, "
-          f"root {n['root']:,}); world {a.world}, seq {a.seq:,} (prompt {a.seq - a.max_new_tokens:,} + response "
-          f"{a.max_new_tokens:,} in ppo), micro-batch {a.micro_batch}, gen-batch {a.gen_batch}, GPU {a.gpu_gib:g} GiB")
+          f"root {n['root']:,}); world {a.world}; ppo: prompts <= {a.max_prompt_len:,} + {a.max_new_tokens:,} new "
+          f"tokens, gen-batch {a.gen_batch}, micro-tokens {a.micro_tokens:,}; sft: max-len {a.max_len:,}, micro-batch "
+          f"{a.micro_batch}; GPU {a.gpu_gib:g} GiB")
     act, how = measure_block(cfg, a.measure_tokens)
     print(f"measured: one block saves {act / 1024:.1f} KiB per token ({how}, hidden {cfg.hidden_size}, "
           f"forward at {a.measure_tokens // 2} and {a.measure_tokens} tokens, inputs excluded)")
@@ -316,11 +327,10 @@ def main(argv=None):
         act_lora, how = measure_block(cfg, a.measure_tokens, a.lora_rank)
         print(f"measured: one LoRA block (r={a.lora_rank}, frozen base) saves {act_lora / 1024:.1f} KiB per token "
               f"({how})")
-    for mode in a.modes:
-        rows = plan(cfg, mode, a.world, a.seq, a.micro_batch, a.gen_batch, a.max_new_tokens, a.lora_rank,
-                    a.logits_chunk, act=act, act_lora=act_lora)
-        print_plan(rows, mode, a)
-    return 0
+    fits = [print_plan(plan(cfg, mode, a.world, a.max_prompt_len, a.max_new_tokens, a.gen_batch, a.micro_tokens,
+                            a.max_len, a.micro_batch, a.lora_rank, a.logits_chunk, act=act, act_lora=act_lora),
+                       mode, a) for mode in a.modes]
+    return 0 if all(fits) else 1
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@
 - the sharded model states scale as 1 / world: at world 8 they are 1/8 of world 1;
 - ppo-lora's adapter count on a tiny config equals a hand computation, and its states do not depend on --world;
 - the KV cache of the rollout equals 2 x layers x kv heads x head_dim x 2 B per token;
+- for a tiny model, the plan's KV cache, AdamW moments, critic and LoRA rows equal the bytes the code allocates;
 - the measured bytes per token of a (tiny) block are positive;
 - bad input (an unknown preset, a sequence no longer than the response) exits 2 with one line.
 """
@@ -11,6 +12,7 @@ import importlib.util
 from pathlib import Path
 
 import pytest
+import torch
 
 import model
 
@@ -36,10 +38,12 @@ def test_qwen25_7b_param_count():
 @pytest.mark.parametrize("mode", ["ppo", "sft"])
 def test_sharded_states_scale_as_one_over_world(mode):
     cfg = bench.load_config("qwen2.5-0.5b")
-    one, eight = (states(bench.plan(cfg, mode, world=w, act=ACT)) for w in (1, 8))
+    fixed = {1: bench.CONTEXT, 8: bench.CONTEXT + bench.NCCL}  # not sharded
+    one, eight = (states(bench.plan(cfg, mode, world=w, act=ACT)) - fixed[w] for w in (1, 8))
     assert eight == pytest.approx(one / 8, rel=1e-12)
     P = bench.count_params(cfg)["total"]
-    expected = 16 * P if mode == "sft" else 16 * P + 16 * (P + cfg.hidden_size + 1) + 2 * P  # actor, critic, ref
+    # weights and AdamW held throughout (gradients only in the update: every step frees them); ppo: actor, critic, ref
+    expected = 12 * P if mode == "sft" else 12 * P + 12 * (P + cfg.hidden_size + 1) + 2 * P
     assert one == pytest.approx(expected, rel=1e-12)
 
 
@@ -47,20 +51,54 @@ def test_lora_adapter_count_by_hand():
     cfg = model.tiny_config()  # hidden 64, intermediate 128, 4 heads, 2 kv heads, head_dim 16, 2 layers
     # (in + out): q 64+64, k 64+32, v 64+32, o 64+64, gate 64+128, up 64+128, down 128+64 = 1024 per block
     assert bench.lora_params(cfg, 4) == 2 * 4 * 1024
-    rows = bench.plan(cfg, "ppo-lora", world=8, seq=64, max_new=16, lora_rank=4, act=ACT)
+    rows = bench.plan(cfg, "ppo-lora", world=8, max_prompt=48, max_new=16, lora_rank=4, act=ACT)
     P = bench.count_params(cfg)["total"]
-    assert states(rows) == 2 * 2 * P + 2 * 8192 * 16 + (64 + 1) * 16  # world ignored: one GPU
-    assert states(rows) == states(bench.plan(cfg, "ppo-lora", world=1, seq=64, max_new=16, lora_rank=4, act=ACT))
+    assert states(rows) == bench.CONTEXT + 2 * 2 * P + 2 * 8192 * 12 + (64 + 1) * 12  # world ignored: one GPU
+    assert states(rows) == states(bench.plan(cfg, "ppo-lora", world=1, max_prompt=48, max_new=16, lora_rank=4,
+                                             act=ACT))
 
 
 def test_kv_cache_and_peak():
     cfg = bench.load_config("qwen2.5-7b")
     assert bench.kv_bytes_per_token(cfg) == 2 * 28 * 4 * 128 * 2
-    rows = bench.plan(cfg, "ppo", world=8, seq=2048, gen_batch=4, max_new=512, act=ACT)
+    rows = bench.plan(cfg, "ppo", world=8, max_prompt=1536, gen_batch=4, max_new=512, act=ACT)
     kv = next(b for _, item, b, _ in rows if item.startswith("KV cache"))
-    assert kv == 4 * 2048 * bench.kv_bytes_per_token(cfg)
+    assert kv == 4 * (2048 + 1) * bench.kv_bytes_per_token(cfg)
     t = bench.totals(rows)
-    assert t["peak"] == max(t["rollout"], t["update"]) and t["rollout"] > states(rows)
+    assert t["peak"] == max(t["rollout"], t["update"]) and t["rollout"] > states(rows) * (1 + bench.FRAGMENTATION)
+
+
+def row(rows, start):
+    return next(b for _, item, b, _ in rows if item.startswith(start))
+
+
+def test_the_plans_bytes_are_the_bytes_the_code_allocates(monkeypatch):
+    """For a tiny model, each row the code can show on CPU: the KV cache model.generate allocates for a wave (bf16,
+    the longest prompt at --max-prompt-len), AdamW's moments of the actor, the critic's parameters and LoRA's
+    trainable adapters."""
+    import ppo
+    torch.manual_seed(0)
+    cfg = model.tiny_config(vocab_size=96)
+    lm = model.Qwen(cfg).to(torch.bfloat16).eval()
+    G, prompt, new = 3, 40, 6
+    rows = bench.plan(cfg, "ppo", world=1, max_prompt=prompt, max_new=new, gen_batch=G, lora_rank=4, act=ACT)
+    caches, slot_cache = [], model.SlotCache
+    monkeypatch.setattr(model, "SlotCache", lambda *a: caches.append(slot_cache(*a)) or caches[-1])
+    lm.generate([list(range(1, prompt + 1)), [1, 2, 3], list(range(5, 25))], max_new_tokens=new, max_batch=G,
+                stop_token_ids=[])
+    (cache,) = caches
+    assert sum(t.nbytes for t in (*cache.k.values(), *cache.v.values())) == row(rows, "KV cache")
+    actor = ppo.Actor(model.Qwen(cfg))
+    opt = torch.optim.AdamW(actor.parameters())
+    actor(torch.randint(0, 96, (1, 8)), torch.tensor([8]), torch.tensor([4])).sum().backward()
+    opt.step()
+    moments = sum(t.nbytes for st in opt.state.values() for t in st.values() if t.dim())
+    assert moments == row(rows, "actor AdamW")
+    critic = ppo.Critic(model.Qwen(cfg))
+    assert cfg.tie_word_embeddings and 12 * sum(p.numel() for p in critic.parameters()) == row(rows, "critic fp32")
+    lora = model.Qwen(cfg)
+    ppo.add_lora(lora, 4, 8.0)
+    assert sum(p.numel() for p in lora.parameters() if p.requires_grad) == bench.lora_params(cfg, 4)
 
 
 def test_measured_block_bytes_are_positive():
@@ -69,7 +107,7 @@ def test_measured_block_bytes_are_positive():
 
 
 @pytest.mark.parametrize("argv, word", [(["--model", "qwen9-1t"], "--model"),
-                                        (["--seq", "512", "--max-new-tokens", "1024"], "--seq"),
+                                        (["--max-prompt-len", "0"], "--max-prompt-len"),
                                         (["--world", "0"], "--world")])
 def test_bad_input_exits_2_with_one_line(argv, word, capsys):
     with pytest.raises(SystemExit) as e:

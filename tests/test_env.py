@@ -317,6 +317,25 @@ def test_secrets_are_not_visible(digits, monkeypatch):
         assert k not in r.output, f"{k} is set in the sandbox"
 
 
+@pytest.mark.parametrize("rank, expect", [(1, "5"), (None, "")])
+def test_a_ranks_scripts_see_only_its_gpu_under_a_limit_cuda_can_start_with(digits, monkeypatch, rank, expect):
+    """Under torchrun every rank's scripts inherited the parent's CUDA_VISIBLE_DEVICES (all on GPU 0, beside rank 0's
+    model) and a 4 GiB address-space limit that CUDA cannot start under. A rank's scripts see its own GPU (local index
+    1 of "4,5" is GPU 5) with a data-segment limit instead, or no GPU at all."""
+    import resource
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5")
+    monkeypatch.setattr(env, "SCRIPT_GPU", None)
+    env.set_script_gpu(rank)
+    r = run(digits, "import os, resource, json\nprint('GOT', json.dumps([os.environ.get('CUDA_VISIBLE_DEVICES'), "
+                    "resource.getrlimit(resource.RLIMIT_AS)[0], resource.getrlimit(resource.RLIMIT_DATA)[0]]))\n")
+    seen, as_limit, data_limit = json.loads(r.output.split("GOT", 1)[1].splitlines()[0])
+    assert seen == expect
+    if rank is None:  # no GPU: the CPU runs' address-space limit
+        assert as_limit == env.MEMORY_LIMIT
+    else:
+        assert as_limit == resource.RLIM_INFINITY and data_limit == env.GPU_MEMORY_LIMIT
+
+
 @pytest.mark.skipif(not IS_ROOT, reason="the unprivileged sandbox user exists only when the parent runs as root")
 def test_private_dir_is_unreadable(digits):
     files = sorted(p for p in digits.private_dir.rglob("*") if p.is_file())

@@ -886,3 +886,86 @@ def test_resume_with_the_other_unfinished_rule_exits_2_with_one_line(pool, tmp_p
         ppo.main(["--model", str(out / "tiny"), "--states", str(out / "states.jsonl"), "--out", str(ckpt)])
     err = capsys.readouterr().err
     assert exit_.value.code == 2 and len(err.strip().splitlines()) == 1 and "unfinished_invalid=False" in err
+
+
+# ---- the CUDA paths, on CPU (issue: "The GPU node on the first try") ----
+
+def test_lora_gets_about_ten_times_the_full_fine_tuning_rate():
+    """Adapters that start at B = 0 barely move at the full fine-tuning rate ("LoRA Without Regret": ~10x)."""
+    big = 7_615_616_512
+    assert ppo.resolve_defaults(ppo.Config(lora_rank=16), big).actor_lr == pytest.approx(1e-5)
+    assert ppo.resolve_defaults(ppo.Config(), big).actor_lr == 1e-6  # full fine-tuning keeps the paper's
+    assert ppo.resolve_defaults(ppo.Config(lora_rank=16, actor_lr=2e-6), big).actor_lr == 2e-6  # a flag wins
+    assert ppo.resolve_defaults(ppo.Config(lora_rank=2), 700_000).actor_lr == ppo.TINY["actor_lr"]
+
+
+def test_prompts_are_cut_to_max_prompt_len_keeping_their_end(tiny):
+    """The rollout's KV cache is planned for --max-prompt-len tokens: a longer prompt loses its oldest tokens."""
+    lm, tok = tiny
+    messages = [[{"role": "user", "content": "list the files " * 40}], [{"role": "user", "content": "hi"}]]
+    cfg = ppo.Config(max_new_tokens=3, max_prompt_len=20)
+    prompts, *_ = ppo.generate(lm, tok, messages, cfg, torch.device("cpu"))
+    full = [tok.encode(tok.apply_chat_template(m)) for m in messages]
+    assert len(full[0]) > 20 and prompts[0] == full[0][-20:]
+    assert prompts[1] == full[1]  # a short prompt is left whole
+
+
+def test_a_pool_smaller_than_the_ranks_is_refused_before_any_collective(pool, tmp_path, monkeypatch):
+    """A rank with no state of a batch crashed in make_batch and left the others waiting in a collective; now every
+    rank refuses the run alike, naming the pool, before any collective (here a second rank is only pretended)."""
+    out, _, states = pool
+    one = tmp_path / "one.jsonl"
+    one.write_text(json.dumps(states[0]) + "\n")
+    monkeypatch.setattr(sft, "setup_distributed", lambda cfg: (0, 2, torch.device("cpu")))
+    cfg = ppo.Config(model=str(out / "tiny"), states=str(one), out=str(tmp_path / "o"), batch_size=4,
+                     log_file=str(tmp_path / "log.jsonl"), device="cpu")
+    with pytest.raises(ValueError, match=r"one\.jsonl: 1 state\(s\) for 2 ranks"):
+        ppo.train(cfg)
+    assert not (tmp_path / "o").exists()
+
+
+def _fsdp_paths_worker(rank, world, port, out):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.distributed.init_process_group("gloo", rank=rank, world_size=world)
+    torch.set_num_threads(1)
+    from torch.distributed.tensor import DTensor
+    torch.manual_seed(0)
+    full = model.Qwen(model.tiny_config(vocab_size=64))
+    cpu = torch.device("cpu")
+
+    def sharded():
+        with torch.device("meta"):
+            lm = model.Qwen(full.config)
+        net = sft.shard(ppo.Actor(lm), lm.model.layers, world, cpu)
+        net.to_empty(device=cpu)
+        lm.tie_weights()
+        sft.fill(lm, full.state_dict().items())
+        return net
+    actor, ref = sharded(), sharded().requires_grad_(False)
+    roots = lambda: [isinstance(n.lm.model.embed_tokens.weight, DTensor) for n in (actor, ref)]  # noqa: E731
+    before = roots()
+    ids = torch.randint(0, 64, (2, 12), generator=torch.Generator().manual_seed(1))
+    ppo.forward_scores(actor, None, ref, ids, torch.tensor([12, 10]), torch.tensor([6, 6]), 6, ppo.Config(), cpu,
+                       ppo.Ranks(rank, world, cpu))
+    after = roots()
+    gathered, full_tensor = [], DTensor.full_tensor
+    DTensor.full_tensor = lambda self, **kw: gathered.append(str(self.dtype)) or full_tensor(self, **kw)
+    copy = ppo.rollout_copy(actor, cpu, torch.bfloat16)
+    DTensor.full_tensor = full_tensor
+    same = all(torch.equal(p, full.state_dict()[k].to(torch.bfloat16)) for k, p in copy.state_dict().items())
+    with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
+        json.dump({"before": before, "after": after, "gathered": sorted(set(gathered)), "n": len(gathered),
+                   "same": same}, f)
+    torch.distributed.destroy_process_group()
+
+
+def test_two_gloo_ranks_free_gathered_roots_and_gather_the_rollout_copy_in_bf16(tmp_path):
+    """FSDP2 keeps the root unit (embeddings, lm_head) gathered after a forward for the backward that follows; after
+    the no-grad scoring forward none follows, so it must be resharded (the reference would otherwise hold it for the
+    whole run). The rollout copy casts each shard before the all-gather: bf16 crosses the wire, not fp32."""
+    import torch.multiprocessing as mp
+    mp.spawn(_fsdp_paths_worker, args=(2, _free_port(), str(tmp_path)), nprocs=2, join=True)
+    for r in range(2):
+        got = json.loads((tmp_path / f"rank{r}.json").read_text())
+        assert got["before"] == [True, True] and got["after"] == [True, True], got
+        assert got["gathered"] == ["torch.bfloat16"] and got["n"] > 0 and got["same"], got

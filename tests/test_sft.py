@@ -15,6 +15,7 @@ Everything runs on CPU with tiny models and chat data built here (a toy "calcula
   same global batch;
 - `sft.py` as a subprocess from scratch (checkpoint loads with model.py, parse rate printed); usage errors exit 2.
 """
+import gc
 import json
 import os
 import random
@@ -515,3 +516,66 @@ def test_setup_distributed_gives_cuda_an_index_and_nccl_a_long_timeout(monkeypat
         assert backend == "nccl" and kw["timeout"].total_seconds() >= 3600
     else:
         assert inits == []
+
+
+def _sharded_grads_worker(rank, world, port, tiny_dir, examples, pad, out):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.distributed.init_process_group("gloo", rank=rank, world_size=world)
+    torch.set_num_threads(1)
+    from torch.distributed.tensor import DTensor
+    cpu = torch.device("cpu")
+    lm, _ = model.load(tiny_dir, "cpu", meta=True)
+    net = sft.shard(sft.SFTModel(lm), lm.model.layers, world, cpu)
+    net.to_empty(device=cpu)
+    lm.tie_weights()
+    sft.fill(lm, model.weight_tensors(tiny_dir))
+    seen, collate = [], sft.collate
+
+    def spy(batch, pad_id, device):  # called before each micro-batch: what the earlier backwards left
+        params = list(net.parameters())
+        seen.append({"sharded_grads": all(isinstance(p.grad, DTensor) for p in params),
+                     "grad_bytes": sum(p.grad.to_local().nbytes for p in params if isinstance(p.grad, DTensor)),
+                     "shard_bytes": sum(p.to_local().nbytes for p in params)})
+        return collate(batch, pad_id, device)
+    sft.collate = spy
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+    sft.optimizer_step(net, opt, sched, [[examples[rank]], [examples[2 + rank]]], pad, cpu, sft.Config(grad_clip=0.0),
+                       world)
+    sft.collate = collate
+    sft.heldout_loss(net, examples, sft.Config(micro_batch=1), rank, world, pad, cpu)
+    resharded = isinstance(lm.model.embed_tokens.weight, DTensor)
+    full_bytes = sum(t.nbytes for _, t in model.weight_tensors(tiny_dir))
+    with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
+        json.dump({"seen": seen, "full_bytes": full_bytes, "resharded": resharded}, f)
+    torch.distributed.destroy_process_group()
+
+
+def test_two_gloo_ranks_accumulate_sharded_gradients_and_reshard_after_evaluation(tmp_path, tok, tiny_dir, chats):
+    """Gradient accumulation under FSDP2: after the first micro-batch's backward each rank holds only its shard of the
+    gradients (reduce-scattered at once), not the whole model's unsharded fp32 gradients until the last micro-batch
+    (28 GiB per GPU at 7B). The held-out loss (no backward follows) frees the gathered root unit."""
+    ex = [sft.encode_chat(tok, c) for c in chats[:4]]
+    mp.spawn(_sharded_grads_worker, args=(2, _free_port(), tiny_dir, ex, tok.pad_token_id, str(tmp_path)), nprocs=2,
+             join=True)
+    for r in range(2):
+        got = json.loads((tmp_path / f"rank{r}.json").read_text())
+        first, second = got["seen"]
+        assert not first["sharded_grads"]  # nothing before the first backward
+        assert second["sharded_grads"], second  # after it: this rank's shard of every gradient
+        assert second["grad_bytes"] == second["shard_bytes"] <= 0.6 * got["full_bytes"]
+        assert got["resharded"]
+
+
+def test_the_parse_check_loads_its_model_after_the_optimizer_is_gone(tmp_path, chats, monkeypatch):
+    """The held-out parse check loads the saved checkpoint as a second model; at 7B the optimizer's moments (twice the
+    fp32 model) must be gone by then, not held beside it."""
+    data = write_jsonl(tmp_path / "d.jsonl", chats)
+    alive, load = [], model.load
+
+    def counting(*a, **kw):
+        alive.append(sum(issubclass(type(o), torch.optim.Optimizer) for o in gc.get_objects()))
+        return load(*a, **kw)
+    monkeypatch.setattr(model, "load", counting)
+    summary, _ = sft.train(args(tmp_path, data, epochs=1, eval_parse=2, max_new_tokens=4, heldout=0.25))
+    assert summary["parse_states"] == 2 and alive == [0]
