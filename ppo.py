@@ -902,7 +902,7 @@ def build(cfg, init, resume, st, ranks):
         base = low if cfg.lora_rank else torch.float32
         actor = make("actor", init if cfg.lora_rank or not resume else resume, base, False)
         critic = make("critic", init, base, False)
-        ref = None if cfg.lora_rank else make("ref", init, torch.float32, False).requires_grad_(False)
+        ref = None if cfg.lora_rank else make("ref", init, low, False).requires_grad_(False)  # bf16 on CUDA
         if st:
             critic.load_state_dict(st["critic"], strict=not cfg.lora_rank)
             if cfg.lora_rank:
@@ -1113,7 +1113,7 @@ def train(cfg):
         if (it + 1) % cfg.save_every == 0 or it + 1 == total:
             save_checkpoint(cfg, actor, tokenizer, critic, opt_a, opt_c, progress, ranks)
     pool.shutdown()
-    if world > 1:
+    if dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()
     if lock:

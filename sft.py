@@ -365,7 +365,8 @@ def setup_distributed(args):
         device = torch.device(args.device)
     if cuda:
         torch.cuda.set_device(device)
-    if world > 1 and not dist.is_initialized():
+    torchrun = "RANK" in os.environ and "MASTER_ADDR" in os.environ  # (also with one process: sft.py --fsdp shards)
+    if (world > 1 or torchrun) and not dist.is_initialized():
         dist.init_process_group("nccl" if cuda else "gloo", timeout=DIST_TIMEOUT)
     return (dist.get_rank() if world > 1 else 0), world, device
 
@@ -704,7 +705,8 @@ def train(args):
         raise ValueError(f"--batch-size {batch_size} < --micro-batch {micro} x {world} ranks")
     if args.grad_checkpointing:
         enable_grad_checkpointing(lm)
-    sharded = world > 1 and (args.fsdp or too_big_for_one_gpu(sum(p.numel() for p in lm.parameters()), device))
+    sharded = dist.is_initialized() and (args.fsdp or too_big_for_one_gpu(sum(p.numel() for p in lm.parameters()),
+                                                                          device))
     share = not (args.grad_checkpointing or sharded)  # SFTModel: the batch's common prefix computed once
     net = SFTModel(lm, prompt_weight, share)
     master = st.get("master")  # fp32 weights of a checkpoint saved in bf16
@@ -809,7 +811,7 @@ def train(args):
     if log:
         log.close()
     say(json.dumps(summary))
-    if world > 1:
+    if dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()
     if lock:

@@ -10,11 +10,21 @@ states and chats) and prints one block per check:
    bf16 model, against the memory bandwidth roofline at batch 1 (each token reads every weight and the KV cache so
    far: bandwidth / (weight bytes + KV bytes)); then the rollout-like workload of tests/bench_model.py (64 prompts of
    500-2,000 tokens, stops at varied lengths, at most 16 rows at a time) against transformers;
-3. ppo: one PPO iteration (ppo.train, world 1, fp32 master weights, bf16 autocast, gradient checkpointing) with the
-   sandbox replaced by a stub reward (the environment needs scikit-learn, which the GPU image may lack): time split
-   and peak memory; then the same with --lora-rank 16 (frozen bf16 base);
-4. sft: sft.train for one epoch over synthetic chats: tokens/s, peak memory and MFU (6 x params x tokens/s over the
-   chip's dense bf16 peak, 989 TFLOP/s for an H200 SXM by NVIDIA's datasheet; recomputation is not counted).
+3. prefill: prompts of 4,100-6,000 tokens (three prefill chunks) generated with SDPA's math kernel switched off, so
+   every attention call must reach a fused kernel, and the same tokens as with every kernel allowed; then a wave
+   whose later prompt is longer: the KV cache's allocations (one, sized for the longest request, is what the code
+   promises);
+4. ppo: three PPO iterations (ppo.train, world 1, fp32 master weights, bf16 autocast, gradient checkpointing) with
+   the sandbox replaced by a stub reward (the environment needs scikit-learn, which the GPU image may lack): time
+   split and peak memory next to tests/bench_memory.py's plan for the same configuration; then one with --lora-rank
+   16 (frozen bf16 base), against the plan's ppo-lora;
+5. sft: sft.train for one epoch over synthetic chats, 4 micro-batches accumulated per step: tokens/s, peak memory
+   (next to the plan) and MFU (6 x params x tokens/s over the chip's dense bf16 peak, 989 TFLOP/s for an H200 SXM by
+   NVIDIA's datasheet; recomputation is not counted);
+6. fsdp: `torchrun --nproc_per_node 1 sft.py --fsdp` (FSDP2 over a mesh of one: sharding, per-shard loading, the
+   gathered save), then a second run resuming from its first checkpoint;
+7. sandbox: a script run by env.run_script with set_script_gpu(0) starts CUDA under the data-segment limit and
+   multiplies on the GPU.
 
     python tests/gpu_check.py                      # on the GPU: Qwen2.5-0.5B shape, ~3 minutes
     python tests/gpu_check.py --size tiny          # anywhere: the same code on a tiny model, seconds on a CPU
@@ -26,6 +36,7 @@ import argparse
 import json
 import os
 import random
+import subprocess
 import sys
 import tempfile
 import time
@@ -162,7 +173,45 @@ def check_decode(work, device, report, size, new_tokens, rollout):
     report["decode"] = rows
 
 
-def check_ppo(folder, tok, device, report, work, prompt_words, new_tokens):
+def plan_gib(size, mode, **kw):
+    """tests/bench_memory.py's peak for this configuration, GiB (its block activations measured on the CPU)."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import bench_memory
+    cfg = model.Config(**SIZES[size])
+    act = bench_memory.measure_block(cfg, 64)[0]
+    act_lora = bench_memory.measure_block(cfg, 64, 16)[0] if mode == "ppo-lora" else None
+    rows = bench_memory.plan(cfg, mode, world=1, act=act, act_lora=act_lora, **kw)
+    return bench_memory.totals(rows)["peak"] / 2**30
+
+
+def check_prefill(folder, tok, device, report):
+    """Long prompts with the math kernel off; a wave whose later prompt is longer."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    lm, _ = model.load(folder, device, torch.bfloat16)
+    prompts = [p[:n] for p, n in zip(prompts_of(tok, 3, 6000, 4), (6000, 4100, 5000))]
+    rows = {"prompt_tokens": [len(p) for p in prompts]}
+    ref = lm.generate(prompts, 16, stop_token_ids=[])
+    fused = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.CUDNN_ATTENTION]
+    try:
+        with sdpa_kernel(fused):
+            got = lm.generate(prompts, 16, stop_token_ids=[])
+        rows["long_prefill_without_math_kernel"] = True
+        rows["same_tokens_as_with_math"] = sum(a == b for r, s in zip(got.tokens, ref.tokens)
+                                               for a, b in zip(r, s)) / (16 * len(prompts))
+    except RuntimeError as e:
+        rows["long_prefill_without_math_kernel"] = f"no: {str(e).splitlines()[0][:200]}"
+    made, slot_cache = [], model.SlotCache
+    model.SlotCache = lambda slots, cap, dtype: made.append((slots, cap)) or slot_cache(slots, cap, dtype)
+    try:
+        wave = [p[:n] for p, n in zip(prompts_of(tok, 4, 2000, 5), (1000, 1000, 1100, 2000))]
+        lm.generate(wave, 32, stop_token_ids=[], max_batch=2)
+    finally:
+        model.SlotCache = slot_cache
+    rows["wave_cache_allocations"] = made  # expected: one, of 2 slots x (2000 + 32 + 1) positions
+    report["prefill"] = rows
+
+
+def check_ppo(folder, tok, device, report, work, prompt_words, new_tokens, size):
     import ppo
     states = [{"task": "stub", "task_dir": "", "step": 0, "snapshot": None, "m_init": 0.0, "m_best": 1.0,
                "higher_is_better": True, "ideas": [],
@@ -180,22 +229,27 @@ def check_ppo(folder, tok, device, report, work, prompt_words, new_tokens):
     ppo.make_env = lambda task, task_dir, editor: StubEnv()
     ppo.execute = lambda e, text, *a: {"kind": "neutral", "reward": (hash(text) % 201 - 100) / 100, "m_prev": None,
                                        "m_new": None, "done": False, "observation": ""}
-    for name, lora in (("ppo", 0), ("ppo_lora16", 16)):
+    for name, lora, iterations in (("ppo", 0, 3), ("ppo_lora16", 16, 1)):
         reset_peak(device)
         out = os.path.join(work, name)
         t = time.perf_counter()
-        ppo.train(ppo.Config(model=folder, states=path, out=out, log_file=out + ".jsonl", batch_size=16,
-                             max_new_tokens=new_tokens, iterations=1, workers=2, lora_rank=lora,
-                             device=str(device), critic_warmup=0))
+        cfg = ppo.Config(model=folder, states=path, out=out, log_file=out + ".jsonl", batch_size=16,
+                         max_new_tokens=new_tokens, iterations=iterations, workers=2, lora_rank=lora,
+                         device=str(device), critic_warmup=0, advantage="gae")
+        ppo.train(cfg)
         log = json.loads(open(out + ".jsonl").read().splitlines()[-1])
-        report[name] = dict(wall_s=time.perf_counter() - t, peak_gib=peak_gib(device),
+        prompt = max(len(tok.encode(tok.apply_chat_template(s["messages"]))) for s in states)
+        plan = plan_gib(size, "ppo-lora" if lora else "ppo", max_prompt=prompt, max_new=new_tokens, gen_batch=16,
+                        micro_tokens=cfg.micro_tokens, lora_rank=16)
+        report[name] = dict(iterations=iterations, wall_s=time.perf_counter() - t, peak_gib=peak_gib(device),
+                            plan_peak_gib=plan,
                             **{k: log[k] for k in ("time_generate", "time_execute", "time_update", "time_total",
                                                    "response_tokens", "kl", "clipfrac", "explained_variance",
                                                    "generate_vs_forward_logprob_gap")},
                             saved_dtype=json.load(open(os.path.join(out, "config.json")))["torch_dtype"])
 
 
-def check_sft(folder, tok, device, report, work, n_params, words):
+def check_sft(folder, tok, device, report, work, n_params, words, size):
     import sft
     rng = random.Random(3)
     chats = [{"messages": [{"role": "user", "content": " ".join(rng.choice(WORDS) for _ in range(words))},
@@ -209,16 +263,55 @@ def check_sft(folder, tok, device, report, work, n_params, words):
                                     micro_batch=4, eval_parse=0, heldout=0.0, grad_checkpointing=True,
                                     device=str(device)))
     tps = summary["tokens_per_s"]
+    longest = max(len(sft.encode_chat(tok, c["messages"])[0]) for c in chats)
     report["sft"] = dict(tokens_per_s=tps, seconds=summary["seconds"], steps=summary["steps"],
-                         peak_gib=peak_gib(device), mfu=6 * n_params * tps / PEAK_BF16 if device.type == "cuda"
-                         else None)
+                         peak_gib=peak_gib(device), plan_peak_gib=plan_gib(size, "sft", sft_len=longest, micro=4),
+                         mfu=6 * n_params * tps / PEAK_BF16 if device.type == "cuda" else None)
+
+
+def check_fsdp(folder, work, device, report):
+    """torchrun with one process through FSDP2: train 2 epochs (a checkpoint each), then resume from the first."""
+    path, out = os.path.join(work, "chats.jsonl"), os.path.join(work, "fsdp")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    rows = {}
+    for name, extra in (("train", []), ("resume", ["--resume", None])):
+        if extra:
+            first = min((d for d in os.listdir(out) if d.startswith("checkpoint-")), key=lambda d: int(d[11:]))
+            extra = ["--resume", os.path.join(out, first)]
+        t = time.perf_counter()
+        r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "1", "--master_port",
+                            "29533", os.path.join(root, "sft.py"), "--data", path, "--model", folder, "--out",
+                            out + ("-again" if extra else ""), "--fsdp", "--epochs", "2", "--batch-size", "16",
+                            "--micro-batch", "4", "--eval-parse", "0", "--heldout", "0", "--grad-checkpointing",
+                            "--device", str(device), *extra], capture_output=True, text=True, timeout=600)
+        lines = [x for x in r.stdout.splitlines() if "FSDP2" in x or "resumed" in x or x.startswith("{")]
+        rows[name] = dict(rc=r.returncode, seconds=time.perf_counter() - t, lines=lines[-3:],
+                          stderr_tail=r.stderr[-600:] if r.returncode else "")
+    report["fsdp"] = rows
+
+
+def check_sandbox(work, report):
+    """A script in the sandbox, given GPU 0 as a torchrun rank gives its own: CUDA starts under the data limit."""
+    import env
+    task_dir = os.path.join(work, "probe-task")
+    os.makedirs(os.path.join(task_dir, "public"), exist_ok=True)
+    task = env.Task(name="cuda-probe", dir=env.Path(task_dir), metric="accuracy", higher_is_better=True,
+                    id_column="id", target_columns=["y"], best_score=1.0, time_limit=120.0, split="held-in",
+                    description="")
+    env.set_script_gpu(0)
+    code = ("import os, resource, torch\nx = torch.ones(1024, 1024, device='cuda')\n"
+            "print('CUDA_OK', os.environ.get('CUDA_VISIBLE_DEVICES'), float((x @ x).sum()), "
+            "resource.getrlimit(resource.RLIMIT_DATA)[0] // 2**30, 'GiB data limit')\n")
+    r = env.run_script(task, code, cache=False, timeout=120)
+    line = next((x for x in r.output.splitlines() if x.startswith("CUDA_OK")), None)
+    report["sandbox"] = dict(status=r.status, cuda_ok=line, output_tail=None if line else r.output[-600:])
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--size", choices=SIZES, default="0.5b")
     p.add_argument("--out", default=os.environ.get("OUT", "runs/gpu_check"))
-    p.add_argument("--parts", default="parity,decode,ppo,sft")
+    p.add_argument("--parts", default="parity,prefill,decode,ppo,sft,fsdp,sandbox")
     a = p.parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     tiny = a.size == "tiny"
@@ -230,11 +323,14 @@ def main(argv=None):
         n_params, tok = build(a.size, folder)
         report["params"] = n_params
         checks = {"parity": lambda: check_parity(folder, tok, device, report),
+                  "prefill": lambda: check_prefill(folder, tok, device, report),
                   "decode": lambda: check_decode(work, device, report, "tiny" if tiny else "1.5b", 32 if tiny else 256,
                                                  not tiny),
                   "ppo": lambda: check_ppo(folder, tok, device, report, work, 60 if tiny else 1500,
-                                           16 if tiny else 256),
-                  "sft": lambda: check_sft(folder, tok, device, report, work, n_params, 60 if tiny else 1800)}
+                                           16 if tiny else 256, a.size),
+                  "sft": lambda: check_sft(folder, tok, device, report, work, n_params, 60 if tiny else 1800, a.size),
+                  "fsdp": lambda: check_fsdp(folder, work, device, report),
+                  "sandbox": lambda: check_sandbox(work, report)}
         for part in a.parts.split(","):
             t = time.perf_counter()
             try:

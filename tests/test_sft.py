@@ -490,15 +490,15 @@ def test_what_a_kill_while_saving_leaves_is_recovered_at_start(tmp_path):
 
 @pytest.mark.parametrize("device, env, expect", [
     (None, {}, "cuda:0"), ("cuda", {}, "cuda:0"), ("cuda:1", {}, "cuda:1"),  # one process, as `python sft.py`
-    (None, {"WORLD_SIZE": "1", "LOCAL_RANK": "0", "RANK": "0"}, "cuda:0"),  # torchrun --nproc_per_node 1
-    (None, {"WORLD_SIZE": "2", "LOCAL_RANK": "1", "RANK": "1"}, "cuda:1"),  # rank 1 of 2
+    (None, {"WORLD_SIZE": "1", "LOCAL_RANK": "0", "RANK": "0", "MASTER_ADDR": "h"}, "cuda:0"),  # torchrun, 1 process
+    (None, {"WORLD_SIZE": "2", "LOCAL_RANK": "1", "RANK": "1", "MASTER_ADDR": "h"}, "cuda:1"),  # rank 1 of 2
 ])
 def test_setup_distributed_gives_cuda_an_index_and_nccl_a_long_timeout(monkeypatch, device, env, expect):
     """torch.cuda.set_device refuses a device without an index; NCCL's default 10-minute timeout would abort a rank
     waiting for another's task script or checkpoint write. CUDA is faked: set_device checks its argument as the real
     one does."""
     from torch.cuda._utils import _get_device_index
-    for k in ("WORLD_SIZE", "LOCAL_RANK", "RANK"):
+    for k in ("WORLD_SIZE", "LOCAL_RANK", "RANK", "MASTER_ADDR"):
         monkeypatch.delenv(k, raising=False)
     for k, v in env.items():
         monkeypatch.setenv(k, v)
@@ -511,7 +511,7 @@ def test_setup_distributed_gives_cuda_an_index_and_nccl_a_long_timeout(monkeypat
     rank, world, dev = sft.setup_distributed(sft.Config(device=device))
     assert str(dev) == expect and set_to == [dev.index]
     assert world == int(env.get("WORLD_SIZE", 1)) and rank == int(env.get("RANK", 0))
-    if world > 1:
+    if "MASTER_ADDR" in env:  # under torchrun, even with one process (sft.py --fsdp shards over it)
         (backend, kw), = inits
         assert backend == "nccl" and kw["timeout"].total_seconds() >= 3600
     else:
@@ -579,3 +579,17 @@ def test_the_parse_check_loads_its_model_after_the_optimizer_is_gone(tmp_path, c
     monkeypatch.setattr(model, "load", counting)
     summary, _ = sft.train(args(tmp_path, data, epochs=1, eval_parse=2, max_new_tokens=4, heldout=0.25))
     assert summary["parse_states"] == 2 and alive == [0]
+
+
+def test_torchrun_with_one_process_takes_the_fsdp2_path(tmp_path, chats, tiny_dir):
+    """`torchrun --nproc_per_node 1 sft.py --fsdp` (what tests/gpu_check.py runs on one GPU) shards over a mesh of one
+    and writes a checkpoint that loads."""
+    data = write_jsonl(tmp_path / "d.jsonl", chats[:9])
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "1", "--master_port",
+                        str(_free_port()), str(ROOT / "sft.py"), "--data", data, "--model", tiny_dir, "--out",
+                        str(tmp_path / "o"), "--fsdp", "--epochs", "1", "--batch-size", "4", "--micro-batch", "2",
+                        "--eval-parse", "0", "--threads", "1", "--device", "cpu"], capture_output=True, text=True,
+                       timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "1 rank(s) on cpu (FSDP2)" in r.stdout
+    assert model.load(str(tmp_path / "o"), "cpu")[0].config.num_hidden_layers == 2
