@@ -674,6 +674,65 @@ def response_logprobs(lm, ids, lengths, starts, temperature=1.0, vocab=None, chu
 
 
 # ----------------------------------------------------------------------------------------------------------------
+# LoRA (Hu et al. 2021, arXiv:2106.09685), written by hand: ppo.py's --lora-rank and the orchestrator's training of a
+# large model train adapters over a frozen base
+
+
+class LoRALinear(nn.Module):
+    """y = W x + (alpha / r) B A x with W frozen, A ~ N(0, 1/r) and B = 0 so training starts at the base model."""
+
+    def __init__(self, base, rank, alpha):
+        super().__init__()
+        self.base, self.scale, self.enabled = base, alpha / rank, True
+        self.A = nn.Parameter(torch.randn(rank, base.in_features, device=base.weight.device) / rank)
+        self.B = nn.Parameter(torch.zeros(base.out_features, rank, device=base.weight.device))
+
+    def forward(self, x):
+        y = self.base(x)
+        return y + self.scale * (x.to(self.A.dtype) @ self.A.T @ self.B.T).to(y.dtype) if self.enabled else y
+
+    def merged(self):  # W + scale * B A, for a checkpoint that any loader reads
+        return self.base.weight + (self.scale * self.B @ self.A).to(self.base.weight.dtype)
+
+
+def add_lora(lm, rank, alpha):
+    """Freeze `lm` and wrap every linear layer of its blocks (attention and MLP) with an adapter."""
+    lm.requires_grad_(False)
+    for block in lm.model.layers:
+        for parent in (block.self_attn, block.mlp):
+            for name, child in list(parent.named_children()):
+                if isinstance(child, nn.Linear):
+                    setattr(parent, name, LoRALinear(child, rank, alpha))
+
+
+def set_lora(lm, enabled):  # adapters off: the frozen base, which is the reference policy
+    for m in lm.modules():
+        if isinstance(m, LoRALinear):
+            m.enabled = enabled
+
+
+def save_merged(lm, tokenizer, path, dtype=None):
+    """`save` of lm; with LoRA, of a copy of the base with the adapters merged in (a folder any loader reads)."""
+    if not any(isinstance(m, LoRALinear) for m in lm.modules()):
+        return save(lm, tokenizer, path, dtype=dtype)
+    with torch.device("meta"):
+        plain = Qwen(lm.config)
+    plain = plain.to_empty(device=lm.lm_head.weight.device).to(lm.lm_head.weight.dtype)
+    plain.tie_weights()
+    weights = {}
+    for name, m in lm.named_modules():
+        if isinstance(m, LoRALinear):
+            weights[name + ".weight"] = m.merged()
+            if m.base.bias is not None:
+                weights[name + ".bias"] = m.base.bias
+    for k, v in lm.state_dict().items():
+        if ".A" not in k and ".B" not in k and ".base." not in k:
+            weights[k] = v
+    plain.load_state_dict(weights)
+    save(plain, tokenizer, path, dtype=dtype)
+
+
+# ----------------------------------------------------------------------------------------------------------------
 # 3. safetensors: 8-byte little-endian header length, a JSON header {name: {dtype, shape, data_offsets}}, raw data
 
 _DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,

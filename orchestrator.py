@@ -114,6 +114,8 @@ class Config:
     epochs: int = 2  # passes over the preference groups per iteration (paper tables: 2)
     iterations: int = 1  # online iterations: collect, train, the trained model becomes the next reference
     max_len: int = 8192  # tokens of prompt + decision kept for log-probs (the prompt is cut from the left)
+    lora_rank: int | None = None  # None: rank 16 adapters over a frozen base for a model of LARGE parameters or more
+    # (a 7B Orchestrator's fp32 weights and AdamW alone would take 112 GB), every weight (0) for a smaller one
     # --- the tiny from-scratch ckpt-0 (offline, no --model): imitation of the scripted orchestrator first
     imitation_steps: int = 1000  # AdamW updates of cross-entropy on scripted decisions (one prompt's decisions each)
     imitation_lr: float = 6e-3  # peak learning rate, linear decay to 0 (a from-scratch 64-wide model, not 1e-5)
@@ -935,10 +937,16 @@ def adamw_passes(lm, n: int, steps: int, lr: float, seed, rng, loss_of, decay=Fa
 
 
 def train_orchestrator(policy, ref, tok, groups, cfg: Config, steps=None, log=print) -> dict:
-    """AdamW on the ranking loss over the groups, cfg.epochs passes (or `steps` updates); ref stays frozen."""
-    import torch  # lazy: see the imports
+    """AdamW on the ranking loss over the groups, cfg.epochs passes (or `steps` updates); ref stays frozen. ref None:
+    policy has LoRA adapters (model.add_lora, B = 0, so it starts at the reference) and the reference is the policy
+    with its adapters off."""
+    import model  # lazy: see the imports
+    import torch
     with torch.no_grad():
-        ref_lp = [decision_logprobs(ref, tok, g["messages"], g["responses"], cfg.max_len) for g in groups]
+        if ref is None:
+            model.set_lora(policy, False)
+        ref_lp = [decision_logprobs(ref or policy, tok, g["messages"], g["responses"], cfg.max_len) for g in groups]
+        model.set_lora(policy, True)
 
     def scores(i):  # (K,) log-ratio scores of group i's decisions
         g = groups[i]
@@ -1108,12 +1116,12 @@ def imitation_orchestrator(trees, groups, cfg: Config, log=print):
 
 
 def save_checkpoint(lm, tok, path: Path, dtype=None, notes: dict | None = None):
-    """A model folder written atomically; dtype: the stored dtype (default: the model's); notes: {file name: JSON
-    object} written beside the weights."""
+    """A model folder written atomically (LoRA adapters merged in); dtype: the stored dtype (default: the model's);
+    notes: {file name: JSON object} written beside the weights."""
     import model  # lazy: see the imports
     tmp = path.with_name(f".{path.name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    model.save(lm, tok, str(tmp), dtype=dtype)
+    model.save_merged(lm, tok, str(tmp), dtype=dtype)
     for name, obj in (notes or {}).items():
         (tmp / name).write_text(json.dumps(obj, indent=1))
     agent.swap_folder(tmp, path)  # never a moment without ckpt-<i>; a kill in between: train_loop recovers
@@ -1128,6 +1136,31 @@ def recover_checkpoints(out: Path):
 
 
 OTHER_TREE_DEPTH = 1  # the other tasks' trees (cfg.tree_tasks): one decision pair from the starter, one group each
+
+
+LARGE = 10_000_000  # parameters: ppo.py's TINY_PARAMS, past which a model trains as on a GPU (LoRA, checkpointing)
+
+
+def load_for_training(path: Path, cfg: Config):
+    """(policy, tokenizer, reference) for one iteration of training. The previous orchestrator is the reference
+    (Matryoshka §3.6). A small model: fp32 master weights, and a frozen copy in the checkpoint's dtype (the load
+    default: torch_dtype, e.g. bf16, on CUDA; fp32 on CPU) as the reference. A large one (or --lora-rank): a frozen
+    base in the checkpoint's dtype with fp32 adapters, the base itself as the reference (no second copy), blocks
+    recomputed in backward (sft.py's gradient checkpointing)."""
+    import model  # lazy: see the imports
+    import sft
+    policy, tok = model.load(str(path), meta=True)
+    n = sum(p.numel() for p in policy.parameters())
+    rank = cfg.lora_rank if cfg.lora_rank is not None else (16 if n >= LARGE else 0)
+    if not rank:
+        policy, _ = model.load(str(path), dtype="float32")  # fp32 master weights, whatever the checkpoint's dtype
+        ref, _ = model.load(str(path))
+        return policy, tok, ref.requires_grad_(False)
+    policy, _ = model.load(str(path))
+    model.add_lora(policy, rank, 16.0)  # alpha as ppo.py's --lora-alpha default
+    if n >= LARGE:
+        sft.enable_grad_checkpointing(policy)
+    return policy, tok, None
 
 
 def train_loop(cfg: Config, model_path: str | None, collector: str, sub, out: Path, log=print) -> Path:
@@ -1154,17 +1187,13 @@ def train_loop(cfg: Config, model_path: str | None, collector: str, sub, out: Pa
         if not current.exists():  # no checkpoint given: a tiny model from scratch that first imitates the format
             lm, tok, stats = imitation_orchestrator(trees, groups, cfg, log)
             save_checkpoint(lm, tok, current, notes={"imitation.json": stats})
-        policy, tok = model.load(str(current), dtype="float32")  # fp32 master weights, whatever the checkpoint's dtype
-        # the previous orchestrator is the reference (Matryoshka §3.6); frozen (no updates), it stays in the checkpoint's
-        # dtype (the load default: torch_dtype, e.g. bf16, on CUDA; fp32 on CPU)
-        ref, _ = model.load(str(current))
-        for p in ref.parameters():
-            p.requires_grad_(False)
+        policy, tok, ref = load_for_training(current, cfg)
         log(f"iteration {it}: {len(groups)} preference group(s) from {sum(len(t.nodes) for t in trees)} nodes of "
             f"{len(trees)} tree(s)")
         if groups:
             train_orchestrator(policy, ref, tok, groups, cfg, log=log)
         save_checkpoint(policy, tok, nxt, dtype=getattr(model.torch, policy.config.torch_dtype))  # as it came (bf16)
+        del policy, ref
         current = nxt
     rows = [r for t in map(Tree.load, sorted(out.glob("tree-*.json")))
             for r in sft_rows([asdict(a) for a in t.attempts.values()], t.higher_is_better)]

@@ -237,60 +237,6 @@ class Critic(nn.Module):
         return self.head(h.to(self.head.weight.dtype)).squeeze(-1).clone()
 
 
-class LoRALinear(nn.Module):
-    """y = W x + (alpha / r) B A x with W frozen, A ~ N(0, 1/r) and B = 0 so training starts at the base model."""
-
-    def __init__(self, base, rank, alpha):
-        super().__init__()
-        self.base, self.scale, self.enabled = base, alpha / rank, True
-        self.A = nn.Parameter(torch.randn(rank, base.in_features, device=base.weight.device) / rank)
-        self.B = nn.Parameter(torch.zeros(base.out_features, rank, device=base.weight.device))
-
-    def forward(self, x):
-        y = self.base(x)
-        return y + self.scale * (x.to(self.A.dtype) @ self.A.T @ self.B.T).to(y.dtype) if self.enabled else y
-
-    def merged(self):  # W + scale * B A, for a checkpoint that any loader reads
-        return self.base.weight + (self.scale * self.B @ self.A).to(self.base.weight.dtype)
-
-
-def add_lora(lm, rank, alpha):
-    """Freeze `lm` and wrap every linear layer of its blocks (attention and MLP) with an adapter."""
-    lm.requires_grad_(False)
-    for block in lm.model.layers:
-        for parent in (block.self_attn, block.mlp):
-            for name, child in list(parent.named_children()):
-                if isinstance(child, nn.Linear):
-                    setattr(parent, name, LoRALinear(child, rank, alpha))
-
-
-def set_lora(lm, enabled):  # adapters off: the frozen base, which is the reference policy
-    for m in lm.modules():
-        if isinstance(m, LoRALinear):
-            m.enabled = enabled
-
-
-def save_actor(lm, tokenizer, path, dtype=None):
-    """The actor as a Hugging Face folder in `dtype`; with LoRA, a copy of the base with the adapters merged in."""
-    if not any(isinstance(m, LoRALinear) for m in lm.modules()):
-        return model.save(lm, tokenizer, path, dtype=dtype)
-    with torch.device("meta"):
-        plain = model.Qwen(lm.config)
-    plain = plain.to_empty(device=lm.lm_head.weight.device).to(lm.lm_head.weight.dtype)
-    plain.tie_weights()
-    weights = {}
-    for name, m in lm.named_modules():
-        if isinstance(m, LoRALinear):
-            weights[name + ".weight"] = m.merged()
-            if m.base.bias is not None:
-                weights[name + ".bias"] = m.base.bias
-    for k, v in lm.state_dict().items():
-        if ".A" not in k and ".B" not in k and ".base." not in k:
-            weights[k] = v
-    plain.load_state_dict(weights)
-    model.save(plain, tokenizer, path, dtype=dtype)
-
-
 # ----------------------------------------------------------------------------------------------------------------
 # Several processes (torchrun): each rank takes every world-th state of a batch, generates and executes its share;
 # the update is data-parallel. Full fine-tuning shards the actor, critic and reference with FSDP2 (sft.shard:
@@ -331,7 +277,7 @@ def rollout_copy(actor, device, dtype=None):
     and on CPU the policy itself generates. Each shard is cast before the all-gather, so the gather moves bf16, half
     the bytes of the fp32 master weights. dtype: the copy's (default bf16 on CUDA, fp32 on CPU)."""
     sharded = any(isinstance(p, DTensor) for p in actor.parameters())
-    lora = any(isinstance(m, LoRALinear) for m in actor.modules())
+    lora = any(isinstance(m, model.LoRALinear) for m in actor.modules())
     if lora or not (sharded or (device.type == "cuda" and actor.lm.lm_head.weight.dtype == torch.float32)):
         return actor.lm
     lm = actor.lm
@@ -667,9 +613,9 @@ def forward_scores(actor, critic, ref, ids, lengths, starts, R, cfg, device, ran
             i, ln, st = rows(ids, lengths, starts, idx, shared)
             lp = actor(i, ln, st) if logprobs is None else None
             if ref is None:  # LoRA: the reference is the actor without its adapters
-                set_lora(actor, False)
+                model.set_lora(actor, False)
                 ref_lp = actor(i, ln, st)
-                set_lora(actor, True)
+                model.set_lora(actor, True)
             else:
                 ref_lp = ref(i, ln, st)
             v = critic(i, ln, st).float() if critic is not None else torch.zeros_like(ref_lp)
@@ -781,7 +727,7 @@ def save_checkpoint(cfg, actor, tokenizer, critic, opt_a, opt_c, progress, ranks
         state["actor"] = {k.removeprefix("lm."): v for k, v in actor_state.items()}
     tmp = cfg.out + ".tmp"
     shutil.rmtree(tmp, ignore_errors=True)
-    save_actor(lm, tokenizer, tmp, dtype)
+    model.save_merged(lm, tokenizer, tmp, dtype)
     os.makedirs(os.path.join(tmp, "trainer_state"))
     torch.save(state, os.path.join(tmp, "trainer_state", "state.pt"))
     with open(os.path.join(tmp, "trainer_state", "progress.json"), "w") as f:
@@ -895,7 +841,7 @@ def build(cfg, init, resume, st, ranks):
         if kind != "ref" and checkpointing:
             sft.enable_grad_checkpointing(lm)
         if kind != "ref" and cfg.lora_rank:
-            add_lora(lm, cfg.lora_rank, cfg.lora_alpha)
+            model.add_lora(lm, cfg.lora_rank, cfg.lora_alpha)
         return Critic(lm, cfg.seed) if kind == "critic" else policy(lm)
 
     if cfg.lora_rank or W == 1:  # every rank holds the whole model (LoRA: all-reduce of the adapters' gradients)

@@ -88,7 +88,7 @@ def count_params(cfg):
 
 def lora_params(cfg, rank):
     """Adapter parameters of one model: rank x (in + out) per linear layer of attention and MLP, every block
-    (the layers ppo.add_lora wraps)."""
+    (the layers model.add_lora wraps)."""
     with torch.device("meta"):
         block = model.Block(cfg)
     linears = [m for parent in (block.self_attn, block.mlp) for m in parent.children() if isinstance(m, nn.Linear)]
@@ -117,10 +117,9 @@ def measure_block(cfg, tokens=256, lora_rank=0):
         for p in block.parameters():
             p.uniform_(-0.02, 0.02)
     if lora_rank:
-        import ppo  # its LoRALinear, as it trains; imported here only (ppo.py pulls in env and agent)
         holder = nn.Module()
         holder.model = nn.ModuleDict({"layers": nn.ModuleList([block])})
-        ppo.add_lora(holder, lora_rank, 16.0)
+        model.add_lora(holder, lora_rank, 16.0)  # as ppo.py's --lora-rank trains
 
     def saved_bytes(T):
         x = torch.randn(1, T, cfg.hidden_size, dtype=dtype, requires_grad=True)  # (B, T, C)

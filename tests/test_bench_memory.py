@@ -97,7 +97,7 @@ def test_the_plans_bytes_are_the_bytes_the_code_allocates(monkeypatch):
     critic = ppo.Critic(model.Qwen(cfg))
     assert cfg.tie_word_embeddings and 12 * sum(p.numel() for p in critic.parameters()) == row(rows, "critic fp32")
     lora = model.Qwen(cfg)
-    ppo.add_lora(lora, 4, 8.0)
+    model.add_lora(lora, 4, 8.0)
     assert sum(p.numel() for p in lora.parameters() if p.requires_grad) == bench.lora_params(cfg, 4)
 
 

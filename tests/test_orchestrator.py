@@ -375,6 +375,40 @@ def test_bf16_checkpoint_trains_fp32_master_weights_and_is_saved_in_bf16(tmp_pat
     assert {t.dtype for t in model.read_safetensors(str(final / "model.safetensors")).values()} == {torch.bfloat16}
 
 
+def test_a_large_orchestrator_trains_lora_adapters_against_its_own_base(tmp_path, monkeypatch):
+    """A 7B Orchestrator's fp32 weights and AdamW alone would take 112 GB: past orc.LARGE parameters (lowered here so
+    the tiny model counts) it trains rank-16 adapters over its frozen base, the base with its adapters off is the
+    reference (no second copy), blocks are recomputed in backward, and the saved checkpoint has the adapters merged."""
+    import model
+    messages = [{"role": "user", "content": "Attempts so far: #0 starter | score 0.8"}]
+    win = '{"tool_calls": [{"name": "refine", "arguments": {"parent": 0, "instruction": "use a forest"}}]}'
+    lose = '{"tool_calls": [{"name": "finish", "arguments": {"reason": "done"}}]}'
+    lm, tok = orc.tiny_orchestrator([messages[0]["content"], win, lose], vocab_size=300)
+    model.save(lm, tok, str(tmp_path / "ckpt"))
+    monkeypatch.setattr(orc, "LARGE", 1)
+    policy, tok, ref = orc.load_for_training(tmp_path / "ckpt", orc.Config())
+    trainable = [n for n, p in policy.named_parameters() if p.requires_grad]
+    assert ref is None and trainable and all(n.endswith((".A", ".B")) for n in trainable)
+    assert all("forward" in vars(block) for block in policy.model.layers)  # sft.py's checkpointing wraps them
+    assert not any(p.requires_grad for n, p in policy.named_parameters() if n not in trainable)
+    group = {"messages": messages, "responses": [win, lose], "R": [1.0, 0.0]}
+    stats = orc.train_orchestrator(policy, None, tok, [group], orc.Config(lr=1e-2, beta=0.1), steps=3,
+                                   log=lambda *_: 0)
+    assert stats["loss_first"] == pytest.approx(math.log(2), rel=1e-5)  # B = 0: the policy starts at the reference
+    with torch.no_grad():
+        after = orc.decision_logprobs(policy, tok, messages, [win, lose], 4096)
+        model.set_lora(policy, False)
+        base = orc.decision_logprobs(policy, tok, messages, [win, lose], 4096)
+        model.set_lora(policy, True)
+    ratio = after - base
+    assert ratio[0] - ratio[1] > 0  # the winner's log-ratio rose against the loser's
+    orc.save_checkpoint(policy, tok, tmp_path / "next")
+    merged, _ = model.load(str(tmp_path / "next"), "cpu")
+    with torch.no_grad():
+        torch.testing.assert_close(orc.decision_logprobs(merged, tok, messages, [win, lose], 4096), after,
+                                   rtol=0, atol=1e-4)
+
+
 # ------------------------------------------------------------------------------------------------- trees
 
 class Counting(orc.RecipeCoder):

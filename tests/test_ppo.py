@@ -414,19 +414,19 @@ def test_lora_starts_at_the_base_switches_off_to_it_and_saves_merged(tiny, tmp_p
     with torch.no_grad():
         base = lm(ids)
         lora = copy.deepcopy(lm)
-        ppo.add_lora(lora, rank=2, alpha=4.0)
+        model.add_lora(lora, rank=2, alpha=4.0)
         assert torch.equal(lora(ids), base)  # B = 0: training starts at the base model
         trainable = [n for n, p in lora.named_parameters() if p.requires_grad]
         assert trainable and all(n.endswith((".A", ".B")) for n in trainable)
         for m in lora.modules():
-            if isinstance(m, ppo.LoRALinear):
+            if isinstance(m, model.LoRALinear):
                 m.B.normal_(std=0.1)
         moved = lora(ids)
         assert not torch.allclose(moved, base, atol=1e-4)
-        ppo.set_lora(lora, False)  # the reference policy under --lora-rank
+        model.set_lora(lora, False)  # the reference policy under --lora-rank
         assert torch.equal(lora(ids), base)
-        ppo.set_lora(lora, True)
-        ppo.save_actor(lora, tok, tmp_path / "merged")
+        model.set_lora(lora, True)
+        model.save_merged(lora, tok, tmp_path / "merged")
         loaded, _ = model.load(tmp_path / "merged", "cpu")
         assert torch.allclose(loaded(ids), moved, atol=1e-4)
 
