@@ -33,7 +33,7 @@ How this departs from the paper and the references:
   return-to-go of the other n - 1 episodes at the same step (0 for an episode that has ended). The critic is then
   neither run nor trained (it is still built and saved, so checkpoints keep one layout).
 - `--tasks N` trains on the states of N of the pool's tasks (ML-Agent Figure 5 varies the number of RL training
-  tasks); `estimate_objective` measures J_step of a checkpoint on a fixed sample of states (eval.py's claims).
+  tasks); tests/bench_claims.py's `estimate_objective` measures J_step of a checkpoint on a fixed sample of states.
 - The critic is a separate copy of the policy with a scalar value head (as OpenRLHF's critic; the paper's Appendix
   C.1 is not in the text this project follows); the N-details initialise it from the reward model, which this task does not have.
 - The masks come from the lengths of prompts and responses, not from `ids != pad`, so the pad token may equal EOS
@@ -95,7 +95,7 @@ import agent
 import env
 import model
 import sft
-from reward import OUTCOMES, RewardConfig, add_flags as add_reward_flags, from_flags as reward_from_flags, from_record
+from reward import RewardConfig, add_flags as add_reward_flags, from_flags as reward_from_flags, from_record
 
 ROOT = env.ROOT  # default paths live under the project's runs/, wherever ppo.py is started from
 
@@ -1101,28 +1101,6 @@ def train(cfg):
     if lock:
         lock.close()
     return progress
-
-
-def estimate_objective(policy, states_path, n=64, seed=0, temperature=0.7, max_new_tokens=400, workers=2,
-                       reward_config=RewardConfig(), device=None):
-    """J_step of a policy checkpoint, estimated: one sampled action in each of n states of the pool (the same seeded
-    states, in the same order, with the same sampling seed for every policy, so two policies compare state by state),
-    executed and scored as in training. -> {mean_reward, frac_<kind>, rewards, kinds, edits, states}; edits: the
-    edit instruction of each action that was an `Edit Script (AI)`, else None (the agent's action diversity, eval.py
-    claim C5)."""
-    states = load_states(states_path)
-    picked = random.Random(f"objective:{seed}").sample(range(len(states)), min(n, len(states)))
-    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    lm, tokenizer = model.load(policy, device, torch.float32)
-    cfg = Config(temperature=temperature, max_new_tokens=max_new_tokens, workers=workers, reward=reward_config)
-    torch.manual_seed(seed)
-    with ThreadPoolExecutor(workers) as pool:
-        outcomes = step_rollout([states[i] for i in picked], lm, tokenizer, cfg, pool, env.recipe_editor, device,
-                                lambda name: None)[3]
-    rewards, kinds = [o["reward"] for o in outcomes], [o["kind"] for o in outcomes]
-    return {"mean_reward": sum(rewards) / len(rewards), "rewards": rewards, "kinds": kinds, "states": picked,
-            "edits": [o["edit"] for o in outcomes],
-            **{f"frac_{k}": kinds.count(k) / len(kinds) for k in OUTCOMES}}
 
 
 # ----------------------------------------------------------------------------------------------------------------
