@@ -168,10 +168,9 @@ class KVCache:
 
 class Linear(nn.Linear):
     """nn.Linear (the same parameters and names). While an Engine on CPU holds `weight_t`, a (in, out) copy of the
-    weight, the product reads that copy. On CPU a batch-1 product with a (out, in) weight streamed it at 11-14 GB/s
-    and the same product over the transposed copy at 13-18 GB/s (the layers of tests/bench_model.py's model, too many
-    to stay in cache, 1 thread, 2026-12-02; a 32000 x 512 lm_head: 13 against 23 GB/s), and a decode step reads every
-    weight once. The same values, summed in another order."""
+    weight, the product reads that copy. On CPU a batch-1 product streams the transposed copy faster than the (out, in)
+    weight (tests/RESULTS.md, "model.py: transposed weight copies"), and a decode step reads every weight once. The
+    same values, summed in another order."""
     weight_t = None
 
     def forward(self, x):
@@ -220,8 +219,8 @@ class Attention(nn.Module):
             # causal with an offset (sft.py: rows over their shared prefix's cache). SDPA's is_causal lines the first
             # query up with the first key, so `past` zero queries go in front and their outputs are dropped: the
             # fused kernel then skips the blocks above the diagonal, (past + T)^2 / 2 query-key pairs, while with a
-            # mask it visits all T (past + T). hidden() sends only past < T here, where that is fewer; 2 CPU cores,
-            # 1,730 queries over 2,244 keys, fwd + bwd: 91 ms padded against 134 ms masked (2026-12-03)
+            # mask it visits all T (past + T). hidden() sends only past < T here, where that is fewer and measured
+            # faster (tests/RESULTS.md, "model.py: causal attention over a cached prefix")
             q = F.pad(q, (0, 0, past, 0))
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None and T > 1,
                                            enable_gqa=self.n_kv != self.n_head)[:, :, -T:]  # (B, H, T, D)

@@ -8,7 +8,7 @@ torch thread each (--lanes). Then it measures each claim and writes claims.json,
 c3_reward_vs_time.png and c7_context.png under --out. Every number comes with its uncertainty (a bootstrap over
 states, runs or seeds) and "holds" says whether the miniature shows the paper's effect; nothing here is tuned to make
 a claim hold. `estimate_objective` measures J_step (ML-Agent, arXiv:2505.23723, the step-wise objective) of a
-checkpoint on a fixed sample of states; tests/bench_ppo.py uses it too. The README, "The claims", has the numbers.
+checkpoint on a fixed sample of states; tests/bench_ppo.py uses it too. tests/RESULTS.md has the numbers.
 
   C1 SFT keeps the action format        ML-Agent, exploration-enriched fine-tuning
   C2 PPO beats SFT                      ML-Agent Table 1, Figure 3
@@ -53,7 +53,7 @@ CLAIM_PRESETS = {
     # the full run: every held-in task, two SFT seeds, PPO for 16 iterations of 16 states (ppo.py's tiny defaults:
     # 4 samples each, the group baseline), J_step over 8 x 64 states, K = 2 on the held-out tasks; C8 on all of them.
     # J_step is cheap beside training; over 3 x 64 states its paired intervals were as wide as the effects they
-    # measured (README, "The claims")
+    # measured (tests/RESULTS.md, "The claims")
     "full": dict(tasks=HELD_IN, few_tasks=4, trajectories=1, sft_seeds=(0, 1), sft=[], unseen_states=150,
                  ppo=["--iterations", "16"], objective_states=64, objective_seeds=8,
                  eval=["--k", "2", "--max-steps", "8"], eval_tasks=[], orch_task="breast-cancer",
@@ -231,7 +231,7 @@ def _run_claims(preset: dict, out: Path, log, lanes) -> dict:
             ("orchestrator-train", "orchestrator.py", ["train", "--task", p["orch_task"], "--out", orch, *p["orch"]],
              [orch]),
             # C7 on energy: the context's growth does not depend on the task, and the monolithic chat's stacked
-            # scripts took 341 s on loans against 82 s on energy (2026-12-02)
+            # scripts run several times longer on loans (tests/RESULTS.md, "bench_claims.py: C7's task")
             ("eval-context", "eval.py", ["--scaffold", "matryoshka", "monolithic", "--policy", "scripted", "--tasks",
                                          p["eval_tasks"][0] if p["eval_tasks"] else "energy", "--k", "1", "--rounds",
                                          p["c7_rounds"], "--out", ev7, "--no-plots"], [ev7]))
