@@ -4,8 +4,8 @@ Each variant is one `python ppo.py` run from the same SFT model on the same stat
 J_step (bench_claims.estimate_objective: one sampled action in each of --objective-states seeded states, repeated for
 --objective-seeds seeds) is measured for the SFT model and for every variant on the same states with the same
 sampling seeds, so each PPO - SFT difference is paired by state and seed and gets a 95% bootstrap interval
-(bench_claims.bootstrap). This is how the README's "PPO on the tiny model" numbers are made; a student who changes the reward
-(reward.py) or a PPO detail runs it to see whether the change shows.
+(bench_claims.bootstrap). This is how tests/RESULTS.md's "PPO on the tiny model" numbers are made; a student who
+changes the reward (reward.py) or a PPO detail runs it to see whether the change shows.
 
   python tests/bench_ppo.py                                  # the two default variants, from runs/ckpt/sft
   python tests/bench_ppo.py --variant "lam1: --lam 1.0" --variant "group8: --advantage group --samples-per-state 8"
