@@ -84,7 +84,7 @@ HINTS = {401: "check OPENAI_API_KEY", 403: "check OPENAI_API_KEY and the model's
 
 
 class OpenAIBackend:
-    """Any OpenAI-compatible endpoint (OpenAI, vLLM, `python model.py serve`) over plain `requests`."""
+    """Any OpenAI-compatible endpoint (OpenAI, vLLM, `transformers serve`) over plain `requests`."""
 
     def __init__(self, model=None, base_url=None, api_key=None, timeout=None, max_retries=5, backoff=1.0,
                  price_in=0.0, price_out=0.0, embedding_model=None):

@@ -837,9 +837,9 @@ def _kill_uid(uid: int):
 
 
 # ---------------------------------------------------------------------------------------- the fork server
-# Importing numpy, pandas and scikit-learn is most of a short run: about 2.1-2.4 s of a 2.9 s starter script on this
-# project's 2-core machine (2026-12-02), paid again by every run. So a run is not a new interpreter but a fork of one
-# that imported them once (a "fork server", as multiprocessing's forkserver start method and Android's zygote do): the
+# Importing numpy, pandas and scikit-learn is most of a short run (tests/RESULTS.md, "env.py: the fork server"), paid
+# again by every run. So a run is not a new interpreter but a fork of one that imported them once (a "fork server",
+# as multiprocessing's forkserver start method and Android's zygote do): the
 # server, started with the sandbox's environment on the first run of a process, forks a child per run, and the child
 # applies everything a fresh interpreter's run gets (the same files, output, session, namespaces, rlimits, uid,
 # parent-death signal and scrubbed environment, in the order subprocess applies them) and runs the script as
@@ -1416,9 +1416,9 @@ class TaskSpec:
     data: str = PLAIN_DATA  # the starter's data block: builds X and X_test ($target: the target column)
     submit: str = "label"  # submission.csv holds: "label", "probability" (of class 1) or "classes" (one column each)
     test_fraction: float = 0.3  # time series: the last days instead
-    # seconds per run of train.py. Alone on 2 cores the starters take 0.4-1.2 s in the sandbox and the slowest offline
-    # recipe 4.9 s (digits, gradient boosting), but under ppo.py's load (4 scripts and the generation on 2 cores) a
-    # policy's script took 15.7 s; 20 s was tried and dropped (2026-12-02): it would make rewards depend on load.
+    # seconds per run of train.py: far above what the starters and the offline recipes take alone, because under
+    # ppo.py's load (4 scripts and the generation on 2 cores) a script runs several times slower, and a tighter limit
+    # would make rewards depend on load (tests/RESULTS.md, "env.py: the per-run time limit").
     time_limit: float = 60.0
     missing: bool = False  # some feature values are missing (the missing-indicator recipe applies)
     classes: int = 3  # classes of a submit="classes" task (one probability column each)

@@ -10,8 +10,7 @@ What this file holds, top to bottom:
   4. The byte-level BPE tokenizer read from `tokenizer.json`, the ChatML template, and a small BPE trainer.
   5. `load` (a local folder, the local Hugging Face cache, or a resumable download) and `save` (a folder that
      `transformers`, vLLM and this file all load).
-  6. An OpenAI-compatible HTTP server, so agents talk to a local checkpoint as they talk to vLLM.
-  7. A command line.
+  6. A command line. Serving a saved folder is left to vLLM (`vllm serve runs/ckpt/ppo`) and `transformers serve`.
 
 How it departs from Hugging Face `transformers`:
   - Only the dense models with the default RoPE: no MoE, no sliding-window attention, no RoPE scaling (YaRN).
@@ -22,11 +21,9 @@ How it departs from Hugging Face `transformers`:
     them) in every call, so left-padded batches need no position_ids. No dropout (Qwen trains without it).
   - The safetensors reader reads each tensor with readinto() straight into its parameter (built empty on the meta
     device) instead of memory-mapping, so a load never holds a second copy of the weights.
-  - The server does not stream.
 
 Run it:
   python model.py generate --model Qwen/Qwen2.5-0.5B-Instruct --prompt "Write a haiku about GPUs"
-  python model.py serve --model runs/ckpt/sft --port 8000      # then POST /v1/chat/completions
 """
 import argparse
 import dataclasses
@@ -34,15 +31,11 @@ import heapq
 import json
 import math
 import os
-import queue
 import struct
 import sys
 import threading
-import time
 import unicodedata
-import uuid
 from collections import Counter, defaultdict
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import regex
 import requests
@@ -176,10 +169,9 @@ class KVCache:
 
 class Linear(nn.Linear):
     """nn.Linear (the same parameters and names). While an Engine on CPU holds `weight_t`, a (in, out) copy of the
-    weight, the product reads that copy. On CPU a batch-1 product with a (out, in) weight streamed it at 11-14 GB/s
-    and the same product over the transposed copy at 13-18 GB/s (the layers of tests/bench_model.py's model, too many
-    to stay in cache, 1 thread, 2026-12-02; a 32000 x 512 lm_head: 13 against 23 GB/s), and a decode step reads every
-    weight once. The same values, summed in another order."""
+    weight, the product reads that copy. On CPU a batch-1 product streams the transposed copy faster than the (out, in)
+    weight (tests/RESULTS.md, "model.py: transposed weight copies"), and a decode step reads every weight once. The
+    same values, summed in another order."""
     weight_t = None
 
     def forward(self, x):
@@ -231,7 +223,9 @@ class Attention(nn.Module):
             # memory-efficient kernel no GQA), which repeats K/V per head and builds every fp32 score: 56 GiB for 16
             # rows of 16k tokens at 7B. Two mask-free forms reach the fused kernels instead:
             if past < T:  # SDPA's is_causal lines the first query up with the first key, so `past` zero queries go
-                q = F.pad(q, (0, 0, past, 0))  # in front and their outputs are dropped: (past + T)^2 / 2 pairs
+                q = F.pad(q, (0, 0, past, 0))  # in front and their outputs are dropped: (past + T)^2 / 2 pairs, which
+                # here is fewer than the T (past + T) of a mask, and measured faster (tests/RESULTS.md, "model.py:
+                # causal attention over a cached prefix")
             else:  # more cached than new: the lower-right causal bias, which flash attention takes as it is
                 mask = causal_lower_right(T, past + T)  # (torch.nn.attention.bias; on CPU it becomes the mask)
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None and T > 1,
@@ -1232,259 +1226,7 @@ def stop_strings(tokenizer, strings):
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# 6. OpenAI-compatible server (the subset of the chat completions API the agents use)
-
-class BadRequest(Exception):
-    """A request the server answers with 400 (or `status`) in OpenAI's error shape."""
-
-    def __init__(self, message, param=None, code=None, status=400, kind="invalid_request_error"):
-        super().__init__(message)
-        self.param, self.code, self.status, self.kind = param, code, status, kind
-
-
-class Batcher:
-    """The server's one Engine, stepped by one thread: the sequences of every request, from any handler thread, join
-    the running batch as slots free up (continuous batching across requests)."""
-
-    def __init__(self, model, max_batch=16):
-        self.engine, self.wake = Engine(model, max_batch), threading.Event()
-        threading.Thread(target=self._loop, daemon=True).start()
-
-    def submit(self, seqs):
-        for s in seqs:
-            s.done = threading.Event()
-        for i in range(0, len(seqs), self.engine.max_batch):  # the n samples of a request share one prefill
-            self.engine.add(seqs[i:i + self.engine.max_batch])
-        self.wake.set()
-
-    def _loop(self):
-        while True:
-            self.wake.wait()
-            self.wake.clear()
-            try:
-                while self.engine.step():
-                    pass
-            except Exception as e:  # every request still gets an answer: the ones in flight fail with the error
-                e_ = self.engine
-                with e_.lock:
-                    failed, e_.live, e_.waiting = e_.live + [s for g in e_.waiting for s in g], [], []
-                e_.cache = e_.lengths = e_.last = e_.fresh = None
-                for s in failed:
-                    s.reason = f"error: {type(e).__name__}: {e}"
-                    s.done.set()
-                    if s.on_token:
-                        s.on_token(s, None)
-
-
-def parse_chat_request(req, tokenizer, context, default_max_tokens):
-    """The fields of a chat completions request that this server supports, checked as OpenAI checks them.
-    -> (prompt ids, max_tokens, n, temperature, top_p, stop strings, seed); BadRequest naming the field."""
-    if not isinstance(req, dict):
-        raise BadRequest("the request body must be a JSON object")
-    msgs = req.get("messages")
-    if not isinstance(msgs, list) or not msgs:
-        raise BadRequest("'messages' must be a non-empty list", "messages")
-    messages = []
-    for i, m in enumerate(msgs):
-        content = m.get("content") if isinstance(m, dict) else None
-        if isinstance(content, list):  # text parts: [{"type": "text", "text": "..."}]
-            if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
-                       for p in content):
-                raise BadRequest(f"messages[{i}].content: only text parts are supported", f"messages[{i}].content")
-            content = "".join(p["text"] for p in content)
-        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or \
-                not (isinstance(content, str) or (content is None and m.get("role") == "assistant")):
-            raise BadRequest(f"messages[{i}] must be {{'role': str, 'content': str or text parts}}", f"messages[{i}]")
-        messages.append({"role": m["role"], "content": content or ""})
-
-    def number(name, default, kind, low, high=None, low_open=False):
-        v = req.get(name, default)
-        if v is None:
-            v = default
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or (kind is int and v != int(v)) or \
-                (v <= low if low_open else v < low) or (high is not None and v > high):
-            bound = f"{'>' if low_open else '>='} {low}" + (f" and <= {high}" if high is not None else "")
-            raise BadRequest(f"'{name}' must be {'an integer' if kind is int else 'a number'} {bound}, not {v!r}",
-                             name)
-        return kind(v)
-
-    temperature = number("temperature", 1.0, float, 0, 2)
-    top_p = number("top_p", 1.0, float, 0, 1, low_open=True)
-    n = number("n", 1, int, 1, 128)
-    stop = req.get("stop") or []
-    stop = [stop] if isinstance(stop, str) else stop
-    if not isinstance(stop, list) or len(stop) > 4 or not all(isinstance(x, str) for x in stop):
-        raise BadRequest("'stop' must be a string or a list of at most 4 strings", "stop")
-    seed = req.get("seed")
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-        raise BadRequest("'seed' must be an integer", "seed")
-    prompt = tokenizer.encode(tokenizer.apply_chat_template(messages))
-    key = "max_completion_tokens" if req.get("max_completion_tokens") is not None else "max_tokens"
-    asked = req.get(key) is not None
-    max_tokens = number(key, min(default_max_tokens, max(context - len(prompt), 1)), int, 1)
-    if len(prompt) + max_tokens > context or (not asked and len(prompt) >= context):
-        raise BadRequest(f"This model's maximum context length is {context} tokens. However, you requested "
-                         f"{len(prompt) + max_tokens} tokens ({len(prompt)} in the messages, {max_tokens} in the "
-                         f"completion). Please reduce the length of the messages or completion.", "messages",
-                         "context_length_exceeded")
-    return prompt, max_tokens, n, temperature, top_p, stop, seed
-
-
-def make_server(model, tokenizer, host="127.0.0.1", port=8000, model_name="model", default_max_tokens=512,
-                max_batch=16):
-    """An OpenAI-compatible HTTP server (GET /v1/models, POST /v1/chat/completions, streaming or not). Handler
-    threads parse and check requests; one Batcher thread generates for all of them together."""
-    batcher = Batcher(model, max_batch)
-    stops = set(stop_ids(model, tokenizer))
-    context = model.config.max_position_embeddings
-
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"  # keep-alive, as the openai client expects
-
-        def log_message(self, *args):  # keep test and agent output quiet
-            pass
-
-        def send(self, status, obj):
-            body = json.dumps(obj).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def error(self, status, message, kind="invalid_request_error", param=None, code=None):
-            self.send(status, {"error": {"message": message, "type": kind, "param": param, "code": code}})
-
-        def route(self, method):
-            length = int(self.headers.get("Content-Length") or 0)
-            body = self.rfile.read(length) if length else b""  # read first: the connection stays usable
-            path = self.path.split("?")[0].rstrip("/")
-            allowed = {"/v1/models": "GET", "/v1/chat/completions": "POST"}.get(path)
-            if allowed is None:
-                return self.error(404, f"unknown path {path}", "not_found_error", code="not_found")
-            if method != allowed:
-                return self.error(405, f"{method} not allowed on {path}", code="method_not_allowed")
-            if method == "GET":
-                return self.send(200, {"object": "list", "data": [
-                    {"id": model_name, "object": "model", "created": 0, "owned_by": "model.py"}]})
-            try:
-                req = json.loads(body or b"null")
-            except (ValueError, UnicodeDecodeError):
-                return self.error(400, "the request body is not valid JSON")
-            try:
-                if isinstance(req, dict) and req.get("model") not in (None, model_name):
-                    raise BadRequest(f"The model {req['model']!r} does not exist; this server serves "
-                                     f"{model_name!r}", "model", "model_not_found", 404, "not_found_error")
-                self.complete(req, *parse_chat_request(req, tokenizer, context, default_max_tokens))
-            except BadRequest as e:
-                self.error(e.status, str(e), e.kind, e.param, e.code)
-            except Exception as e:  # every request gets an answer
-                self.error(500, f"internal error: {type(e).__name__}: {e}", "server_error")
-
-        def complete(self, req, prompt, max_tokens, n, temperature, top_p, stop, seed):
-            dev = model.lm_head.weight.device
-            events = queue.Queue()  # (sequence index, token or None) as the Batcher produces them
-            seqs = []
-            for i in range(n):
-                gen = None if seed is None else torch.Generator(dev).manual_seed(seed * 1000003 + i)
-                seqs.append(Sequence(prompt, max_tokens, temperature, top_p, stops,
-                                     (lambda f: f and (lambda toks: f(0, toks)))(stop_strings(tokenizer, stop)), gen,
-                                     on_token=lambda s, t, i=i: events.put((i, t))))
-            batcher.submit(seqs)
-            ident, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
-            if req.get("stream"):
-                return self.stream(seqs, events, ident, created, prompt, stop, req)
-            for s in seqs:
-                s.done.wait()
-            if any(s.reason.startswith("error") for s in seqs):
-                return self.error(500, next(s.reason for s in seqs if s.reason.startswith("error")), "server_error")
-            choices = [{"index": i, "message": {"role": "assistant", "content": content}, "finish_reason": reason}
-                       for i, (content, reason) in enumerate(finish(s, stop) for s in seqs)]
-            used = sum(len(s.tokens) for s in seqs)
-            self.send(200, {"id": ident, "object": "chat.completion", "created": created, "model": model_name,
-                            "choices": choices, "usage": {"prompt_tokens": len(prompt), "completion_tokens": used,
-                                                          "total_tokens": len(prompt) + used}})
-
-        def stream(self, seqs, events, ident, created, prompt, stop, req):
-            """Server-sent events as OpenAI sends them: a role delta, content deltas, a finish_reason, [DONE]."""
-            self.send_response(200)
-            self.send_header("Content-Type", "text/event-stream")
-            self.send_header("Cache-Control", "no-cache")
-            self.send_header("Connection", "close")
-            self.end_headers()
-            self.close_connection = True
-
-            def event(i, delta, reason=None, **extra):
-                chunk = {"id": ident, "object": "chat.completion.chunk", "created": created, "model": model_name,
-                         "choices": [{"index": i, "delta": delta, "finish_reason": reason}] if i is not None else [],
-                         **extra}
-                self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
-                self.wfile.flush()
-
-            hold = max(map(len, stop), default=1) - 1  # characters that may yet become a stop string
-            sent = [0] * len(seqs)
-            for i in range(len(seqs)):
-                event(i, {"role": "assistant", "content": ""})
-            left = len(seqs)
-            while left:
-                i, _ = events.get()
-                s = seqs[i]
-                if s.reason is None:  # mid-sequence: send what can no longer change
-                    text = tokenizer.decode(s.tokens, skip_special_tokens=True)
-                    safe = len(text) - hold if not text.endswith("\ufffd") else text.rfind("\ufffd") - hold
-                    if safe > sent[i]:
-                        event(i, {"content": text[sent[i]:safe]})
-                        sent[i] = safe
-                    continue
-                left -= 1
-                if s.reason.startswith("error"):
-                    event(i, {}, "error", error={"message": s.reason, "type": "server_error"})
-                    continue
-                content, reason = finish(s, stop)
-                if len(content) > sent[i]:
-                    event(i, {"content": content[sent[i]:]})
-                event(i, {}, reason)
-            if (req.get("stream_options") or {}).get("include_usage"):
-                used = sum(len(s.tokens) for s in seqs)
-                event(None, {}, usage={"prompt_tokens": len(prompt), "completion_tokens": used,
-                                       "total_tokens": len(prompt) + used})
-            self.wfile.write(b"data: [DONE]\n\n")
-            self.wfile.flush()
-
-        def do_GET(self):
-            self.route("GET")
-
-        def do_POST(self):
-            self.route("POST")
-
-        def do_PUT(self):
-            self.route("PUT")
-
-        def do_DELETE(self):
-            self.route("DELETE")
-
-    def finish(s, stop):
-        """(text, finish_reason) of a finished sequence: special tokens dropped, cut before the first stop string."""
-        content = tokenizer.decode(s.tokens, skip_special_tokens=True)
-        cut = min((j for j in (content.find(x) for x in stop if x) if j >= 0), default=-1)
-        return (content[:cut], "stop") if cut >= 0 else (content, s.reason)
-
-    server = ThreadingHTTPServer((host, port), Handler)
-    server.daemon_threads, server.batcher = True, batcher
-    return server
-
-
-def serve(model, tokenizer, host="127.0.0.1", port=8000, model_name="model", max_batch=16):
-    server = make_server(model, tokenizer, host, port, model_name, max_batch=max_batch)
-    print(f"serving {model_name} on http://{host}:{server.server_address[1]}/v1", file=sys.stderr)
-    try:
-        server.serve_forever()
-    except KeyboardInterrupt:
-        server.server_close()
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# 7. Command line
+# 6. Command line
 
 def bad_device(name):
     """Why `name` is not a device torch can use here (a one-line reason), or None: the CLIs check --device with it."""
@@ -1510,44 +1252,30 @@ class _Parser(argparse.ArgumentParser):
 
 
 def main(argv=None):
-    parser = _Parser(prog="model.py", description="Generate with, or serve, a Qwen2/Qwen2.5/Qwen3 checkpoint.")
-    sub = parser.add_subparsers(dest="command", required=True)
-    for name in ("generate", "serve"):
-        p = sub.add_parser(name)
-        p.add_argument("--model", required=True, help="a local folder or a hub id such as Qwen/Qwen2.5-0.5B-Instruct")
-        p.add_argument("--device", default=None)
-        p.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"])
-        if name == "generate":
-            p.add_argument("--prompt", required=True)
-            p.add_argument("--max-new-tokens", type=int, default=128)
-            p.add_argument("--temperature", type=float, default=0.0)
-            p.add_argument("--top-p", type=float, default=1.0)
-            p.add_argument("--raw", action="store_true", help="no chat template around the prompt")
-        else:
-            p.add_argument("--port", type=int, default=8000)
-            p.add_argument("--host", default="127.0.0.1")
-            p.add_argument("--name", default=None, help="model name the API reports (default: --model)")
-            p.add_argument("--max-batch", type=int, default=16, help="sequences decoded together (all requests)")
+    parser = _Parser(prog="model.py", description="Generate with a Qwen2/Qwen2.5/Qwen3 checkpoint.")
+    p = parser.add_subparsers(dest="command", required=True).add_parser("generate")
+    p.add_argument("--model", required=True, help="a local folder or a hub id such as Qwen/Qwen2.5-0.5B-Instruct")
+    p.add_argument("--device", default=None)
+    p.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--prompt", required=True)
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--raw", action="store_true", help="no chat template around the prompt")
     args = parser.parse_args(argv)
     if bad_device(args.device):
         parser.error(bad_device(args.device))
-    if args.command == "generate" and not (args.max_new_tokens >= 1 and 0 <= args.temperature < math.inf and
-                                           0 < args.top_p <= 1):
+    if not (args.max_new_tokens >= 1 and 0 <= args.temperature < math.inf and 0 < args.top_p <= 1):
         parser.error("need --max-new-tokens >= 1, a finite --temperature >= 0, 0 < --top-p <= 1")
-    if args.command == "serve" and not (0 <= args.port <= 65535 and args.max_batch >= 1):
-        parser.error(f"need 0 <= --port <= 65535 (not {args.port}) and --max-batch >= 1")
     try:
         model, tokenizer = load(args.model, args.device, args.dtype)
     except (OSError, ValueError) as e:  # missing folder, no network, bad checkpoint: one line, exit 2
         print(f"model.py: error: {e}", file=sys.stderr)
         sys.exit(2)
-    if args.command == "generate":
-        text = args.prompt if args.raw else tokenizer.apply_chat_template([{"role": "user", "content": args.prompt}])
-        gen = model.generate([tokenizer.encode(text)], args.max_new_tokens, args.temperature, args.top_p,
-                             stop_token_ids=stop_ids(model, tokenizer), pad_token_id=tokenizer.pad_token_id)
-        print(tokenizer.decode(gen.tokens[0], skip_special_tokens=True))
-    else:
-        serve(model, tokenizer, args.host, args.port, args.name or args.model, max(args.max_batch, 1))
+    text = args.prompt if args.raw else tokenizer.apply_chat_template([{"role": "user", "content": args.prompt}])
+    gen = model.generate([tokenizer.encode(text)], args.max_new_tokens, args.temperature, args.top_p,
+                         stop_token_ids=stop_ids(model, tokenizer), pad_token_id=tokenizer.pad_token_id)
+    print(tokenizer.decode(gen.tokens[0], skip_special_tokens=True))
 
 
 if __name__ == "__main__":

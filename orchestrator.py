@@ -50,14 +50,10 @@ Where the paper's text is silent (our choices):
   `imitation_orchestrator`), AdamW at 6e-3 for 1000 updates (the paper has no such step). The ranking loss then
   trains ckpt-0 -> ckpt-1 with ckpt-0 as the reference, as for a given checkpoint, at the paper's lr 1e-5.
   ckpt-0/imitation.json keeps the imitation's loss and the share of its greedy answers that parse.
-- Larger ranking learning rates for the tiny model were tried and not taken (2026-12-02; one ckpt-0, the default
-  trees; HumanRank of 6-round runs, K = 1, on 4 held-in tasks outside the trees: synth-regression-1,
-  synth-classification-2, synth-timeseries-2, synth-text-1): they fit the groups better (mean ranking loss after
-  training 0.685 at 1e-5, 0.670 at 3e-5, 0.592 at 1e-4, 0.483 at 3e-4) but decided worse (HumanRank: ckpt-0 0.896,
-  1e-5 0.896, 3e-5 0.896, 1e-4 0.824, 3e-4 0.720); at 1e-3 greedy answers parsed on 0 of 18 round-1 prompts of
-  held-in tasks outside the trees (ckpt-0: 18), 8 of 18 with the chosen decision's NLL added to the loss (RPO).
-  Depth-2 trees on the other tasks (35 groups instead of 11) gave a ckpt-0 of 0.861 and ckpt-1s of 0.814 (1e-5 and
-  1e-4) and 0.754 (3e-4).
+- Larger ranking learning rates for the tiny model (3e-5 to 1e-3) were tried and not taken: they fit the preference
+  groups better (a lower ranking loss after training) but decided no better (HumanRank on held-in tasks outside the
+  trees: the same at 3e-5, lower from 1e-4), and at 1e-3 greedy answers stopped parsing; depth-2 trees on the other
+  tasks did not help either (tests/RESULTS.md, "orchestrator.py: ranking learning rates").
 
 Run:  python orchestrator.py run --task breast-cancer                 (scripted orchestrator + recipe sub-agent)
       python orchestrator.py run --task breast-cancer --monolithic    (the baseline)

@@ -33,7 +33,7 @@ How this departs from the paper and the references:
   return-to-go of the other n - 1 episodes at the same step (0 for an episode that has ended). The critic is then
   neither run nor trained (it is still built and saved, so checkpoints keep one layout).
 - `--tasks N` trains on the states of N of the pool's tasks (ML-Agent Figure 5 varies the number of RL training
-  tasks); `estimate_objective` measures J_step of a checkpoint on a fixed sample of states (eval.py's claims).
+  tasks); tests/bench_claims.py's `estimate_objective` measures J_step of a checkpoint on a fixed sample of states.
 - The critic is a separate copy of the policy with a scalar value head (as OpenRLHF's critic; the paper's Appendix
   C.1 is not in the text this project follows); the N-details initialise it from the reward model, which this task does not have.
 - The masks come from the lengths of prompts and responses, not from `ids != pad`, so the pad token may equal EOS
@@ -95,7 +95,7 @@ import agent
 import env
 import model
 import sft
-from reward import OUTCOMES, RewardConfig, add_flags as add_reward_flags, from_flags as reward_from_flags, from_record
+from reward import RewardConfig, add_flags as add_reward_flags, from_flags as reward_from_flags, from_record
 
 ROOT = env.ROOT  # default paths live under the project's runs/, wherever ppo.py is started from
 
@@ -165,12 +165,11 @@ PAPER = dict(actor_lr=1e-6, critic_lr=1e-5, critic_warmup=0, advantage="gae")  #
 # The offline miniature (sft.py's tiny model from scratch; any policy under TINY_PARAMS): at the paper's learning
 # rates its weights do not move (no ratio is clipped, the KL stays near zero), so it takes larger ones. With the
 # critic (a copy of a policy that is itself barely trained) its advantages did not raise J_step at any setting
-# tried; with the group baseline over 4 samples per state they did (README, "PPO on the tiny model";
+# tried; with the group baseline over 4 samples per state they did (tests/RESULTS.md, "PPO on the tiny model";
 # tests/bench_ppo.py measures both). Our choice, not the paper's. --advantage gae brings back the critic, fitted
-# alone for the first critic_warmup iterations (OpenRLHF's --freezing_actor_steps). From a stronger SFT start (the
-# claims run of 2026-12-03, J_step -0.107) 16 iterations moved J_step by +0.013 [-0.060, +0.085] at 1e-4, -0.048
-# [-0.131, +0.034] at 3e-4 (KL 14, invalid actions 21% against 10%), +0.031 [-0.045, +0.104] at 3e-4 with kl_coef
-# 0.01; at 1e-3 every action was invalid from iteration 9, where equal rewards leave the group baseline no signal.
+# alone for the first critic_warmup iterations (OpenRLHF's --freezing_actor_steps). From a stronger SFT start, no
+# actor rate tried (1e-4, 3e-4, 1e-3) moved J_step clearly, and at 1e-3 every action became invalid, where equal
+# rewards leave the group baseline no signal (tests/RESULTS.md, "PPO on the tiny model").
 TINY = dict(actor_lr=1e-4, critic_lr=3e-3, critic_warmup=2, advantage="group")
 TINY_PARAMS = 10_000_000
 LORA_LR_FACTOR = 10
@@ -491,8 +490,8 @@ def generate(lm, tokenizer, messages, cfg, device, seeds=None, n=1, on_done=None
     done = None if on_done is None else lambda i, t, reason: on_done(i, text(t), reason == "stop")  # noqa: E731
     threads = torch.get_num_threads()
     if device.type == "cpu":  # one thread: the sandboxes run the finished rows' scripts on the same cores meanwhile,
-        torch.set_num_threads(1)  # and OpenMP threads that wait on each other at every small op then crawl (the
-    try:                          # tiny model, 16 states x 4 samples, under load: 5.1-5.6 s with 1, 12-20 s with 2)
+        torch.set_num_threads(1)  # and OpenMP threads that wait on each other at every small op then crawl
+    try:                          # (tests/RESULTS.md, "ppo.py: generation threads")
         with autocast(device):  # continuous batching: at most gen_batch rows (and their KV cache) at a time
             g = lm.generate(prompts, cfg.max_new_tokens, cfg.temperature, stop_token_ids=model.stop_ids(lm, tokenizer),
                             seeds=seeds, max_batch=cfg.gen_batch, n=n,
@@ -510,8 +509,8 @@ def execute(e, text, reward_config, finished=True, unfinished_invalid=True):
     the edit instruction of an `Edit Script (AI)` (None otherwise).
     finished=False: the response was cut at max_new_tokens; unless unfinished_invalid=False (--no-unfinished-invalid)
     that is invalid whatever it holds. Otherwise a policy that writes a valid action and then runs on (writing the
-    Observation itself) is paid as if it had stopped, and PPO drifts toward responses that never end (README, "PPO
-    on the tiny model")."""
+    Observation itself) is paid as if it had stopped, and PPO drifts toward responses that never end
+    (tests/RESULTS.md, "PPO on the tiny model")."""
     action = action_input = reason = None
     try:
         if not finished and unfinished_invalid:
@@ -1065,28 +1064,6 @@ def train(cfg):
     if lock:
         lock.close()
     return progress
-
-
-def estimate_objective(policy, states_path, n=64, seed=0, temperature=0.7, max_new_tokens=400, workers=2,
-                       reward_config=RewardConfig(), device=None):
-    """J_step of a policy checkpoint, estimated: one sampled action in each of n states of the pool (the same seeded
-    states, in the same order, with the same sampling seed for every policy, so two policies compare state by state),
-    executed and scored as in training. -> {mean_reward, frac_<kind>, rewards, kinds, edits, states}; edits: the
-    edit instruction of each action that was an `Edit Script (AI)`, else None (the agent's action diversity, eval.py
-    claim C5)."""
-    states = load_states(states_path)
-    picked = random.Random(f"objective:{seed}").sample(range(len(states)), min(n, len(states)))
-    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    lm, tokenizer = model.load(policy, device, torch.float32)
-    cfg = Config(temperature=temperature, max_new_tokens=max_new_tokens, workers=workers, reward=reward_config)
-    torch.manual_seed(seed)
-    with ThreadPoolExecutor(workers) as pool:
-        outcomes = step_rollout([states[i] for i in picked], lm, tokenizer, cfg, pool, env.recipe_editor, device,
-                                lambda name: None)[3]
-    rewards, kinds = [o["reward"] for o in outcomes], [o["kind"] for o in outcomes]
-    return {"mean_reward": sum(rewards) / len(rewards), "rewards": rewards, "kinds": kinds, "states": picked,
-            "edits": [o["edit"] for o in outcomes],
-            **{f"frac_{k}": kinds.count(k) / len(kinds) for k in OUTCOMES}}
 
 
 # ----------------------------------------------------------------------------------------------------------------

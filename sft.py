@@ -26,31 +26,19 @@ on CUDA. Departures and choices:
     on the prompt helps most with long prompts, short outputs and few examples: here the prompts are far longer than
     the responses, the conversations are few, and the prompts hold earlier responses in the same format. Over several
     seeds, weight 1 gave a higher parse rate of greedy responses on states of unseen trajectories and a lower held-out
-    loss on the assistant tokens than weight 0, though not every seed reached C1's aim (`eval.py claims` measures
-    the default's parse rate; the README, "The claims", has its numbers). A deeper or wider tiny model, or more
-    data, did not do better. Weight 1 costs extra training time (the lm_head and the loss at every position). The
-    misses are slips in long copies: a JSON key repeated or dropped after a long edit instruction, a plan line copied
-    into the Thought. The thread count does not change the result (identical losses). Fewer epochs shorten the
-    quick pipeline but acted worse: on collect.py's default data (2 CPU cores, 2026-12-02) 8 epochs gave a
-    held-out loss of 0.171 and 100% of 23 held-out greedy responses valid (82.6% the expert's action) in 398 s,
-    5 epochs 0.276 and 95.7% (78.3%) in 195 s; in `python eval.py` after the quick pipeline, the 5-epoch SFT and PPO
-    policies left every held-out starter unchanged (gain +0.00% / -0.32% avg@2), the 8-epoch ones edited it
-    (best@2 +14.3% / +2.8%). Again on 2026-12-03: 6 epochs acted worse than 8 (mean step reward of one sampled
-    action in 3 x 64 states of the pool, ppo.estimate_objective: -0.191 against -0.107), though more of their greedy
-    responses on 150 states of unseen trajectories parsed (94.7% against 90.7%). Later that day, 7 epochs
-    against 8 on the same data: a higher held-out loss (0.156 against 0.139) and on held-in states alike (J_step
-    -0.277 against -0.311, paired over the same 3 x 64 states and samples: +0.034 [-0.053, +0.124]; 92.7% against
-    93.3% of greedy responses on 150 states of unseen trajectories parsed, 77.3% against 76.0% the expert's action),
-    in 334 s against 397 s of training. After the quick pipeline, `python eval.py` (gain avg@2 / best@2 on the
-    held-out tasks) gave the 7-epoch policies SFT +0.19% / +0.96%, PPO +0.00% / +0.00%, and two 8-epoch runs SFT
-    -3.08% / +13.74% and -7.39% / +0.18%, PPO +10.50% / +16.08% and +0.39% / +0.96%: at K = 2 on 4 tasks that
-    is noise. 8 stays, for the lower held-out loss; the quick pipeline fits 15 minutes with it (README).
+    loss on the assistant tokens than weight 0, though not every seed reached C1's aim (tests/bench_claims.py measures
+    the default's parse rate; tests/RESULTS.md has its numbers). A deeper or wider tiny model, or more data, did not
+    do better. Weight 1 costs extra training time (the lm_head and the loss at every position). The misses are slips
+    in long copies: a JSON key repeated or dropped after a long edit instruction, a plan line copied into the Thought.
+    The thread count does not change the result (identical losses). Fewer epochs shorten the quick pipeline, but none
+    of 5, 6 and 7 did clearly better: 5 and 7 had a higher held-out loss, 6 a lower J_step on held-in states, and the
+    held-out gains differed within the noise of K = 2. 8 stays, for the lower held-out loss (tests/RESULTS.md, "sft.py:
+    epochs of the tiny model").
   - Batches: sequences of similar length are grouped (length buckets) and right-padded; no packing. The prefix that
-    the rows of a micro-batch share is computed once (SFTModel): every prompt begins with the tools' descriptions,
-    514 of the about 2,200 tokens of a conversation of collect.py's default data (2026-12-02). Batching the steps of
-    one task together would share its whole system prompt (1,075 tokens) and took sft.py from 522 to 426 s, but it
-    trained worse: train loss 0.124 against 0.042, held-out loss 0.184 against 0.103. Right padding
-    needs no attention mask: a real token never attends to a later pad under the causal mask.
+    the rows of a micro-batch share is computed once (SFTModel): every prompt begins with the tools' descriptions.
+    Batching the steps of one task together would share its whole system prompt and ran faster, but it trained worse
+    (tests/RESULTS.md, "sft.py: shared prefix"). Right padding needs no attention mask: a real token never attends to
+    a later pad under the causal mask.
   - The logits are computed only at trained positions (the lm_head is the memory peak for 150k-token vocabularies).
   - sft.py imports agent.py (the house's import table lists model.py only): for the torch-free file helpers every CLI
     shares (locks, JSONL lines, folder swaps, checkpoint checks) and for the held-out parse rate's
@@ -247,7 +235,7 @@ class LinearCrossEntropy(torch.autograd.Function):
     keeps the softmax, in the logits' own buffer; the backward turns it in place into the logits' gradient, softmax
     minus one-hot (the cross-entropy's derivative) times each row's incoming gradient, and multiplies it out. Autograd
     through F.cross_entropy instead keeps the log-softmax too, fills a zero (N, V) gradient to scatter into and runs
-    log-softmax's backward: about a sixth of an SFT step of the tiny model on 2 CPU cores (the profiler, 2026-12-03).
+    log-softmax's backward, a share of an SFT step of the tiny model that the profiler shows (tests/RESULTS.md).
     The same loss and gradients up to rounding (tests/test_sft.py); under autocast the products are bf16, as the
     lm_head's would be, and the softmax fp32."""
 

@@ -6,8 +6,6 @@ It measures, and prints as a table with the ratio ours / transformers:
   different lengths so the batch is left-padded), fp32;
 - a rollout-like workload: 64 prompts of 500-2,000 tokens whose responses stop at different lengths, at most 16
   rows at a time (ours: continuous batching; transformers: consecutive batches of 16), in useful tokens/s;
-- serving: model.py serve through the official openai client, requests/s and p50 / p99 latency of 8 concurrent
-  clients against sequential requests (both ours: the row's ratio is the gain of batching requests together);
 - training tokens/s: forward + cross-entropy + backward over (batch, seq) random tokens, fp32;
 - peak memory while loading a ~200M-parameter checkpoint (bf16 by default), each loader in a fresh subprocess:
   the rise of the RSS high-water mark (VmHWM, reset through /proc/self/clear_refs after the imports) during the
@@ -22,7 +20,7 @@ The aim: generation and training at least as fast as transformers (ratio >= 1) a
     python tests/bench_model.py --threads 1             # steadier numbers on a machine shared with other work
     python tests/bench_model.py --hidden 256 --layers 4 --new-tokens 32 --skip-load   # a quick look
     python tests/bench_model.py --load-hidden 1024 --load-layers 12 --load-vocab 32000  # the ~200M load check
-    python tests/bench_model.py --skip-load --skip-rollout --skip-serve --no-copies   # ours without the weight copies
+    python tests/bench_model.py --skip-load --skip-rollout --no-copies   # ours without the weight copies
 """
 from __future__ import annotations
 
@@ -151,37 +149,6 @@ def bench_rollout(ours, hf, n_prompts, batch, new_tokens, lo, hi, repeats):
                                             f"batch {batch}; {same}/{n_prompts} sequences identical")
 
 
-def bench_serving(ours, tok, clients, n_requests, max_tokens):
-    """model.py serve through the official openai client: n_requests chat completions sent one after another, then
-    by `clients` threads at once. -> rows of (name, requests/s, p50 s, p99 s)"""
-    import threading
-    from concurrent.futures import ThreadPoolExecutor
-    import openai
-    srv = model.make_server(ours, tok, port=0, model_name="bench", max_batch=clients)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    client = openai.OpenAI(base_url=f"http://127.0.0.1:{srv.server_address[1]}/v1", api_key="none", max_retries=0)
-    rows = []
-
-    def one(i):
-        t0 = time.perf_counter()
-        client.chat.completions.create(model="bench", messages=[{"role": "user", "content": f"request {i} " * 20}],
-                                       max_tokens=max_tokens, temperature=0)
-        return time.perf_counter() - t0
-
-    try:
-        one(-1)  # warm-up
-        for name, workers in (("sequential", 1), (f"{clients} concurrent clients", clients)):
-            t0 = time.perf_counter()
-            with ThreadPoolExecutor(workers) as pool:
-                lat = sorted(pool.map(one, range(n_requests)))
-            wall = time.perf_counter() - t0
-            rows.append((name, n_requests / wall, lat[len(lat) // 2], lat[min(len(lat) - 1, int(0.99 * len(lat)))]))
-    finally:
-        srv.shutdown()
-        srv.server_close()
-    return rows
-
-
 def bench_training(ours, hf, batch, seq, vocab, repeats):
     ids = torch.randint(0, vocab, (batch, seq), generator=torch.Generator().manual_seed(0))
 
@@ -258,9 +225,6 @@ def main():
     ap.add_argument("--rollout-prompt-len", type=int, nargs=2, default=[500, 2000], metavar=("LO", "HI"))
     ap.add_argument("--rollout-new-tokens", type=int, default=128)
     ap.add_argument("--skip-rollout", action="store_true")
-    ap.add_argument("--serve-clients", type=int, default=8)
-    ap.add_argument("--serve-requests", type=int, default=32)
-    ap.add_argument("--skip-serve", action="store_true")
     ap.add_argument("--json", help="also write the results to this file")
     ap.add_argument("--no-copies", action="store_true",
                     help="ours without model.Engine's transposed weight copies on CPU (TRANSPOSED_COPY_BYTES = 0)")
@@ -294,16 +258,6 @@ def main():
                 rows.append(("rollout-like generation, useful tok/s", o, t, o / t, note))
                 results["rollout"] = {"ours": o, "transformers": t, "ratio": o / t, "note": note}
                 print(f"  rollout: ours {o:.1f} tok/s, transformers {t:.1f} tok/s ({note})", flush=True)
-            if not args.skip_serve:
-                serve_rows = bench_serving(ours, model.load(str(folder), device="cpu")[1], args.serve_clients,
-                                           args.serve_requests, 32)
-                for name, rps, p50, p99 in serve_rows:
-                    print(f"  serving, {name}: {rps:.2f} requests/s, latency p50 {p50:.2f} s, p99 {p99:.2f} s",
-                          flush=True)
-                results["serve"] = [dict(zip(("name", "requests_per_s", "p50_s", "p99_s"), r)) for r in serve_rows]
-                seq, conc = serve_rows[0][1], serve_rows[1][1]
-                rows.append((f"serving requests/s, {args.serve_clients} clients", conc, seq, conc / seq,
-                             "the transformers column is ours, sequential requests"))
             o, t = bench_training(ours, hf, args.train_batch, args.train_seq, args.vocab, args.repeats)
             rows.append((f"train fwd+bwd tok/s, {args.train_batch}x{args.train_seq}", o, t, o / t, ""))
             results["train"] = {"ours": o, "transformers": t, "ratio": o / t}

@@ -1,11 +1,11 @@
 """PPO variants against their SFT start (not collected by pytest): does a setting of ppo.py raise J_step?
 
 Each variant is one `python ppo.py` run from the same SFT model on the same states pool, with the flags given; then
-J_step (ppo.estimate_objective: one sampled action in each of --objective-states seeded states, repeated for
+J_step (bench_claims.estimate_objective: one sampled action in each of --objective-states seeded states, repeated for
 --objective-seeds seeds) is measured for the SFT model and for every variant on the same states with the same
 sampling seeds, so each PPO - SFT difference is paired by state and seed and gets a 95% bootstrap interval
-(eval.bootstrap). This is how the README's "PPO on the tiny model" numbers are made; a student who changes the reward
-(reward.py) or a PPO detail runs it to see whether the change shows.
+(bench_claims.bootstrap). This is how tests/RESULTS.md's "PPO on the tiny model" numbers are made; a student who
+changes the reward (reward.py) or a PPO detail runs it to see whether the change shows.
 
   python tests/bench_ppo.py                                  # the two default variants, from runs/ckpt/sft
   python tests/bench_ppo.py --variant "lam1: --lam 1.0" --variant "group8: --advantage group --samples-per-state 8"
@@ -27,8 +27,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 import agent  # noqa: E402
+import bench_claims  # noqa: E402  (beside this file)
 import eval as evaluation  # noqa: E402
-import ppo  # noqa: E402
 
 VARIANTS = ["gae: --batch-size 64",  # the paper's PPO with a critic, 64 actions per iteration
             "group: --advantage group --samples-per-state 4 --batch-size 16"]  # no critic, 64 actions per iteration
@@ -46,14 +46,14 @@ def objective(out, name, policy, states, n, seeds):
     path = out / f"objective-{name}.json"
     if path.exists():
         return json.loads(path.read_text())
-    runs = [ppo.estimate_objective(policy, states, n=n, seed=s) for s in range(seeds)]
+    runs = [bench_claims.estimate_objective(policy, states, n=n, seed=s) for s in range(seeds)]
     result = {"rewards": [r for x in runs for r in x["rewards"]], "kinds": [k for x in runs for k in x["kinds"]]}
     evaluation.write_atomic(path, json.dumps(result))
     return result
 
 
 def row(name, flags, obj, base, log):
-    d = evaluation.bootstrap([a - b for a, b in zip(obj["rewards"], base["rewards"])])
+    d = bench_claims.bootstrap([a - b for a, b in zip(obj["rewards"], base["rewards"])])
     last = log[-1] if log else {}
     return {"variant": name, "flags": " ".join(flags), "j_step": sum(obj["rewards"]) / len(obj["rewards"]),
             "minus_sft": d, "invalid": obj["kinds"].count("invalid") / len(obj["kinds"]),

@@ -6,7 +6,7 @@
 - OpenAIBackend retries 429 and 500 (stub HTTP server on loopback), fails fast and clearly on 401 and 404, gives up
   clearly on an unreachable port, reads embeddings;
 - episodes: a scripted chat with malformed responses (re-asked, then an invalid step with reward -1, the episode goes
-  on), a tiny random model behind `model.py`'s real HTTP server (its output is malformed: every step -1, no crash),
+  on), a tiny random model behind a loopback HTTP endpoint (its output is malformed: every step -1, no crash),
   the scripted expert (every response parses, rewards match reward.py);
 - LLMEditor extracts the script from a ```python block and fails with EditError without one.
 """
@@ -336,15 +336,41 @@ def test_scripted_expert_episode_parses_and_rewards_match_reward_py():
     assert "[failed: the edit could not be applied]" in traj.steps[-1].response
 
 
-def test_episode_against_model_py_server_on_loopback():
+def test_episode_against_a_tiny_model_behind_an_http_endpoint():
+    """A tiny random model answers over real HTTP on loopback (GET /v1/models, POST /v1/chat/completions through
+    LocalBackend, as vLLM or `transformers serve` would answer for a saved folder): its output is malformed, so every
+    step is invalid with reward -1, each asked again once, and the episode ends without a crash."""
     model = pytest.importorskip("model")
     torch = pytest.importorskip("torch")
-    if not hasattr(model, "train_tokenizer"):
-        pytest.skip("model.train_tokenizer not implemented")
     torch.manual_seed(0)
     tok = model.train_tokenizer([agent.SYSTEM, GOOD, agent.tools_block()], vocab_size=400)
     lm = model.Qwen(model.tiny_config(vocab_size=len(tok), max_position_embeddings=16384)).eval()
-    server = model.make_server(lm, tok, host="127.0.0.1", port=0, model_name="tiny")
+    local, posts = agent.LocalBackend(lm=lm, tokenizer=tok), []
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *a):
+            pass
+
+        def answer(self, body):
+            data = json.dumps(body).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self):
+            assert self.path == "/v1/models"
+            self.answer({"object": "list", "data": [{"id": "tiny", "object": "model"}]})
+
+        def do_POST(self):
+            req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            posts.append((self.path, req))
+            c = local.chat(req["messages"], req["n"], req["temperature"], req["max_tokens"], req.get("stop"))
+            self.answer({"choices": [{"index": i, "message": {"role": "assistant", "content": t},
+                                      "finish_reason": "stop"} for i, t in enumerate(c.texts)],
+                         "usage": {"prompt_tokens": c.prompt_tokens, "completion_tokens": c.completion_tokens}})
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         backend = agent.OpenAIBackend(base_url=f"http://127.0.0.1:{server.server_address[1]}", backoff=0.01)
@@ -356,6 +382,8 @@ def test_episode_against_model_py_server_on_loopback():
     assert backend.model == "tiny"  # asked /v1/models
     assert [s.kind for s in traj.steps] == ["invalid", "invalid"] and [s.reward for s in traj.steps] == [-1, -1]
     assert backend.usage.calls == 4 and backend.usage.prompt_tokens > 100 and backend.usage.completion_tokens > 0
+    assert len(posts) == 4 and all(p == "/v1/chat/completions" and r["model"] == "tiny" for p, r in posts)
+    assert backend.usage.completion_tokens == local.usage.completion_tokens  # what the model generated, counted once
 
 
 def test_local_backend_stops_at_stop_strings_while_generating_and_shares_n_samples():

@@ -1,0 +1,85 @@
+"""Tests for tests/bench_claims.py, the papers' claims in miniature (it checks the report's shape, never the outcomes):
+
+- usage errors (an unknown flag, --lanes below one) exit 2 with one line and start nothing;
+- independent steps run at once or in turn, each once, and a failure is raised after the others finished;
+- the bootstrap interval brackets the mean and narrows with n;
+- a claims run at the smallest size runs every step, writes every claim C1-C8, and a rerun finds everything done.
+"""
+import importlib.util
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+PATH = Path(__file__).resolve().parent / "bench_claims.py"
+spec = importlib.util.spec_from_file_location("bench_claims", PATH)
+bench = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(bench)
+ROOT = PATH.parent.parent
+
+
+def _bench(*args):
+    return subprocess.run([sys.executable, str(PATH), *args], cwd=ROOT, capture_output=True, text=True, timeout=600)
+
+
+def test_claims_usage_error_exits_2_with_one_line(tmp_path):
+    out = _bench("--fast", "--out", str(tmp_path))
+    assert out.returncode == 2 and "unrecognized arguments: --fast" in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1 and not (tmp_path / "work").exists()
+
+
+def test_claims_lanes_below_one_is_a_usage_error(tmp_path):
+    out = _bench("--lanes", "-1", "--out", str(tmp_path))
+    assert out.returncode == 2 and "--lanes must be at least 1" in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1 and not (tmp_path / "work").exists()
+
+
+@pytest.mark.parametrize("lanes", [1, 2])
+def test_claims_steps_run_every_job_once_and_a_failure_waits_for_the_others(tmp_path, lanes):
+    """Independent steps at once (lanes 2) or in turn (1): each that succeeds is marked done, a failed one raises
+    naming itself only after the others finished, and a rerun skips what is done."""
+    R = bench.ClaimsRun({}, tmp_path, log=lambda *a: None, lanes=lanes)
+    with pytest.raises(RuntimeError, match="claims step bad failed"):
+        R.steps(("bad", "env.py", ["--no-such-flag"], []), ("help", "env.py", ["--help"], []))
+    assert (tmp_path / "work" / "help.done").exists() and not (tmp_path / "work" / "bad.done").exists()
+    assert "import-mlebench" in (tmp_path / "work" / "logs" / "help.log").read_text()
+    (tmp_path / "work" / "logs" / "help.log").unlink()
+    R.steps(("help", "env.py", ["--help"], []), ("help-again", "env.py", ["--help"], []))
+    assert not (tmp_path / "work" / "logs" / "help.log").exists()  # done before: not run again
+    assert set(R.seconds) == {"help", "help-again"} and (tmp_path / "work" / "help-again.done").exists()
+
+
+def test_bootstrap_interval_brackets_the_mean_and_narrows_with_n():
+    small, large = bench.bootstrap([0.0, 1.0] * 5), bench.bootstrap([0.0, 1.0] * 500)
+    assert small["mean"] == large["mean"] == 0.5 and small["n"] == 10
+    assert small["lo"] < 0.5 < small["hi"] and (large["hi"] - large["lo"]) < (small["hi"] - small["lo"]) / 5
+    assert bench.bootstrap([None])["mean"] is None
+
+
+# A claims run at the smallest size that still runs every step: it checks the report's shape, never the outcomes.
+MICRO = dict(tasks=["digits", "synth-regression-0"], few_tasks=1, trajectories=1, sft_seeds=(0,),
+             sft=["--epochs", "1", "--eval-parse", "0"], unseen_states=4,
+             ppo=["--iterations", "1", "--batch-size", "4", "--max-new-tokens", "64"], objective_states=4,
+             objective_seeds=2,
+             eval=["--k", "1", "--max-steps", "2"], eval_tasks=["wine"], orch_task="breast-cancer",
+             orch=["--iterations", "1", "--depth", "1"], c7_rounds=2, c8_tasks=["wine"])
+
+
+@pytest.mark.slow
+def test_claims_run_end_to_end_writes_every_claim_and_resumes(tmp_path):
+    result = bench.run_claims(MICRO, tmp_path, log=lambda *a: None)
+    saved = json.loads((tmp_path / "claims.json").read_text())
+    assert [c["claim"][:2] for c in saved["claims"]] == [f"C{i}" for i in range(1, 9)]
+    for c in saved["claims"]:
+        assert set(c) >= {"claim", "mirrors", "measured", "value", "holds"} and c["holds"] in (True, False, None)
+        assert c["mirrors"] and c["measured"]
+    table = (tmp_path / "claims.md").read_text()
+    assert all(f"| C{i} " in table for i in range(1, 9))
+    assert saved["claims"][0]["value"]["per_seed"]  # C1 measured a rate per seed
+    assert set(saved["seconds"]) >= {"collect", "sft-0", "ppo-ppo", "ppo-episodic", "eval"}
+    start = time.time()  # a second call finds every step done and every measurement kept
+    again = bench.run_claims(MICRO, tmp_path, log=lambda *a: None)
+    assert time.time() - start < 30 and again["claims"] == result["claims"]
