@@ -1215,7 +1215,7 @@ def token_table(records) -> str:
 
 
 LEAST = {**dict.fromkeys(("rounds", "calls", "sub_iters", "workers", "max_tokens", "depth", "children", "iterations",
-                          "epochs"), 1), "imitation_steps": 0, "tree_tasks": 0}  # the least each count may be
+                          "epochs"), 1), "imitation_steps": 0, "tree_tasks": 0, "lora_rank": 0}  # the least of each
 POSITIVE = ("time_limit", "script_timeout", "lr", "beta", "imitation_lr")  # the numbers that must be > 0
 
 
@@ -1246,7 +1246,8 @@ def main(argv=None):
             t.add_argument("--model", help="orchestrator checkpoint (default: a tiny model from scratch)")
             t.add_argument("--collector", choices=("auto", "policy", "scripted"), default="auto")
             for flag, typ in [("iterations", int), ("beta", float), ("lr", float), ("epochs", int),
-                              ("imitation-steps", int), ("imitation-lr", float), ("tree-tasks", int)]:
+                              ("imitation-steps", int), ("imitation-lr", float), ("tree-tasks", int),
+                              ("lora-rank", int)]:
                 t.add_argument(f"--{flag}", type=typ)
     args = p.parse_args(argv)
     for name, v in vars(args).items():  # every number given must be usable: one line, exit 2, before any work
