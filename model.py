@@ -10,7 +10,9 @@ What this file holds, top to bottom:
   4. The byte-level BPE tokenizer read from `tokenizer.json`, the ChatML template, and a small BPE trainer.
   5. `load` (a local folder, the local Hugging Face cache, or a resumable download) and `save` (a folder that
      `transformers`, vLLM and this file all load).
-  6. A command line. Serving a saved folder is left to vLLM (`vllm serve runs/ckpt/ppo`) and `transformers serve`.
+  6. Putting a model on devices: torchrun setup, FSDP2 sharding and per-shard loading, gathered state dicts for
+     checkpoints, the bf16 rollout copy, hand-written LoRA.
+  7. A command line. Serving a saved folder is left to vLLM (`vllm serve runs/ckpt/ppo`) and `transformers serve`.
 
 How it departs from Hugging Face `transformers`:
   - Only the dense models with the default RoPE: no MoE, no sliding-window attention, no RoPE scaling (YaRN).
@@ -27,6 +29,7 @@ Run it:
 """
 import argparse
 import dataclasses
+import datetime
 import heapq
 import json
 import math
@@ -40,8 +43,13 @@ from collections import Counter, defaultdict
 import regex
 import requests
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor, distribute_tensor
 from torch.nn.attention.bias import causal_lower_right
 from torch.utils.checkpoint import checkpoint
 from tqdm import tqdm
@@ -668,65 +676,6 @@ def response_logprobs(lm, ids, lengths, starts, temperature=1.0, vocab=None, chu
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# LoRA (Hu et al. 2021, arXiv:2106.09685), written by hand: ppo.py's --lora-rank and the orchestrator's training of a
-# large model train adapters over a frozen base
-
-
-class LoRALinear(nn.Module):
-    """y = W x + (alpha / r) B A x with W frozen, A ~ N(0, 1/r) and B = 0 so training starts at the base model."""
-
-    def __init__(self, base, rank, alpha):
-        super().__init__()
-        self.base, self.scale, self.enabled = base, alpha / rank, True
-        self.A = nn.Parameter(torch.randn(rank, base.in_features, device=base.weight.device) / rank)
-        self.B = nn.Parameter(torch.zeros(base.out_features, rank, device=base.weight.device))
-
-    def forward(self, x):
-        y = self.base(x)
-        return y + self.scale * (x.to(self.A.dtype) @ self.A.T @ self.B.T).to(y.dtype) if self.enabled else y
-
-    def merged(self):  # W + scale * B A, for a checkpoint that any loader reads
-        return self.base.weight + (self.scale * self.B @ self.A).to(self.base.weight.dtype)
-
-
-def add_lora(lm, rank, alpha):
-    """Freeze `lm` and wrap every linear layer of its blocks (attention and MLP) with an adapter."""
-    lm.requires_grad_(False)
-    for block in lm.model.layers:
-        for parent in (block.self_attn, block.mlp):
-            for name, child in list(parent.named_children()):
-                if isinstance(child, nn.Linear):
-                    setattr(parent, name, LoRALinear(child, rank, alpha))
-
-
-def set_lora(lm, enabled):  # adapters off: the frozen base, which is the reference policy
-    for m in lm.modules():
-        if isinstance(m, LoRALinear):
-            m.enabled = enabled
-
-
-def save_merged(lm, tokenizer, path, dtype=None):
-    """`save` of lm; with LoRA, of a copy of the base with the adapters merged in (a folder any loader reads)."""
-    if not any(isinstance(m, LoRALinear) for m in lm.modules()):
-        return save(lm, tokenizer, path, dtype=dtype)
-    with torch.device("meta"):
-        plain = Qwen(lm.config)
-    plain = plain.to_empty(device=lm.lm_head.weight.device).to(lm.lm_head.weight.dtype)
-    plain.tie_weights()
-    weights = {}
-    for name, m in lm.named_modules():
-        if isinstance(m, LoRALinear):
-            weights[name + ".weight"] = m.merged()
-            if m.base.bias is not None:
-                weights[name + ".bias"] = m.base.bias
-    for k, v in lm.state_dict().items():
-        if ".A" not in k and ".B" not in k and ".base." not in k:
-            weights[k] = v
-    plain.load_state_dict(weights)
-    save(plain, tokenizer, path, dtype=dtype)
-
-
-# ----------------------------------------------------------------------------------------------------------------
 # 3. safetensors: 8-byte little-endian header length, a JSON header {name: {dtype, shape, data_offsets}}, raw data
 
 _DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
@@ -1226,7 +1175,223 @@ def stop_strings(tokenizer, strings):
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# 6. Command line
+# 6. On devices: torchrun, FSDP2 sharding and per-shard loading, gathered state dicts, the rollout copy, LoRA. sft.py,
+# ppo.py and orchestrator.py put their models on devices through these
+
+
+def enable_grad_checkpointing(lm):
+    """Recompute each block's forward in backward (torch.utils.checkpoint, non-reentrant), wrapped from outside."""
+    for block in lm.model.layers:
+        def fwd(*a, _f=block.forward):
+            return checkpoint(_f, *a, use_reentrant=False) if torch.is_grad_enabled() else _f(*a)
+        block.forward = fwd
+
+
+# NCCL aborts a collective that waits longer than its timeout (default 10 minutes). A rank waits in one while the
+# others run a task script (MLE-bench's limit: 600 s, several steps in a row) or while rank 0 writes a 7B trainer
+# state (~180 GiB of fp32 weights and moments); torchtitan and OpenRLHF raise it for the same reason (OpenRLHF's
+# DeepSpeed strategy: 30 minutes). Two hours covers both with room to spare.
+DIST_TIMEOUT = datetime.timedelta(hours=2)
+
+
+def setup_distributed(args):
+    """(rank, world, device); torchrun sets RANK / WORLD_SIZE / LOCAL_RANK. On CUDA the device always carries the
+    rank's index (cuda:LOCAL_RANK): torch.cuda.set_device refuses a bare "cuda". --device cuda:N picks a GPU for a
+    one-process run."""
+    world = int(os.environ.get("WORLD_SIZE", 1))
+    local = int(os.environ.get("LOCAL_RANK", 0))
+    cuda = torch.cuda.is_available() and (args.device or "cuda").startswith("cuda")
+    device = torch.device(args.device or "cpu") if not cuda else torch.device("cuda", local)
+    if cuda and world == 1 and args.device and torch.device(args.device).index is not None:
+        device = torch.device(args.device)
+    if cuda:
+        torch.cuda.set_device(device)
+    torchrun = "RANK" in os.environ and "MASTER_ADDR" in os.environ  # (also with one process: sft.py --fsdp shards)
+    if (world > 1 or torchrun) and not dist.is_initialized():
+        dist.init_process_group("nccl" if cuda else "gloo", timeout=DIST_TIMEOUT)
+    return (dist.get_rank() if world > 1 else 0), world, device
+
+
+def shard(net, blocks, world, device):
+    """FSDP2 (fully_shard): each transformer block is one unit, all-gathered for its forward and its backward and
+    freed after; the root unit holds the rest (embeddings, final norm, lm_head, a value head). Parameters, gradients
+    and optimizer states are split over the ranks. On CUDA the gathered copies are bf16 and gradients are reduced in
+    fp32 (MixedPrecisionPolicy); the fp32 shards are the master weights. ppo.py shards its actor, critic and
+    reference with this too. Call it before the weights exist (on the meta device), then `fill` them."""
+    mesh = init_device_mesh(device.type, (world,))
+    bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported()
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else MixedPrecisionPolicy()
+    for block in blocks:
+        fully_shard(block, mesh=mesh, mp_policy=mp)
+    return fully_shard(net, mesh=mesh, mp_policy=mp)
+
+
+def reshard(*nets):
+    """Free the gathered root unit of FSDP2 modules. FSDP2 keeps the root gathered after its forward, for the backward
+    that follows at once; after a forward under no_grad none follows, so the gathered embeddings and lm_head (2 GiB in
+    bf16 at 7B) would stay until the next backward, or for the whole run in a reference model that never has one.
+    VeRL reshards its FSDP reference after each forward for the same reason."""
+    for net in nets:
+        if isinstance(net, FSDPModule):
+            net.reshard()
+
+
+def fill(lm, tensors):
+    """Copy checkpoint tensors (name, full CPU tensor), one at a time, into the parameters of the same name; a sharded
+    parameter (a DTensor, after `shard`) keeps only this rank's rows. No rank ever holds the whole model."""
+    params, seen = dict(lm.named_parameters()), set()
+    with torch.no_grad():
+        for name, full in tensors:
+            p = params.get(name)
+            if p is None and name.endswith(("lm_head.weight", "rotary_emb.inv_freq")):
+                continue  # a tied copy of the embedding; a recomputed buffer
+            if p is None or tuple(p.shape) != tuple(full.shape):
+                raise ValueError(f"checkpoint tensor {name}{list(full.shape)} does not match the model")
+            full = full.to(p.dtype)
+            if isinstance(p, DTensor):  # each rank cuts its own shard from the full tensor: no communication
+                p.copy_(distribute_tensor(full.to(p.device_mesh.device_type), p.device_mesh, p.placements,
+                                          src_data_rank=None))
+            else:
+                p.copy_(full)
+            seen.add(name)
+    if set(params) - seen:
+        raise ValueError(f"checkpoint lacks {sorted(set(params) - seen)[:4]}")
+
+
+def too_big_for_one_gpu(n_params, device):
+    """fp32 weights, gradients and AdamW's two moments (16 bytes per parameter) over half the GPU's memory (the other
+    half is for activations): then sharding is chosen without --fsdp."""
+    return device.type == "cuda" and 16 * n_params > 0.5 * torch.cuda.get_device_properties(device).total_memory
+
+
+def wrap(net, world, device):  # several ranks, each with the whole model: DDP
+    if world == 1:
+        return net
+    return nn.parallel.DistributedDataParallel(net, device_ids=[device.index] if device.type == "cuda" else None)
+
+
+def unwrap(net):
+    return net.module if isinstance(net, nn.parallel.DistributedDataParallel) else net
+
+FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)  # gathered on rank 0, in CPU memory
+
+
+def is_sharded(net):
+    return isinstance(net, nn.Module) and any(isinstance(p, DTensor) for p in net.parameters())
+
+
+def full_state(net):
+    """The model's full state dict: gathered from the shards under FSDP (a collective: every rank calls it; rank 0
+    gets the tensors, on CPU), else the state dict itself."""
+    return get_model_state_dict(net, options=FULL) if is_sharded(net) else unwrap(net).state_dict()
+
+
+def optim_state(net, optim):
+    return get_optimizer_state_dict(net, optim, options=FULL) if is_sharded(net) else optim.state_dict()
+
+
+def save_dtype(name, device):
+    """The dtype of saved weights: bfloat16 from CUDA runs unless float32 is asked for; float32 on CPU."""
+    return torch.float32 if name == "float32" or device.type != "cuda" else torch.bfloat16
+
+
+def run_main(script, train, cfg, errors=(OSError, ValueError)):
+    """train(cfg); an error of `errors` (bad data file, missing model, no network) is one line, exit status 2. Under
+    torchrun the line names the rank, and the rank leaves its process group on any way out: a process that exits
+    holding a gloo group is aborted by the C++ runtime ("terminate called without an active exception"), which
+    hides the line, or the traceback, and the exit status."""
+    try:
+        train(cfg)
+    except errors as e:
+        rank = f" (rank {dist.get_rank()})" if dist.is_initialized() else ""
+        print(f"{script}: error{rank}: {e}", file=sys.stderr, flush=True)
+        sys.exit(2)
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def rollout_copy(lm, device, dtype=None):
+    """What generates the rollouts. Generation decodes token by token; through FSDP every token would all-gather every
+    block again, so each rank gathers one full copy of the policy (bf16 on CUDA) for the rollout and frees it before
+    the update (VeRL's "hybrid engine" does the same with vLLM). On one CUDA device the fp32 master weights get a
+    bf16 copy too (under autocast every fp32 weight would be cast again at every token); LoRA's base is bf16 already,
+    and on CPU the policy itself generates. Each shard is cast before the all-gather, so the gather moves bf16, half
+    the bytes of the fp32 master weights. dtype: the copy's (default bf16 on CUDA, fp32 on CPU)."""
+    sharded = any(isinstance(p, DTensor) for p in lm.parameters())
+    lora = any(isinstance(m, LoRALinear) for m in lm.modules())
+    if lora or not (sharded or (device.type == "cuda" and lm.lm_head.weight.dtype == torch.float32)):
+        return lm
+    with torch.device("meta"):
+        copy = Qwen(lm.config)
+    dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
+    copy = copy.to(dtype).to_empty(device=device)
+    copy.tie_weights()
+    with torch.no_grad():
+        mine = dict(copy.named_parameters())
+        for name, p in lm.named_parameters():  # one all-gather per tensor, in the same order on every rank
+            mine[name].copy_(p.to(dtype).full_tensor() if isinstance(p, DTensor) else p)
+    return copy.eval()
+
+
+# LoRA (Hu et al. 2021, arXiv:2106.09685): ppo.py's --lora-rank, a large Orchestrator's training
+
+class LoRALinear(nn.Module):
+    """y = W x + (alpha / r) B A x with W frozen, A ~ N(0, 1/r) and B = 0 so training starts at the base model."""
+
+    def __init__(self, base, rank, alpha):
+        super().__init__()
+        self.base, self.scale, self.enabled = base, alpha / rank, True
+        self.A = nn.Parameter(torch.randn(rank, base.in_features, device=base.weight.device) / rank)
+        self.B = nn.Parameter(torch.zeros(base.out_features, rank, device=base.weight.device))
+
+    def forward(self, x):
+        y = self.base(x)
+        return y + self.scale * (x.to(self.A.dtype) @ self.A.T @ self.B.T).to(y.dtype) if self.enabled else y
+
+    def merged(self):  # W + scale * B A, for a checkpoint that any loader reads
+        return self.base.weight + (self.scale * self.B @ self.A).to(self.base.weight.dtype)
+
+
+def add_lora(lm, rank, alpha):
+    """Freeze `lm` and wrap every linear layer of its blocks (attention and MLP) with an adapter."""
+    lm.requires_grad_(False)
+    for block in lm.model.layers:
+        for parent in (block.self_attn, block.mlp):
+            for name, child in list(parent.named_children()):
+                if isinstance(child, nn.Linear):
+                    setattr(parent, name, LoRALinear(child, rank, alpha))
+
+
+def set_lora(lm, enabled):  # adapters off: the frozen base, which is the reference policy
+    for m in lm.modules():
+        if isinstance(m, LoRALinear):
+            m.enabled = enabled
+
+
+def save_merged(lm, tokenizer, path, dtype=None):
+    """`save` of lm; with LoRA, of a copy of the base with the adapters merged in (a folder any loader reads)."""
+    if not any(isinstance(m, LoRALinear) for m in lm.modules()):
+        return save(lm, tokenizer, path, dtype=dtype)
+    with torch.device("meta"):
+        plain = Qwen(lm.config)
+    plain = plain.to_empty(device=lm.lm_head.weight.device).to(lm.lm_head.weight.dtype)
+    plain.tie_weights()
+    weights = {}
+    for name, m in lm.named_modules():
+        if isinstance(m, LoRALinear):
+            weights[name + ".weight"] = m.merged()
+            if m.base.bias is not None:
+                weights[name + ".bias"] = m.base.bias
+    for k, v in lm.state_dict().items():
+        if ".A" not in k and ".B" not in k and ".base." not in k:
+            weights[k] = v
+    plain.load_state_dict(weights)
+    save(plain, tokenizer, path, dtype=dtype)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# 7. Command line
 
 def bad_device(name):
     """Why `name` is not a device torch can use here (a one-line reason), or None: the CLIs check --device with it."""

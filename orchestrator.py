@@ -1142,9 +1142,8 @@ def load_for_training(path: Path, cfg: Config):
     (Matryoshka §3.6). A small model: fp32 master weights, and a frozen copy in the checkpoint's dtype (the load
     default: torch_dtype, e.g. bf16, on CUDA; fp32 on CPU) as the reference. A large one (or --lora-rank): a frozen
     base in the checkpoint's dtype with fp32 adapters, the base itself as the reference (no second copy), blocks
-    recomputed in backward (sft.py's gradient checkpointing)."""
+    recomputed in backward (model.enable_grad_checkpointing)."""
     import model  # lazy: see the imports
-    import sft
     policy, tok = model.load(str(path), meta=True)
     n = sum(p.numel() for p in policy.parameters())
     rank = cfg.lora_rank if cfg.lora_rank is not None else (16 if n >= LARGE else 0)
@@ -1155,7 +1154,7 @@ def load_for_training(path: Path, cfg: Config):
     policy, _ = model.load(str(path))
     model.add_lora(policy, rank, 16.0)  # alpha as ppo.py's --lora-alpha default
     if n >= LARGE:
-        sft.enable_grad_checkpointing(policy)
+        model.enable_grad_checkpointing(policy)
     return policy, tok, None
 
 

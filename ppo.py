@@ -55,7 +55,7 @@ How this departs from the paper and the references:
   frozen base is bf16 on CUDA, the adapters and their optimizer fp32.
 - One GPU node (the paper's 8 A100s): under torchrun each rank takes every world-th state of a batch, generates and
   executes its share, and the update is data-parallel. Without LoRA the actor, critic and reference are sharded by
-  FSDP2 (sft.shard: fp32 master weights, bf16 compute, fp32 gradient reduction), and for the rollout each rank
+  FSDP2 (model.shard: fp32 master weights, bf16 compute, fp32 gradient reduction), and for the rollout each rank
   gathers one full bf16 copy of the policy, freed before the update (`rollout_copy`; VeRL's "hybrid engine" does
   this with vLLM): decoding through FSDP would all-gather every block for every token. We chose a plain gathered copy
   over a separate inference engine to keep generation in model.py. Every state is sampled with its own seed, so a
@@ -81,7 +81,6 @@ import math
 import os
 import random
 import shutil
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -94,7 +93,6 @@ from torch.distributed.tensor import DTensor
 import agent
 import env
 import model
-import sft
 from reward import RewardConfig, add_flags as add_reward_flags, from_flags as reward_from_flags, from_record
 
 ROOT = env.ROOT  # default paths live under the project's runs/, wherever ppo.py is started from
@@ -238,7 +236,7 @@ class Critic(nn.Module):
 
 # ----------------------------------------------------------------------------------------------------------------
 # Several processes (torchrun): each rank takes every world-th state of a batch, generates and executes its share;
-# the update is data-parallel. Full fine-tuning shards the actor, critic and reference with FSDP2 (sft.shard:
+# the update is data-parallel. Full fine-tuning shards the actor, critic and reference with FSDP2 (model.shard:
 # parameters, gradients, optimizer states; bf16 compute, fp32 master weights and reduction); LoRA keeps a frozen
 # bf16 base on every rank and all-reduces only the adapters' gradients.
 
@@ -266,30 +264,6 @@ class Ranks:
         parts = [None] * self.world
         dist.all_gather_object(parts, list(items))
         return [x for part in parts for x in part]
-
-
-def rollout_copy(actor, device, dtype=None):
-    """What generates the rollouts. Generation decodes token by token; through FSDP every token would all-gather every
-    block again, so each rank gathers one full copy of the policy (bf16 on CUDA) for the rollout and frees it before
-    the update (VeRL's "hybrid engine" does the same with vLLM). On one CUDA device the fp32 master weights get a
-    bf16 copy too (under autocast every fp32 weight would be cast again at every token); LoRA's base is bf16 already,
-    and on CPU the policy itself generates. Each shard is cast before the all-gather, so the gather moves bf16, half
-    the bytes of the fp32 master weights. dtype: the copy's (default bf16 on CUDA, fp32 on CPU)."""
-    sharded = any(isinstance(p, DTensor) for p in actor.parameters())
-    lora = any(isinstance(m, model.LoRALinear) for m in actor.modules())
-    if lora or not (sharded or (device.type == "cuda" and actor.lm.lm_head.weight.dtype == torch.float32)):
-        return actor.lm
-    lm = actor.lm
-    with torch.device("meta"):
-        copy = model.Qwen(lm.config)
-    dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
-    copy = copy.to(dtype).to_empty(device=device)
-    copy.tie_weights()
-    with torch.no_grad():
-        mine = dict(copy.named_parameters())
-        for name, p in lm.named_parameters():  # one all-gather per tensor, in the same order on every rank
-            mine[name].copy_(p.to(dtype).full_tensor() if isinstance(p, DTensor) else p)
-    return copy.eval()
 
 
 def micro_batches(idx, lengths, cfg, shared=1):
@@ -623,7 +597,7 @@ def forward_scores(actor, critic, ref, ids, lengths, starts, R, cfg, device, ran
                 out[1][idx, :n], out[2][idx, :n] = ref_lp, v
                 if lp is not None:
                     out[0][idx, :n] = lp
-    sft.reshard(actor, critic, ref)  # no backward follows these forwards: FSDP2's gathered roots are freed now
+    model.reshard(actor, critic, ref)  # no backward follows these forwards: FSDP2's gathered roots are freed now
     return out
 
 
@@ -705,15 +679,15 @@ def save_checkpoint(cfg, actor, tokenizer, critic, opt_a, opt_c, progress, ranks
     folder is in bf16 from CUDA runs (what vLLM and transformers serve); the fp32 master weights, the critic and both
     optimizers go to trainer_state/state.pt for resume."""
     sharded = any(isinstance(p, DTensor) for p in actor.parameters())
-    full = (lambda net: sft.get_model_state_dict(net, options=sft.FULL)) if sharded else (lambda net: net.state_dict())
-    full_opt = (lambda net, opt: sft.get_optimizer_state_dict(net, opt, options=sft.FULL)) if sharded else \
+    full = (lambda net: model.get_model_state_dict(net, options=model.FULL)) if sharded else (lambda net: net.state_dict())
+    full_opt = (lambda net, opt: model.get_optimizer_state_dict(net, opt, options=model.FULL)) if sharded else \
         (lambda net, opt: opt.state_dict())
     adapters = lambda net: {k: v for k, v in full(net).items()
                             if not cfg.lora_rank or k.startswith("head.") or ".A" in k or ".B" in k}
     actor_state = full(actor)
     state = {"critic": adapters(critic), "actor_lora": adapters(actor) if cfg.lora_rank else None,
              "opt_actor": full_opt(actor, opt_a), "opt_critic": full_opt(critic, opt_c), "progress": progress}
-    dtype = sft.save_dtype(cfg.save_dtype, ranks.device)
+    dtype = model.save_dtype(cfg.save_dtype, ranks.device)
     if ranks.rank != 0:
         return
     lm = actor.lm
@@ -838,7 +812,7 @@ def build(cfg, init, resume, st, ranks):
     def make(kind, source, dtype, meta):
         lm = model.load(source, device, dtype, meta=meta)[0]
         if kind != "ref" and checkpointing:
-            sft.enable_grad_checkpointing(lm)
+            model.enable_grad_checkpointing(lm)
         if kind != "ref" and cfg.lora_rank:
             model.add_lora(lm, cfg.lora_rank, cfg.lora_alpha)
         return Critic(lm, cfg.seed) if kind == "critic" else policy(lm)
@@ -859,9 +833,9 @@ def build(cfg, init, resume, st, ranks):
     def sharded(kind, dtype, tensors):
         net = make(kind, init, dtype, True)
         lm = net.backbone if kind == "critic" else net.lm
-        net = sft.shard(net, lm.model.layers, W, device)
+        net = model.shard(net, lm.model.layers, W, device)
         net.to_empty(device=device)
-        sft.fill(lm, tensors)
+        model.fill(lm, tensors)
         return net
 
     actor = sharded("actor", torch.float32, st["actor"].items() if st and st.get("actor") else
@@ -870,13 +844,13 @@ def build(cfg, init, resume, st, ranks):
                      ((k.removeprefix("backbone."), v) for k, v in st["critic"].items() if k.startswith("backbone.")))
     head = zip(("weight", "bias"), Critic.head_init(critic.backbone.config.hidden_size, cfg.seed)) if not st else \
         ((k.removeprefix("head."), v) for k, v in st["critic"].items() if k.startswith("head."))
-    sft.fill(critic.head, head)
+    model.fill(critic.head, head)
     ref = sharded("ref", low, model.weight_tensors(init)).requires_grad_(False)
     return actor, critic, ref, tokenizer
 
 
 def train(cfg):
-    rank, world, device = sft.setup_distributed(cfg)
+    rank, world, device = model.setup_distributed(cfg)
     if device.type == "cuda":  # each rank's sandboxed scripts on its own GPU (not all on GPU 0), or on none
         env.set_script_gpu(device.index if cfg.script_gpu else None)
     ranks = Ranks(rank, world, device)
@@ -960,7 +934,7 @@ def train(cfg):
         random.Random(f"{cfg.seed}:{epoch}").shuffle(order)
         rng = random.Random(f"{cfg.seed}:{it}")
         seed = lambda g: (cfg.seed * 100003 + it) * 100003 + g
-        policy = rollout_copy(actor, device)  # a full (bf16 on CUDA) copy under FSDP, freed after the rollout
+        policy = model.rollout_copy(actor.lm, device)  # a full (bf16 on CUDA) copy under FSDP, freed after the rollout
         n = cfg.samples_per_state
         if cfg.episodic:  # the ablation: episodes from task starts, n from each, at most batch_size x n actions in all
             batch = [rng.choice(starts) for _ in range(n_starts)]
@@ -1127,7 +1101,7 @@ def main(argv=None):
             model.resolve(cfg.model)
         except (OSError, ValueError) as e:
             p.error(str(e))
-    sft.run_main("ppo.py", train, cfg, (OSError, ValueError, env.TaskError))
+    model.run_main("ppo.py", train, cfg, (OSError, ValueError, env.TaskError))
 
 
 if __name__ == "__main__":

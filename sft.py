@@ -67,7 +67,6 @@ Outputs under --out (default runs/ckpt/sft): the final Hugging Face folder itsel
 """
 import contextlib
 import dataclasses
-import datetime
 import gc
 import glob
 import json
@@ -76,19 +75,13 @@ import os
 import pickle
 import random
 import shutil
-import sys
 import time
 import typing
 
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_optimizer_state_dict,
-                                                     set_optimizer_state_dict)
-from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
-from torch.distributed.tensor import DTensor, distribute_tensor
-from torch.utils.checkpoint import checkpoint
+from torch.distributed.checkpoint.state_dict import (StateDictOptions, set_optimizer_state_dict)
 from tqdm import tqdm
 
 import agent  # torch-free file helpers shared with collect.py, eval.py and orchestrator.py
@@ -326,100 +319,6 @@ def scratch_model(rows, args):
     return model.Qwen(cfg), tokenizer
 
 
-def enable_grad_checkpointing(lm):
-    """Recompute each block's forward in backward (torch.utils.checkpoint, non-reentrant), wrapped from outside."""
-    for block in lm.model.layers:
-        def fwd(*a, _f=block.forward):
-            return checkpoint(_f, *a, use_reentrant=False) if torch.is_grad_enabled() else _f(*a)
-        block.forward = fwd
-
-
-# NCCL aborts a collective that waits longer than its timeout (default 10 minutes). A rank waits in one while the
-# others run a task script (MLE-bench's limit: 600 s, several steps in a row) or while rank 0 writes a 7B trainer
-# state (~180 GiB of fp32 weights and moments); torchtitan and OpenRLHF raise it for the same reason (OpenRLHF's
-# DeepSpeed strategy: 30 minutes). Two hours covers both with room to spare.
-DIST_TIMEOUT = datetime.timedelta(hours=2)
-
-
-def setup_distributed(args):
-    """(rank, world, device); torchrun sets RANK / WORLD_SIZE / LOCAL_RANK. On CUDA the device always carries the
-    rank's index (cuda:LOCAL_RANK): torch.cuda.set_device refuses a bare "cuda". --device cuda:N picks a GPU for a
-    one-process run."""
-    world = int(os.environ.get("WORLD_SIZE", 1))
-    local = int(os.environ.get("LOCAL_RANK", 0))
-    cuda = torch.cuda.is_available() and (args.device or "cuda").startswith("cuda")
-    device = torch.device(args.device or "cpu") if not cuda else torch.device("cuda", local)
-    if cuda and world == 1 and args.device and torch.device(args.device).index is not None:
-        device = torch.device(args.device)
-    if cuda:
-        torch.cuda.set_device(device)
-    torchrun = "RANK" in os.environ and "MASTER_ADDR" in os.environ  # (also with one process: sft.py --fsdp shards)
-    if (world > 1 or torchrun) and not dist.is_initialized():
-        dist.init_process_group("nccl" if cuda else "gloo", timeout=DIST_TIMEOUT)
-    return (dist.get_rank() if world > 1 else 0), world, device
-
-
-def shard(net, blocks, world, device):
-    """FSDP2 (fully_shard): each transformer block is one unit, all-gathered for its forward and its backward and
-    freed after; the root unit holds the rest (embeddings, final norm, lm_head, a value head). Parameters, gradients
-    and optimizer states are split over the ranks. On CUDA the gathered copies are bf16 and gradients are reduced in
-    fp32 (MixedPrecisionPolicy); the fp32 shards are the master weights. ppo.py shards its actor, critic and
-    reference with this too. Call it before the weights exist (on the meta device), then `fill` them."""
-    mesh = init_device_mesh(device.type, (world,))
-    bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported()
-    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else MixedPrecisionPolicy()
-    for block in blocks:
-        fully_shard(block, mesh=mesh, mp_policy=mp)
-    return fully_shard(net, mesh=mesh, mp_policy=mp)
-
-
-def reshard(*nets):
-    """Free the gathered root unit of FSDP2 modules. FSDP2 keeps the root gathered after its forward, for the backward
-    that follows at once; after a forward under no_grad none follows, so the gathered embeddings and lm_head (2 GiB in
-    bf16 at 7B) would stay until the next backward, or for the whole run in a reference model that never has one.
-    VeRL reshards its FSDP reference after each forward for the same reason."""
-    for net in nets:
-        if isinstance(net, FSDPModule):
-            net.reshard()
-
-
-def fill(lm, tensors):
-    """Copy checkpoint tensors (name, full CPU tensor), one at a time, into the parameters of the same name; a sharded
-    parameter (a DTensor, after `shard`) keeps only this rank's rows. No rank ever holds the whole model."""
-    params, seen = dict(lm.named_parameters()), set()
-    with torch.no_grad():
-        for name, full in tensors:
-            p = params.get(name)
-            if p is None and name.endswith(("lm_head.weight", "rotary_emb.inv_freq")):
-                continue  # a tied copy of the embedding; a recomputed buffer
-            if p is None or tuple(p.shape) != tuple(full.shape):
-                raise ValueError(f"checkpoint tensor {name}{list(full.shape)} does not match the model")
-            full = full.to(p.dtype)
-            if isinstance(p, DTensor):  # each rank cuts its own shard from the full tensor: no communication
-                p.copy_(distribute_tensor(full.to(p.device_mesh.device_type), p.device_mesh, p.placements,
-                                          src_data_rank=None))
-            else:
-                p.copy_(full)
-            seen.add(name)
-    if set(params) - seen:
-        raise ValueError(f"checkpoint lacks {sorted(set(params) - seen)[:4]}")
-
-
-def too_big_for_one_gpu(n_params, device):
-    """fp32 weights, gradients and AdamW's two moments (16 bytes per parameter) over half the GPU's memory (the other
-    half is for activations): then sharding is chosen without --fsdp."""
-    return device.type == "cuda" and 16 * n_params > 0.5 * torch.cuda.get_device_properties(device).total_memory
-
-
-def wrap(net, world, device):  # several ranks, each with the whole model: DDP
-    if world == 1:
-        return net
-    return nn.parallel.DistributedDataParallel(net, device_ids=[device.index] if device.type == "cuda" else None)
-
-
-def unwrap(net):
-    return net.module if isinstance(net, nn.parallel.DistributedDataParallel) else net
-
 # ----------------------------------------------------------------------------------------------------------------
 # Learning rate: linear warmup then cosine decay to 0 (HF get_cosine_schedule_with_warmup)
 
@@ -432,28 +331,6 @@ def lr_factor(step, warmup, total):
 
 # ----------------------------------------------------------------------------------------------------------------
 # Checkpoints: a Hugging Face folder (model.save) + trainer_state.pt, written to a temporary name then renamed
-
-
-FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)  # gathered on rank 0, in CPU memory
-
-
-def is_sharded(net):
-    return isinstance(net, nn.Module) and any(isinstance(p, DTensor) for p in net.parameters())
-
-
-def full_state(net):
-    """The model's full state dict: gathered from the shards under FSDP (a collective: every rank calls it; rank 0
-    gets the tensors, on CPU), else the state dict itself."""
-    return get_model_state_dict(net, options=FULL) if is_sharded(net) else unwrap(net).state_dict()
-
-
-def optim_state(net, optim):
-    return get_optimizer_state_dict(net, optim, options=FULL) if is_sharded(net) else optim.state_dict()
-
-
-def save_dtype(name, device):
-    """The dtype of saved weights: bfloat16 from CUDA runs unless float32 is asked for; float32 on CPU."""
-    return torch.float32 if name == "float32" or device.type != "cuda" else torch.bfloat16
 
 
 def save_hf(lm, tokenizer, path, state, dtype):
@@ -471,10 +348,10 @@ def save_hf(lm, tokenizer, path, state, dtype):
 def save_checkpoint(net, lm, tokenizer, optim, sched, info, args, rank, device):
     """out/checkpoint-<step>/ (weights + trainer_state.pt) and the final folder's files at out/ itself. Weights saved
     in bf16 leave the fp32 master weights in trainer_state.pt, so a resume continues exactly."""
-    state, ostate = full_state(net), optim_state(net, optim)  # collective under FSDP: every rank
+    state, ostate = model.full_state(net), model.optim_state(net, optim)  # collective under FSDP: every rank
     if rank != 0:
         return
-    path, dtype = os.path.join(args.out, f"checkpoint-{info['step']}"), save_dtype(args.save_dtype, device)
+    path, dtype = os.path.join(args.out, f"checkpoint-{info['step']}"), model.save_dtype(args.save_dtype, device)
     tmp = save_hf(lm, tokenizer, path, state, dtype)
     master = {k.removeprefix("lm."): v for k, v in state.items()} if dtype != torch.float32 else None
     torch.save({"optimizer": ostate, "scheduler": sched.state_dict(), "master": master, **info},
@@ -566,7 +443,7 @@ def heldout_loss(net, data, args, rank, world, pad_id, device):
             batch = data[i:i + args.micro_batch]  # every rank runs as many forwards (FSDP gathers in each one)
             _, loss, n = net(*collate(batch or data[:1], pad_id, device))  # the assistant tokens only
             total += torch.stack([loss.float(), n.float()]) * bool(batch)
-    reshard(net)
+    model.reshard(net)
     if world > 1:
         dist.all_reduce(total)
     net.train()
@@ -610,7 +487,7 @@ def optimizer_step(net, optim, sched, batches, pad_id, device, args, world):
     all trained tokens of the step on every rank divided by their summed weight (with prompt weight 0: the mean over
     the assistant tokens). -> (mean loss of the assistant tokens, their count, all tokens of the batches)."""
     ours, other = token_counts([x for b in batches for x in b])
-    n = torch.tensor([float(ours), float(ours) + unwrap(net).prompt_weight * other], device=device)
+    n = torch.tensor([float(ours), float(ours) + model.unwrap(net).prompt_weight * other], device=device)
     if world > 1:
         dist.all_reduce(n)  # DDP / FSDP average gradients over ranks, hence the * world below
     total, seen = 0.0, 0
@@ -645,7 +522,7 @@ def train(args):
     """The whole run -> (summary dict, also printed; the trained model.Qwen of this rank)."""
     if args.threads:  # on a busy machine 1 thread per process avoids OpenMP oversubscription (README, "Two commands")
         torch.set_num_threads(args.threads)
-    rank, world, device = setup_distributed(args)
+    rank, world, device = model.setup_distributed(args)
     say = (lambda *a: print(*a, flush=True)) if rank == 0 else (lambda *a: None)
     rows = read_jsonl(args.data)
     if len(rows) < 2 and args.heldout > 0:
@@ -692,27 +569,27 @@ def train(args):
     if batch_size < micro * world:
         raise ValueError(f"--batch-size {batch_size} < --micro-batch {micro} x {world} ranks")
     if args.grad_checkpointing:
-        enable_grad_checkpointing(lm)
-    sharded = dist.is_initialized() and (args.fsdp or too_big_for_one_gpu(sum(p.numel() for p in lm.parameters()),
+        model.enable_grad_checkpointing(lm)
+    sharded = dist.is_initialized() and (args.fsdp or model.too_big_for_one_gpu(sum(p.numel() for p in lm.parameters()),
                                                                           device))
     share = not (args.grad_checkpointing or sharded)  # SFTModel: the batch's common prefix computed once
     net = SFTModel(lm, prompt_weight, share)
     master = st.get("master")  # fp32 weights of a checkpoint saved in bf16
     if sharded:
-        net = shard(net, lm.model.layers, world, device)
+        net = model.shard(net, lm.model.layers, world, device)
         if source:  # each rank reads the checkpoint tensor by tensor and keeps its shard
             net.to_empty(device=device)
             lm.tie_weights()
-            fill(lm, master.items() if master else model.weight_tensors(source))
+            model.fill(lm, master.items() if master else model.weight_tensors(source))
     else:
         if source:
             lm, tokenizer = model.load(source, device, torch.float32)  # fp32 master weights; autocast computes in bf16
             if master:
                 lm.load_state_dict(master)
             if args.grad_checkpointing:
-                enable_grad_checkpointing(lm)
+                model.enable_grad_checkpointing(lm)
             net = SFTModel(lm, prompt_weight, share)
-        net = wrap(net.to(device), world, device)
+        net = model.wrap(net.to(device), world, device)
     net.train()
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     counts = {"cut": 0}
@@ -860,24 +737,8 @@ def parse_args(argv=None):
     return args
 
 
-def run_main(script, train, cfg, errors=(OSError, ValueError)):
-    """train(cfg); an error of `errors` (bad data file, missing model, no network) is one line, exit status 2. Under
-    torchrun the line names the rank, and the rank leaves its process group on any way out: a process that exits
-    holding a gloo group is aborted by the C++ runtime ("terminate called without an active exception"), which
-    hides the line, or the traceback, and the exit status."""
-    try:
-        train(cfg)
-    except errors as e:
-        rank = f" (rank {dist.get_rank()})" if dist.is_initialized() else ""
-        print(f"{script}: error{rank}: {e}", file=sys.stderr, flush=True)
-        sys.exit(2)
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
-
-
 def main(argv=None):
-    run_main("sft.py", train, parse_args(argv))
+    model.run_main("sft.py", train, parse_args(argv))
 
 
 if __name__ == "__main__":

@@ -219,7 +219,7 @@ def plan(cfg, mode, world=8, max_prompt=15000, max_new=1024, gen_batch=16, micro
         add("update", "2 unsharded bf16 blocks", 2 * n["block"] * 2, f"2 x {n['block']:,} x 2 B (current + prefetched)")
         add("update", "root unit unsharded, bf16 (one model)", n["root"] * 2,
             f"{n['root']:,} (embeddings, final norm{', lm_head' if not cfg.tie_word_embeddings else ''}) x 2 B; the "
-            "scoring forward's roots are resharded (sft.reshard)")
+            "scoring forward's roots are resharded (model.reshard)")
         add("update", "one block's grads at reduce-scatter", 6 * n["block"],
             f"{n['block']:,} x (2 B bf16 grad + 4 B fp32 copy, reduce_dtype)")
     lora_block = mode == "ppo-lora" and act_lora is not None

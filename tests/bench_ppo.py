@@ -15,7 +15,6 @@ changes the reward (reward.py) or a PPO detail runs it to see whether the change
 Writes --out/results.json and --out/results.md (the table printed at the end), and --out/<variant>/ (the actor) with
 <variant>.jsonl (ppo.py's log). A measured J_step is kept in --out/objective-<name>.json; delete it to measure again.
 """
-import argparse
 import json
 import os
 import shlex

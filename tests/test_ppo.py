@@ -916,7 +916,7 @@ def test_a_pool_smaller_than_the_ranks_is_refused_before_any_collective(pool, tm
     out, _, states = pool
     one = tmp_path / "one.jsonl"
     one.write_text(json.dumps(states[0]) + "\n")
-    monkeypatch.setattr(sft, "setup_distributed", lambda cfg: (0, 2, torch.device("cpu")))
+    monkeypatch.setattr(model, "setup_distributed", lambda cfg: (0, 2, torch.device("cpu")))
     cfg = ppo.Config(model=str(out / "tiny"), states=str(one), out=str(tmp_path / "o"), batch_size=4,
                      log_file=str(tmp_path / "log.jsonl"), device="cpu")
     with pytest.raises(ValueError, match=r"one\.jsonl: 1 state\(s\) for 2 ranks"):
@@ -936,10 +936,10 @@ def _fsdp_paths_worker(rank, world, port, out):
     def sharded():
         with torch.device("meta"):
             lm = model.Qwen(full.config)
-        net = sft.shard(ppo.Actor(lm), lm.model.layers, world, cpu)
+        net = model.shard(ppo.Actor(lm), lm.model.layers, world, cpu)
         net.to_empty(device=cpu)
         lm.tie_weights()
-        sft.fill(lm, full.state_dict().items())
+        model.fill(lm, full.state_dict().items())
         return net
     actor, ref = sharded(), sharded().requires_grad_(False)
     roots = lambda: [isinstance(n.lm.model.embed_tokens.weight, DTensor) for n in (actor, ref)]  # noqa: E731
@@ -950,7 +950,7 @@ def _fsdp_paths_worker(rank, world, port, out):
     after = roots()
     gathered, full_tensor = [], DTensor.full_tensor
     DTensor.full_tensor = lambda self, **kw: gathered.append(str(self.dtype)) or full_tensor(self, **kw)
-    copy = ppo.rollout_copy(actor, cpu, torch.bfloat16)
+    copy = model.rollout_copy(actor.lm, cpu, torch.bfloat16)
     DTensor.full_tensor = full_tensor
     same = all(torch.equal(p, full.state_dict()[k].to(torch.bfloat16)) for k, p in copy.state_dict().items())
     with open(os.path.join(out, f"rank{rank}.json"), "w") as f:

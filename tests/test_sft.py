@@ -205,7 +205,7 @@ def test_prompt_loss_weight_adds_the_other_real_tokens(tok, tiny_dir, chats):
 def _one_step(tiny_dir, batches, tok, checkpointing=False, calls=None, prompt_weight=0.0, share=False):
     lm, _ = model.load(tiny_dir, "cpu")
     if checkpointing:
-        sft.enable_grad_checkpointing(lm)
+        model.enable_grad_checkpointing(lm)
     if calls is not None:  # counts MLP calls (a pre-hook: the recomputation in backward stops early, inside the MLP)
         for block in lm.model.layers:
             block.mlp.register_forward_pre_hook(lambda *_: calls.append(1))
@@ -505,10 +505,10 @@ def test_setup_distributed_gives_cuda_an_index_and_nccl_a_long_timeout(monkeypat
     set_to, inits = [], []
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "set_device", lambda d: set_to.append(_get_device_index(d)))
-    monkeypatch.setattr(sft.dist, "is_initialized", lambda: False)
-    monkeypatch.setattr(sft.dist, "init_process_group", lambda backend, **kw: inits.append((backend, kw)))
-    monkeypatch.setattr(sft.dist, "get_rank", lambda: int(env.get("RANK", 0)))
-    rank, world, dev = sft.setup_distributed(sft.Config(device=device))
+    monkeypatch.setattr(model.dist, "is_initialized", lambda: False)
+    monkeypatch.setattr(model.dist, "init_process_group", lambda backend, **kw: inits.append((backend, kw)))
+    monkeypatch.setattr(model.dist, "get_rank", lambda: int(env.get("RANK", 0)))
+    rank, world, dev = model.setup_distributed(sft.Config(device=device))
     assert str(dev) == expect and set_to == [dev.index]
     assert world == int(env.get("WORLD_SIZE", 1)) and rank == int(env.get("RANK", 0))
     if "MASTER_ADDR" in env:  # under torchrun, even with one process (sft.py --fsdp shards over it)
@@ -525,10 +525,10 @@ def _sharded_grads_worker(rank, world, port, tiny_dir, examples, pad, out):
     from torch.distributed.tensor import DTensor
     cpu = torch.device("cpu")
     lm, _ = model.load(tiny_dir, "cpu", meta=True)
-    net = sft.shard(sft.SFTModel(lm), lm.model.layers, world, cpu)
+    net = model.shard(sft.SFTModel(lm), lm.model.layers, world, cpu)
     net.to_empty(device=cpu)
     lm.tie_weights()
-    sft.fill(lm, model.weight_tensors(tiny_dir))
+    model.fill(lm, model.weight_tensors(tiny_dir))
     seen, collate = [], sft.collate
 
     def spy(batch, pad_id, device):  # called before each micro-batch: what the earlier backwards left
