@@ -820,11 +820,17 @@ def main(argv=None):
     p.add_argument("--max-steps", type=int, default=15)
     p.add_argument("--idea", action="append", default=[], metavar="CATEGORY:IDEA", help="inject an idea (repeatable)")
     args = p.parse_args(argv)
+    if args.max_steps < 1:
+        p.error(f"--max-steps must be at least 1, not {args.max_steps}")
     try:
+        if not args.base_url and args.model and os.path.isdir(args.model):
+            check_checkpoint(args.model)  # a broken checkpoint is one line, before torch reads its weights
         backend = make_backend(args.model, args.base_url)
         e = env.Env(args.task, editor=env.recipe_editor if isinstance(backend, ScriptedExpert) else LLMEditor(backend))
     except (env.TaskError, OSError) as err:
         p.error(str(err))
+    except (BackendError, ValueError) as err:  # no such model folder, a checkpoint that cannot be loaded
+        p.error(f"--model: {err}")
     ideas = [tuple(i.split(":", 1)) if ":" in i else ("idea", i) for i in args.idea]
     if not ideas and isinstance(backend, ScriptedExpert):
         ideas = [(r.category, r.idea) for r in env.recipes_for(e.task.name)[:1]]
