@@ -382,7 +382,7 @@ class ActionSpec:
     name: str
     description: str
     args: dict[str, str]  # argument name -> what to give
-    returns: str  # what the observation holds (MLAB's return_value, shown in the agent's tools prompt)
+    returns: str  # what the observation holds (MLAB's return_value, shown in the agent's tools prompt; errors aside)
 
     def usage(self) -> str:
         """The arguments as a JSON-shaped example, as the tools prompt and the input errors show them."""
@@ -392,29 +392,28 @@ class ActionSpec:
 ACTIONS = {a.name: a for a in [
     ActionSpec("List Files", "List the files and folders in a folder of the workspace.",
                {"dir_path": 'a relative folder path, e.g. "." for the workspace itself'},
-               "the names in that folder, a folder's with a trailing /; an error if there is no such folder"),
+               "the names in that folder (a folder's ends with /)"),
     ActionSpec("Understand File", "Look at a file: a CSV's shape, columns and first rows, a script's first lines.",
                {"file_name": "a relative file path", "things_to_look_for": "what you want to find out"},
-               "that summary of the file; an error if there is no such file"),
+               "that summary"),
     ActionSpec("Inspect Script Lines", "Show lines of a script (at most 100 at a time).",
                {"script_name": "a relative file path", "start_line_number": "first line, from 1",
                 "end_line_number": "last line, included"},
-               "those lines and the number of the file's last line; an error if there is no such script"),
+               "those lines and the number of the file's last line"),
     ActionSpec("Edit Script (AI)", "Have an editor change a script following your instruction; the result is saved "
                "under save_name and you get the diff. An edited Python script is run to measure it.",
                {"script_name": "the script to edit (an empty file if it does not exist)",
                 "edit_instruction": "a precise description of the change", "save_name": "where to save the result"},
-               "the diff of the edit, to check that it is what you meant (Undo Edit Script of script_name takes it "
-               "back); an error if the edit could not be made"),
+               "the diff, to check (Undo Edit Script of script_name reverts it)"),
     ActionSpec("Undo Edit Script", "Revert the most recent edit of a script.", {"script_name": "a relative file path"},
-               "the script's content after the undo; an error if there is no edit to undo"),
+               "the script after the undo"),
     ActionSpec("Execute Script", "Run a Python script in the workspace and show its output.",
                {"script_name": "a relative file path"}, "what the script printed, or its error"),
     ActionSpec("Copy File", "Copy a script to another name; a script copied onto train.py is run to measure it.",
                {"source": "a relative file path", "destination": "a relative file path"},
-               "a success message; an error if the file cannot be copied"),
+               "a success message"),
     ActionSpec("Final Answer", "End the task: train.py as it is now is your solution.",
-               {"final_answer": "a short summary of what you did and found"}, "nothing: the task ends"),
+               {"final_answer": "a short summary of what you did and found"}, "none: the task ends"),
 ]}
 
 
