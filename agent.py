@@ -6,16 +6,20 @@ block, research problem, instructions, response format; `build_messages`) -> `pa
 `ScriptedExpert` -> `run_episode` -> the files every command line shares (locks, JSONL lines, folder swaps, checkpoint
 checks; torch-free, so collect.py, eval.py and orchestrator.py start fast) -> command line.
 
-ML-Agent (arXiv:2505.23723, §Experiments "Training") collects its expert trajectories with a GPT-4o-mini agent in the MLAgentBench (MLAB)
-scaffold (Huang et al., 2023, `MLAgentBench/agents/agent_research.py`), 15 steps and 30 minutes per trajectory. This
-file rebuilds that agent, in its own words, with these departures:
+ML-Agent (arXiv:2505.23723, §Experiments "Training") collects its expert trajectories with a GPT-4o-mini agent in the
+MLAgentBench (MLAB) scaffold (Huang et al., 2023, `MLAgentBench/agents/agent_research.py`), 15 steps and 30 minutes per
+trajectory. This file rebuilds that agent in its own words: which responses run, which are asked again and what the
+prompt shows are MLAB's (section "parsing" says how), with these departures:
 - The prompt is chat-shaped: one system message (tools, research problem, instructions, response format) and one
   user message (the last three steps with their observations, as MLAB keeps them; or, at the first step, "let's start"
   plus the injected ideas). A single user turn keeps each SFT row to exactly one assistant turn, the expert's answer.
 - MLAB summarises an observation longer than 5,000 characters with another LLM call; we keep its first and last
   2,500 characters (as Matryoshka does with its 5k-token limit), so a prompt is a pure function of the history.
-- MLAB stops the run after `max_retries` malformed responses; here the step is recorded as "invalid" (reward -1, the
-  format term of ML-Agent's reward) and the episode goes on, so a weak policy still yields a full trajectory.
+- MLAB stops the run after `max_retries` (5) unreadable responses; here, after 2 re-asks, the step is "invalid" (reward
+  -1, ML-Agent's format term) and the episode goes on, so a weak policy still yields a full trajectory at little cost.
+  A step whose Action Input cannot be read counts as one of the 15 steps (MLAB's environment never sees it), so a
+  trajectory holds at most 15 states; MLAB's fallback reads the values after JSON-escaping them (a path's / gains a
+  backslash), ours as written.
 - `ScriptedExpert` is an offline STAND-IN for the LLM expert (GPT-4o-mini in the paper): a rule-based policy that
   follows the idea plan of its first prompt and writes MLAB-format responses. It is used when no endpoint is
   configured, so that `collect.py` works with no network and no API key; it is not a model of GPT-4o-mini's behaviour.
@@ -268,14 +272,16 @@ FORMAT = {  # the six entries of every response, in order, with what each must h
     "Reflection": "What the last observation means; if it shows an error, what caused it and how to fix it.",
     "Research Plan and Status": "The whole high-level plan, each step marked with its status and, when done, its "
                                 "confirmed result. Keep the plan from your previous response unless you revise it "
-                                "on purpose; only record progress that an observation has confirmed.",
+                                "on purpose, and put what changed since then in double asterisks **like this**; with "
+                                "no change, copy it. Only record progress that an observation has confirmed.",
     "Fact Check": "Each new statement in Research Plan and Status, marked as confirmed by an observation or guessed. "
                   "Performance numbers are confirmed only by running code.",
     "Thought": "What you will do now and why.",
     "Action": "The name of one tool.",
     "Action Input": "The tool's arguments as one valid JSON object.",
 }
-STOP = ["\nObservation:"]  # a response ends where the environment's observation would begin (MLAB's stop string)
+STOP = ["Observation:"]  # a response ends where the environment's observation would begin (MLAB's stop string,
+#                          MLAgentBench/LLM.py complete_text: "Observation:" anywhere, not only at a line start)
 
 SYSTEM = """You are a research assistant who improves machine-learning code. You can use these tools:
 
@@ -284,6 +290,8 @@ SYSTEM = """You are a research assistant who improves machine-learning code. You
 Research problem:
 {problem}
 
+So far you know nothing about this problem beyond what is written above.
+
 Follow these instructions throughout:
 - Begin with a high-level plan in Research Plan and Status, based on the problem and the tools; revise it as you learn.
 - Research Plan and Status tracks the plan, which steps are done or in progress, and short confirmed results.
@@ -291,21 +299,26 @@ Follow these instructions throughout:
   running the code and reading its output.
 - Measure the baseline first, and judge every change against the best result so far; undo changes that do not help.
 - Reach the goal as directly as you can. Do not install packages.
+- State the results and the reasoning that support a conclusion before the conclusion itself.
 - When train.py is as good as you can make it, use Final Answer. You can submit only once.
 
 Respond in exactly this format, with every entry:
-{format}"""
+{format}
+Observation:
+```
+what the tool returned
+```"""
 
 MAX_OBSERVATION = 5000  # characters of an observation kept in the prompt: its first and last halves
 
 
 def tools_block(actions=None) -> str:
-    """Each action with its description and a usage example (MLAB prints its tools the same way)."""
+    """Each action with its description and a usage example that ends with what it returns (MLAB's tools prompt,
+    agents/agent.py:127-153, in our words)."""
     blocks = []
     for spec in (actions or env.ACTIONS).values():
-        args = json.dumps({k: f"[{v}]" for k, v in spec.args.items()}, indent=4)
         blocks.append(f"- {spec.name}: {spec.description}\n  Usage:\n  Action: {spec.name}\n  Action Input: "
-                      + args.replace("\n", "\n  "))
+                      + spec.usage().replace("\n", "\n  ") + f"\n  Observation: [{spec.returns}]")
     return "\n".join(blocks)
 
 
@@ -320,7 +333,9 @@ def build_messages(problem: str, history=(), ideas=(), last_k=3, actions=None) -
 
     problem: the task description; history: (response, observation) of every earlier step, oldest first;
     ideas: (category, idea) pairs injected into the first prompt only (ML-Agent, Appendix B.1); the plan the agent
-    writes then carries them on. Only the last `last_k` steps are shown (MLAB's max_steps_in_context = 3).
+    writes then carries them on. As MLAB's research agent (agent_research.py:91-100, 184-188): a step whose Action
+    Input could not be read is dropped once a later step's could, then the last `last_k` steps are shown
+    (max_steps_in_context = 3), each response as `shown_response` writes it.
     """
     system = SYSTEM.format(tools=tools_block(actions), problem=problem.strip(),
                            format="\n".join(f"{k}: {v}" for k, v in FORMAT.items()))
@@ -330,42 +345,107 @@ def build_messages(problem: str, history=(), ideas=(), last_k=3, actions=None) -
             user += "\n\nIdeas to explore, in this order:\n" + "\n".join(
                 f"{i}. [{cat}] {idea}" for i, (cat, idea) in enumerate(ideas, 1))
     else:
-        first = max(len(history) - last_k, 0)
-        shown = [f"Step {first + i}:\n{resp.strip()}\nObservation:\n```\n{_clip(obs)}\n```"
-                 for i, (resp, obs) in enumerate(history[first:])]
+        read = max((i for i, (_, obs) in enumerate(history) if not obs.startswith(INPUT_ERROR)), default=-1)
+        kept = [(i, resp, obs) for i, (resp, obs) in enumerate(history) if i > read or not obs.startswith(INPUT_ERROR)]
+        shown = [f"Step {i}:\n{shown_response(resp)}\nObservation:\n```\n{_clip(obs)}\n```"
+                 for i, resp, obs in kept[-last_k:]]
         user = (f"Here are your most recent steps (up to {last_k}):\n\n" + "\n\n".join(shown)
                 + f"\n\nNow respond for step {len(history)}.")
     return [{"role": "system", "content": system}, {"role": "user", "content": user}]
 
+
+def shown_response(text: str) -> str:
+    """An earlier response as the prompt shows it: its entries as parsed (words before the first one dropped) with the
+    plan's **update marks** removed, as MLAB prints past steps (agent_research.py:133-139); as written if it does
+    not parse."""
+    entries = parse_entries(text)
+    if not entries:
+        return text.strip()
+    entries["Research Plan and Status"] = entries["Research Plan and Status"].replace("**", "")
+    return "".join(f"{k}:{v}" for k, v in entries.items()).strip()
+
 # =============================================================================================== parsing
+# MLAB's parser (agents/agent.py:168-231) and what its research agent does with each failure
+# (agent_research.py:111-170): entries it cannot find or an Action that is not a tool are asked again; an Action
+# Input it cannot read is not: the step happens, and its observation is the error and the tool's usage.
 
 
 class ParseError(ValueError):
     """A response not in its format (here, or orchestrator.py's decisions and summaries); the message says why."""
 
 
-ENTRY = re.compile(r"^[ \t#*]*(" + "|".join(sorted(map(re.escape, FORMAT), key=len, reverse=True))
-                   + r")[ \t*]*:[ \t*]*", re.M)  # "Action Input" before "Action"; tolerates **bold** and # headers
+class InputError(ParseError):
+    """The Action names a tool but the Action Input is not that tool's arguments (not asked again: see above)."""
+
+    def __init__(self, action: str, why: str):
+        super().__init__(why)
+        self.action = action
 
 
 def parse_entries(text: str) -> dict[str, str]:
-    text = re.split(r"^\s*Observation\s*:", text, maxsplit=1, flags=re.M)[0]  # a made-up observation is dropped
-    marks = list(ENTRY.finditer(text))
-    return {m.group(1): text[m.end():(marks[i + 1].start() if i + 1 < len(marks) else len(text))].strip()
-            for i, m in enumerate(marks)}
+    """The entries of a response as MLAB's regex finds them (agents/agent.py:218-231): each `Name:` of FORMAT, in
+    FORMAT's order, anywhere in the text (a `# Name:` header works, `**Name**:` does not), each entry running to the
+    next; where a name occurs more than once, the regex's greedy groups take the last occurrence that keeps the
+    order (and the first entry its first). {} when one is missing or out of order. Text from the first
+    "Observation:" on is dropped, as the stop string would have. Values are as written, not stripped."""
+    text = cut_at_stop(text or "", STOP)
+    names, starts, end = list(FORMAT), [], len(text)
+    for i, name in reversed(list(enumerate(names))):  # from the last entry back, so no regex can backtrack for long
+        at = (text.find if i == 0 else text.rfind)(name + ":", 0, end)
+        if at < 0:
+            return {}
+        starts.insert(0, at)
+        end = at
+    bounds = starts[1:] + [len(text)]
+    return {name: text[at + len(name) + 1:stop] for name, at, stop in zip(names, starts, bounds)}
 
 
 def parse_response(text: str, actions=None) -> tuple[str, dict]:
-    """(action, action_input) of a response in the format above; ParseError with the reason otherwise."""
+    """(action, action_input) of a response in the format above. ParseError with the reason otherwise; InputError
+    (a ParseError) when only the Action Input cannot be read."""
     actions = actions or env.ACTIONS
-    entries = parse_entries(text or "")
-    missing = [k for k in FORMAT if k not in entries]
-    if missing:
-        raise ParseError(f"missing entries: {', '.join(missing)}")
-    action = entries["Action"].strip().strip("`'\".").strip()
+    entries = parse_entries(text)
+    if not entries:
+        absent = [k for k in FORMAT if k + ":" not in cut_at_stop(text or "", STOP)]
+        raise ParseError(f"missing entries: {', '.join(absent)}" if absent else
+                         f"the entries are not in this order: {', '.join(FORMAT)}")
+    action = entries["Action"].strip()  # MLAB compares the name after strip() only (agent_research.py:117)
     if action not in actions:
         raise ParseError(f"unknown action {action!r}; the actions are: {', '.join(actions)}")
-    return action, json_object(entries["Action Input"], "Action Input")
+    return action, read_action_input(entries["Action Input"], actions[action])
+
+
+def read_action_input(text: str, spec) -> dict:
+    """The arguments of the tool `spec` in an Action Input, as MLAB reads them (agents/agent.py:168-209): a JSON object
+    with exactly the tool's keys; failing that, each key's value found after its `"key":`, the keys in the tool's
+    order, each value running to the `, "next key":` (greedy, as the regex) and stripped of spaces and quotes, so a
+    trailing comma (it stays on the last value, as there) or triple-quoted strings still run. InputError when neither
+    reads. MLAB's fallback reads the text after JSON-escaping it; here the values are taken as written."""
+    keys, why = list(spec.args), None
+    try:
+        obj = json_object(text, "the Action Input")
+        if set(obj) != set(keys):
+            why = (f"the Action Input of {spec.name} must have the keys {', '.join(keys)}; missing: "
+                   f"{', '.join(k for k in keys if k not in obj) or 'none'}; unexpected: "
+                   f"{', '.join(map(str, (k for k in obj if k not in keys))) or 'none'}")
+    except ParseError as e:
+        why = str(e)
+    if why is None:
+        return obj
+    body = text[text.find("{") + 1:]  # from the first { to the last } (the whole text without them)
+    body = body[:body.rfind("}")] if "}" in body else body
+    cuts, end = [], len(body)
+    for key in reversed(keys[1:]):  # the separator before each later key: its last match before the next one's
+        found = list(re.compile(r",\s*" + re.escape(f'"{key}":')).finditer(body, 0, end))
+        if not found:
+            raise InputError(spec.name, why)
+        cuts.insert(0, found[-1].span())
+        end = found[-1].start()
+    first = body.find(f'"{keys[0]}":', 0, end)
+    if first < 0:
+        raise InputError(spec.name, why)
+    starts, ends = [first + len(keys[0]) + 3] + [e for _, e in cuts], [s for s, _ in cuts] + [len(body)]
+    return {k: body[a:b].strip().strip('"') for k, a, b in zip(keys, starts, ends)}
 
 
 def json_object(text: str, what="the answer") -> dict:
@@ -449,7 +529,7 @@ class ScriptedExpert:
         best = re.search(r"Best validation score so far: (\S+)", entries.get("Research Plan and Status", ""))
         best = float(best.group(1)) if best and best.group(1) != "none" else None
         cur = next((i for i, p in enumerate(plan) if p[1] in ("pending", "in progress")), len(plan) - 1)
-        action, score = entries.get("Action", ""), self._score(observation)
+        action, score = entries.get("Action", "").strip(), self._score(observation)
         facts = []
         if action == "Execute Script" and cur == 0:  # the baseline
             plan[0][1:] = ["done", f"{score}" if score is not None else "no score"]
@@ -569,15 +649,20 @@ class Trajectory:
 REMINDER = ("Respond with all of these entries: " + ", ".join(FORMAT) + "; Action must be one of the tool names and "
             "Action Input one JSON object.")
 REASK = "Your response was not in the right format ({reason}). " + REMINDER
+INPUT_ERROR = "Action Input not understood:"  # starts the observation of a step whose Action Input could not be read
 
 
 def act(env_, action, action_input, reason=None, reward_config=RewardConfig()) -> tuple[env.StepResult, float]:
     """One parsed action executed in env_ and scored: (StepResult, reward). action None: the response was not an
-    action (`reason` says why), an invalid step (R_format) in which nothing is done. run_episode and ppo.execute
-    both end here, so an action is rewarded the same way in collection, evaluation and RL."""
-    if action is None:
-        result = env.StepResult(f"Invalid response ({reason}); nothing was done. {REMINDER}", "invalid", env_.metric,
-                                env_.metric)
+    action (`reason` says why), an invalid step (R_format) in which nothing is done. action_input an InputError: the
+    tool's arguments could not be read; as in MLAB the step happens, its observation the error and the tool's usage
+    (agent_research.py:160-170), and it is invalid too. run_episode and ppo.execute both end here, so an action is
+    rewarded the same way in collection, evaluation and RL."""
+    if action is None or isinstance(action_input, InputError):
+        text = (f"Invalid response ({reason}); nothing was done. {REMINDER}" if action is None else
+                f"{INPUT_ERROR} {action_input}. Nothing was done. Give {action} one valid JSON object (double quotes, "
+                f"a comma between entries, no triple quotes):\n{env.ACTIONS[action].usage()}")
+        result = env.StepResult(text, "invalid", env_.metric, env_.metric)
     else:
         result = env_.step(action, action_input)
     return result, reward(result.kind, result.metric_prev, result.metric_new, env_.m_init, env_.m_best,
@@ -599,20 +684,25 @@ def run_episode(env_, backend, ideas=(), max_steps=15, time_limit=1800.0, max_re
             break
         messages, snapshot = build_messages(problem, history, ideas), env_.snapshot()
         llm_start, ask, reason = time.time(), list(messages), None
-        for retries in range(max_retries + 1):  # MLAB re-asks on a malformed response
+        for retries in range(max_retries + 1):  # asked again only when no action can be read (see "parsing")
             response = backend.chat(ask, temperature=temperature, max_tokens=max_tokens,
                                     stop=STOP).texts[0]
             try:
                 action, action_input = parse_response(response)
                 break
+            except InputError as e:  # a tool with unreadable arguments: the step happens, invalid
+                action, action_input = e.action, e
+                break
             except ParseError as e:
                 action = action_input = None
                 reason = str(e)
-                ask = ask + [{"role": "assistant", "content": response},
-                             {"role": "user", "content": REASK.format(reason=reason)}]
+                # MLAB adds a note to the prompt and drops the response (agent_research.py:119-123)
+                ask = ask[:-1] + [{"role": "user", "content": ask[-1]["content"] + "\n\n"
+                                   + REASK.format(reason=reason)}]
         llm_seconds, env_start = time.time() - llm_start, time.time()
         result, r = act(env_, action, action_input, reason, reward_config)  # still malformed: invalid, goes on
-        traj.steps.append(Step(len(traj.steps), messages, response, action, action_input, result.observation,
+        traj.steps.append(Step(len(traj.steps), messages, response, action,
+                               action_input if isinstance(action_input, dict) else None, result.observation,
                                result.kind, env_.metric, result.metric_prev, result.metric_new, r, retries, snapshot,
                                llm_seconds, time.time() - env_start))
         history.append((response, result.observation))
@@ -730,11 +820,17 @@ def main(argv=None):
     p.add_argument("--max-steps", type=int, default=15)
     p.add_argument("--idea", action="append", default=[], metavar="CATEGORY:IDEA", help="inject an idea (repeatable)")
     args = p.parse_args(argv)
+    if args.max_steps < 1:
+        p.error(f"--max-steps must be at least 1, not {args.max_steps}")
     try:
+        if not args.base_url and args.model and os.path.isdir(args.model):
+            check_checkpoint(args.model)  # a broken checkpoint is one line, before torch reads its weights
         backend = make_backend(args.model, args.base_url)
         e = env.Env(args.task, editor=env.recipe_editor if isinstance(backend, ScriptedExpert) else LLMEditor(backend))
     except (env.TaskError, OSError) as err:
         p.error(str(err))
+    except (BackendError, ValueError) as err:  # no such model folder, a checkpoint that cannot be loaded
+        p.error(f"--model: {err}")
     ideas = [tuple(i.split(":", 1)) if ":" in i else ("idea", i) for i in args.idea]
     if not ideas and isinstance(backend, ScriptedExpert):
         ideas = [(r.category, r.idea) for r in env.recipes_for(e.task.name)[:1]]

@@ -8,23 +8,23 @@ baseline and grading helper) are files under tasks/ (DATA_DIR), filled by one te
 (`$name`; Python code is full of braces); this module holds the code that generates, grades and reads them.
 
 What comes from where, and how this departs from it:
-- The action set, its JSON arguments and the wording of observations follow MLAgentBench (Huang et al., 2023;
-  `MLAgentBench/high_level_actions.py`, `low_level_actions.py`), the environment ML-Agent trains in (arXiv:2505.23723, §Experiments).
-  Departures: `Understand File` is answered without an LLM (a CSV gets its shape, columns and first rows, a script its
-  first lines); the workspace is a dict of scripts kept in memory (the data files stay in the task's `public/`), so a
-  state can be snapshotted and restored exactly; every `Edit Script (AI)` of a script runs it to measure the new metric,
-  because ML-Agent's reward (reward.py) scores each successful edit by its metric change; the metric is always that
-  of train.py, the submission, so a better script saved under another name is paid only once it reaches train.py.
+- The actions, their JSON arguments and what each does (Undo restores the backup an edit made of its script_name;
+  Inspect shows at most 100 lines) follow MLAgentBench (Huang et al., 2023; `MLAgentBench/high_level_actions.py`,
+  `low_level_actions.py`), the environment ML-Agent trains in (arXiv:2505.23723, §Experiments). Departures: no LLM
+  answers `Understand File` (a CSV's shape, columns and first rows; a script's first lines); the workspace is a dict of
+  scripts in memory, so a state is snapshotted and restored exactly; an edited script is run, as reward.py pays an edit
+  by the change of train.py's metric (the submission's: a better script saved elsewhere is paid once it reaches
+  train.py); `Execute Script` shows the run's one log, stdout and stderr as written (MLAB: stdout, or stderr on
+  failure), the capped log the sandbox caches and orchestrator.py reads; a note follows at a time or resource limit,
+  for a train.py without a valid submission.csv (reward.py's error), or the public score.
 - A task folder is MLE-bench-like (`public/` what the agent sees, `private/answers.csv` the hidden test answers with a
   `part` column: the Kaggle public/private split of the test rows). Built-in tasks are made from scikit-learn's shipped
   datasets or generated, with fixed seeds; their `private/leaderboard.csv` is a *reference panel* of scikit-learn
-  pipelines scored on the private part, not human Kaggle entries. An MLE-bench competition becomes such a folder with
-  `import_mlebench` (its section says what carries over and what does not). METRICS follow scikit-learn and
-  MLE-bench's graders: sklearn's log-loss (no row rescaling; rows must sum to 1), macro-averaged multi-column AUC,
-  extra submission columns ignored.
-- `Edit Script (AI)` takes any editor `(instruction, code) -> code`; `recipe_editor` is an offline stand-in that only
-  knows the recipes of tasks/recipes/ for the built-in starter scripts (an LLM editor from agent.py replaces it when
-  configured).
+  pipelines scored on the private part, not human Kaggle entries. `import_mlebench` makes such a folder of an MLE-bench
+  competition (its section says what carries over). METRICS follow scikit-learn and MLE-bench's graders: sklearn's
+  log-loss (no row rescaling; rows must sum to 1), macro-averaged multi-column AUC, extra submission columns ignored.
+- `Edit Script (AI)` takes any editor `(instruction, code) -> code`; `recipe_editor`, an offline stand-in, knows only
+  the recipes of tasks/recipes/ for the built-in starter scripts (agent.py's LLM editor replaces it when configured).
 
 The sandbox (`run_script`) treats agent code as untrusted. It protects against:
 - altering the task: the code runs in a fresh temporary folder holding *copies* of `public/`;
@@ -382,27 +382,38 @@ class ActionSpec:
     name: str
     description: str
     args: dict[str, str]  # argument name -> what to give
+    returns: str  # what the observation holds (MLAB's return_value, shown in the agent's tools prompt; errors aside)
+
+    def usage(self) -> str:
+        """The arguments as a JSON-shaped example, as the tools prompt and the input errors show them."""
+        return json.dumps({k: f"[{v}]" for k, v in self.args.items()}, indent=4)
 
 
 ACTIONS = {a.name: a for a in [
     ActionSpec("List Files", "List the files and folders in a folder of the workspace.",
-               {"dir_path": 'a relative folder path, e.g. "." for the workspace itself'}),
+               {"dir_path": 'a relative folder path, e.g. "." for the workspace itself'},
+               "the names in that folder (a folder's ends with /)"),
     ActionSpec("Understand File", "Look at a file: a CSV's shape, columns and first rows, a script's first lines.",
-               {"file_name": "a relative file path", "things_to_look_for": "what you want to find out"}),
+               {"file_name": "a relative file path", "things_to_look_for": "what you want to find out"},
+               "that summary"),
     ActionSpec("Inspect Script Lines", "Show lines of a script (at most 100 at a time).",
                {"script_name": "a relative file path", "start_line_number": "first line, from 1",
-                "end_line_number": "last line, included"}),
+                "end_line_number": "last line, included"},
+               "those lines and the number of the file's last line"),
     ActionSpec("Edit Script (AI)", "Have an editor change a script following your instruction; the result is saved "
                "under save_name and you get the diff. An edited Python script is run to measure it.",
                {"script_name": "the script to edit (an empty file if it does not exist)",
-                "edit_instruction": "a precise description of the change", "save_name": "where to save the result"}),
-    ActionSpec("Undo Edit Script", "Revert the most recent edit of a script.", {"script_name": "a relative file path"}),
+                "edit_instruction": "a precise description of the change", "save_name": "where to save the result"},
+               "the diff, to check (Undo Edit Script of script_name reverts it)"),
+    ActionSpec("Undo Edit Script", "Revert the most recent edit of a script.", {"script_name": "a relative file path"},
+               "the script after the undo"),
     ActionSpec("Execute Script", "Run a Python script in the workspace and show its output.",
-               {"script_name": "a relative file path"}),
+               {"script_name": "a relative file path"}, "what the script printed, or its error"),
     ActionSpec("Copy File", "Copy a script to another name; a script copied onto train.py is run to measure it.",
-               {"source": "a relative file path", "destination": "a relative file path"}),
+               {"source": "a relative file path", "destination": "a relative file path"},
+               "a success message"),
     ActionSpec("Final Answer", "End the task: train.py as it is now is your solution.",
-               {"final_answer": "a short summary of what you did and found"}),
+               {"final_answer": "a short summary of what you did and found"}, "none: the task ends"),
 ]}
 
 
@@ -474,14 +485,15 @@ class Env:
         try:
             if spec is None:
                 raise _Invalid(f"EnvError: unknown action {action!r}; the actions are: {', '.join(ACTIONS)}")
-            if not isinstance(action_input, dict):
+            if not isinstance(action_input, dict):  # as MLAB's environment.py:306-336, with the tool's usage
                 raise _Invalid(f"EnvError: the input of {action} must be a JSON object with the keys "
-                               f"{', '.join(spec.args)}")
+                               f"{', '.join(spec.args)}:\n{spec.usage()}")
             missing = [a for a in spec.args if a not in action_input]
             extra = [k for k in action_input if k not in spec.args]
             if missing or extra:
                 raise _Invalid(f"EnvError: {action} takes the arguments {', '.join(spec.args)}; missing: "
-                               f"{', '.join(missing) or 'none'}; unexpected: {', '.join(map(str, extra)) or 'none'}")
+                               f"{', '.join(missing) or 'none'}; unexpected: {', '.join(map(str, extra)) or 'none'}:"
+                               f"\n{spec.usage()}")
             return self.HANDLERS[action](self, **action_input)
         except _Invalid as e:
             return self._result(str(e), "invalid")
@@ -518,11 +530,6 @@ class Env:
             return self.files[path]
         public = self.task.public_dir / path
         return public.read_text(errors="replace") if public.is_file() else None
-
-    def _save(self, path: str, text: str):
-        """Write a workspace script, remembering what it replaced for Undo Edit Script."""
-        self.history.append({"script": path, "content": self.files.get(path), "metric": self.metric})
-        self.files[path] = text
 
     def _run(self, script: str) -> RunResult:
         others = {k: v for k, v in self.files.items() if k != script}
@@ -573,23 +580,28 @@ class Env:
             start, end = int(start_line_number), int(end_line_number)
         except (TypeError, ValueError):
             raise _Invalid("EnvError: start_line_number and end_line_number must be integers") from None
+        if end - start > 100:  # MLAB's limit, checked before the file is read (high_level_actions.py:164-174)
+            return self._result("EnvError: the number of lines to display is limited to 100 lines", "error")
         text = self._read(script_name)
         if text is None:
             return self._result(f"EnvError: cannot find script {script_name}", "error")
-        if end - start >= 100:
-            return self._result("EnvError: the number of lines to display is limited to 100 lines", "error")
-        lines = text.splitlines()
+        lines = text.split("\n")  # as MLAB counts: a file that ends with a newline ends on an empty line
         shown = "\n".join(lines[max(start, 1) - 1:end])
         return self._result(f"Here are the lines (the file ends at line {len(lines)}):\n\n{shown}", "neutral")
 
     def _edit_script(self, script_name, edit_instruction, save_name):
         source, save = self._path(script_name), self._path(save_name)
-        old = self._read(source) or ""
+        old = self._read(source)
+        if old is None:  # MLAB writes an empty script_name first (high_level_actions.py:80-84)
+            old = self.files[source] = ""
         try:
             new = self.editor(str(edit_instruction), old)
         except Exception as e:  # noqa: BLE001 - any editor failure is an edit that cannot be applied
             return self._result(f"EnvError: the edit could not be applied: {e}", "error")
-        self._save(save, new)
+        # MLAB backs up script_name, not save_name (high_level_actions.py:100-104): Undo of script_name brings it back
+        # as it was before this edit, and Undo of save_name has nothing of this edit to undo
+        self.history.append({"script": source, "content": old, "metric": self.metric})
+        self.files[save] = new
         diff = "".join(difflib.unified_diff(old.splitlines(True), new.splitlines(True), source, save))
         observation = (f"The edited file is saved to {save}. Here is the diff, please check if the edit is correct "
                        f"and desirable:\n\n{diff}")
@@ -609,8 +621,8 @@ class Env:
         if at is None:
             return self._result(f"EnvError: there is no change to undo in {script}", "error")
         entry = self.history.pop(at)
-        if entry["content"] is None:
-            del self.files[script]
+        if entry["content"] is None:  # an edit recorded by an older version: the script did not exist before it
+            self.files.pop(script, None)
         else:
             self.files[script] = entry["content"]
         observation = f"Content of {script} after undo the most recent edit:\n{entry['content'] or ''}"
@@ -633,7 +645,7 @@ class Env:
         src, dst = self._path(source), self._path(destination)
         if src not in self.files:
             return self._result(f"EnvError: cannot copy {source}: only scripts of the workspace can be copied", "error")
-        self._save(dst, self.files[src])
+        self.files[dst] = self.files[src]  # no backup, as MLAB's copy_file: Undo Edit Script does not revert a copy
         observation = f"File {src} copied to {dst}"
         if dst != "train.py" or src == dst:
             return self._result(observation, "neutral")

@@ -685,10 +685,21 @@ _NAMES = {v: k for k, v in _DTYPES.items()}
 
 
 def _read_header(path):
-    """(header without __metadata__, byte offset where the data starts)."""
+    """(header without __metadata__, byte offset where the data starts); ValueError naming the file when it has no
+    readable header (empty, cut inside the header, or not a safetensors file)."""
+    size = os.path.getsize(path)
     with open(path, "rb") as f:
-        n = struct.unpack("<Q", f.read(8))[0]
-        header = json.loads(f.read(n))
+        raw = f.read(8)
+        n = struct.unpack("<Q", raw)[0] if len(raw) == 8 else None
+        if n is None or n > size - 8:
+            raise ValueError(f"{path}: not a safetensors file ({size} bytes; the header needs "
+                             f"{8 if n is None else 8 + n}; an interrupted download?)")
+        try:
+            header = json.loads(f.read(n))
+        except ValueError:  # invalid JSON or UTF-8
+            header = None
+    if not isinstance(header, dict) or not all(isinstance(v, dict) for v in header.values()):
+        raise ValueError(f"{path}: not a safetensors file (its header is not a JSON object of tensors)")
     header.pop("__metadata__", None)
     return header, 8 + n
 

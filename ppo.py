@@ -39,7 +39,7 @@ How this departs from the paper and the references:
 - The masks come from the lengths of prompts and responses, not from `ids != pad`, so the pad token may equal EOS
   (it does in Qwen's and the tiny tokenizers); the N-details' "pad distinct from EOS" guards against that comparison.
 - Generation stops where the agent's does at evaluation (agent.run_episode): at the stop tokens and at the stop
-  string "\nObservation:", whose tokens stay in the action (the policy chose to stop there). Each action starts
+  string "Observation:", whose tokens stay in the action (the policy chose to stop there). Each action starts
   executing in its sandbox as soon as its response is complete, while the other rows are still decoding
   (`Executions`); the log's time_generate then includes executions under way, time_execute the wait after.
 - A response that reaches --max-new-tokens without a stop token is invalid (R_format), whatever it holds: the
@@ -79,6 +79,7 @@ import dataclasses
 import json
 import math
 import os
+import pickle
 import random
 import shutil
 import time
@@ -876,8 +877,14 @@ def train(cfg):
     if resume:
         check_resume_reward(resume, cfg)
     # mmap: every rank maps the same file and reads only what it uses
-    st = torch.load(os.path.join(resume, "trainer_state", "state.pt"), map_location="cpu", weights_only=False,
-                    mmap=True) if resume else None
+    try:
+        st = torch.load(os.path.join(resume, "trainer_state", "state.pt"), map_location="cpu", weights_only=False,
+                        mmap=True) if resume else None
+    except (RuntimeError, EOFError, pickle.UnpicklingError) as e:  # a torn or foreign file: one line naming it
+        raise ValueError(f"{resume}/trainer_state/state.pt cannot be read ({type(e).__name__}; a torn "
+                         f"checkpoint?); pass another --out") from None
+    if resume and not (isinstance(st, dict) and "progress" in st):
+        raise ValueError(f"{resume}/trainer_state/state.pt is not a ppo.py trainer state; pass another --out")
     progress = dict(st["progress"]) if st else {"iteration": 0, "init_model": cfg.model}
     if resume:
         say(f"ppo.py: resuming from {resume} at iteration {progress['iteration']}")

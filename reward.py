@@ -4,14 +4,23 @@ ML-Agent (arXiv:2505.23723, §"Agentic ML-specific reward module") turns every k
 environment into one number, so that step-wise PPO (ppo.py) can learn from crashes, timeouts and metric changes
 alike. The cases, as this file implements them (default config):
 
-    | outcome    | what happened                                                   | reward                       |
-    |------------|-----------------------------------------------------------------|------------------------------|
-    | "invalid"  | unparsable response, unknown action, bad or missing arguments   | -1        (R_format)         |
-    | "error"    | crash, edit that cannot be applied, invalid submission          | -1                           |
-    | "corner"   | timeout, out of memory, file-size / CPU limit                   |  0        (R_corner)         |
-    | "neutral"  | a valid non-editing action (List Files, Execute Script, ...)    |  0                           |
-    | "final"    | Final Answer (valid, non-editing)                               |  0                           |
-    | "edit"     | a successful edit, copy or undo; the submission was scored      | clip(alpha * sign * (m_new - m_prev) / |m_best - m_init|, -clip, clip)  (R_perf) |
+    | outcome   | what happened (the cases of agent.py's MLAB loop and env.py's actions)             | reward        |
+    |-----------|------------------------------------------------------------------------------------|---------------|
+    | "invalid" | no action read after the re-asks (entries missing or out of order, Action not a    | -1 (R_format) |
+    |           | tool); an Action Input that is not the tool's arguments (bad JSON, other keys: the |               |
+    |           | step happens, not re-asked, as in MLAB); a path outside the workspace; line        |               |
+    |           | numbers that are not integers                                                      |               |
+    | "error"   | crash; edit that cannot be applied; train.py without a valid submission.csv;       | -1            |
+    |           | a missing file; nothing to undo; more than 100 lines to inspect                    |               |
+    | "corner"  | timeout, out of memory, file-size / CPU limit                                      |  0 (R_corner) |
+    | "neutral" | a valid non-editing action: List Files, Inspect Script Lines, a successful         |  0            |
+    |           | Execute Script, a copy or undo that leaves train.py alone, an edit of a non-script |               |
+    | "final"   | Final Answer (valid, non-editing)                                                  |  0            |
+    | "edit"    | a script edited and run, a copy onto or an undo of train.py (0 unless train.py's   | R_perf, below |
+    |           | score changed)                                                                     |               |
+
+`R_perf = clip(alpha * sign * (m_new - m_prev) / |m_best - m_init|, -clip, clip)`. A response re-asked is scored by
+its last answer; an Action Input that MLAB's fallback reads (a trailing comma, triple quotes) is an action like any.
 
 What an "edit" is paid for (our rule; the paper says "the metric change" without saying of which file):
 - `m_prev` and `m_new` are the scores of the **submission** (the workspace's train.py, which Final Answer submits)

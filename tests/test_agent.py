@@ -35,9 +35,9 @@ Action Input: {"dir_path": "."}"""
 
 def test_parse_response_accepts_the_format():
     assert agent.parse_response(GOOD) == ("List Files", {"dir_path": "."})
-    fancy = GOOD.replace("Action:", "**Action**:").replace('Action Input: {"dir_path": "."}',
-                                                            'Action Input:\n```json\n{\n  "dir_path": "."\n}\n```')
-    assert agent.parse_response(fancy + "\nObservation:\n```\nmade up\n```") == ("List Files", {"dir_path": "."})
+    fenced = ("Sure, here it is.\n" + GOOD.replace("Action:", "# Action:")  # MLAB's regex is anchored nowhere
+              .replace('Action Input: {"dir_path": "."}', 'Action Input:\n```json\n{\n  "dir_path": "."\n}\n```'))
+    assert agent.parse_response(fenced + "\nObservation:\n```\nmade up\n```") == ("List Files", {"dir_path": "."})
     multiline = GOOD.replace("List Files", "Edit Script (AI)").replace(
         '{"dir_path": "."}', '{"script_name": "train.py", "edit_instruction": "line one\nline two",'
                              ' "save_name": "train.py"}')
@@ -45,37 +45,46 @@ def test_parse_response_accepts_the_format():
     assert action == "Edit Script (AI)" and args["edit_instruction"] == "line one\nline two"
 
 
-@pytest.mark.parametrize("text, reason", [
-    ("", "missing entries"),
-    ("I think we should train a bigger model.", "missing entries"),
-    (GOOD.replace("Fact Check: Nothing to check.\n", ""), "Fact Check"),
-    (GOOD.replace("Action: List Files", "Action: Delete Everything"), "unknown action"),
-    (GOOD.replace('{"dir_path": "."}', '{"dir_path": .}'), "not valid JSON"),
-    (GOOD.replace('{"dir_path": "."}', "dir_path = ."), "no JSON object"),
+@pytest.mark.parametrize("text, reason, error", [
+    ("", "missing entries", agent.ParseError),
+    ("I think we should train a bigger model.", "missing entries", agent.ParseError),
+    (GOOD.replace("Fact Check: Nothing to check.\n", ""), "Fact Check", agent.ParseError),
+    (GOOD.replace("Action: List Files", "Action: Delete Everything"), "unknown action", agent.ParseError),
+    (GOOD.replace('{"dir_path": "."}', '{dir_path: "."}'), "not valid JSON", agent.InputError),
+    (GOOD.replace('{"dir_path": "."}', "dir_path = ."), "no JSON object", agent.InputError),
+    (GOOD.replace('{"dir_path": "."}', '{"path": "."}'), "missing: dir_path; unexpected: path", agent.InputError),
 ])
-def test_parse_response_rejects_malformed(text, reason):
-    with pytest.raises(agent.ParseError, match=reason):
+def test_parse_response_rejects_malformed(text, reason, error):
+    with pytest.raises(error, match=reason) as e:
         agent.parse_response(text)
+    assert (type(e.value) is agent.InputError) == (error is agent.InputError)
 
 
-# -------------------------------------------------------------------------------------------------------- prompt
-
-def test_build_messages_ideas_first_prompt_only_and_last_three_steps():
-    ideas = [("model", "Use a random forest."), ("data", "Standardise the features.")]
-    first = agent.build_messages("Predict the label.", [], ideas)
-    assert [m["role"] for m in first] == ["system", "user"]
-    system = first[0]["content"]
-    assert "Predict the label." in system and all(name in system for name in env.ACTIONS)
-    assert all(entry + ":" in system for entry in agent.FORMAT)
-    assert "1. [model] Use a random forest." in first[1]["content"]
-    history = [(f"response {i}", f"observation {i}") for i in range(5)]
-    later = agent.build_messages("Predict the label.", history, ideas)
-    user = later[1]["content"]
-    assert "random forest" not in user and "response 1" not in user
-    assert all(f"Step {i}:\nresponse {i}" in user and f"observation {i}" in user for i in (2, 3, 4))
-    assert later == agent.build_messages("Predict the label.", history, ideas)  # pure
-    long = agent.build_messages("p", [("r", "x" * 20000)])[1]["content"]
-    assert len(long) < 6000 and "characters cut" in long
+def test_parser_reads_what_mlab_reads():
+    """Issue 33, point 5. MLAB's parse_entries (agents/agent.py:218-231) is one regex `Reflection:(.*)Research Plan and
+    Status:(.*)...Action Input:(.*)`: every entry, in order, as a plain `Name:`; the action name is compared after
+    strip() only (agents/agent_research.py:117); the API stops at "Observation:" anywhere (MLAgentBench/LLM.py:268-278).
+    Its parse_action_input (agents/agent.py:168-209) falls back to a regex over the tool's keys in order."""
+    for text in (GOOD.replace("Action:", "**Action**:"),  # bold headers: "Action:" is not there
+                 GOOD.replace("Action: List Files", "Action: `List Files`"),  # quoted name: not a tool
+                 GOOD.replace("Thought: List the files first.\n", "") + "\nThought: List the files first."):  # order
+        with pytest.raises(agent.ParseError) as e:
+            agent.parse_response(text)
+        assert type(e.value) is agent.ParseError  # asked again, not an InputError
+    twice = GOOD.replace("Thought: List the files first.", "Thought: the Action: line comes next.")
+    assert agent.parse_response(twice) == ("List Files", {"dir_path": "."})  # the last "Action:" before Action Input
+    assert agent.parse_response(GOOD.replace('"."}', '"."} Observation: made up')) == ("List Files", {"dir_path": "."})
+    assert agent.cut_at_stop("Thought: the Observation: shows it", agent.STOP) == "Thought: the "
+    edit = GOOD.replace("List Files", "Edit Script (AI)")
+    triple = edit.replace('{"dir_path": "."}', '{"script_name": "train.py", "edit_instruction": """Use a\n"big" '
+                          'forest""", "save_name": "train.py"}')  # not JSON; the key regex reads it
+    assert agent.parse_response(triple)[1] == {"script_name": "train.py", "edit_instruction": 'Use a\n"big" forest',
+                                               "save_name": "train.py"}
+    trailing = edit.replace('{"dir_path": "."}', '{"script_name": "a.py", "edit_instruction": "x", '
+                            '"save_name": "b.py",}')  # runs; MLAB's regex keeps the comma on the last value
+    assert agent.parse_response(trailing)[1] == {"script_name": "a.py", "edit_instruction": "x", "save_name": 'b.py",'}
+    extra_first = GOOD.replace('{"dir_path": "."}', '{"why": "look", "dir_path": "."}')  # keys differ: the regex
+    assert agent.parse_response(extra_first) == ("List Files", {"dir_path": "."})  # finds "dir_path": all the same
 
 
 # -------------------------------------------------------------------------------------------- HTTP stub server
@@ -307,9 +316,55 @@ def test_malformed_responses_are_reasked_then_invalid_and_the_episode_goes_on():
     assert [s.reward for s in traj.steps] == [-1.0, 0.0, -1.0, 0.0]
     assert [s.retries for s in traj.steps[:2]] == [2, 1]
     assert "missing entries" in traj.steps[0].observation and traj.steps[0].action is None
-    assert "not in the right format" in chat.prompts[1][-1]["content"]  # the re-ask says what is wrong
-    assert traj.steps[1].messages == chat.prompts[3][:2]  # the recorded prompt is the one before re-asks
+    # MLAB's re-ask (agents/agent_research.py:119-123): the note is added to the prompt, once per try, and the
+    # discarded response is not kept
+    assert [len(p) for p in chat.prompts[:3]] == [2, 2, 2] and "rubbish" not in str(chat.prompts[:3])
+    assert [p[-1]["content"].count("not in the right format") for p in chat.prompts[:3]] == [0, 1, 2]
+    assert traj.steps[1].messages == chat.prompts[3]  # the recorded prompt is the one before re-asks
     assert "Step 0:\nstill rubbish" in chat.prompts[5][1]["content"]  # the invalid step stays in the history
+
+
+def test_a_bad_action_input_is_not_asked_again_the_step_happens_and_is_invalid():
+    """Issue 33, point 1. MLAB asks again only when the entries cannot be read or the action is not a tool
+    (agents/agent_research.py:111-127); an Action Input that is not valid JSON or has other keys (agents/agent.py:
+    168-187) is executed as a step whose observation is the parsing error and the tool's usage (agent_research.py:
+    157-170), and such steps leave the history once a later step's input is read (agent_research.py:186-188)."""
+    bad_json = GOOD.replace('{"dir_path": "."}', '{dir_path: "."}')
+    wrong_keys = GOOD.replace('{"dir_path": "."}', '{"folder": "."}')
+    chat = ScriptedChat([bad_json, wrong_keys, GOOD, FINAL])
+    e = env.Env("digits")
+    traj = agent.run_episode(e, chat, max_steps=15)
+    assert len(chat.prompts) == 4  # one answer per step: nothing was asked again
+    assert [(s.action, s.kind, s.reward, s.retries) for s in traj.steps] == [
+        ("List Files", "invalid", -1.0, 0), ("List Files", "invalid", -1.0, 0), ("List Files", "neutral", 0.0, 0),
+        ("Final Answer", "final", 0.0, 0)]
+    for step, why in zip(traj.steps[:2], ("not valid JSON", "missing: dir_path; unexpected: folder")):
+        assert step.observation.startswith(agent.INPUT_ERROR) and why in step.observation
+        assert env.ACTIONS["List Files"].usage() in step.observation and step.action_input is None
+    users = [p[1]["content"] for p in chat.prompts]
+    assert "Step 0:" in users[1] and "Step 0:" in users[2] and "Step 1:" in users[2]  # in a row: both kept
+    assert "Step 0:" not in users[3] and "Step 1:" not in users[3] and "Step 2:" in users[3]  # read: dropped
+    assert agent.act(e, "List Files", agent.InputError("List Files", "x"),
+                     reward_config=reward.RewardConfig(format_term=False))[1] == 0.0  # R_format's ablation
+
+
+def test_prompt_holds_what_mlab_says():
+    """Issue 33, point 6, in our words: MLAB says the agent knows nothing of the problem yet and asks for results and
+    reasoning before conclusions (agents/agent_research.py:14, 23), updates of the plan in **bold** (:39), which are
+    removed when the plan is shown again (:137-139); each tool's usage ends with what it returns (agents/agent.py:140)
+    and the format with the observation (agent_research.py:27-33)."""
+    system = agent.build_messages("Predict the label.", [])[0]["content"]
+    assert "know nothing about this problem" in system and "before the conclusion" in system
+    assert "double asterisks **like this**" in system
+    for spec in env.ACTIONS.values():
+        usage = "  Action Input: " + spec.usage().replace("\n", "\n  ") + f"\n  Observation: [{spec.returns}]"
+        assert usage in system and spec.returns
+    assert system.endswith("Action Input: " + agent.FORMAT["Action Input"] + "\nObservation:\n```\n"
+                           "what the tool returned\n```")
+    bold = "I will list.\n" + GOOD.replace("1. Look at the files.", "1. **Look at the files.**")
+    user = agent.build_messages("p", [(bold, "a.py")])[1]["content"]
+    assert "Step 0:\n" + GOOD + "\nObservation:" in user  # the words before Reflection and the ** are gone
+    assert agent.shown_response("no entries **here**") == "no entries **here**"  # unreadable: shown as written
 
 
 def test_episode_stops_at_max_steps_and_time_limit():

@@ -21,6 +21,9 @@ TREE = ["orchestrator.py", "tree", "--task", "wine", "--depth", "1", "--sub-iter
 TRAIN = ["orchestrator.py", "train", "--task", "wine", "--depth", "1", "--sub-iters", "1"]
 SFT = ["sft.py", "--data", "{d}/chat.jsonl", "--epochs", "1", "--scratch-hidden", "32", "--scratch-vocab", "300"]
 CHAT = b'{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}\n' * 4
+STATE = (b'{"task": "digits", "task_dir": "tasks/digits", "step": 0, "messages": [], "snapshot": {}, "m_init": 0.9, '
+         b'"m_best": 1.0, "higher_is_better": true}\n')  # ppo.py reads a pool of one state before the model
+PPO = ["ppo.py", "--states", "{d}/states.jsonl", "--batch-size", "1", "--out", "{d}/o"]
 
 # (id, argv ({d}: the case's folder, {ck}: broken checkpoints), files to write under {d}, words the error must say)
 CASES = [
@@ -65,6 +68,20 @@ CASES = [
                                                               pickle.dumps({})}, "trainer_state.pt"),
     ("sft-model-bad-config", SFT + ["--model", "{ck}/bad-config", "--out", "{d}/o"], {"chat.jsonl": CHAT}, "--model"),
     ("sft-threads-negative", SFT + ["--threads", "-1", "--out", "{d}/o"], {"chat.jsonl": CHAT}, "--threads"),
+    # issue 33: weights shorter than the 8-byte header length in every loader; a missing --model; --max-steps < 1;
+    # a torn ppo.py trainer state
+    ("agent-model-safetensors-empty", ["agent.py", "--model", "{ck}/empty"], {}, "empty/model.safetensors"),
+    ("agent-model-safetensors-4-bytes", ["agent.py", "--model", "{ck}/short"], {}, "short/model.safetensors"),
+    ("agent-model-missing", ["agent.py", "--model", "{d}/nonexistent"], {}, "nonexistent"),
+    ("agent-max-steps-0", ["agent.py", "--max-steps", "0"], {}, "--max-steps"),
+    ("agent-max-steps-negative", ["agent.py", "--max-steps", "-1"], {}, "--max-steps"),
+    ("model-generate-safetensors-4-bytes", ["model.py", "generate", "--model", "{ck}/short", "--prompt", "hi"], {},
+     "short/model.safetensors"),
+    ("ppo-model-safetensors-empty", PPO + ["--model", "{ck}/empty"], {"states.jsonl": STATE},
+     "empty/model.safetensors"),
+    ("ppo-trainer-state-torn", PPO + ["--model", "{ck}/bad-config"], {"states.jsonl": STATE,
+                                                                      "o/trainer_state/state.pt": b"PK\x03\x04torn"},
+     "trainer_state/state.pt"),
 ]
 IN_USE = [("collect", COLLECT), ("eval", EVAL), ("orchestrator-run", RUN), ("orchestrator-train", TRAIN),
           ("sft", SFT)]
@@ -72,14 +89,17 @@ IN_USE = [("collect", COLLECT), ("eval", EVAL), ("orchestrator-run", RUN), ("orc
 
 @pytest.fixture(scope="module")
 def ck(tmp_path_factory):
-    """Broken checkpoints: a truncated weight file, a config.json that is not JSON."""
+    """Broken checkpoints: a truncated weight file, an empty one, one of 4 bytes, a config.json that is not JSON."""
     import model
     root = tmp_path_factory.mktemp("ck")
     tok = model.train_tokenizer(["hello world " * 20], 300)
     lm = model.Qwen(model.tiny_config(vocab_size=len(tok), hidden_size=32, intermediate_size=64,
                                       num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1))
     model.save(lm, tok, str(root / "truncated"))
-    shutil.copytree(root / "truncated", root / "bad-config")
+    for name in ("bad-config", "empty", "short"):
+        shutil.copytree(root / "truncated", root / name)
+    (root / "empty" / "model.safetensors").write_bytes(b"")
+    (root / "short" / "model.safetensors").write_bytes((root / "truncated" / "model.safetensors").read_bytes()[:4])
     weights = root / "truncated" / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:-100])
     (root / "bad-config" / "config.json").write_text("{bad")

@@ -1183,6 +1183,52 @@ def test_undo_without_edit_is_not_neutral(denv):
     assert r.kind in ("invalid", "error")
 
 
+def test_undo_follows_mlab_after_an_edit_saved_under_another_name(digits):
+    """Issue 33, point 3. MLAB's edit_script backs up script_name, not save_name, before writing save_name (and first
+    writes an empty script_name when there is none; high_level_actions.py:78-104); undo_edit_script restores the
+    newest backup of the script it is given (low_level_actions.py:151-168); copy_file makes no backup (:139-146)."""
+    e = env.Env(digits, editor=lambda instruction, code: code + "# " + instruction + "\n")
+    e.reset()
+    original = e.files["train.py"]
+    r = e.step("Edit Script (AI)", {"script_name": "train.py", "edit_instruction": "a", "save_name": "train_v2.py"})
+    assert e.files["train_v2.py"] == original + "# a\n" and e.files["train.py"] == original
+    assert e.step("Undo Edit Script", {"script_name": "train_v2.py"}).kind == "error"  # nothing of it to undo
+    undo = e.step("Undo Edit Script", {"script_name": "train.py"})  # the backup the edit made of its source
+    assert undo.kind == "edit" and undo.metric_prev == undo.metric_new == e.m_init and e.files["train.py"] == original
+    assert e.files["train_v2.py"] == original + "# a\n"  # the saved file stays
+    e.step("Edit Script (AI)", {"script_name": "helper.py", "edit_instruction": "b", "save_name": "helper2.py"})
+    assert e.files["helper.py"] == "" and e.files["helper2.py"] == "# b\n"  # an empty source was written first
+    assert e.step("Undo Edit Script", {"script_name": "helper.py"}).observation.endswith(":\n")  # back to empty
+    e.step("Copy File", {"source": "helper2.py", "destination": "helper3.py"})
+    assert e.step("Undo Edit Script", {"script_name": "helper3.py"}).kind == "error"  # a copy is not undone
+
+
+def test_inspect_script_lines_limit_and_line_count_follow_mlab(denv):
+    """Issue 33, point 4. MLAB refuses only when end - start > 100, before it reads the file, and counts the lines of
+    read().split("\\n"), so a file ending with a newline ends on an empty line (high_level_actions.py:158-174)."""
+    n = len(denv.files["train.py"].splitlines())
+    assert denv.files["train.py"].endswith("\n")
+    r = denv.step("Inspect Script Lines", {"script_name": "train.py", "start_line_number": 1, "end_line_number": 101})
+    assert r.kind == "neutral" and f"the file ends at line {n + 1})" in r.observation
+    r = denv.step("Inspect Script Lines", {"script_name": "train.py", "start_line_number": 1, "end_line_number": 102})
+    assert r.kind == "error" and "limited to 100 lines" in r.observation
+    r = denv.step("Inspect Script Lines", {"script_name": "nope.py", "start_line_number": 1, "end_line_number": 500})
+    assert "limited to 100 lines" in r.observation  # the limit is checked first
+
+
+def test_execute_script_shows_both_streams_in_order_a_stated_departure(denv):
+    """Issue 33, point 2: MLAB shows stdout on success and stderr on failure (low_level_actions.py:211-220); env.py's
+    docstring states why this one shows the run's single log, and the note on a train.py without a submission."""
+    denv.files["side.py"] = "import sys\nprint('step one')\nsys.stderr.write('a warning\\n')\nraise ValueError('x')\n"
+    r = denv.step("Execute Script", {"script_name": "side.py"})
+    out = r.observation
+    assert r.kind == "error" and out.index("step one") < out.index("a warning") < out.index("ValueError: x")
+    denv.files["train.py"] = "import sys\nprint('trained')\nsys.stderr.write('a warning\\n')\n"
+    r = denv.step("Execute Script", {"script_name": "train.py"})
+    assert r.kind == "error" and "trained" in r.observation and "a warning" in r.observation
+    assert "\nEnvError: " in r.observation and "submission" in r.observation  # the grader's note follows the log
+
+
 def test_snapshot_restore(denv, digits):
     _edit(denv, env.recipes_for("digits")[0].idea)
     denv.step("List Files", {"dir_path": "."})
