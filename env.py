@@ -43,7 +43,6 @@ import json
 import math
 import os
 import posixpath
-import re
 import resource
 import runpy
 import secrets
@@ -60,7 +59,6 @@ import tempfile
 import threading
 import time
 import types
-import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -73,7 +71,7 @@ TASKS_DIR = ROOT / "runs" / "tasks"
 CACHE_DIR = ROOT / "runs" / "cache"
 LOG_DIR = ROOT / "runs" / "logs"
 DATA_DIR = ROOT / "tasks"  # the tasks' own folders, descriptions, recipes (not runs/tasks, the prepared folders)
-TASKS_VERSION = 6  # bump when a generator changes: prepare() rebuilds tasks made by an older version
+TASKS_VERSION = 6  # bump when a folder of tasks/ or _make changes a task: prepare() rebuilds older ones
 
 
 def _text(name: str) -> str:
