@@ -1,54 +1,29 @@
-"""The ML task world the agents act on: tasks, grading, the sandbox that runs agent code, and the agent's actions.
+"""The ML task world the agents act on: task folders and their grading, the agent's actions (Env), the sandbox that
+runs agent code, the built-in tasks (their folders are tasks/) and MLE-bench import.
 
-Reading order, as a caller meets things: metrics -> the task folder (Task, load_task, grade) -> the agent's actions
-and Env (what agent.py and ppo.py call) -> the sandbox that runs each script (run_script) -> built-in tasks (data,
-starter scripts, reference leaderboards, prepare) -> offline recipes for `Edit Script (AI)` -> MLE-bench competitions
-(import_mlebench) -> CLI. The texts (starter scripts and their blocks, description.md, the recipes, MLE-bench's
-baseline and grading helper) are files under tasks/ (DATA_DIR), filled by one templating system, string.Template
-(`$name`; Python code is full of braces); this module holds the code that generates, grades and reads them.
+The actions, their JSON arguments and what each does follow MLAgentBench ("MLAgentBench: Evaluating Language Agents on
+Machine Learning Experimentation", arXiv:2310.03302; its high_level_actions.py, low_level_actions.py), the
+environment ML-Agent trains in (arXiv:2505.23723, §Experiments). A task folder is MLE-bench's prepared competition
+("MLE-bench", arXiv:2410.07095) in one folder: `public/` what the agent sees, `private/answers.csv` the test answers
+with a `part` column, the Kaggle public/private split of the test rows. A built-in task is a folder of tasks/ in
+MLAgentBench's per-task layout (tasks/README.md), prepared into such a folder; load_task reads it as it reads an
+imported competition. METRICS follow scikit-learn and MLE-bench's graders (sklearn's log-loss with rows that sum to 1,
+macro-averaged multi-column AUC, extra submission columns ignored).
 
-What comes from where, and how this departs from it:
-- The actions, their JSON arguments and what each does (Undo restores the backup an edit made of its script_name;
-  Inspect shows at most 100 lines) follow MLAgentBench (Huang et al., 2023; `MLAgentBench/high_level_actions.py`,
-  `low_level_actions.py`), the environment ML-Agent trains in (arXiv:2505.23723, §Experiments). Departures: no LLM
-  answers `Understand File` (a CSV's shape, columns and first rows; a script's first lines); the workspace is a dict of
-  scripts in memory, so a state is snapshotted and restored exactly; an edited script is run, as reward.py pays an edit
-  by the change of train.py's metric (the submission's: a better script saved elsewhere is paid once it reaches
-  train.py); `Execute Script` shows the run's one log, stdout and stderr as written (MLAB: stdout, or stderr on
-  failure), the capped log the sandbox caches and orchestrator.py reads; a note follows at a time or resource limit,
-  for a train.py without a valid submission.csv (reward.py's error), or the public score.
-- A task folder is MLE-bench-like (`public/` what the agent sees, `private/answers.csv` the hidden test answers with a
-  `part` column: the Kaggle public/private split of the test rows). Built-in tasks are made from scikit-learn's shipped
-  datasets or generated, with fixed seeds; their `private/leaderboard.csv` is a *reference panel* of scikit-learn
-  pipelines scored on the private part, not human Kaggle entries. `import_mlebench` makes such a folder of an MLE-bench
-  competition (its section says what carries over). METRICS follow scikit-learn and MLE-bench's graders: sklearn's
-  log-loss (no row rescaling; rows must sum to 1), macro-averaged multi-column AUC, extra submission columns ignored.
-- `Edit Script (AI)` takes any editor `(instruction, code) -> code`; `recipe_editor`, an offline stand-in, knows only
-  the recipes of tasks/recipes/ for the built-in starter scripts (agent.py's LLM editor replaces it when configured).
+Departures from MLAgentBench:
+1. No LLM answers `Understand File`: it shows a CSV's shape, columns and first rows, or a script's first lines.
+2. The workspace is a dict of scripts in memory, so a state is snapshotted and restored exactly.
+3. An edited script is run, as reward.py pays an edit by the change of train.py's metric (the submission's: a better
+   script saved elsewhere is paid once it reaches train.py).
+4. `Execute Script` shows the run's one log, stdout and stderr as written (MLAB: stdout, or stderr on failure), the
+   capped log the sandbox caches and orchestrator.py reads; a note follows at a time or resource limit, for a train.py
+   without a valid submission.csv (reward.py's error), or the public score.
+5. `Edit Script (AI)` takes any editor `(instruction, code) -> code`; offline, recipe_editor applies the recipes of
+   tasks/recipes/ to the built-in starters (agent.py's LLM editor replaces it when configured).
+6. The built-in tasks' data ship with scikit-learn or are generated with fixed seeds; their leaderboard is a reference
+   panel of scikit-learn pipelines (tasks/builtin.py), not human Kaggle entries.
 
-The sandbox (`run_script`) treats agent code as untrusted. It protects against:
-- altering the task: the code runs in a fresh temporary folder holding *copies* of `public/`;
-- reading the answers: as root, the code runs as a dedicated unprivileged uid (one per run, 60000+), and `private/`,
-  the cache and the logs are root-only (0700); that uid can neither read them nor signal the parent;
-- leaking secrets: the environment is rebuilt from a short whitelist (no API keys or tokens);
-- runaway processes: a new session/process group, stdin closed, a wall-clock limit (TERM to the group, a grace
-  period, KILL), the group killed after every run, and as root every process of the run's uid killed as well, which
-  also catches daemons that left the group with setsid; rlimits on CPU time, file size, open files, processes (per
-  uid, as root), core dumps (0) and, for CPU-only runs, address space;
-- floods: output goes to a log file on disk capped by RLIMIT_FSIZE; the caller gets its head and tail;
-- links planted for the root parent: the submission and the outputs a caller keeps (`keep`) must be plain files in
-  the work folder, so neither the grader nor the copy follows a symlink to `private/`;
-- the network: a new, empty network namespace (`unshare(CLONE_NEWNET)`) where the kernel allows it.
-It does NOT protect against: kernel exploits (same kernel, no seccomp filter), reading world-readable files
-elsewhere on the machine, filling the disk with many files below the size limit, using the GPU it is given
-(set_script_gpu: a torchrun rank's own, or none; not isolated from the trainer's memory) or all CPU cores; without root there is no separate uid, so `private/` is readable and a daemon that calls setsid
-escapes the group kill. Where `unshare` fails the network stays reachable (RunResult.isolation says what applied).
-When the Python interpreter lives under a folder the sandbox uid cannot enter (e.g. /root/.pyenv), the run gets a
-private mount namespace in which that folder is covered by an empty tmpfs with only the interpreter bound back in.
-Each run is forked from a fork server that imported numpy, pandas and scikit-learn once (see its section): all of
-the above is applied in the fork, as subprocess would before starting a new interpreter.
-
-Run:  python env.py list | python env.py prepare | python env.py run --task digits --script my_train.py
+Run:  python env.py list | python env.py prepare [NAME ...] | python env.py run --task digits --script my_train.py
       python env.py import-mlebench --prepared ~/.cache/mle-bench/data/ID/prepared --out runs/tasks-mle/ID
           --mlebench ../mle-bench   (graded by the competition's grade.py; or --metric accuracy --leaderboard ...)
 """
@@ -60,6 +35,7 @@ import builtins
 import ctypes
 import difflib
 import fcntl
+import functools
 import hashlib
 import importlib
 import inspect
@@ -67,8 +43,8 @@ import json
 import math
 import os
 import posixpath
-import re
 import resource
+import runpy
 import secrets
 import select
 import shutil
@@ -83,7 +59,6 @@ import tempfile
 import threading
 import time
 import types
-import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -95,18 +70,13 @@ ROOT = Path(__file__).parent
 TASKS_DIR = ROOT / "runs" / "tasks"
 CACHE_DIR = ROOT / "runs" / "cache"
 LOG_DIR = ROOT / "runs" / "logs"
-DATA_DIR = ROOT / "tasks"  # the texts: starter scripts, descriptions, recipes (not runs/tasks, the prepared folders)
-TASKS_VERSION = 6  # bump when a generator changes: prepare() rebuilds tasks made by an older version
+DATA_DIR = ROOT / "tasks"  # the tasks' own folders, descriptions, recipes (not runs/tasks, the prepared folders)
+TASKS_VERSION = 6  # bump when a folder of tasks/ or _make changes a task: prepare() rebuilds older ones
 
 
 def _text(name: str) -> str:
-    """tasks/<name> as written: a whole script or a description template."""
+    """tasks/<name> as written: a description template or a script."""
     return (DATA_DIR / name).read_text()
-
-
-def _block(name: str) -> str:
-    """A block of code in tasks/<name> (a part of a script), without the newline that ends its file."""
-    return _text(name).removesuffix("\n")
 
 
 def _fill(template: str, **values) -> str:
@@ -163,25 +133,15 @@ class Metric:
     fn: Callable  # (truth, prediction) -> score
     higher_is_better: bool
     kind: str  # "label" (class labels), "probability" (values in [0, 1]) or "value" (any finite number)
-    label: str  # the name a starter script prints
-    sklearn: str  # the same metric in scikit-learn, as a starter script computes it on its validation rows
-    scoring: str  # scikit-learn's scorer name (the grid-search recipe)
 
 
-METRICS = {
-    "accuracy": Metric(lambda y, p: float(np.mean(y == p)), True, "label", "accuracy",
-                       "accuracy_score(y_val, model.predict(X_val))", "accuracy"),
-    "f1_macro": Metric(_f1_macro, True, "label", "macro-F1",
-                       "f1_score(y_val, model.predict(X_val), average='macro')", "f1_macro"),
-    "roc_auc": Metric(_roc_auc, True, "probability", "ROC AUC",
-                      "roc_auc_score(y_val, model.predict_proba(X_val)[:, 1])", "roc_auc"),
-    "log_loss": Metric(_log_loss, False, "probability", "log-loss", "log_loss(y_val, model.predict_proba(X_val))",
-                       "neg_log_loss"),
-    "mae": Metric(lambda y, p: float(np.mean(np.abs(y - p))), False, "value", "MAE",
-                  "mean_absolute_error(y_val, model.predict(X_val))", "neg_mean_absolute_error"),
-    "rmse": Metric(lambda y, p: float(np.sqrt(np.mean((y - p) ** 2))), False, "value", "RMSE",
-                   "root_mean_squared_error(y_val, model.predict(X_val))", "neg_root_mean_squared_error"),
-}
+METRICS = {  # how scikit-learn spells each one (a starter's, a recipe's) is in tasks/builtin.py and tasks/recipes/
+    "accuracy": Metric(lambda y, p: float(np.mean(y == p)), True, "label"),
+    "f1_macro": Metric(_f1_macro, True, "label"),
+    "roc_auc": Metric(_roc_auc, True, "probability"),
+    "log_loss": Metric(_log_loss, False, "probability"),
+    "mae": Metric(lambda y, p: float(np.mean(np.abs(y - p))), False, "value"),
+    "rmse": Metric(lambda y, p: float(np.sqrt(np.mean((y - p) ** 2))), False, "value")}
 
 # ========================================================================================= the task folder
 
@@ -668,6 +628,28 @@ class Env:
 assert Env.HANDLERS.keys() == ACTIONS.keys(), "every action has its method"
 
 # ============================================================================================= the sandbox
+# The sandbox (`run_script`) treats agent code as untrusted. It protects against:
+# - altering the task: the code runs in a fresh temporary folder holding *copies* of `public/`;
+# - reading the answers: as root, the code runs as a dedicated unprivileged uid (one per run, 60000+), and `private/`,
+#   the cache and the logs are root-only (0700); that uid can neither read them nor signal the parent;
+# - leaking secrets: the environment is rebuilt from a short whitelist (no API keys or tokens);
+# - runaway processes: a new session/process group, stdin closed, a wall-clock limit (TERM to the group, a grace
+#   period, KILL), the group killed after every run, and as root every process of the run's uid killed as well, which
+#   also catches daemons that left the group with setsid; rlimits on CPU time, file size, open files, processes (per
+#   uid, as root), core dumps (0) and, for CPU-only runs, address space;
+# - floods: output goes to a log file on disk capped by RLIMIT_FSIZE; the caller gets its head and tail;
+# - links planted for the root parent: the submission and the outputs a caller keeps (`keep`) must be plain files in
+#   the work folder, so neither the grader nor the copy follows a symlink to `private/`;
+# - the network: a new, empty network namespace (`unshare(CLONE_NEWNET)`) where the kernel allows it.
+# It does NOT protect against: kernel exploits (same kernel, no seccomp filter), reading world-readable files
+# elsewhere on the machine, filling the disk with many files below the size limit, using the GPU it is given
+# (set_script_gpu: a torchrun rank's own, or none; not isolated from the trainer's memory) or all CPU cores; without
+# root there is no separate uid, so `private/` is readable and a daemon that calls setsid escapes the group kill.
+# Where `unshare` fails the network stays reachable (RunResult.isolation says what applied).
+# When the Python interpreter lives under a folder the sandbox uid cannot enter (e.g. /root/.pyenv), the run gets a
+# private mount namespace in which that folder is covered by an empty tmpfs with only the interpreter bound back in.
+# Each run is forked from a fork server that imported numpy, pandas and scikit-learn once (see its section): all of
+# the above is applied in the fork, as subprocess would before starting a new interpreter.
 
 MEMORY_LIMIT = 4 << 30  # RLIMIT_AS of CPU-only runs: numpy/torch imports reserve GBs of virtual memory, so not lower
 GPU_MEMORY_LIMIT = 32 << 30  # RLIMIT_DATA of runs that see a GPU (set_script_gpu): CUDA reserves far more address
@@ -1215,399 +1197,41 @@ def _run(task: Task, files: dict[str, str], script: str, timeout: float, memory_
             os.close(lock)
 
 # ========================================================================================== built-in tasks
-# Data: scikit-learn's shipped datasets (no download) or generated with fixed seeds. scikit-learn is imported inside the
-# functions that build tasks: it is heavy, and the callers that only act on prepared tasks never need it.
+# One folder per task or task family under tasks/ (tasks/README.md), in MLAgentBench's per-task layout (its
+# benchmarks/<task>/: scripts/prepare.py makes the data, scripts/research_problem.txt states the problem, env/train.py
+# is the starter, scripts/eval.py scores it): task.json says how the task is split and scored, prepare.py's rows()
+# makes the whole table, research_problem.md and train.py are the problem and the starter. A family's task.json says
+# how many seeds it has, and its prepare.py draws the rest with task(seed) and the table with rows(seed). prepare()
+# splits a table into a task folder, scored by the reference panel of tasks/builtin.py; load_task then reads it as it
+# reads any task folder, an imported MLE-bench competition's included.
+BUILTIN_ORDER = ("digits", "breast-cancer", "reviews", "churn", "wine", "diabetes", "loans", "energy", "sales",
+                 "house-prices", "synth-regression", "synth-classification", "synth-timeseries", "synth-text")
+# time_limit: seconds per run of train.py, far above what the starters and the offline recipes take alone, because under
+# ppo.py's load (4 scripts and the generation on 2 cores) a script runs several times slower, and a tighter limit
+# would make rewards depend on load (tests/RESULTS.md, "env.py: the per-run time limit").
+SPEC_DEFAULTS = {"submit": "label", "test_fraction": 0.3, "missing": False, "classes": 3, "time_limit": 60.0}
 
 
-def _sklearn_frame(name: str, target: str, **kw) -> pd.DataFrame:
-    """sklearn.datasets.load_<name> as a frame, the target in column `target`."""
-    from sklearn import datasets
-    data = getattr(datasets, f"load_{name}")(**kw)
-    df = pd.DataFrame(data.data, columns=[re.sub(r"\W+", "_", c).strip("_") for c in data.feature_names])
-    df[target] = data.target
-    return df
-
-
-def _digits() -> pd.DataFrame:
-    from sklearn.datasets import load_digits
-    data = load_digits()
-    df = pd.DataFrame(data.data.astype(int), columns=[f"pixel_{i}" for i in range(64)])
-    df["label"] = data.target
-    return df
-
-
-def _breast_cancer() -> pd.DataFrame:
-    df = _sklearn_frame("breast_cancer", "malignant")
-    df["malignant"] = 1 - df["malignant"]  # sklearn codes malignant as 0
-    return df
-
-
-def _wine() -> pd.DataFrame:
-    return _sklearn_frame("wine", "label")
-
-
-def _diabetes() -> pd.DataFrame:
-    return _sklearn_frame("diabetes", "progression", scaled=False)
-
-
-def _reviews(n=2400, seed=0, balance=(0.3, 0.25, 0.45), noise=0.05) -> pd.DataFrame:
-    """Product reviews from word lists; negations ("not great") flip a phrase, and a share of labels is noise.
-    balance: the shares of negative, neutral and positive reviews; noise: the share of random labels."""
-    rng = np.random.default_rng(seed)
-    words = {
-        "product": "blender kettle headphones backpack lamp toaster keyboard charger jacket tent".split(),
-        "pos": "great excellent sturdy comfortable reliable fantastic quiet fast lovely perfect".split(),
-        "neg": "broken flimsy noisy slow awful useless cheap disappointing faulty uncomfortable".split(),
-        "mid": "okay average decent fine acceptable ordinary mediocre standard".split(),
-        "filler": "i bought this for my kitchen last week after reading reviews the delivery was on time and it "
-                  "came in a box with a manual".split(),
-    }
-    templates = ["the {p} is {w}", "{w} {p}", "really {w}", "it feels {w}", "honestly {w}"]
-    negated = ["the {p} is not {w}", "not {w} at all", "never {w}", "not a {w} {p}"]
-    # label -> probabilities of a phrase being: positive, negative, middling, negated positive, negated negative
-    mix = {"positive": [0.65, 0.05, 0.08, 0.02, 0.2], "negative": [0.05, 0.6, 0.08, 0.22, 0.05],
-           "neutral": [0.12, 0.12, 0.66, 0.05, 0.05]}
-    labels = rng.choice(["negative", "neutral", "positive"], size=n, p=list(balance))
-    rows = []
-    for label in labels:
-        p = rng.choice(words["product"])
-        phrases = []
-        for kind in rng.choice(5, size=rng.integers(2, 6), p=mix[label]):
-            pool = words[("pos", "neg", "mid", "pos", "neg")[kind]]
-            phrase = rng.choice(templates if kind < 3 else negated)
-            phrases.append(phrase.format(p=p, w=rng.choice(pool)))
-        phrases.append(" ".join(rng.choice(words["filler"], size=rng.integers(3, 9))))
-        rng.shuffle(phrases)
-        rows.append(", ".join(phrases))
-    noisy = rng.random(n) < noise
-    labels[noisy] = rng.choice(["negative", "neutral", "positive"], size=noisy.sum())
-    return pd.DataFrame({"text": rows, "sentiment": labels})
-
-
-def _churn(n=3000, seed=0) -> pd.DataFrame:
-    """make_classification's clusters dressed as a telecom customer table, with categories and missing values."""
-    from sklearn.datasets import make_classification
-    x, y = make_classification(n_samples=n, n_features=8, n_informative=5, n_redundant=1, n_clusters_per_class=2,
-                               weights=[0.73], flip_y=0.03, class_sep=0.9, random_state=seed)
-    rng = np.random.default_rng(seed)
-    df = pd.DataFrame({
-        "tenure_months": np.clip(np.round(24 + 12 * x[:, 0]), 0, 72),
-        "monthly_charges": np.round(70 + 20 * x[:, 1], 2),
-        "support_calls": np.clip(np.round(2 + 1.5 * x[:, 2]), 0, None),
-        "data_usage_gb": np.round(np.exp(2 + 0.5 * x[:, 3]), 2),
-        "late_payments": np.clip(np.round(1 + x[:, 4]), 0, None),
-        "age": np.clip(np.round(45 + 12 * x[:, 5]), 18, 90),
-        "plan": pd.cut(x[:, 6], [-np.inf, -0.5, 0.7, np.inf], labels=["basic", "standard", "premium"]).astype(str),
-        "payment_method": pd.cut(x[:, 7], [-np.inf, -0.4, 0.4, np.inf],
-                                 labels=["card", "bank_transfer", "electronic_check"]).astype(str),
-        "region": rng.choice(["north", "south", "east", "west"], size=n),
-    })
-    for col in ("monthly_charges", "data_usage_gb", "age"):
-        df.loc[rng.random(n) < 0.06, col] = np.nan
-    df["churn"] = y
-    return df
-
-
-def _house_prices(n=2000, seed=0) -> pd.DataFrame:
-    """Prices from a multiplicative model: size x neighbourhood, a U-shaped age effect, condition, noise."""
-    rng = np.random.default_rng(seed)
-    hoods = {"riverside": 1.35, "old_town": 1.15, "hillcrest": 1.0, "lakeshore": 1.6, "industrial": 0.7}
-    hood = rng.choice(list(hoods), size=n, p=[0.2, 0.25, 0.3, 0.1, 0.15])
-    sqft = np.round(rng.lognormal(7.4, 0.35, n))
-    bedrooms = np.clip(np.round(sqft / 600 + rng.normal(0, 0.7, n)), 1, 6)
-    age = rng.integers(0, 100, n)
-    condition = rng.integers(1, 6, n)
-    garage = (rng.random(n) < 0.6).astype(int)
-    lot = np.round(rng.lognormal(8.5, 0.5, n))
-    price = (160 * sqft * np.vectorize(hoods.get)(hood) * (1 + 0.06 * (condition - 3))
-             * (1 - 0.006 * age + 0.00007 * age ** 2) + 12 * np.sqrt(lot) * 100 + 15000 * garage)
-    price = np.round(price * rng.lognormal(0, 0.08, n), -2)
-    return pd.DataFrame({"sqft": sqft, "bedrooms": bedrooms, "age": age, "condition": condition, "garage": garage,
-                         "lot_size": lot, "neighborhood": hood, "price": price})
-
-
-def _loans(n=4000, seed=0) -> pd.DataFrame:
-    """Loan applications and how they were repaid (`outcome` 0 on time, 1 late, 2 default): a latent risk from the
-    debt ratio (steeper for the self-employed), log income, the loan's size against income, credit history,
-    delinquencies (past two, much worse), purpose and age (U-shaped), with logistic noise, cut at its 60% and 85%
-    quantiles. Some values missing."""
-    rng = np.random.default_rng(seed)
-    income = np.round(rng.lognormal(10.8, 0.45, n), -2)
-    debt_ratio = np.round(np.clip(rng.beta(2, 5, n) + rng.normal(0, 0.03, n), 0.0, 1.0), 3)
-    employment = rng.choice(["salaried", "self_employed", "unemployed", "retired"], size=n, p=[0.6, 0.2, 0.08, 0.12])
-    history = np.clip(np.round(rng.gamma(3.0, 3.0, n)), 0, 40)
-    delinquencies = rng.poisson(0.5, n)
-    amount = np.round(income * rng.uniform(0.05, 0.9, n), -2)
-    age = np.clip(np.round(rng.normal(41, 12, n)), 21, 80)
-    purpose = rng.choice(["car", "home", "education", "business", "other"], size=n, p=[0.3, 0.25, 0.15, 0.1, 0.2])
-    risk = (3.0 * debt_ratio * np.where(employment == "self_employed", 2.0, 1.0) - 1.2 * np.log(income / 50000)
-            + 2.5 * amount / income - 0.07 * history + 0.5 * np.minimum(delinquencies, 2)
-            + 1.5 * (delinquencies > 2) + np.select([purpose == "business", purpose == "education"], [0.6, 0.3], 0.0)
-            + np.select([employment == "unemployed", employment == "retired"], [1.0, -0.2], 0.0)
-            + 0.002 * (age - 45) ** 2 + rng.logistic(0.0, 0.3, n))
-    df = pd.DataFrame({"income": income, "debt_ratio": debt_ratio, "employment": employment,
-                       "credit_history_years": history, "delinquencies": delinquencies, "loan_amount": amount,
-                       "age": age, "purpose": purpose})
-    for col in ("income", "credit_history_years"):
-        df.loc[rng.random(n) < 0.05, col] = np.nan
-    df["outcome"] = np.digitize(risk, np.quantile(risk, [0.6, 0.85]))
-    return df
-
-
-def _energy(n=3000, seed=0) -> pd.DataFrame:
-    """Yearly heating energy of buildings (kWh per m2): heat lost through walls (insulation, with diminishing
-    returns), windows and air leaks (older buildings leak more), times the climate's degree-days, over the heating
-    system's efficiency; smaller buildings lose more per m2; multiplicative noise."""
-    rng = np.random.default_rng(seed)
-    area = np.round(rng.lognormal(5.2, 0.6, n))
-    floors = rng.integers(1, 7, n)
-    year = rng.integers(1900, 2023, n)
-    insulation = np.round(np.clip(rng.gamma(2.0, 6.0, n) * (0.4 + (year - 1900) / 122), 0, 40))
-    windows = np.round(rng.uniform(0.1, 0.5, n), 2)
-    climate = rng.choice(["mild", "temperate", "cold"], size=n, p=[0.3, 0.45, 0.25])
-    heating = rng.choice(["gas", "oil", "heat_pump", "district"], size=n, p=[0.45, 0.15, 0.25, 0.15])
-    degree_days = np.select([climate == "mild", climate == "temperate"], [1800.0, 2800.0], 4000.0)
-    efficiency = np.select([heating == "gas", heating == "oil", heating == "heat_pump"], [0.92, 0.85, 3.0], 0.95)
-    loss = (1 - windows) / (0.25 + insulation / 4) + 2.6 * windows + 0.6 * (2.2 - (year - 1900) / 80)
-    compact = 1 + 4 / np.sqrt(area / floors)
-    energy = 0.024 * degree_days * loss * compact / efficiency * 30
-    return pd.DataFrame({"floor_area": area, "floors": floors, "year_built": year, "insulation_cm": insulation,
-                         "window_share": windows, "climate": climate, "heating": heating,
-                         "energy": np.round(energy * rng.lognormal(0, 0.1, n), 1)})
-
-
-SALES_WEEK = (0.9, 0.92, 0.95, 1.0, 1.12, 1.35, 1.2)  # Monday ... Sunday
-
-
-def _daily_sales(seed=0, levels=(200.0, 120.0, 80.0), week=SALES_WEEK, trend=0.0004, season=0.15, promo_lift=0.25,
-                 noise_sd=0.06, heat=0.8) -> pd.DataFrame:
-    """Stores A, B, ... (one per level), 2021-2023: trend x weekly x yearly seasonality x promotions, temperature,
-    AR(1) noise. Each row also holds yesterday's and last week's sales: the task is one-step-ahead forecasting."""
-    rng = np.random.default_rng(seed)
-    dates = pd.date_range("2021-01-01", "2023-12-31", freq="D")
-    t = np.arange(len(dates))
-    doy = 2 * np.pi * dates.day_of_year.to_numpy() / 365.25
-    weekly = np.array(week)[dates.day_of_week]
-    frames = []
-    for store, level in zip("ABCDEFGH", levels):
-        temperature = np.round(14 - 9 * np.cos(doy) + rng.normal(0, 3, len(t)), 1)
-        promo = (rng.random(len(t)) < 0.15).astype(int)
-        noise = np.zeros(len(t))
-        for i in range(1, len(t)):
-            noise[i] = 0.75 * noise[i - 1] + rng.normal(0, noise_sd)
-        sales = (level * (1 + trend * t) * weekly * (1 + season * np.sin(doy - 1.0)) * (1 + promo_lift * promo)
-                 * np.exp(noise) + heat * (temperature - 14))
-        frames.append(pd.DataFrame({"date": dates.strftime("%Y-%m-%d"), "store": store, "promo": promo,
-                                    "temperature": temperature, "sales_lag_1": np.r_[np.nan, sales[:-1]].round(1),
-                                    "sales_lag_7": np.r_[[np.nan] * 7, sales[:-7]].round(1),
-                                    "sales": sales.round(1)}).iloc[7:])
-    return pd.concat(frames).sort_values(["date", "store"], kind="stable").reset_index(drop=True)
-
-# Starter scripts: one template, tasks/starter/train.py; each task fills its data, model and submission blocks from
-# tasks/starter/{data,model,submit}/. The `# --- name ---` lines delimit the blocks that the offline recipes edit.
-# The hand-made tasks are listed in tasks/builtin.json, the generated families below build theirs from these blocks.
-PLAIN_DATA, SALES_DATA, TEXT_DATA = (_block(f"starter/data/{name}.py") for name in ("plain", "sales", "text"))
-SCALED_LOGREG, RIDGE, TREE_CLF, TREE_REG, NAIVE_BAYES = (_block(f"starter/model/{name}.py") for name in (
-    "scaled-logreg", "ridge", "tree-classifier", "tree-regressor", "naive-bayes"))
-
-
-@dataclass
-class TaskSpec:
-    """How a built-in task is made: its data, metric, split and starter script."""
-    name: str
-    title: str
-    split: str  # "held-in" or "held-out"
-    metric: str
-    target: str  # the target column of train.csv
-    kind: str  # "classification" or "regression": which reference panel scores it
-    modality: str
-    load: Callable[[], pd.DataFrame]
-    about: str  # the problem, for description.md
-    baseline: str  # the starter's model, in words
-    model: str  # the starter's model block: its imports, a blank line, the lines that make `model`
-    data: str = PLAIN_DATA  # the starter's data block: builds X and X_test ($target: the target column)
-    submit: str = "label"  # submission.csv holds: "label", "probability" (of class 1) or "classes" (one column each)
-    test_fraction: float = 0.3  # time series: the last days instead
-    # seconds per run of train.py: far above what the starters and the offline recipes take alone, because under
-    # ppo.py's load (4 scripts and the generation on 2 cores) a script runs several times slower, and a tighter limit
-    # would make rewards depend on load (tests/RESULTS.md, "env.py: the per-run time limit").
-    time_limit: float = 60.0
-    missing: bool = False  # some feature values are missing (the missing-indicator recipe applies)
-    classes: int = 3  # classes of a submit="classes" task (one probability column each)
-
-    @property
-    def target_columns(self) -> list[str]:
-        return [f"class_{c}" for c in range(self.classes)] if self.submit == "classes" else [self.target]
-
-    def starter(self) -> str:
-        metric = METRICS[self.metric]
-        imports, _, model = self.model.partition("\n\n")
-        imp = f"from sklearn.metrics import {metric.sklearn.split('(')[0]}"
-        split = "random_state=0" + (", stratify=y" if self.kind == "classification" else "")
-        if self.modality == "time series":
-            split = "shuffle=False"  # train.csv is in time order: validate on its latest days
-        return _fill(_text("starter/train.py"), name=self.name, baseline=self.baseline, label=metric.label,
-                     target=self.target, imports="\n".join(sorted({imp, *imports.splitlines()})),
-                     data=_fill(self.data, target=self.target), model=model, split=split, score=metric.sklearn,
-                     submit=_fill(_block(f"starter/submit/{self.submit}.py"), target=self.target))
-
-
-LOADERS = {"digits": _digits, "breast-cancer": _breast_cancer, "reviews": _reviews, "churn": _churn, "wine": _wine,
-           "diabetes": _diabetes, "loans": _loans, "energy": _energy, "sales": _daily_sales,
-           "house-prices": _house_prices}  # the hand-made tasks' data
-
-
-def _handmade(row: dict) -> TaskSpec:
-    """A task of tasks/builtin.json: its rows from LOADERS, its starter's blocks named by file."""
-    return TaskSpec(**{**row, "load": LOADERS[row["name"]], "model": _block(f"starter/model/{row['model']}.py"),
-                       "data": _block(f"starter/data/{row.get('data', 'plain')}.py")})
-
-
-BUILTIN_TASKS: dict[str, TaskSpec] = {s.name: s for s in map(_handmade, json.loads(_text("builtin.json")))}
-
-# Generated task families, where the papers' effects can show (README, "Built-in tasks"). Each family draws, from its
-# seed, a task of one kind: its size, features, noise, metric and starter baseline. They are held-in tasks, so that
-# every kind of the held-out tasks (tabular classification with class probabilities, tabular regression, daily time
-# series; higher- and lower-is-better metrics) is trained on, and so that the number of RL training tasks can be
-# varied (ML-Agent Figure 5). Their test parts are large (1,500 rows; time series: 120 days of 3-5 stores), so that
-# the standard error of a private score is small next to the effect of one recipe.
-FAMILY_SEEDS = range(6)  # synth-<family>-0 ... -5
-FAMILY_ROWS = 3000  # half of them test rows, half of those private
-
-
-def _table_data(target: str, categories: list[str], missing: bool) -> str:
-    """The starter's data block of a generated table: one-hot categories, training medians for missing numbers."""
-    lines = [f'X = train.drop(columns=["id", "{target}"])', 'X_test = test.drop(columns=["id"])']
-    if categories:
-        cols = ", ".join(f'"{c}"' for c in categories)
-        lines += ["# one-hot encode the categories", f"both = pd.get_dummies(pd.concat([X, X_test]), columns=[{cols}], "
-                  "dtype=float)"]
+def _specs(folder: Path) -> list[types.SimpleNamespace]:
+    """The built-in task(s) of a folder of tasks/: task.json's fields with defaults, or, for a family, with each
+    seed's draw; `rows()` makes the table, `starter` is train.py, `about` the research problem."""
+    info, code = json.loads((folder / "task.json").read_text()), runpy.run_path(str(folder / "prepare.py"))
+    if "seeds" in info:
+        draws = [({**info, **code["task"](s)}, functools.partial(code["rows"], s)) for s in range(info["seeds"])]
     else:
-        lines += ["both = pd.concat([X, X_test])"]
-    if missing:
-        lines += ["# fill missing numbers with the training medians", "both = both.fillna(both[: len(X)].median())"]
-    return "\n".join(lines + ["X, X_test = both[: len(X)], both[len(X):]"])
+        draws = [({**info, "name": folder.name, "about": (folder / "research_problem.md").read_text().rstrip("\n"),
+                   "starter": (folder / "train.py").read_text()}, code["rows"])]
+    specs = [types.SimpleNamespace(**{**SPEC_DEFAULTS, **fields}, rows=rows) for fields, rows in draws]
+    for spec in specs:  # the submission's target columns: one probability column per class, or the target
+        spec.target_columns = [f"class_{c}" for c in range(spec.classes)] if spec.submit == "classes" else [spec.target]
+    return specs
 
 
-def _synth_columns(rng, x: np.ndarray, n_cat: int, missing: bool) -> pd.DataFrame:
-    """Numeric features (some skewed or rounded to counts), `n_cat` categories binned from further features,
-    5% missing values in two numeric columns when `missing`."""
-    n, d = x.shape[0], x.shape[1] - n_cat
-    df = pd.DataFrame(index=range(n))
-    for j in range(d):
-        shape = rng.choice(["normal", "skewed", "count"])
-        col = x[:, j] if shape == "normal" else np.exp(0.6 * x[:, j]) if shape == "skewed" \
-            else np.clip(np.round(3 + 1.5 * x[:, j]), 0, None)
-        df[f"f{j}"] = np.round(col, 4)
-    for j in range(n_cat):
-        levels = [f"{c}{j}" for c in "abcde"[: rng.integers(3, 6)]]
-        df[f"cat{j}"] = np.array(levels)[np.digitize(x[:, d + j], np.sort(rng.normal(0, 1, len(levels) - 1)))]
-    if missing:
-        for col in rng.choice([f"f{j}" for j in range(d)], size=2, replace=False):
-            df.loc[rng.random(n) < 0.05, col] = np.nan
-    return df
+_FOLDERS = sorted((p.parent for p in DATA_DIR.glob("*/task.json")),  # BUILTIN_ORDER first, then the others by name
+                  key=lambda f: ((*BUILTIN_ORDER, f.name).index(f.name), f.name))
+BUILTIN_TASKS = {s.name: s for folder in _FOLDERS for s in _specs(folder)}
+_PANEL = runpy.run_path(str(DATA_DIR / "builtin.py"))["leaderboard"]  # the reference panel's leaderboard
 
-
-def _synth_regression(seed: int) -> TaskSpec:
-    """A positive target from a sum of per-feature shapes (linear, square, sine, threshold), one interaction, offsets
-    per category and Gaussian noise; multiplicative for odd seeds (a skewed target, where the log recipe helps)."""
-    rng = np.random.default_rng(7100 + seed)
-    d, n_cat, missing = int(rng.integers(5, 11)), int(rng.integers(0, 3)), bool(seed % 3 == 1)
-    cats = [f"cat{j}" for j in range(n_cat)]
-
-    def load():  # the rows are drawn only when the task folder is made
-        rng = np.random.default_rng(17100 + seed)
-        x = rng.normal(size=(FAMILY_ROWS, d + n_cat))
-        shapes = rng.choice(["linear", "square", "sine", "step"], size=d)
-        parts = {"linear": lambda v: v, "square": lambda v: v ** 2 - 1, "sine": lambda v: np.sin(2 * v),
-                 "step": lambda v: (v > 0.3) - 0.4}
-        f = sum(rng.uniform(0.3, 1.5) * parts[s](x[:, j]) for j, s in enumerate(shapes)) + 0.8 * x[:, 0] * x[:, 1]
-        for j in range(n_cat):
-            f = f + rng.normal(0, 0.8, 5)[np.digitize(x[:, d + j], [-1, 0, 1, 2])]
-        f = (f - f.mean()) / f.std() + rng.normal(0, rng.uniform(0.2, 0.7), FAMILY_ROWS)
-        y = np.round(np.exp(0.5 * f) * 100, 2) if seed % 2 else np.round(np.clip(50 + 10 * f, 1, None), 3)
-        return _synth_columns(rng, x, n_cat, missing).assign(target=y)
-    metric = ("rmse", "mae")[seed % 2 == 0]
-    starter = (RIDGE, TREE_REG)[seed % 3 == 2]
-    return TaskSpec(
-        f"synth-regression-{seed}", f"Generated regression {seed}", "held-in", metric, "target", "regression",
-        "tabular", load,
-        f"Predict `target` (a positive number) from {d} numeric features `f0` ... `f{d - 1}`"
-        + (f" and {n_cat} categorical column(s) `cat0` ..." if n_cat else "")
-        + ". The table is generated: the target is a noisy non-linear function of the features."
-        + (" Some values are missing." if missing else ""),
-        ("one-hot categories and ridge regression", "a depth-4 regression tree")[seed % 3 == 2], starter,
-        data=_table_data("target", cats, missing), test_fraction=0.5, missing=missing)
-
-
-def _synth_classification(seed: int) -> TaskSpec:
-    """make_classification's clusters (2 or 3 classes, varied separation, label noise and imbalance) as a table with
-    skewed features, categories and missing values; the metric cycles over the four classification metrics."""
-    rng = np.random.default_rng(7200 + seed)
-    metric, classes = [("log_loss", 3), ("accuracy", 2), ("roc_auc", 2), ("f1_macro", 3), ("log_loss", 2),
-                       ("accuracy", 3)][seed % 6]
-    d, n_cat, missing = int(rng.integers(6, 13)), int(rng.integers(0, 3)), bool(seed % 2)
-    cats = [f"cat{j}" for j in range(n_cat)]
-    flip, sep = float(rng.uniform(0.01, 0.06)), float(rng.uniform(0.6, 1.2))
-
-    def load():  # the rows are drawn only when the task folder is made
-        from sklearn.datasets import make_classification
-        x, y = make_classification(n_samples=FAMILY_ROWS, n_features=d + n_cat, n_informative=max(3, d // 2),
-                                   n_redundant=1, n_classes=classes, n_clusters_per_class=2,
-                                   weights=[0.6] + [0.4 / (classes - 1)] * (classes - 1) if seed % 3 else None,
-                                   flip_y=flip, class_sep=sep, random_state=17200 + seed)
-        return _synth_columns(np.random.default_rng(17200 + seed), x, n_cat, missing).assign(label=y)
-    submit = "classes" if metric == "log_loss" and classes == 3 else \
-        "probability" if METRICS[metric].kind == "probability" else "label"
-    starter, words = [(SCALED_LOGREG, "logistic regression"), (NAIVE_BAYES, "Gaussian naive Bayes"),
-                      (TREE_CLF, "a depth-3 decision tree")][seed % 3]
-    what = {"classes": "Submit one probability column per class: `class_0`, `class_1`, `class_2`.",
-            "probability": "Predict the probability that `label` is 1.", "label": "Predict `label`."}[submit]
-    return TaskSpec(
-        f"synth-classification-{seed}", f"Generated classification {seed}", "held-in", metric, "label",
-        "classification", "tabular", load,
-        f"Tell {classes} classes (`label` 0 ... {classes - 1}) apart from {d} numeric features `f0` ... `f{d - 1}`"
-        + (f" and {n_cat} categorical column(s) `cat0` ..." if n_cat else "")
-        + ". The table is generated; some labels are noise." + (" Some values are missing." if missing else "")
-        + " " + what, ("one-hot categories and " if n_cat else "") + words, starter,
-        data=_table_data("label", cats, missing), submit=submit, test_fraction=0.5, missing=missing, classes=classes)
-
-
-def _synth_series(seed: int) -> TaskSpec:
-    """Daily sales of 3-5 stores (the "sales" generator) with their own weekly shape, trend, seasonality, promotion
-    lift and noise; one-step-ahead forecasting with the same columns as "sales"."""
-    rng = np.random.default_rng(7300 + seed)
-    levels = tuple(np.round(rng.uniform(50, 250, int(rng.integers(3, 6))), 0))
-    week = tuple(np.round(np.array(SALES_WEEK)[rng.permutation(7)] * rng.uniform(0.9, 1.1, 7), 3))
-    kw = dict(levels=levels, week=week, trend=float(rng.uniform(-0.0002, 0.0008)), season=float(rng.uniform(0, 0.3)),
-              promo_lift=float(rng.uniform(0.05, 0.4)), noise_sd=float(rng.uniform(0.03, 0.1)),
-              heat=float(rng.uniform(-1, 1.5)))
-    return TaskSpec(
-        f"synth-timeseries-{seed}", f"Generated daily sales {seed}", "held-in", ("rmse", "mae")[seed % 2], "sales",
-        "regression", "time series", lambda: _daily_sales(7300 + seed, **kw),
-        f"Forecast tomorrow's `sales` of {len(levels)} stores from the `date`, `store`, a `promo` flag, the "
-        "`temperature`, and the sales of the previous day (`sales_lag_1`) and week (`sales_lag_7`). The series are "
-        "generated; train.csv covers 2021-01-08 to 2023-09-02, the test rows are the following 120 days.",
-        "ridge regression on a trend, day-of-week and store indicators", RIDGE, data=SALES_DATA)
-
-
-def _synth_text(seed: int) -> TaskSpec:
-    """Reviews (the "reviews" generator) with their own class balance and label noise; macro F1 or accuracy."""
-    rng = np.random.default_rng(7400 + seed)
-    balance = rng.dirichlet([4, 4, 4])
-    noise = float(rng.uniform(0.02, 0.1))
-    metric = ("f1_macro", "accuracy")[seed % 2]
-    return TaskSpec(
-        f"synth-text-{seed}", f"Generated review sentiment {seed}", "held-in", metric, "sentiment", "classification",
-        "text", lambda: _reviews(FAMILY_ROWS, 7400 + seed, balance, noise),
-        "Classify generated product reviews as `negative`, `neutral` or `positive` (column `sentiment`) from their "
-        "`text`. Reviews mix praise and complaints, and some are negated (\"not great\").",
-        "word counts and logistic regression", BUILTIN_TASKS["reviews"].model, data=TEXT_DATA, test_fraction=0.5)
-
-
-FAMILIES = {"regression": _synth_regression, "classification": _synth_classification,
-            "timeseries": _synth_series, "text": _synth_text}
-BUILTIN_TASKS.update({s.name: s for family in FAMILIES.values() for s in map(family, FAMILY_SEEDS)})
 
 def _description(template: str, time_limit: float, **values) -> str:
     """description.md: tasks/description/<template>.md (the problem and the files), then the evaluation and rules that
@@ -1621,104 +1245,16 @@ def _columns(columns) -> str:
     return ", ".join(cols) if len(cols) <= 12 else f"{', '.join(cols[:4])}, ..., {', '.join(cols[-3:])}"
 
 
-def _features(train: pd.DataFrame, test: pd.DataFrame, target: str):
-    """Numeric features for the reference panel: date parts, one-hot categories, median-filled numbers, or tf-idf."""
-    if "text" in train:
-        from sklearn.feature_extraction.text import TfidfVectorizer
-        vec = TfidfVectorizer(ngram_range=(1, 2), min_df=2, sublinear_tf=True)
-        return vec.fit_transform(train["text"]), vec.transform(test["text"])
-    both = pd.concat([train.drop(columns=[target]), test]).drop(columns=["id"])
-    if "date" in both:
-        date = pd.to_datetime(both.pop("date"))
-        doy = 2 * np.pi * date.dt.day_of_year / 365.25
-        both = both.assign(t=(date - date.min()).dt.days, dow=date.dt.day_of_week.astype(str), sin=np.sin(doy),
-                           cos=np.cos(doy))
-    both = pd.get_dummies(both, dtype=float)
-    both = both.fillna(both[: len(train)].median()).to_numpy(dtype=float)
-    return both[: len(train)], both[len(train):]
-
-
-def _panel(kind: str, sparse: bool, proba: bool = True) -> list[tuple[str, object]]:
-    """The reference pipelines: dummies, linear models over a range of regularisation, kNN, trees, ensembles.
-    proba=False (a metric on labels): the SVM skips the 5-fold Platt scaling that only predict_proba uses (its
-    predict reads the decision function either way), a fifth of a task's build."""
-    from sklearn import dummy, ensemble, linear_model as lm, naive_bayes, neighbors, neural_network, svm, tree
-    from sklearn.pipeline import make_pipeline
-    from sklearn.preprocessing import StandardScaler
-
-    def scaled(m):  # tf-idf rows are already on one scale
-        return m if sparse else make_pipeline(StandardScaler(), m)
-    if kind == "classification":
-        panel = [("dummy: most frequent class", dummy.DummyClassifier()),
-                 ("dummy: random, class frequencies", dummy.DummyClassifier(strategy="stratified", random_state=0))]
-        panel += [(f"logistic regression C={c:g}", scaled(lm.LogisticRegression(C=c, max_iter=2000)))
-                  for c in (0.001, 0.01, 0.1, 1, 10, 100)]
-        panel += [(f"k-nearest neighbours k={k}", scaled(neighbors.KNeighborsClassifier(k))) for k in (1, 5, 25)]
-        panel += [(f"decision tree depth={d}", tree.DecisionTreeClassifier(max_depth=d, random_state=0))
-                  for d in (1, 3, 6, None)]
-        panel += [("random forest 20 trees depth 4", ensemble.RandomForestClassifier(20, max_depth=4, random_state=0)),
-                  ("random forest 100 trees", ensemble.RandomForestClassifier(100, random_state=0)),
-                  ("extra trees 100", ensemble.ExtraTreesClassifier(100, random_state=0)),
-                  ("RBF SVM", scaled(svm.SVC(C=10, probability=proba, random_state=0))),
-                  ("MLP 64 hidden", scaled(neural_network.MLPClassifier((64,), max_iter=300, random_state=0)))]
-        if sparse:
-            return panel + [("multinomial naive Bayes", naive_bayes.MultinomialNB()),
-                            ("linear SVM", svm.LinearSVC())]
-        return panel + [("gaussian naive Bayes", naive_bayes.GaussianNB()),
-                        ("histogram gradient boosting", ensemble.HistGradientBoostingClassifier(random_state=0))]
-    panel = [("dummy: mean", dummy.DummyRegressor()), ("dummy: median", dummy.DummyRegressor(strategy="median")),
-             ("linear regression", scaled(lm.LinearRegression()))]
-    panel += [(f"ridge alpha={a:g}", scaled(lm.Ridge(a))) for a in (0.1, 10, 100, 1000)]
-    panel += [(f"lasso alpha={a:g}", scaled(lm.Lasso(alpha=a, max_iter=5000))) for a in (0.1, 10)]
-    panel += [(f"k-nearest neighbours k={k}", scaled(neighbors.KNeighborsRegressor(k))) for k in (1, 5, 20)]
-    panel += [(f"decision tree depth={d}", tree.DecisionTreeRegressor(max_depth=d, random_state=0))
-              for d in (2, 4, 8, None)]
-    return panel + [("random forest 20 trees depth 4", ensemble.RandomForestRegressor(20, max_depth=4, random_state=0)),
-                    ("random forest 100 trees", ensemble.RandomForestRegressor(100, random_state=0)),
-                    ("extra trees 100", ensemble.ExtraTreesRegressor(100, random_state=0)),
-                    ("gradient boosting 200", ensemble.GradientBoostingRegressor(n_estimators=200, random_state=0)),
-                    ("histogram gradient boosting", ensemble.HistGradientBoostingRegressor(random_state=0))]
-
-
-def _leaderboard(spec: TaskSpec, train, test, answers) -> pd.DataFrame:
-    """Fit every reference pipeline on train.csv and score it on the private part of the test rows (`score`, the
-    leaderboard) and on the public part (`public_score`, whose best is the m_best of the reward's scale, so that
-    m_t, m_init and m_best are all measured on the same rows)."""
-    from threadpoolctl import threadpool_limits  # scikit-learn's own dependency
-    metric = METRICS[spec.metric]
-    xtr, xte = _features(train, test, spec.target)
-    private = (answers["part"] == "private").to_numpy()
-    truth = answers[spec.target_columns].to_numpy()
-    truth = _labels(truth.ravel()) if metric.kind == "label" else truth.astype(float).squeeze()
-    rows = []
-    for entry, model in _panel(spec.kind, sparse=not isinstance(xtr, np.ndarray), proba=metric.kind == "probability"):
-        if metric.kind == "probability" and not hasattr(model, "predict_proba"):
-            continue
-        with warnings.catch_warnings(), threadpool_limits(1):  # one thread: deterministic, no oversubscription
-            warnings.simplefilter("ignore")
-            model.fit(xtr, train[spec.target])
-        if metric.kind == "label":
-            pred = _labels(model.predict(xte))
-        elif metric.kind == "probability":
-            pred = model.predict_proba(xte)[:, 1] if len(spec.target_columns) == 1 else model.predict_proba(xte)
-        else:
-            pred = model.predict(xte)
-        rows.append((entry, round(metric.fn(truth[private], pred[private]), 6),
-                     round(metric.fn(truth[~private], pred[~private]), 6)))
-    board = pd.DataFrame(rows, columns=["entry", "score", "public_score"])
-    return board.sort_values("score", ascending=not metric.higher_is_better, kind="stable")
-
-
 def _parts(n: int, public_fraction=0.5, seed=0) -> np.ndarray:
     """The Kaggle split of n test rows, seeded: a random `public_fraction` of them is "public", the rest "private"."""
     rng = np.random.default_rng(seed)
     return np.where(rng.permutation(n) < int(n * public_fraction), "public", "private")
 
 
-def _make(spec: TaskSpec) -> dict:
+def _make(spec) -> dict:
     """One built-in task's files: split the rows, the answers with their public/private part, starter, leaderboard."""
     metric = METRICS[spec.metric]
-    df = spec.load()
+    df = spec.rows()
     if spec.modality == "time series":  # the test rows are the last 120 days, kept in time order
         cut = sorted(df["date"].unique())[-120]
         df.insert(0, "id", np.arange(len(df)))
@@ -1737,7 +1273,7 @@ def _make(spec: TaskSpec) -> dict:
         answers = test[[spec.target]]
     answers = pd.concat([test[["id"]], answers], axis=1).assign(part=part)
     test_x = test.drop(columns=[spec.target])
-    board = _leaderboard(spec, train, test_x, answers)
+    board = _PANEL(spec, metric, _labels, train, test_x, answers)
     y = train[spec.target]
     if spec.submit == "classes":
         default = 1 / len(spec.target_columns)  # uniform class probabilities, unrounded: rows must sum to 1
@@ -1759,7 +1295,7 @@ def _make(spec: TaskSpec) -> dict:
         time_limit=spec.time_limit, metric=spec.metric, direction="higher" if metric.higher_is_better else "lower")
     sample = pd.DataFrame({"id": test["id"], **dict.fromkeys(spec.target_columns, default)})
     return {"public/train.csv": train, "public/test.csv": test_x, "public/sample_submission.csv": sample,
-            "public/train.py": spec.starter(), "private/answers.csv": answers, "private/leaderboard.csv": board,
+            "public/train.py": spec.starter, "private/answers.csv": answers, "private/leaderboard.csv": board,
             "task.json": info, "description.md": description}
 
 
@@ -1832,116 +1368,30 @@ def _current(folder: Path) -> bool:
         return False
 
 # ============================================================================ offline recipes for Edit Script (AI)
-# The stand-in for the LLM editor (so that everything runs with no network and no API key): each recipe is one real code
-# change to a built-in starter script, in one of ML-Agent's idea categories (arXiv:2505.23723, §"Exploration-enriched
-# fine-tuning": data, model, learning). A recipe appends lines to a `# --- data ---` or `# --- model ---` block, or
-# replaces one line of it, so recipes compose. One file each, tasks/recipes/NN-<name>.py, in the order they are
-# offered: `# key: value` header lines (idea, category, tasks, block, replace), a blank line, the imports it needs and
-# a blank line, then its code; $kind, $scoring, $selector and $voting are filled in for the script's task.
+# The stand-in for the LLM editor, so that everything runs with no network and no API key: tasks/recipes/editor.py
+# applies the recipes of tasks/recipes/ (one real code change each, in one of ML-Agent's idea categories) to the
+# built-in starter scripts.
 
 
 class EditError(Exception):
     """The editor could not apply the instruction."""
 
 
-@dataclass(frozen=True)
-class Recipe:
-    name: str
-    category: str  # "data" | "model" | "learning"
-    idea: str  # one-sentence instruction; given to recipe_editor it applies this recipe
-    tasks: tuple[str, ...]
-    section: str  # the starter block edited: "data" or "model"
-    code: str  # lines appended to the block, or replacing the line that `replace` matches
-    imports: tuple[str, ...] = ()
-    replace: str | None = None  # regex of the block line to replace
+_EDITOR = runpy.run_path(str(DATA_DIR / "recipes" / "editor.py"))
+RECIPES = _EDITOR["read_recipes"](BUILTIN_TASKS)
 
 
-TASK_GROUPS = {  # the names a recipe's `# tasks:` line may use besides task names, joined by + and -
-    "TEXT": tuple(n for n, s in BUILTIN_TASKS.items() if s.modality == "text"),
-    "CLASSIFY": tuple(n for n, s in BUILTIN_TASKS.items() if s.kind == "classification" and s.modality != "text"),
-    "REGRESS": tuple(n for n, s in BUILTIN_TASKS.items() if s.kind == "regression"),
-    "SERIES": tuple(n for n, s in BUILTIN_TASKS.items() if s.modality == "time series"),
-    "MISSING": tuple(n for n, s in BUILTIN_TASKS.items() if s.missing)}
-TASK_GROUPS["NUMERIC"] = TASK_GROUPS["CLASSIFY"] + TASK_GROUPS["REGRESS"]
-
-
-def _recipe_tasks(expression: str) -> tuple[str, ...]:
-    """`NUMERIC + TEXT`, `NUMERIC - digits`, `house-prices`: the tasks, in the order the groups list them."""
-    words = ["+", *expression.split()]
-    tasks: tuple[str, ...] = ()
-    for sign, word in zip(words[::2], words[1::2]):
-        names = TASK_GROUPS.get(word) or ((word,) if word in BUILTIN_TASKS else None)
-        if sign not in "+-" or names is None:
-            raise ValueError(f"recipe tasks {expression!r}: not groups and tasks joined by ' + ' and ' - '")
-        tasks = tasks + names if sign == "+" else tuple(n for n in tasks if n not in names)
-    return tasks
-
-
-def _read_recipe(path: Path) -> Recipe:
-    """One recipe file: its header, then (after a blank line) its imports and (after another) its code."""
-    lines = path.read_text().removesuffix("\n").split("\n")
-    head = {}
-    while lines and (m := re.fullmatch(r"# (idea|category|tasks|block|replace): (.*)", lines[0])):
-        head[m.group(1)] = m.group(2)
-        lines.pop(0)
-    body = lines[1:]
-    n = next((i for i, line in enumerate(body) if not line.startswith(("import ", "from "))), len(body))
-    if lines[:1] != [""] or (n and body[n:n + 1] != [""]):
-        raise ValueError(f"{path}: a blank line must end the header, and another the imports")
-    return Recipe(path.stem.split("-", 1)[1], head["category"], head["idea"], _recipe_tasks(head["tasks"]),
-                  head["block"], "\n".join(body[n + 1:] if n else body), tuple(body[:n]), head.get("replace"))
-
-
-RECIPES = [_read_recipe(path) for path in sorted((DATA_DIR / "recipes").glob("*.py"))]
-
-
-def recipes_for(task_name: str) -> list[Recipe]:
+def recipes_for(task_name: str) -> list:
     return [r for r in RECIPES if task_name in r.tasks]
 
 
-def _apply(recipe: Recipe, code: str, task: str) -> str:
-    spec = BUILTIN_TASKS[task]
-    clf = spec.kind == "classification"
-    fill = dict(kind="Classifier" if clf else "Regressor", scoring=METRICS[spec.metric].scoring,
-                selector="f_classif" if clf else "f_regression", voting=', voting="soft"' if clf else "")
-    lines = code.splitlines()
-    marker = f"# --- {recipe.section} ---"
-    if marker not in lines:
-        raise EditError(f"recipe {recipe.name} edits the {marker!r} block, which this script does not have")
-    start = lines.index(marker) + 1
-    end = next((i for i in range(start, len(lines)) if lines[i].startswith("# --- ")), len(lines))
-    new = string.Template(recipe.code).substitute(fill).splitlines()
-    if recipe.replace:
-        at = next((i for i in range(start, end) if re.fullmatch(recipe.replace, lines[i])), None)
-        if at is None:
-            raise EditError(f"recipe {recipe.name} replaces a line like {recipe.replace!r}, not found in {marker!r}")
-        lines[at:at + 1] = new
-    else:
-        while end > start and not lines[end - 1].strip():  # before the blank lines that close the block
-            end -= 1
-        lines[end:end] = new
-    imports = [string.Template(i).substitute(fill) for i in recipe.imports]
-    last = max((i for i, line in enumerate(lines) if line.startswith(("import ", "from "))), default=-1)
-    lines[last + 1:last + 1] = [i for i in dict.fromkeys(imports) if i not in lines]
-    return "\n".join(lines) + "\n"
-
-
 def recipe_editor(instruction: str, code: str) -> str:
-    """Offline stand-in for the LLM editor: applies the recipe whose idea or name the instruction contains."""
-    # An editor gets only (instruction, code), as the LLM editor does (Env, ppo.py, collect.py, agent.py call it so):
-    # the starter's docstring, which no recipe edits, is what tells which built-in task's recipes fit the script.
-    found = re.search(r'Starter script for the "([\w-]+)" task', code)
-    if not found or found.group(1) not in BUILTIN_TASKS:
-        raise EditError("the offline recipe editor only edits the built-in starter scripts; configure an LLM editor "
-                        "for other code")
-    task, text = found.group(1), instruction.lower()
-    hits = [(len(key), r) for r in recipes_for(task) for key in (r.idea.lower(), r.name, r.name.replace("-", " "))
-            if key in text]
-    if not hits:
-        names = ", ".join(r.name for r in recipes_for(task))
-        raise EditError(f"no offline recipe matches this instruction; configure an LLM editor for free-form edits. "
-                        f"Recipes for {task}: {names}")
-    return _apply(max(hits, key=lambda h: h[0])[1], code, task)
+    """Offline stand-in for the LLM editor: applies the recipe whose idea or name the instruction contains to a
+    built-in starter script; EditError, with the reason, when none fits."""
+    try:
+        return _EDITOR["edit"](instruction, code, BUILTIN_TASKS, RECIPES)
+    except ValueError as e:
+        raise EditError(str(e)) from None
 
 # ================================================================================== MLE-bench competitions
 # MLE-bench (Chan et al., 2024; github.com/openai/mle-bench) prepares a Kaggle competition into <data>/<id>/prepared/
@@ -2101,6 +1551,11 @@ def import_mlebench(prepared, out, metric=None, leaderboard=None, id_column=None
              "private/answers.csv": answers, "task.json": info, "description.md": description}
     if board is not None:
         files["private/leaderboard.csv"] = board
+    return _write_checked(out, files, f"{competition}: sample_submission.csv does not grade under {metric}")
+
+
+def _write_checked(out: Path, files: dict, refusal: str) -> Path:
+    """_write_task, then load the folder and grade its sample submission: a folder that fails is removed again."""
     out.parent.mkdir(parents=True, exist_ok=True)
     _write_task(out, files)
     try:
@@ -2111,7 +1566,7 @@ def import_mlebench(prepared, out, metric=None, leaderboard=None, id_column=None
         raise
     if not check.valid:
         shutil.rmtree(out)
-        raise TaskError(f"{competition}: sample_submission.csv does not grade under {metric}: {check.error}")
+        raise TaskError(f"{refusal}: {check.error}")
     return out
 
 # ============================================================================================== command line

@@ -24,6 +24,7 @@ import hashlib
 import json
 import math
 import os
+import runpy
 import shutil
 import socket
 import subprocess
@@ -671,15 +672,44 @@ def test_held_out_private_parts_are_large():
 
 
 def test_generated_families_are_many_held_in_and_deterministic():
-    assert len(SYNTH_NAMES) == len(env.FAMILIES) * len(env.FAMILY_SEEDS) >= 20
+    families = [p.parent for p in sorted((ROOT / "tasks").glob("*/task.json")) if "seeds" in json.loads(p.read_text())]
+    assert len(SYNTH_NAMES) == sum(json.loads((f / "task.json").read_text())["seeds"] for f in families) >= 20
     assert all(env.BUILTIN_TASKS[n].split == "held-in" for n in SYNTH_NAMES)
-    for family in env.FAMILIES.values():
-        a, b = family(1), family(1)
-        assert (a.name, a.metric, a.starter(), a.about) == (b.name, b.metric, b.starter(), b.about)
-        assert a.load().equals(b.load()), a.name  # the same rows for the same seed
-        assert not a.load().equals(family(2).load()), a.name  # and other rows for another seed
+    for folder in families:
+        a, b = (runpy.run_path(str(folder / "prepare.py")) for _ in range(2))  # two loads of the family's prepare.py
+        assert a["task"](1) == b["task"](1), folder.name  # the same name, metric, research problem and starter
+        assert a["rows"](1).equals(b["rows"](1)), folder.name  # the same rows for the same seed
+        assert not a["rows"](1).equals(a["rows"](2)), folder.name  # and other rows for another seed
+        assert env.BUILTIN_TASKS[a["task"](1)["name"]].starter == a["task"](1)["starter"]
     metrics = {env.BUILTIN_TASKS[n].metric for n in SYNTH_NAMES}
     assert metrics == set(env.METRICS), metrics  # every metric is drawn by some generated task
+
+
+def test_each_task_folder_has_its_files_and_the_prepared_task_shows_them():
+    """tasks/<name>/, MLAgentBench's benchmarks/<task>/ shape: task.json and prepare.py; a task that is not a family
+    also has its research problem and starter, which its prepared folder shows the agent as they are."""
+    folders = [p.parent for p in (ROOT / "tasks").glob("*/task.json")]
+    assert sorted(f.name for f in folders) == sorted(env.BUILTIN_ORDER)
+    for folder in folders:
+        assert (folder / "prepare.py").is_file(), folder.name
+        if "seeds" not in json.loads((folder / "task.json").read_text()):
+            task = env.load_task(folder.name)
+            assert starter(task) == (folder / "train.py").read_text(), folder.name
+            assert (folder / "research_problem.md").read_text().strip() in task.description, folder.name
+
+
+def test_task_folder_scripts_run_as_the_readme_says():
+    wine = subprocess.run([sys.executable, "tasks/wine/prepare.py"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
+    assert wine.returncode == 0 and "[178 rows x 14 columns]" in wine.stdout, wine.stderr  # 13 measurements, label
+    text = subprocess.run([sys.executable, "tasks/synth-text/prepare.py", "2"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+    assert text.returncode == 0 and "[3000 rows x 2 columns]" in text.stdout, text.stderr
+    edit = subprocess.run([sys.executable, "tasks/recipes/editor.py", "digits", "standardize"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert edit.returncode == 0, edit.stderr
+    assert edit.stdout == env.recipe_editor("standardize", env.BUILTIN_TASKS["digits"].starter) != \
+        env.BUILTIN_TASKS["digits"].starter
 
 
 @pytest.mark.parametrize("name", SYNTH_NAMES)

@@ -1,2 +1,0 @@
-X = train.drop(columns=["id", "$target"])
-X_test = test.drop(columns=["id"])

@@ -1,3 +1,0 @@
-from sklearn.naive_bayes import GaussianNB
-
-model = GaussianNB()

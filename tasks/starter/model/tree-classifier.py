@@ -1,3 +1,0 @@
-from sklearn.tree import DecisionTreeClassifier
-
-model = DecisionTreeClassifier(max_depth=3, random_state=0)

@@ -1,1 +1,0 @@
-submission = pd.DataFrame({"id": test["id"], "$target": model.predict(X_test)})
