@@ -1,11 +1,11 @@
 """Matryoshka Agent (Qiang et al., arXiv:2607.25090): an Orchestrator that keeps only compact history, Tools that
 launch fresh Sub-Agents, the monolithic baseline, and the Orchestrator's training on Solution Refinement Trees.
-The Orchestrator sees per attempt its parent, instruction, score and structured summary and answers with tool calls
-(parent, instruction, references); those of one round run in parallel (§3.4). A Tool builds a fresh Sub-Agent
-context and returns score plus summary; a Sub-Agent runs at most 10 code-execute-debug iterations; output over 5k
-tokens keeps its first and last 2.5k (App. B). Training collects binary trees sharing prefixes, labels a branch
-R(c) = max over the subtree of c of r(v), and trains a ranking (NCE) loss on beta * log(pi_theta / pi_ref) against
-the previous orchestrator (§3.6, Eqs. 1-4); successful Sub-Agent trajectories become SFT data.
+The Orchestrator sees per attempt its parent, instruction, score and summary and answers with tool calls (parent,
+instruction, references) run in parallel (§3.4); a Tool builds a fresh Sub-Agent context and returns score plus
+summary; a Sub-Agent runs at most 10 code-execute-debug iterations, output over 5k tokens keeping its first and last
+2.5k (App. B). Training labels the branches of binary trees R(c) = max over the subtree of c of r(v), trains a
+ranking (NCE) loss on beta * log(pi_theta / pi_ref) against the previous orchestrator (§3.6, Eqs. 1-4), and makes
+successful Sub-Agent trajectories SFT data.
 
 Departures and choices where the paper's text is silent:
 1. K > 2 children: Plackett-Luce over the children ranked by R, ties skipped; for two it is DPO's loss.
@@ -13,8 +13,7 @@ Departures and choices where the paper's text is silent:
    decision, or one with no valid submission, has r = -inf. beta = 0.1 (DPO's and TRL's default).
 3. A Sub-Agent returns its best script by public score; the Tool writes the summary's result and errors itself.
 4. Tokens are counted with the local model's tokenizer, else as ceil(chars / 4); each record names its counter.
-5. The monolithic baseline (MLE-Dojo's agent, as the paper adapts it) keeps one chat, under the same wall clock
-   and at most rounds x calls x iterations executions.
+5. The monolithic baseline (MLE-Dojo's agent) keeps one chat: the same clock, at most rounds x calls x sub_iters runs.
 6. Training keeps fp32 master weights (bf16 autocast on CUDA) and saves in the checkpoint's dtype; a model of
    LARGE parameters or more trains LoRA adapters, its frozen base the reference.
 7. Each iteration trains on --task's tree and on depth-1 trees of --tree-tasks held-in tasks of each kind.
@@ -74,7 +73,7 @@ class Config:
     tree_temperature: float = 1.0  # sampling temperature of those decisions
     # --- Orchestrator training
     beta: float = 0.1  # scale of the log-ratio scores (DPO's default; the paper's text gives none)
-    lr: float = 1e-5  # AdamW learning rate (the paper's tables; the tiny model too)
+    lr: float = 1e-5  # AdamW learning rate (the paper's tables; the tiny model too: tests/RESULTS.md)
     epochs: int = 2  # passes over the preference groups per iteration (the paper's tables)
     iterations: int = 1  # online iterations: collect, train, the trained model is the next reference
     max_len: int = 8192  # tokens of prompt + decision kept (the prompt's oldest are cut)
@@ -916,13 +915,11 @@ def resampled_states(tree, n: int, rng) -> list[list[Attempt]]:
 
 
 def imitation_examples(trees, cfg: Config) -> list[dict]:
-    """What the tiny ckpt-0 imitates, from the iteration's trees (--task's first). States: each tree's done nodes
-    and resampled_states of its attempts. Prompts: each state IMITATION_VIEWS times, first as collect_tree asks it,
-    then with another round header and a clock, as runs ask it; a prompt met before is skipped. Answers: a node's
-    own prompt keeps the tree's decisions (what the ranking loss compares); any other gets cfg.children decisions
-    of ScriptedOrchestrator.decide with the best attempt as parent and sampled ideas: a parent a tiny model can
-    learn to copy, ideas with a spread for the ranking loss to reshape (tests/RESULTS.md, "what the tiny ckpt-0
-    imitates"). -> [{"messages", "responses", "known": the state's ids, "tree": a node's own prompt}]"""
+    """What the tiny ckpt-0 imitates, from the iteration's trees (--task's first): each tree's done nodes and
+    resampled_states, each IMITATION_VIEWS times (as collect_tree asks, then as runs ask: another round, a clock).
+    A node's own prompt keeps the tree's decisions; any other gets greedy parents with sampled ideas, a parent a
+    tiny model can copy and a spread for the ranking loss (tests/RESULTS.md, "what the tiny ckpt-0 imitates").
+    -> [{"messages", "responses", "known": the state's ids, "tree": a node's own prompt}]"""
     rng, states = random.Random(f"{cfg.seed}:imitation"), []  # (task, state, node, its tree, the tree's depth)
     for i, tree in enumerate(trees):
         task, depth = env.load_task(cfg.task if i == 0 else tree.task), cfg.depth if i == 0 else OTHER_TREE_DEPTH
@@ -1069,7 +1066,8 @@ def train_loop(cfg: Config, model_path: str | None, collector: str, sub, out: Pa
             log("collecting with the scripted orchestrator (OFFLINE STAND-IN: decisions are not the policy's)")
         trees = [collect_tree(c, orch, sub, out / f"tree-{it}.json", log)]
         trees += [collect_tree(dataclasses.replace(c, task=name, depth=OTHER_TREE_DEPTH), orch, sub,
-                               out / f"tree-{it}-{name}.json", log) for name in other_tasks(trees[0].task, c.tree_tasks)]
+                               out / f"tree-{it}-{name}.json", log)
+                  for name in other_tasks(trees[0].task, c.tree_tasks)]
         groups = [g for tree in trees for g in preference_groups(tree)]
         if not current.exists():  # no checkpoint given: a tiny model from scratch that first imitates the format
             lm, tok, stats = imitation_orchestrator(trees, groups, cfg, log)
