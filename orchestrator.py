@@ -1,69 +1,36 @@
-"""Matryoshka Agent: a persistent Orchestrator, Tools that launch fresh Sub-Agents, the monolithic baseline, and the
-Orchestrator's training on Solution Refinement Trees (Matryoshka Agent, Qiang et al., arXiv:2607.25090).
+"""Matryoshka Agent (Qiang et al., arXiv:2607.25090): an Orchestrator that keeps only compact history, Tools that
+launch fresh Sub-Agents, the monolithic baseline, and the Orchestrator's training on Solution Refinement Trees.
+The Orchestrator sees per attempt its parent, instruction, score and summary and answers with tool calls (parent,
+instruction, references) run in parallel (§3.4); a Tool builds a fresh Sub-Agent context and returns score plus
+summary; a Sub-Agent runs at most 10 code-execute-debug iterations, output over 5k tokens keeping its first and last
+2.5k (App. B). Training labels the branches of binary trees R(c) = max over the subtree of c of r(v), trains a
+ranking (NCE) loss on beta * log(pi_theta / pi_ref) against the previous orchestrator (§3.6, Eqs. 1-4), and makes
+successful Sub-Agent trajectories SFT data.
 
-Reading order: config -> token counting and clipping -> attempts and the Orchestrator's compact memory -> the
-Orchestrator's prompt and its tool calls -> the Sub-Agent (prompt, code-execute-debug loop) and the Tool -> offline
-stand-ins -> the Matryoshka run and the monolithic run -> Solution Refinement Trees -> ranking loss and training ->
-command line.
-
-What the paper states and this file follows: the Orchestrator keeps only compact history (per attempt its id, parent,
-instruction, score and a structured summary) and answers with tool calls choosing a parent attempt, an instruction
-and reference attempts; several calls in one round run in parallel (§3.4); a Tool builds a fresh Sub-Agent context
-and returns score plus summary; a Sub-Agent debugs for at most 10 iterations (App. B); environment output longer than
-5k tokens keeps its first and last 2.5k; training collects binary Solution Refinement Trees sharing prefixes, labels a
-branch by R(c) = max over the subtree of c of r(v) (§3.6) and trains with a ranking NCE loss on log-ratio scores
-beta * log(pi_theta / pi_ref) against the previous orchestrator (Eqs. 1-4), which for two children is DPO; successful
-Sub-Agent trajectories become SFT data (self-reinforcement).
-
-Where the paper's text is silent (our choices):
-- The ranking loss for K children is Plackett-Luce over the children ranked by R, with ties skipped: each child k
-  contributes -log(exp(s_k) / (exp(s_k) + sum over children j with R_j < R_k of exp(s_j))), summed over k. For two
-  children it is DPO's -log sigmoid(s_w - s_l) (Rafailov et al. 2023); the paper's text gives no K > 2 form.
-- r(v) is the best public score of the attempts a decision launched, signed so that larger is better; a decision that
-  is unparsable, finishes, or yields no valid submission has r = -inf. beta defaults to 0.1 (DPO and TRL's default).
-- The Sub-Agent returns its best-scoring script of the attempt (by public score); the Tool writes the summary's
-  `result` and `errors` from what it measured and keeps the Sub-Agent's `approach`, `changed` and `next`.
-- Token counts: the Hugging Face style tokenizer of a local backend when there is one, else ceil(chars / 4) (OpenAI's
-  rule of thumb of about 4 characters per token); every record of a prompt's size says which (`counter`, and the
-  run's `token_counter`).
-- The monolithic baseline (MLE-Dojo's agent, as the paper adapts it) keeps its whole history in one chat, under the
-  same wall clock and at most as many executions as the Matryoshka run may spend (rounds x calls x iterations).
-- Orchestrator training keeps fp32 master weights with bf16 compute on CUDA (autocast; AdamW's 1e-5 steps are below
-  bf16's resolution) and saves the trained checkpoint in the checkpoint's original dtype (its torch_dtype, e.g. bf16).
-- Feedback clips the run's whole log (read from RunResult.log_path; env.py's `output` holds only 4 KB of each end).
-- Each attempt keeps its best script, its public and private scores and a copy of that run's submission.csv
-  (env.run_script(keep=...)); the command line copies the best attempt's file to best_submission.csv, the file a
-  competition takes. Matryoshka runs and trees resume from their JSON; the monolithic run does not.
-- OFFLINE STAND-INS, used when no endpoint or checkpoint is configured: `ScriptedOrchestrator` (expands the best
-  attempts with untried built-in recipe ideas, two calls per round; samples when temperature > 0) and `RecipeCoder`
-  (a Sub-Agent that applies env.py's recipe for its instruction). They write the same JSON and ```python messages an
-  LLM would, so the same parsing code runs, and read their state from the record a prompt is written from (its
-  `Prompt.state`). Offline `train` collects with the scripted orchestrator (not on-policy) and trains a tiny model
-  made from scratch, with a tokenizer trained on the trees' prompts.
-- Trees: each iteration collects --task's tree to --depth and a depth-1 tree on --tree-tasks held-in tasks of each
-  (kind, modality, metric direction) (default 2 each: 11 tasks beside breast-cancer); all their preference groups
-  train the Orchestrator. The paper trains on trees of many tasks; the number here is our choice.
-- OFFLINE STAND-IN for "the same model before tree training": the paper's Orchestrator before tree training is a
-  pre-trained LLM that already answers in the decision format; a tiny model from scratch answers nothing parsable.
-  So without --model, ckpt-0 is the tiny model after imitation (cross-entropy on the scripted orchestrator's
-  decisions on the trees' states and states resampled from their attempts; never a held-out task;
-  `imitation_orchestrator`), AdamW at 6e-3 for 1000 updates (the paper has no such step). The ranking loss then
-  trains ckpt-0 -> ckpt-1 with ckpt-0 as the reference, as for a given checkpoint, at the paper's lr 1e-5.
-  ckpt-0/imitation.json keeps the imitation's loss and the share of its greedy answers that parse.
-- Larger ranking learning rates for the tiny model (3e-5 to 1e-3) were tried and not taken: they fit the preference
-  groups better (a lower ranking loss after training) but decided no better (HumanRank on held-in tasks outside the
-  trees: the same at 3e-5, lower from 1e-4), and at 1e-3 greedy answers stopped parsing; depth-2 trees on the other
-  tasks did not help either (tests/RESULTS.md, "orchestrator.py: ranking learning rates").
-
-Run:  python orchestrator.py run --task breast-cancer                 (scripted orchestrator + recipe sub-agent)
-      python orchestrator.py run --task breast-cancer --monolithic    (the baseline)
-      python orchestrator.py tree --task breast-cancer --depth 3      (a Solution Refinement Tree; resumable)
-      python orchestrator.py train --task breast-cancer               (tree -> ranking loss -> tiny checkpoint)
+Departures and choices where the paper's text is silent:
+1. K > 2 children: Plackett-Luce over the children ranked by R, ties skipped; for two it is DPO's loss.
+2. r(v): the best public score of a decision's attempts, signed larger-is-better; an unparsable or finishing
+   decision, or one with no valid submission, has r = -inf. beta = 0.1 (DPO's and TRL's default).
+3. A Sub-Agent returns its best script by public score; the Tool writes the summary's result and errors itself.
+4. Tokens are counted with the local model's tokenizer, else as ceil(chars / 4); each record names its counter.
+5. The monolithic baseline (MLE-Dojo's agent) keeps one chat: the same clock, at most rounds x calls x sub_iters runs.
+6. Training keeps fp32 master weights (bf16 autocast on CUDA) and saves in the checkpoint's dtype; a model of
+   LARGE parameters or more trains LoRA adapters, its frozen base the reference.
+7. Each iteration trains on --task's tree and on depth-1 trees of --tree-tasks held-in tasks of each kind.
+8. OFFLINE STAND-INS when no endpoint or checkpoint is named: ScriptedOrchestrator (untried recipe ideas on the
+   best attempts) and RecipeCoder (env.py's recipe for its instruction) write what an LLM would and read their
+   state from the prompt (Prompt.state); offline `train` collects with the scripted orchestrator (not on-policy).
+9. OFFLINE STAND-IN for the pre-trained Orchestrator: without --model, ckpt-0 is a tiny model from scratch that
+   imitates scripted decisions (sft.py's loss and step), then the ranking loss trains it at the paper's lr.
+Run:  python orchestrator.py run --task breast-cancer               (scripted orchestrator + recipe sub-agent)
+      python orchestrator.py run --task breast-cancer --monolithic  (the baseline)
+      python orchestrator.py tree --task breast-cancer --depth 3    (a Solution Refinement Tree; resumable)
+      python orchestrator.py train --task breast-cancer             (trees -> ranking loss -> checkpoints)
       python orchestrator.py run --orchestrator runs/ckpt/orch --sub-agent gpt-4o-mini --sub-agent-url https://...
-      (--orchestrator / --sub-agent: "scripted", a local checkpoint folder, or a model name at an endpoint)
 """
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import math
@@ -77,13 +44,13 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 
 import agent
 import env
 from agent import ParseError, json_object  # response parsing lives in agent.py
 
-# torch and model.py (which imports torch) are imported inside the training functions only: a run, a tree, a usage
-# error and eval.py's import of this file never need them, and importing torch takes seconds.
+# torch, model.py and sft.py are imported inside the training functions: runs, trees and eval.py never need them
 
 
 @dataclass
@@ -96,7 +63,7 @@ class Config:
     time_limit: float = 1800.0  # wall clock of a whole run (or tree collection), seconds
     script_timeout: float | None = None  # seconds per script execution; None: the task's own limit
     workers: int = 2  # threads running tool calls at once
-    obs_tokens: int = 5000  # environment output above this many tokens keeps its first and last obs_tokens / 2
+    obs_tokens: int = 5000  # output over this many tokens keeps its first and last obs_tokens / 2
     temperature: float = 0.0  # sampling temperature of the Orchestrator and Sub-Agents in runs
     max_tokens: int = 4096  # tokens per LLM response
     max_retries: int = 2  # re-asks of the Orchestrator after an unparsable answer
@@ -106,18 +73,14 @@ class Config:
     tree_temperature: float = 1.0  # sampling temperature of those decisions
     # --- Orchestrator training
     beta: float = 0.1  # scale of the log-ratio scores (DPO's default; the paper's text gives none)
-    lr: float = 1e-5  # AdamW learning rate (paper tables: 1e-5; the tiny model too: why in the docstring)
-    epochs: int = 2  # passes over the preference groups per iteration (paper tables: 2)
-    iterations: int = 1  # online iterations: collect, train, the trained model becomes the next reference
-    max_len: int = 8192  # tokens of prompt + decision kept for log-probs (the prompt is cut from the left)
-    lora_rank: int | None = None  # None: rank 16 adapters over a frozen base for a model of LARGE parameters or more
-    # (a 7B Orchestrator's fp32 weights and AdamW alone would take 112 GB), every weight (0) for a smaller one
-    # --- the tiny from-scratch ckpt-0 (offline, no --model): imitation of the scripted orchestrator first
-    imitation_steps: int = 1000  # AdamW updates of cross-entropy on scripted decisions (one prompt's decisions each)
-    imitation_lr: float = 6e-3  # peak learning rate, linear decay to 0 (a from-scratch 64-wide model, not 1e-5)
-    tree_tasks: int = 2  # held-in built-in tasks per (kind, modality, metric direction) that get a tree of depth
-    # OTHER_TREE_DEPTH in every iteration beside --task's: their preference groups join the ranking loss and their
-    # states the imitation (0: --task's tree only)
+    lr: float = 1e-5  # AdamW learning rate (the paper's tables; the tiny model too: tests/RESULTS.md)
+    epochs: int = 2  # passes over the preference groups per iteration (the paper's tables)
+    iterations: int = 1  # online iterations: collect, train, the trained model is the next reference
+    max_len: int = 8192  # tokens of prompt + decision kept (the prompt's oldest are cut)
+    lora_rank: int | None = None  # None: 16 for a model of LARGE parameters or more, else 0 (every weight)
+    imitation_steps: int = 1000  # updates of the tiny ckpt-0 imitating scripted decisions (one prompt each)
+    imitation_lr: float = 6e-3  # their peak learning rate, decaying linearly to 0 (from scratch: not 1e-5)
+    tree_tasks: int = 2  # held-in tasks per (kind, modality, metric direction) with a depth-1 tree (0: none)
     seed: int = 0
 
 
@@ -130,8 +93,10 @@ def count_tokens(text: str, tokenizer=None) -> int:
     return len(tokenizer.encode(text)) if tokenizer is not None else math.ceil(len(text) / 4)
 
 
-def counter_name(tokenizer) -> str:
-    return "tokenizer of the local model" if tokenizer is not None else "approx: ceil(chars / 4)"
+def prompt_tokens(messages, tokenizer=None) -> int:
+    if tokenizer is not None:
+        return len(tokenizer.encode(tokenizer.apply_chat_template(messages)))
+    return sum(count_tokens(m["content"]) for m in messages)
 
 
 def clip_tokens(text: str, limit: int, tokenizer=None) -> str:
@@ -146,12 +111,6 @@ def clip_tokens(text: str, limit: int, tokenizer=None) -> str:
         head, tail = text[:keep * 4], text[-keep * 4:]
     return f"{head}\n[... about {n - 2 * keep} tokens cut ...]\n{tail}"
 
-
-def prompt_tokens(messages, tokenizer=None) -> int:
-    if tokenizer is not None:
-        return len(tokenizer.encode(tokenizer.apply_chat_template(messages)))
-    return sum(count_tokens(m["content"]) for m in messages)
-
 # ================================================================================= attempts and compact memory
 
 
@@ -165,13 +124,13 @@ class Attempt:
     private: float | None  # private score of that script: for evaluation only, never shown to an agent
     status: str  # success | error | timeout | resource | invalid_submission | no_code
     summary: dict  # SUMMARY_KEYS -> text
-    code: str  # the Sub-Agent's final script (kept out of the Orchestrator's prompt)
+    code: str  # its best script (kept out of the Orchestrator's prompt)
     messages: list = field(default_factory=list)  # the Sub-Agent's whole chat (for SFT export)
     iterations: int = 0  # code executions spent
     round: int = 0
     started: float = 0.0
     ended: float = 0.0
-    submission: str = ""  # path of the copy of its best run's submission.csv ("" without a valid run)
+    submission: str = ""  # the copy of its best run's submission.csv ("" without a valid run)
 
 
 def signed(score, higher: bool) -> float:
@@ -193,13 +152,13 @@ def _fmt(score) -> str:
 
 
 def shown(score) -> float | None:
-    """A score as a prompt shows it (_fmt's 4 decimals): what the offline stand-ins compare, as an LLM would."""
+    """A score as a prompt shows it (4 decimals): what the offline stand-ins compare, as an LLM would."""
     return None if score is None else float(_fmt(score))
 
 
 class Prompt(list):
-    """Chat messages (all that a backend is sent) with `state`: the typed record the code that wrote them wrote them
-    from, read by the offline stand-ins only. `prompt + more` keeps the record."""
+    """Chat messages (all a backend is sent) with `state`, the record they were written from, which only the
+    offline stand-ins read. `prompt + more` keeps the record."""
 
     def __init__(self, messages=(), state=None):
         super().__init__(messages)
@@ -237,17 +196,12 @@ Tools:
 
 Answer with one JSON object and nothing else:
 {"thought": "...", "tool_calls": [{"name": "refine", "arguments": {"parent": 0, "instruction": "...", "references": []}}]}"""
-
-
-@dataclass
-class OrchestratorState:
-    """What an Orchestrator prompt is written from: the task, the attempts of its compact memory, the calls allowed."""
-    task: env.Task
-    attempts: list[Attempt]
-    calls: int
+REASK = ("Your answer could not be used ({reason}). Answer with one JSON object: "
+         '{{"thought": "...", "tool_calls": [{{"name": "refine", "arguments": {{...}}}}]}}')
 
 
 def orchestrator_messages(task, attempts, rnd: int, rounds: int, calls: int, seconds_left=None) -> Prompt:
+    """The Orchestrator's prompt; its state (for the stand-in): the task, the attempts, the calls allowed."""
     higher = "higher" if task.higher_is_better else "lower"
     best = best_attempt(attempts, task.higher_is_better)
     clock = f", about {seconds_left:.0f} s left" if seconds_left is not None else ""
@@ -256,11 +210,11 @@ def orchestrator_messages(task, attempts, rnd: int, rounds: int, calls: int, sec
             f"{memory_text(attempts)}\n\nBest so far: #{best.id} with public score {_fmt(best.score)}.\n"
             "Answer with one JSON object as the system message says.")
     return Prompt([{"role": "system", "content": ORCH_SYSTEM}, {"role": "user", "content": user}],
-                  OrchestratorState(task, list(attempts), calls))
+                  SimpleNamespace(task=task, attempts=list(attempts), calls=calls))
 
 
 def parse_decision(text: str, known, max_calls: int) -> tuple[list[dict], bool]:
-    """(calls, finished) of an Orchestrator answer; calls beyond max_calls are dropped, unknown references too."""
+    """(calls, finished) of an Orchestrator answer; calls past max_calls are dropped, unknown references too."""
     calls = json_object(text).get("tool_calls")
     if not isinstance(calls, list) or not calls:
         raise ParseError('the object needs a non-empty "tool_calls" list')
@@ -287,10 +241,6 @@ def parse_decision(text: str, known, max_calls: int) -> tuple[list[dict], bool]:
                     "references": [r for r in dict.fromkeys(refs) if r in known and r != parent]})
     return out[:max_calls], False
 
-
-REASK = ("Your answer could not be used ({reason}). Answer with one JSON object: "
-         '{{"thought": "...", "tool_calls": [{{"name": "refine", "arguments": {{...}}}}]}}')
-
 # ===================================================================================== the Sub-Agent and the Tool
 
 
@@ -300,44 +250,31 @@ sample_submission.csv) and must write submission.csv. You then see its output an
 improve. You have at most {iters} executions. When the script is done, answer with a ```json block holding
 {{"approach": ..., "changed": ..., "result": ..., "errors": ..., "next": ...}} (what the script does, what you
 changed, what you got, errors met, what to try next) and no code."""
-
 MONO_SYSTEM = SUB_SYSTEM.replace("implements one attempt at", "solves").replace(
     "When the script is done", "Decide yourself what to try next, one change at a time. When nothing is left to try")
-
 SUMMARY_NOW = ("The execution budget is spent. Answer only with the ```json summary: approach, changed, result, "
                "errors, next.")
 
 
-@dataclass
-class SubAgentState:
-    """What a Sub-Agent's chat is written from: its first prompt's task, script and instruction; code_loop's runs."""
-    task: env.Task
-    code: str  # the parent's script (the monolithic agent's: the starter)
-    score: float | None  # its public score
-    instruction: str | None  # None: the monolithic agent, which decides its changes itself
-    runs: list = field(default_factory=list)  # (script, env.RunResult) per execution, as the feedback reports them
-    tried: list = field(default_factory=list)  # the ideas the offline stand-in answered with (its own notes)
-
-
-def sub_messages(task, parent: Attempt, references, instruction: str, iters: int) -> Prompt:
-    """The fresh context a Tool builds: task, parent code, the references' summaries and code, the instruction."""
-    refs = "".join(f"\n## Attempt #{r.id} (public score {_fmt(r.score)})\n"
-                   + "; ".join(f"{k}: {r.summary.get(k, '')}" for k in SUMMARY_KEYS) + f"\n```python\n{r.code}```\n"
-                   for r in references)
-    user = (f"# Task\n{task.description.strip()}\n\n# Parent attempt #{parent.id} (public score {_fmt(parent.score)})"
-            f"\n```python\n{parent.code}```\n" + (f"\n# Reference attempts\n{refs}" if refs else "")
-            + f"\n# Instruction\n{instruction}")
-    return Prompt([{"role": "system", "content": SUB_SYSTEM.format(iters=iters)}, {"role": "user", "content": user}],
-                  SubAgentState(task, parent.code, parent.score, instruction))
-
-
-def mono_messages(task, starter: Attempt, steps: int) -> Prompt:
-    higher = "higher" if task.higher_is_better else "lower"
-    user = (f"# Task\n{task.description.strip()}\nMetric: {task.metric} ({higher} is better)\n\n"
-            f"# Starter script (public score {_fmt(starter.score)})\n"
-            f"```python\n{starter.code}```\n\nImprove the public score.")
-    return Prompt([{"role": "system", "content": MONO_SYSTEM.format(iters=steps)}, {"role": "user", "content": user}],
-                  SubAgentState(task, starter.code, starter.score, None))
+def sub_messages(task, parent: Attempt, references, instruction: str | None, iters: int) -> Prompt:
+    """The fresh context a Tool builds: task, parent code, the references' summaries and code, the instruction;
+    instruction None: the monolithic agent's first prompt (task, metric, starter). Its state (for the stand-in):
+    task, the parent's code and score, the instruction, and the runs code_loop adds."""
+    if instruction is None:
+        higher = "higher" if task.higher_is_better else "lower"
+        user = (f"# Task\n{task.description.strip()}\nMetric: {task.metric} ({higher} is better)\n\n"
+                f"# Starter script (public score {_fmt(parent.score)})\n"
+                f"```python\n{parent.code}```\n\nImprove the public score.")
+    else:
+        refs = "".join(f"\n## Attempt #{r.id} (public score {_fmt(r.score)})\n"
+                       + "; ".join(f"{k}: {r.summary.get(k, '')}" for k in SUMMARY_KEYS)
+                       + f"\n```python\n{r.code}```\n" for r in references)
+        user = (f"# Task\n{task.description.strip()}\n\n# Parent attempt #{parent.id} (public score "
+                f"{_fmt(parent.score)})\n```python\n{parent.code}```\n"
+                + (f"\n# Reference attempts\n{refs}" if refs else "") + f"\n# Instruction\n{instruction}")
+    system = (MONO_SYSTEM if instruction is None else SUB_SYSTEM).format(iters=iters)
+    return Prompt([{"role": "system", "content": system}, {"role": "user", "content": user}], SimpleNamespace(
+        task=task, code=parent.code, score=parent.score, instruction=instruction, runs=[], tried=[]))
 
 
 def parse_coder(text: str) -> tuple[str, object]:
@@ -361,43 +298,42 @@ def error_line(run) -> str:
                 lines[-1] if lines else f"exit status {run.returncode}")
 
 
-def run_log(run, cap=1 << 16) -> str:
-    """The run's whole output while its log is on disk (env.py hands back only 4 KB of each end), so the 5k-token
-    clip applies to the real output; a log over 2 * cap bytes is read at both ends only."""
-    path = Path(run.log_path or "")
-    if not path.is_file():
-        return run.output
-    with open(path, "rb") as f:
-        data = f.read(2 * cap + 1)
-        if len(data) > 2 * cap:
-            f.seek(-cap, os.SEEK_END)
-            data = data[:cap] + b"\n" + f.read()
-    return data.decode("utf-8", errors="replace")
-
-
-def feedback(run, task, limit: int, tokenizer=None) -> str:
-    """What the environment tells the coder after an execution (the public score, never the private one)."""
+def feedback(run, task, limit: int, tokenizer=None, cap=1 << 16) -> str:
+    """What the environment tells the coder after an execution (the public score, never the private one), with
+    the run's whole log clipped to `limit` tokens (env.py's output holds only 4 KB of each end; a log over 2 * cap
+    bytes is read at both ends only)."""
     text = f"Execution: {run.status} after {run.seconds:.1f} s."
     if run.status == "success":
-        text += f"\nPublic score ({task.metric}, {'higher' if task.higher_is_better else 'lower'} is better): " \
-                f"{run.score:.4f}"
+        higher = "higher" if task.higher_is_better else "lower"
+        text += f"\nPublic score ({task.metric}, {higher} is better): {run.score:.4f}"
     elif run.status != "error":
         text += f"\nProblem: {error_line(run)}"
-    return text + "\nOutput:\n```\n" + clip_tokens(run_log(run).strip(), limit, tokenizer) + "\n```"
+    output = run.output
+    if Path(run.log_path or "").is_file():
+        with open(run.log_path, "rb") as f:
+            data = f.read(2 * cap + 1)
+            if len(data) > 2 * cap:
+                f.seek(-cap, os.SEEK_END)
+                data = data[:cap] + b"\n" + f.read()
+        output = data.decode("utf-8", errors="replace")
+    return text + "\nOutput:\n```\n" + clip_tokens(output.strip(), limit, tokenizer) + "\n```"
 
 
 def code_loop(task, backend, messages, max_iters: int, cfg: Config, deadline: float, on_prompt, start_code: str,
               **fields) -> tuple[Attempt, object, list[str]]:
-    """Write the whole script, execute (each run into messages.state), read the feedback, fix; until a summary,
-    max_iters executions or the deadline. -> (the Attempt, with the `fields` given: its best script by public score,
-    else the last one, else start_code; the best script's run or None; the errors met)."""
+    """Write the whole script, execute it (each run into messages.state), read the feedback, fix; until a summary,
+    max_iters executions or the deadline, then one request for the summary if none came. -> (the Attempt with
+    `fields`: its best script by public score, else the last, else start_code; that script's run; the errors)."""
     tok, higher = getattr(backend, "tokenizer", None), task.higher_is_better
     best = best_run = last = summary = None
     iters, errors, status = 0, [], "no_code"
+
+    def ask(prompt):
+        on_prompt(prompt)
+        text = backend.chat(prompt, temperature=cfg.temperature, max_tokens=cfg.max_tokens).texts[0]
+        return prompt + [{"role": "assistant", "content": text}], text
     while iters < max_iters and time.time() < deadline:
-        on_prompt(messages)
-        text = backend.chat(messages, temperature=cfg.temperature, max_tokens=cfg.max_tokens).texts[0]
-        messages = messages + [{"role": "assistant", "content": text}]
+        messages, text = ask(messages)
         try:
             kind, value = parse_coder(text)
         except ParseError as e:  # counts as an iteration, as an invalid step does in MLE-Dojo
@@ -413,26 +349,23 @@ def code_loop(task, backend, messages, max_iters: int, cfg: Config, deadline: fl
         run = env.run_script(task, value, timeout=timeout, keep=("submission.csv",))
         messages.state.runs.append((value, run))
         status = "success" if best_run or run.status == "success" else run.status
-        if run.status == "success" and (best_run is None or signed(run.score, higher) > signed(best_run.score, higher)):
-            best, best_run = value, run
-        elif run.status != "success":
+        if run.status != "success":
             errors.append(error_line(run))
+        elif best_run is None or signed(run.score, higher) > signed(best_run.score, higher):
+            best, best_run = value, run
         messages.append({"role": "user", "content": feedback(run, task, cfg.obs_tokens, tok)})
     if summary is None:  # the budget ran out first: one request for the summary (no execution)
-        messages = messages + [{"role": "user", "content": SUMMARY_NOW}]
-        on_prompt(messages)
-        text = backend.chat(messages, temperature=cfg.temperature, max_tokens=cfg.max_tokens).texts[0]
-        messages.append({"role": "assistant", "content": text})
+        messages, text = ask(messages + [{"role": "user", "content": SUMMARY_NOW}])
         try:
-            kind, summary = parse_coder(text)
-            summary = summary if kind == "summary" else None
+            kind, value = parse_coder(text)
+            summary = value if kind == "summary" else None
         except ParseError:
             pass
-    summary = {k: (summary or {}).get(k, "") for k in SUMMARY_KEYS}
-    attempt = Attempt(**fields, score=best_run.score if best_run else None,
-                      private=best_run.test_score if best_run else None, status=status, summary=summary,
-                      code=(best if best is not None else last) or start_code, messages=messages, iterations=iters,
-                      ended=time.time(), submission=best_run.kept.get("submission.csv", "") if best_run else "")
+    ok = best_run is not None
+    attempt = Attempt(**fields, score=best_run.score if ok else None, private=best_run.test_score if ok else None,
+                      status=status, summary={k: (summary or {}).get(k, "") for k in SUMMARY_KEYS},
+                      code=(best if ok else last) or start_code, messages=messages, iterations=iters,
+                      ended=time.time(), submission=best_run.kept.get("submission.csv", "") if ok else "")
     return attempt, best_run, list(dict.fromkeys(errors))
 
 
@@ -443,19 +376,18 @@ class Tool:
         self.task, self.backend, self.cfg, self.deadline, self.record = task, backend, cfg, deadline, record
 
     def __call__(self, attempt_id: int, call: dict, attempts: dict, rnd: int) -> Attempt:
-        started = time.time()
-        parent = attempts[call["parent"]]
-        messages = sub_messages(self.task, parent, [attempts[r] for r in call["references"]], call["instruction"],
-                                self.cfg.sub_iters)
+        started, parent, higher = time.time(), attempts[call["parent"]], self.task.higher_is_better
+        messages = sub_messages(self.task, parent, [attempts[r] for r in call["references"]],
+                                call["instruction"], self.cfg.sub_iters)
         tok = getattr(self.backend, "tokenizer", None)
         a, run, errors = code_loop(self.task, self.backend, messages, self.cfg.sub_iters, self.cfg, self.deadline,
                                    lambda m: self.record(rnd, "sub-agent", m, tok, attempt_id), parent.code,
                                    id=attempt_id, parent=parent.id, instruction=call["instruction"],
                                    references=call["references"], round=rnd, started=started)
         if run:  # the Tool reports what it measured, not what the Sub-Agent claims
-            delta = "better than" if signed(run.score, self.task.higher_is_better) > signed(
-                parent.score, self.task.higher_is_better) else "not better than"
-            a.summary["result"] = f"public score {run.score:.4f}, {delta} parent #{parent.id} ({_fmt(parent.score)})"
+            delta = "better" if signed(run.score, higher) > signed(parent.score, higher) else "not better"
+            a.summary["result"] = (f"public score {run.score:.4f}, {delta} than parent #{parent.id} "
+                                   f"({_fmt(parent.score)})")
         else:
             a.summary["result"] = f"no valid submission after {a.iterations} execution(s)"
         a.summary["errors"] = "; ".join(errors) or a.summary["errors"] or "none"
@@ -465,13 +397,14 @@ class Tool:
 def starter_attempt(task, cfg: Config) -> Attempt:
     code = (task.public_dir / "train.py").read_text()
     run = env.run_script(task, code, timeout=cfg.script_timeout or task.time_limit, keep=("submission.csv",))
-    summary = {"approach": "the task's starter script", "changed": "nothing", "result":
-               f"public score {_fmt(run.score)}", "errors": "none" if run.status == "success" else error_line(run),
+    ok = run.status == "success"
+    summary = {"approach": "the task's starter script", "changed": "nothing",
+               "result": f"public score {_fmt(run.score)}", "errors": "none" if ok else error_line(run),
                "next": "improve the data, the model or the training"}
     return Attempt(0, None, "", [], run.score, run.test_score, run.status, summary, code,
-                   submission=run.kept.get("submission.csv", "") if run.status == "success" else "")
+                   submission=run.kept.get("submission.csv", "") if ok else "")
 
-# ================================================================================ offline stand-ins (clearly labelled)
+# ============================================================================ offline stand-ins (clearly labelled)
 
 
 def _recipe_ideas(task_name: str) -> list[str]:
@@ -483,45 +416,54 @@ def _recipe_ideas(task_name: str) -> list[str]:
     return [lst[i] for i in range(max(map(len, lists), default=0)) for lst in lists if i < len(lst)]
 
 
-class ScriptedOrchestrator:
-    """OFFLINE STAND-IN for an LLM Orchestrator: reads its prompt's OrchestratorState and expands the best attempts
-    with recipe ideas not yet tried on their lineage, `calls` calls per round, the next-best attempt as reference;
-    with temperature > 0 the parent and the ideas are sampled. Writes the same JSON an LLM would."""
+class StandIn:
+    """What the offline stand-ins share: a backend's chat(), each answer from answer(messages, temperature)."""
 
-    def __init__(self, seed=0):
-        self.seed, self.rng, self.usage = seed, random.Random(seed), agent.Usage()
+    def __init__(self):
+        self.usage = agent.Usage()
 
     def chat(self, messages, n=1, temperature=0.0, max_tokens=1024, stop=None):
-        c = agent.Completion([self.decide(messages.state, self.rng if temperature > 0 else None) for _ in range(n)])
+        c = agent.Completion([self.answer(messages, temperature) for _ in range(n)])
         self.usage.add(c, 0.0)
         return c
 
+
+class ScriptedOrchestrator(StandIn):
+    """OFFLINE STAND-IN for an LLM Orchestrator: reads its prompt's state and expands the best attempts with recipe
+    ideas not yet tried on their lineage, `calls` calls per round, the next-best attempt as reference; with
+    temperature > 0 the parent and the ideas are sampled. Writes the same JSON an LLM would."""
+
+    def __init__(self, seed=0):
+        super().__init__()
+        self.seed, self.rng = seed, random.Random(seed)
+
+    def answer(self, messages, temperature):
+        return self.decide(messages.state, self.rng if temperature > 0 else None)
+
     @staticmethod
-    def decide(state: OrchestratorState, rng, sample_parent=True) -> str:
+    def decide(state, rng, sample_parent=True) -> str:
         """The decision at a prompt's state; rng None: greedy; sample_parent=False: only the ideas sampled."""
         # the attempts as memory_text shows them: scores to 4 decimals, instructions shortened
         nodes = {a.id: (a.parent, shown(a.score)) for a in state.attempts}
         said = {a.id: _short(a.instruction, 300) for a in state.attempts if a.parent is not None}
-        ranked = sorted(nodes, key=lambda i: (-signed(nodes[i][1], state.task.higher_is_better), i))
-        ranked = [i for i in ranked if nodes[i][1] is not None]
+        ranked = sorted((i for i in nodes if nodes[i][1] is not None),
+                        key=lambda i: (-signed(nodes[i][1], state.task.higher_is_better), i))
         if rng is not None and sample_parent and len(ranked) > 1:  # the best first with probability 1/2, else top 3
             first = rng.choice(ranked[:3]) if rng.random() < 0.5 else ranked[0]
             ranked = [first] + [i for i in ranked if i != first]
-        ideas, out, calls = _recipe_ideas(state.task.name), [], state.calls
+        ideas, out = _recipe_ideas(state.task.name), []
         for parent in ranked:
-            lineage, i = set(), parent
-            while i is not None:  # ideas applied on the way from the starter, and ideas already tried from here
-                lineage.add(said.get(i))
+            tried, i = {said.get(c) for c in nodes if nodes[c][0] == parent}, parent  # ideas tried from here
+            while i is not None:  # and the ideas applied on the way from the starter
+                tried.add(said.get(i))
                 i = nodes[i][0]
-            lineage |= {said.get(c) for c in nodes if nodes[c][0] == parent}
-            fresh = [idea for idea in ideas if idea not in lineage]
+            fresh = [idea for idea in ideas if idea not in tried]
             if rng is not None:
                 rng.shuffle(fresh)
             refs = [r for r in ranked if r != parent][:1]
-            for idea in fresh[:calls - len(out)]:
-                out.append({"name": "refine", "arguments": {"parent": parent, "instruction": idea,
-                                                            "references": refs}})
-            if len(out) == calls:
+            out += [{"name": "refine", "arguments": {"parent": parent, "instruction": idea, "references": refs}}
+                    for idea in fresh[:state.calls - len(out)]]
+            if len(out) == state.calls:
                 break
         if not out:
             return json.dumps({"thought": "Every recipe was tried on the best attempts.",
@@ -530,21 +472,12 @@ class ScriptedOrchestrator:
         return json.dumps({"thought": f"Refine attempt(s) {parents} with untried ideas.", "tool_calls": out})
 
 
-class RecipeCoder:
+class RecipeCoder(StandIn):
     """OFFLINE STAND-IN for an LLM Sub-Agent: applies env.py's recipe for its instruction to the parent script
-    (env.recipe_editor) and writes the whole script in a ```python block; after the run it answers with the JSON
-    summary. Without an instruction (the monolithic baseline) it tries the next untried recipe on its best script.
-    Its state: its prompt's SubAgentState."""
+    (env.recipe_editor) in a ```python block, then answers with the JSON summary. Without an instruction (the
+    monolithic baseline) it tries the next untried recipe on its best script. Its state: its prompt's."""
 
-    def __init__(self):
-        self.usage = agent.Usage()
-
-    def chat(self, messages, n=1, temperature=0.0, max_tokens=1024, stop=None):
-        c = agent.Completion([self.respond(messages)] * n)
-        self.usage.add(c, 0.0)
-        return c
-
-    def respond(self, messages) -> str:
+    def answer(self, messages, temperature=0.0) -> str:
         s, higher = messages.state, messages.state.task.higher_is_better
         if messages[-1]["content"] == SUMMARY_NOW or (s.instruction and s.runs):  # it ran its script: the summary
             ran = any(run.status == "success" for _, run in s.runs)
@@ -555,8 +488,7 @@ class RecipeCoder:
                 return f"Idea: {s.instruction}\n```python\n{env.recipe_editor(s.instruction, s.code)}```"
             except env.EditError as e:
                 return self._summary(s.instruction, f"nothing: {e}", "an instruction naming a built-in recipe")
-        # the monolithic baseline: the best script of its whole history, then the next untried recipe on it
-        best, code = shown(s.score), s.code
+        best, code = shown(s.score), s.code  # the monolithic baseline: the next untried recipe on its best script
         for script, run in s.runs:
             if run.status == "success" and signed(shown(run.score), higher) > signed(best, higher):
                 best, code = shown(run.score), script
@@ -581,42 +513,34 @@ def make_backend(name: str | None, base_url: str | None, role: str, seed=0):
     return agent.make_backend(name, base_url, stand_in=lambda: ScriptedOrchestrator(seed) if role == "orchestrator"
                               else RecipeCoder())
 
-# ===================================================================================== the runs: Matryoshka, monolithic
+# ================================================================================= the runs: Matryoshka, monolithic
 
 
-def write_text(path: Path, text: str):
+def save_json(path: Path, obj, lines=False):
+    """obj as JSON (lines: a list as JSONL), written atomically: readers see the old file or the new one."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)  # atomic: readers see the old file or the new one
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in obj) if lines else json.dumps(obj))
+    os.replace(tmp, path)
 
 
-def save_json(path: Path, obj):
-    write_text(path, json.dumps(obj))
-
-
-def load_json(path: Path, shape=None):
-    """The object saved at path, None when there is none; not JSON, or without the keys of `shape` ({key: type}),
-    is a one-line ValueError naming the file."""
+def load_json(path: Path, shape: dict, build):
+    """build(the object saved at path), None when there is none. Not JSON, without the keys of `shape`
+    ({key: type}), or not what build takes: a one-line ValueError naming the file."""
     if not path or not path.exists():
         return None
+    again = "delete it or give another --out"
     try:
         obj = json.loads(path.read_bytes().decode("utf-8"))
     except ValueError as e:
-        raise ValueError(f"{path}: not valid JSON ({type(e).__name__}); delete it or give another --out") from None
-    bad = [k for k, t in (shape or {}).items() if not isinstance(obj, dict) or not isinstance(obj.get(k), t)]
+        raise ValueError(f"{path}: not valid JSON ({type(e).__name__}); {again}") from None
+    bad = [k for k, t in shape.items() if not isinstance(obj, dict) or not isinstance(obj.get(k), t)]
     if bad:
-        raise ValueError(f"{path}: not a file of orchestrator.py (bad or missing {', '.join(bad)}); delete it or give "
-                         "another --out")
-    return obj
-
-
-def attempts_of(path: Path, rows) -> list[Attempt]:
+        raise ValueError(f"{path}: not a file of orchestrator.py (bad or missing {', '.join(bad)}); {again}")
     try:
-        return [Attempt(**a) for a in rows]
-    except TypeError:
-        raise ValueError(f"{path}: an attempt is not an orchestrator.py attempt; delete it or give another --out") \
-            from None
+        return build(obj)
+    except (KeyError, TypeError, ValueError, AttributeError):
+        raise ValueError(f"{path}: a node or attempt is not orchestrator.py's; {again}") from None
 
 
 RUN_SHAPE = {"attempts": list, "records": list, "round": int, "seconds": (int, float), "finished": bool}
@@ -628,45 +552,44 @@ def _recorder(records: list):
 
     def record(rnd, role, messages, tokenizer=None, attempt=None):
         n = prompt_tokens(messages, tokenizer)
+        counter = "tokenizer of the local model" if tokenizer is not None else "approx: ceil(chars / 4)"
         with lock:
-            records.append({"round": rnd, "role": role, "tokens": n, "attempt": attempt,
-                            "counter": counter_name(tokenizer)})
+            records.append({"round": rnd, "role": role, "tokens": n, "attempt": attempt, "counter": counter})
     return record
 
 
-def decide(orch, messages, known, cfg: Config, record, rnd) -> tuple[list[dict], bool, str]:
-    """Ask the Orchestrator, re-asking on an unparsable answer (MLAB's max_retries); a round with no usable answer
-    launches nothing."""
-    ask, tok = messages, getattr(orch, "tokenizer", None)  # ask + [...]: new Prompts, the same state
+def decide(orch, messages, known, cfg: Config, record, rnd) -> tuple[list[dict], bool]:
+    """Ask the Orchestrator, re-asking on an unparsable answer (MLAB's max_retries); a round with no usable
+    answer launches nothing."""
+    ask, tok = messages, getattr(orch, "tokenizer", None)
     for _ in range(cfg.max_retries + 1):
         record(rnd, "orchestrator", ask, tok)
         text = orch.chat(ask, temperature=cfg.temperature, max_tokens=cfg.max_tokens).texts[0]
         try:
-            calls, finished = parse_decision(text, known, cfg.calls)
-            return calls, finished, text
+            return parse_decision(text, known, cfg.calls)
         except ParseError as e:
-            ask = ask + [{"role": "assistant", "content": text},
-                         {"role": "user", "content": REASK.format(reason=e)}]
-    return [], False, text
+            ask = ask + [{"role": "assistant", "content": text}, {"role": "user", "content": REASK.format(reason=e)}]
+    return [], False
 
 
-def _result(task, attempts, records, finished, seconds) -> dict:
+def _result(task, attempts, records, finished, seconds, **more) -> dict:
     best = best_attempt(attempts, task.higher_is_better)
-    counters = "; ".join(sorted({f"{r['role']}: {r['counter']}" for r in records}))  # how tokens were counted
     return {"task": task.name, "attempts": [asdict(a) for a in attempts], "records": records, "finished": finished,
-            "seconds": seconds, "token_counter": counters, "best": {"id": best.id, "public": best.score,
-                                                                    "private": best.private, "code": best.code,
-                                                                    "submission": best.submission}}
+            "seconds": seconds, **more,
+            "token_counter": "; ".join(sorted({f"{r['role']}: {r['counter']}" for r in records})),
+            "best": {"id": best.id, "public": best.score, "private": best.private, "code": best.code,
+                     "submission": best.submission}}
 
 
 def run_matryoshka(cfg: Config, orch, sub, out: Path | None = None, resume=True, log=print) -> dict:
     """Rounds of: the Orchestrator's tool calls from compact memory -> Tools in parallel -> attempts appended.
     The state is saved after every round to out/run.json (atomic) and resumed from it."""
     task = env.load_task(cfg.task)
-    state = load_json(out / "run.json", RUN_SHAPE) if out and resume else None
+    state = load_json(out / "run.json", RUN_SHAPE, lambda o: {**o, "attempts": [Attempt(**a) for a in o["attempts"]]}
+                      ) if out and resume else None
     if state:
-        attempts, records = attempts_of(out / "run.json", state["attempts"]), state["records"]
-        rnd, spent, finished = state["round"], state["seconds"], state["finished"]
+        attempts, records, rnd = state["attempts"], state["records"], state["round"]
+        spent, finished = state["seconds"], state["finished"]
         log(f"resumed {out / 'run.json'} at round {rnd}")
     else:
         attempts, records, rnd, spent, finished = [starter_attempt(task, cfg)], [], 0, 0.0, False
@@ -676,33 +599,31 @@ def run_matryoshka(cfg: Config, orch, sub, out: Path | None = None, resume=True,
     while not finished and rnd < cfg.rounds and time.time() < deadline:
         rnd += 1
         messages = orchestrator_messages(task, attempts, rnd, cfg.rounds, cfg.calls, deadline - time.time())
-        calls, finished, _ = decide(orch, messages, {a.id for a in attempts}, cfg, record, rnd)
-        by_id = {a.id: a for a in attempts}
-        jobs = list(zip(range(len(attempts), len(attempts) + len(calls)), calls))
-        with ThreadPoolExecutor(max(1, cfg.workers)) as pool:  # the calls of one round run in parallel (Matryoshka §3.4)
-            attempts += list(pool.map(lambda job: tool(job[0], job[1], by_id, rnd), jobs))
+        calls, finished = decide(orch, messages, {a.id for a in attempts}, cfg, record, rnd)
+        by_id, first = {a.id: a for a in attempts}, len(attempts)
+        with ThreadPoolExecutor(max(1, cfg.workers)) as pool:  # one round's calls run in parallel (§3.4)
+            attempts += list(pool.map(lambda k: tool(first + k, calls[k], by_id, rnd), range(len(calls))))
         best = best_attempt(attempts, task.higher_is_better)
         log(f"round {rnd}: " + (", ".join(f"#{a.id}<-#{a.parent} {_fmt(a.score)} ({a.status}, {a.iterations} it)"
-                                          for a in attempts[-len(jobs):]) if jobs else "no call")
+                                          for a in attempts[first:]) or "no call")
             + (" | finish" if finished else "") + f" | best #{best.id} {_fmt(best.score)}")
-        state = {**_result(task, attempts, records, finished, spent + time.time() - start), "round": rnd}
         if out:
-            save_json(out / "run.json", state)
-    return state or {**_result(task, attempts, records, finished, spent), "round": rnd}
+            save_json(out / "run.json", _result(task, attempts, records, finished, spent + time.time() - start,
+                                                round=rnd))
+    return _result(task, attempts, records, finished, spent + time.time() - start, round=rnd)
 
 
 def run_monolithic(cfg: Config, coder, out: Path | None = None, log=print) -> dict:
-    """MLE-Dojo's single agent: one chat that keeps every script and every output; the same wall clock and at most
-    as many executions as a Matryoshka run may spend (rounds x calls x sub_iters)."""
+    """MLE-Dojo's single agent: one chat that keeps every script and every output; the same wall clock and at
+    most as many executions as a Matryoshka run may spend (rounds x calls x sub_iters). Not resumed."""
     task = env.load_task(cfg.task)
-    steps = cfg.rounds * cfg.calls * cfg.sub_iters
-    starter, records = starter_attempt(task, cfg), []
-    tok = getattr(coder, "tokenizer", None)
+    steps, started = cfg.rounds * cfg.calls * cfg.sub_iters, time.time()
+    starter, records, tok = starter_attempt(task, cfg), [], getattr(coder, "tokenizer", None)
     record = _recorder(records)
-    started = time.time()
-    mono, _, _ = code_loop(task, coder, mono_messages(task, starter, steps), steps, cfg, started + cfg.time_limit,
-                           lambda m: record(len(records) + 1, "monolithic", m, tok), starter.code, id=1, parent=0,
-                           instruction="monolithic", references=[], round=1, started=started)
+    mono, _, _ = code_loop(task, coder, sub_messages(task, starter, [], None, steps), steps, cfg,
+                           started + cfg.time_limit, lambda m: record(len(records) + 1, "monolithic", m, tok),
+                           starter.code, id=1, parent=0, instruction="monolithic", references=[], round=1,
+                           started=started)
     result = _result(task, [starter, mono], records, True, time.time() - started)
     log(f"monolithic: {mono.iterations} executions, best {_fmt(result['best']['public'])}, last prompt "
         f"{records[-1]['tokens'] if records else 0} tokens")
@@ -710,7 +631,7 @@ def run_monolithic(cfg: Config, coder, out: Path | None = None, log=print) -> di
         save_json(out / "monolithic.json", result)
     return result
 
-# ============================================================================= Solution Refinement Trees (Matryoshka §3.6)
+# ========================================================================= Solution Refinement Trees (Matryoshka §3.6)
 
 
 @dataclass
@@ -720,7 +641,7 @@ class Node:
     parent: int | None  # None for the root (the starter's state)
     depth: int
     decision: str | None  # the Orchestrator's answer at the parent's state (None for the root)
-    calls: list[dict] | None  # its parsed tool calls, each with the id of the attempt it launched; None: not parsed yet
+    calls: list[dict] | None  # its parsed tool calls, each with its attempt's id; None: not parsed yet
     status: str  # pending (its calls not all run) | done
     prompt: list | None  # the prompt its children's decisions answer, once they are sampled
     score: float | None  # the best public score of its attempts, r(v) once signed; None: none valid
@@ -733,8 +654,8 @@ TREE_SHAPE = {"task": str, "attempts": dict, "nodes": list, "next_id": int, "hig
 
 @dataclass
 class Tree:
-    """A Solution Refinement Tree: cfg.children decisions per node (binary in Matryoshka §3.6), each node's state its
-    path's attempts (the shared prefix, run once); tree.json holds to_json()."""
+    """A Solution Refinement Tree: cfg.children decisions per node, each node's state its path's attempts (the
+    shared prefix, run once); tree.json holds to_json()."""
     task: str
     higher_is_better: bool
     next_id: int  # the id of the next attempt
@@ -760,20 +681,14 @@ class Tree:
                           for n in self.nodes]}
 
     @classmethod
-    def from_json(cls, obj: dict, path="tree.json") -> Tree:
-        """The tree of a to_json object (tree.json); anything else is a one-line ValueError naming path."""
-        try:
-            return cls(obj["task"], obj["higher_is_better"], obj["next_id"],
-                       {int(i): Attempt(**a) for i, a in obj["attempts"].items()}, [Node(**n) for n in obj["nodes"]])
-        except (KeyError, TypeError, ValueError, AttributeError):
-            raise ValueError(f"{path}: a node or attempt is not orchestrator.py's; delete it or give another --out") \
-                from None
+    def from_json(cls, obj: dict) -> Tree:
+        return cls(obj["task"], obj["higher_is_better"], obj["next_id"],
+                   {int(i): Attempt(**a) for i, a in obj["attempts"].items()}, [Node(**n) for n in obj["nodes"]])
 
     @classmethod
     def load(cls, path: Path) -> Tree | None:
-        """The tree saved at path, None when there is none."""
-        obj = load_json(path, TREE_SHAPE)
-        return None if obj is None else cls.from_json(obj, path)
+        """The tree saved at path, None when there is none; anything else is a one-line ValueError."""
+        return load_json(path, TREE_SHAPE, cls.from_json)
 
 
 def collect_tree(cfg: Config, orch, sub, path: Path, log=print) -> Tree:
@@ -789,13 +704,13 @@ def collect_tree(cfg: Config, orch, sub, path: Path, log=print) -> Tree:
     lock, save = threading.Lock(), lambda: save_json(path, tree.to_json())
     tool = Tool(task, sub, cfg, time.time() + cfg.time_limit, lambda *a, **k: None)
     while True:
-        # 1. decisions: every finished node above the depth limit, with no children yet, gets cfg.children samples
+        # 1. decisions: each done node above the depth limit with no children gets cfg.children samples
         for node in list(tree.nodes):
             if node.status != "done" or node.depth >= cfg.depth or tree.children(node.id) or node.finished \
                     or node.error:  # a finishing or unparsable decision is a leaf
                 continue
             node.prompt = orchestrator_messages(task, tree.state(node.id), node.depth + 1, cfg.depth, cfg.calls)
-            if isinstance(orch, ScriptedOrchestrator):  # each node's samples from (seed, node): a resume makes the same
+            if isinstance(orch, ScriptedOrchestrator):  # samples from (seed, node): a resume decides the same
                 orch.rng.seed(f"{orch.seed}:{node.id}")
             for text in orch.chat(node.prompt, n=cfg.children, temperature=cfg.tree_temperature,
                                   max_tokens=cfg.max_tokens).texts:
@@ -824,19 +739,19 @@ def collect_tree(cfg: Config, orch, sub, path: Path, log=print) -> Tree:
             with lock:
                 tree.attempts[a.id] = a
                 save()
-            return a
         with ThreadPoolExecutor(max(1, cfg.workers)) as pool:
             list(pool.map(run, jobs))
         for node in pending:
             valid = [s for c in node.calls if (s := tree.attempts[c["attempt"]].score) is not None]
             node.score = (max(valid) if task.higher_is_better else min(valid)) if valid else None
             node.status = "done"
-        log(f"tree: {len(tree.nodes)} nodes, {len(tree.attempts)} attempts, depth {max(n.depth for n in tree.nodes)}")
+        log(f"tree: {len(tree.nodes)} nodes, {len(tree.attempts)} attempts, "
+            f"depth {max(n.depth for n in tree.nodes)}")
         save()
 
 
 def branch_labels(tree: Tree) -> dict[int, float]:
-    """R(c) = max over the subtree of c of r(v), r the node's signed score (Matryoshka §3.6, Preference Construction)."""
+    """R(c) = max over the subtree of c of r(v), r the node's signed score (§3.6, Preference Construction)."""
     R = {}
 
     def label(i):
@@ -864,78 +779,59 @@ def sft_rows(attempts, higher: bool) -> list[dict]:
     return [{"messages": a["messages"]} for a in attempts if a["parent"] is not None and a["messages"]
             and signed(a["score"], higher) > signed(by_id[a["parent"]]["score"], higher)]
 
-
-def write_jsonl(path: Path, rows):
-    write_text(path, "".join(json.dumps(r) + "\n" for r in rows))
-
 # ========================================================================================= ranking loss and training
 
 
 def ranking_loss(scores, R):
-    """Plackett-Luce ranking NCE over children ranked by R, ties skipped (see the docstring); scores (K,) are
-    beta * log(pi_theta / pi_ref). Two children: DPO. None when every child is tied."""
+    """Plackett-Luce ranking NCE over the children ranked by R, ties skipped: child k adds
+    -log(exp(s_k) / (exp(s_k) + sum of exp(s_j) over the children j with R_j < R_k)); scores (K,) are
+    beta * log(pi_theta / pi_ref). Two children: DPO's -log sigmoid(s_w - s_l) (Rafailov et al. 2023).
+    None when every child is tied."""
     import torch  # lazy: see the imports
-    terms = []
-    for k in range(len(R)):
-        worse = [j for j in range(len(R)) if R[j] < R[k]]
-        if worse:  # -log softmax of child k against the children strictly below it
-            terms.append(torch.logsumexp(scores[[k] + worse], 0) - scores[k])
+    terms = [torch.logsumexp(scores[[k] + worse], 0) - scores[k] for k in range(len(R))
+             if (worse := [j for j in range(len(R)) if R[j] < R[k]])]
     return torch.stack(terms).sum() if terms else None
 
 
+def chat_rows(tok, messages, responses, max_len: int) -> list:
+    """sft.encode_chat's (ids, labels) of the prompt with each response as the assistant turn: the labels on the
+    response and its <|im_end|>; the oldest tokens cut to max_len."""
+    import sft  # lazy: see the imports
+    return [sft.encode_chat(tok, [*messages, {"role": "assistant", "content": r}], max_len) for r in responses]
+
+
 def decision_logprobs(lm, tok, messages, responses, max_len: int):
-    """Sum of log pi(decision token | prompt, earlier decision tokens) per response: (K,). model.response_logprobs
-    (ppo.py's per-token log-probs) at temperature 1 over the whole vocabulary, summed over each response; the rows
-    right-padded, each prompt cut to its end so that prompt + response fit max_len. On CUDA under bf16 autocast (bf16
-    matmuls over fp32 master weights), in the weights' own dtype elsewhere."""
-    import model  # lazy: see the imports
+    """log pi(decision | prompt) of each response, (K,): minus sft.py's masked loss (the sum over the response's
+    tokens, temperature 1, the whole vocabulary), one row each; bf16 autocast over fp32 weights on CUDA."""
+    import sft  # lazy: see the imports
     import torch
-    prompt = tok.encode(tok.apply_chat_template(messages))
-    seqs, starts = [], []
-    for r in responses:
-        resp = tok.encode(r) + ([tok.im_end_id] if tok.im_end_id is not None else [])  # the turn ends at <|im_end|>
-        p = model.keep_end(prompt, max_len, len(resp))
-        seqs.append(p + resp)
-        starts.append(len(p))
-    dev, pad = lm.lm_head.weight.device, tok.pad_token_id or 0
-    L = max(map(len, seqs))
-    ids = torch.tensor([s + [pad] * (L - len(s)) for s in seqs], device=dev)  # (K, L)
-    lengths, starts = torch.tensor(list(map(len, seqs)), device=dev), torch.tensor(starts, device=dev)
-    with torch.autocast(dev.type, torch.bfloat16, enabled=dev.type == "cuda"):  # as ppo.autocast; none on CPU
-        lp = model.response_logprobs(lm, ids, lengths, starts)  # (K, R)
-    mine = torch.arange(lp.shape[1], device=dev) < (lengths - starts)[:, None]  # (K, R): the response's own tokens
-    return torch.where(mine, lp, 0.0).sum(-1)
+    net, dev, pad = sft.SFTModel(lm), lm.lm_head.weight.device, tok.pad_token_id or 0
+    with sft.autocast(dev):
+        return -torch.stack([net(*sft.collate([row], pad, dev))[0]
+                             for row in chat_rows(tok, messages, responses, max_len)])
 
 
-def adamw_passes(lm, n: int, steps: int, lr: float, seed, rng, loss_of, decay=False) -> list[float]:
-    """`steps` AdamW updates (no weight decay, gradient norm clipped at 1) of loss_of(i), one item i of n each, every
-    pass over the n items in a new order drawn from rng; decay: the learning rate falls linearly to 0; torch seeded
-    with `seed` first. -> the losses."""
+def adamw(lm, lr: float, decay_steps=0):
+    """AdamW without weight decay (sft.py's default) over lm's parameters, and its schedule: constant, or falling
+    linearly to 0 over decay_steps updates."""
     import torch  # lazy: see the imports
-    torch.manual_seed(seed)
     opt = torch.optim.AdamW(lm.parameters(), lr=lr, weight_decay=0.0)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0 - step / max(steps, 1)) if decay else None
-    order, losses = list(range(n)), []
-    lm.train()
+    return opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 - s / decay_steps if decay_steps else 1.0)
+
+
+def passes(n: int, steps: int, rng):
+    """The item of each of `steps` updates: passes over range(n), each in a new order drawn from rng."""
+    order = list(range(n))
     for step in range(steps if n else 0):
-        if step % n == 0:  # a new pass, in a new order
+        if step % n == 0:
             rng.shuffle(order)
-        loss = loss_of(order[step % n])
-        opt.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(lm.parameters(), 1.0)
-        opt.step()
-        if sched is not None:
-            sched.step()
-        losses.append(loss.item())
-    lm.eval()
-    return losses
+        yield order[step % n]
 
 
 def train_orchestrator(policy, ref, tok, groups, cfg: Config, steps=None, log=print) -> dict:
-    """AdamW on the ranking loss over the groups, cfg.epochs passes (or `steps` updates); ref stays frozen. ref None:
-    policy has LoRA adapters (model.add_lora, B = 0, so it starts at the reference) and the reference is the policy
-    with its adapters off."""
+    """AdamW on the ranking loss, one group per update, cfg.epochs passes (or `steps` updates), the gradient norm
+    clipped at 1; ref stays frozen. ref None: policy has LoRA adapters (B = 0: it starts at the reference) and the
+    reference is the policy with its adapters off."""
     import model  # lazy: see the imports
     import torch
     with torch.no_grad():
@@ -947,14 +843,23 @@ def train_orchestrator(policy, ref, tok, groups, cfg: Config, steps=None, log=pr
     def scores(i):  # (K,) log-ratio scores of group i's decisions
         g = groups[i]
         return cfg.beta * (decision_logprobs(policy, tok, g["messages"], g["responses"], cfg.max_len) - ref_lp[i])
-    losses = adamw_passes(policy, len(groups), cfg.epochs * len(groups) if steps is None else steps, cfg.lr,
-                          cfg.seed, random.Random(cfg.seed), lambda i: ranking_loss(scores(i), groups[i]["R"]))
+    opt, losses = adamw(policy, cfg.lr)[0], []
+    policy.train()
+    for i in passes(len(groups), cfg.epochs * len(groups) if steps is None else steps, random.Random(cfg.seed)):
+        loss = ranking_loss(scores(i), groups[i]["R"])
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(policy.parameters(), 1.0)
+        opt.step()
+        losses.append(loss.item())
+    policy.eval()
     with torch.no_grad():  # how often the top-ranked child now has the highest score
         after = [scores(i) for i in range(len(groups))]
         top = [int(torch.argmax(s)) == g["R"].index(max(g["R"])) for s, g in zip(after, groups)]
         mean = sum(ranking_loss(s, g["R"]).item() for s, g in zip(after, groups)) / len(groups) if groups else None
-    stats = {"steps": len(losses), "loss_first": losses[0] if losses else None, "loss_last": losses[-1] if losses else None,
-             "loss_after": mean, "top_accuracy": sum(top) / len(top) if top else None}
+    stats = {"steps": len(losses), "loss_first": losses[0] if losses else None,
+             "loss_last": losses[-1] if losses else None, "loss_after": mean,
+             "top_accuracy": sum(top) / len(top) if top else None}
     log(f"train: {stats}")
     return stats
 
@@ -968,15 +873,17 @@ def tiny_orchestrator(texts, vocab_size=1024, seed=0):
                                       eos_token_id=tok.im_end_id))
     return lm.eval(), tok
 
-# ------------------------------------------------------------- the from-scratch ckpt-0 imitates the decision format
-# OFFLINE STAND-IN (see the docstring at the top), one idea: ckpt-0 is cloned from the scripted orchestrator's decisions
-# with the best attempt as parent, on prompts as trees and runs show them: the states (imitation_examples), each state
-# as a few prompts, each prompt with its answers; then `imitate` trains on them and greedy_parse_rate measures it.
+# --------------------------------------------------------- the from-scratch ckpt-0 imitates the decision format
+
+
+OTHER_TREE_DEPTH = 1  # the other tasks' trees (cfg.tree_tasks): one decision pair from the starter, one group each
+IMITATION_VIEWS = 3  # prompts per state: the tree's own header, then two with another round count and a clock
+IMITATION_RESAMPLED = 24  # resampled_states of --task's tree; a quarter as many of each other tree
 
 
 def other_tasks(tree_task: str, per_group: int) -> list[str]:
-    """Held-in built-in tasks: the first `per_group` of each (kind, modality, metric direction), the tree's own task
-    left out (it has its own tree). Never a held-out task."""
+    """Held-in built-in tasks: the first `per_group` of each (kind, modality, metric direction), the tree's own
+    task left out (it has its own tree). Never a held-out task."""
     groups: dict = {}
     for name, spec in env.BUILTIN_TASKS.items():
         if spec.split == "held-in" and name != tree_task:
@@ -984,23 +891,16 @@ def other_tasks(tree_task: str, per_group: int) -> list[str]:
     return [n for names in groups.values() for n in names[:per_group]]
 
 
-IMITATION_VIEWS = 3  # prompts per state: the tree's own header, then two with another round count and a clock
-IMITATION_RESAMPLED = 24  # further states made of --task's tree's attempts (resampled_states); a quarter as many
-# from each other task's tree
-
-
 def resampled_states(tree, n: int, rng) -> list[list[Attempt]]:
     """n states as a run would hold them, made of the tree's attempts: a random ancestor-closed subset (from the
-    starter, each next attempt one whose parent is in already), numbered 0, 1, 2, ... in that order, with parents,
-    references and the "parent #k" of each summary renumbered. Their best attempt, the parent a greedy decision
-    picks, varies far more than along the tree's own paths."""
-    pool = tree.attempts
-    states = []
+    starter, each next attempt one whose parent is in already), renumbered 0, 1, 2, ... in that order (parents,
+    references and each summary's "parent #k" too). Their best attempt varies more than along the tree's paths."""
+    pool, states = tree.attempts, []
     for _ in range(n if len(pool) > 1 else 0):
         order = [0]
         for _ in range(rng.randint(1, len(pool) - 1)):
-            ready = [i for i in sorted(pool) if i not in order and pool[i].parent in order]  # by id: the JSON
-            # holds the attempts in the order their parallel runs ended
+            # by id: the JSON holds the attempts in the order their parallel runs ended
+            ready = [i for i in sorted(pool) if i not in order and pool[i].parent in order]
             if not ready:
                 break
             order.append(rng.choice(ready))
@@ -1015,20 +915,11 @@ def resampled_states(tree, n: int, rng) -> list[list[Attempt]]:
 
 
 def imitation_examples(trees, cfg: Config) -> list[dict]:
-    """What the tiny ckpt-0 imitates, from the iteration's trees (--task's first, then the other tasks').
-    - States: every done node of each tree (its path's attempts) and resampled_states of each tree's attempts.
-    - Prompts: each state IMITATION_VIEWS times, first as collect_tree asks it (round depth + 1 of the tree's depth,
-      no clock), then with another "Round r of R, about s left" header, as runs ask it; a prompt met before is
-      skipped.
-    - Answers: a node's own prompt keeps the tree's decisions (its children, sampled at cfg.tree_temperature: the texts
-      the ranking loss then compares); every other prompt gets cfg.children decisions of ScriptedOrchestrator.decide
-      with the best attempt as parent and its untried ideas sampled (sample_parent=False).
-    Why: the parent is then a function of the prompt that a 64-wide model can learn to copy (with sampled parents its
-    answers on runs' prompts named attempts that do not exist), while the ideas keep a spread for the ranking loss to
-    reshape (with greedy ideas ckpt-0 answered every held-out prompt with one decision, and no trained ckpt-1 answered
-    otherwise). With --task's tree alone, ckpt-0's answers on other tasks parsed in round 1 only (one attempt in
-    memory), never later. -> [{"messages", "responses", "known": the state's ids, "tree": whether the prompt is a
-    tree's own}]"""
+    """What the tiny ckpt-0 imitates, from the iteration's trees (--task's first): each tree's done nodes and
+    resampled_states, each IMITATION_VIEWS times (as collect_tree asks, then as runs ask: another round, a clock).
+    A node's own prompt keeps the tree's decisions; any other gets greedy parents with sampled ideas, a parent a
+    tiny model can copy and a spread for the ranking loss (tests/RESULTS.md, "what the tiny ckpt-0 imitates").
+    -> [{"messages", "responses", "known": the state's ids, "tree": a node's own prompt}]"""
     rng, states = random.Random(f"{cfg.seed}:imitation"), []  # (task, state, node, its tree, the tree's depth)
     for i, tree in enumerate(trees):
         task, depth = env.load_task(cfg.task if i == 0 else tree.task), cfg.depth if i == 0 else OTHER_TREE_DEPTH
@@ -1062,17 +953,20 @@ def imitation_examples(trees, cfg: Config) -> list[dict]:
 
 
 def imitate(lm, tok, examples, cfg: Config, log=print) -> dict:
-    """Behaviour cloning: the mean over decision tokens of -log pi(token | prompt, earlier tokens) (the sums of
-    decision_logprobs over the example's decisions, divided by their token count); adamw_passes from
-    cfg.imitation_lr decaying linearly to 0 over cfg.imitation_steps updates, one example per update."""
-    sizes = [sum(len(tok.encode(r)) + (tok.im_end_id is not None) for r in e["responses"]) for e in examples]
-    nll = lambda i: -decision_logprobs(lm, tok, examples[i]["messages"], examples[i]["responses"],  # noqa: E731
-                                       cfg.max_len).sum() / sizes[i]
+    """Behaviour cloning with sft.py's masked loss and optimizer step (the gradient norm clipped at 1): each update
+    is one example, its prompt with each of its decisions as the assistant turn, the prompt computed once; the
+    learning rate falls linearly from cfg.imitation_lr to 0 over cfg.imitation_steps updates."""
+    import sft  # lazy: see the imports
+    rows = [chat_rows(tok, e["messages"], e["responses"], cfg.max_len) for e in examples]
+    net, dev, pad = sft.SFTModel(lm, 0.0, share_prefix=True), lm.lm_head.weight.device, tok.pad_token_id or 0
+    opt, sched = adamw(lm, cfg.imitation_lr, cfg.imitation_steps)
     start = time.time()
-    losses = adamw_passes(lm, len(examples), cfg.imitation_steps, cfg.imitation_lr, cfg.seed,
-                          random.Random(f"{cfg.seed}:imitate"), nll, decay=True)
-    last = losses[-len(examples):]
-    stats = {"examples": len(examples), "steps": len(losses), "lr": cfg.imitation_lr,
+    lm.train()
+    losses = [sft.optimizer_step(net, opt, sched, [rows[i]], pad, dev, sft.Config(), 1)[0]
+              for i in passes(len(rows), cfg.imitation_steps, random.Random(f"{cfg.seed}:imitate"))]
+    lm.eval()
+    last = losses[-len(rows):]
+    stats = {"examples": len(rows), "steps": len(losses), "lr": cfg.imitation_lr,
              "loss_first": losses[0] if losses else None, "loss_last_pass": sum(last) / len(last) if last else None,
              "seconds": round(time.time() - start, 1)}
     log(f"imitation: {stats}")
@@ -1086,8 +980,7 @@ def greedy_parse_rate(lm, tok, examples, cfg: Config) -> float | None:
     for e in examples:
         n = 2 * max(len(tok.encode(r)) for r in e["responses"]) + 16
         try:
-            parse_decision(backend.chat(e["messages"], temperature=0.0, max_tokens=n).texts[0], set(e["known"]),
-                           cfg.calls)
+            parse_decision(backend.chat(e["messages"], max_tokens=n).texts[0], set(e["known"]), cfg.calls)
             ok += 1
         except ParseError:
             pass
@@ -1095,32 +988,34 @@ def greedy_parse_rate(lm, tok, examples, cfg: Config) -> float | None:
 
 
 def imitation_orchestrator(trees, groups, cfg: Config, log=print):
-    """OFFLINE STAND-IN for "the same model before tree training" (Matryoshka's pre-trained LLM, which already
-    answers in the Orchestrator's format): a tiny Qwen from scratch, its tokenizer fit on the imitation prompts and
-    decisions and the preference groups, then `imitate`d on imitation_examples. -> (lm, tok, stats); stats holds the
-    greedy parse rate on the tree's own prompts and on the other tasks' prompts."""
-    examples = imitation_examples(trees, cfg)
-    texts = [m["content"] for e in examples for m in e["messages"]] + [r for e in examples for r in e["responses"]] \
-        + [m["content"] for g in groups for m in g["messages"]] + [r for g in groups for r in g["responses"]]
+    """OFFLINE STAND-IN for "the same model before tree training" (a pre-trained LLM that already answers in the
+    decision format): a tiny Qwen from scratch, its tokenizer fit on the imitation examples and the preference
+    groups, `imitate`d on imitation_examples. -> (lm, tok, stats with the greedy parse rates)."""
+    examples, texts = imitation_examples(trees, cfg), []
+    for src in (examples, groups):
+        texts += [m["content"] for e in src for m in e["messages"]] + [r for e in src for r in e["responses"]]
     lm, tok = tiny_orchestrator(texts or ["{}"], seed=cfg.seed)
     stats = imitate(lm, tok, examples, cfg, log) if cfg.imitation_steps > 0 else {"steps": 0}
-    stats["parse_rate_tree_prompts"] = greedy_parse_rate(lm, tok, [e for e in examples if e["tree"]], cfg)
-    stats["parse_rate_other_prompts"] = greedy_parse_rate(lm, tok, [e for e in examples if not e["tree"]], cfg)
+    for kind in ("tree", "other"):
+        stats[f"parse_rate_{kind}_prompts"] = greedy_parse_rate(
+            lm, tok, [e for e in examples if e["tree"] == (kind == "tree")], cfg)
     log(f"ckpt-0 greedy decisions that parse: {stats['parse_rate_tree_prompts']} of the tree's prompts, "
         f"{stats['parse_rate_other_prompts']} of the other imitation prompts")
     return lm, tok, stats
 
+# ------------------------------------------------------------------------------------ checkpoints and iterations
+
 
 def save_checkpoint(lm, tok, path: Path, dtype=None, notes: dict | None = None):
-    """A model folder written atomically (LoRA adapters merged in); dtype: the stored dtype (default: the model's);
-    notes: {file name: JSON object} written beside the weights."""
+    """A model folder written atomically (LoRA adapters merged in); dtype: the stored dtype (default: the
+    model's); notes: {file name: JSON object} written beside the weights."""
     import model  # lazy: see the imports
     tmp = path.with_name(f".{path.name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_merged(lm, tok, str(tmp), dtype=dtype)
     for name, obj in (notes or {}).items():
         (tmp / name).write_text(json.dumps(obj, indent=1))
-    agent.swap_folder(tmp, path)  # never a moment without ckpt-<i>; a kill in between: train_loop recovers
+    agent.swap_folder(tmp, path)  # never a moment without ckpt-<i>; a kill in between: recover_checkpoints
 
 
 def recover_checkpoints(out: Path):
@@ -1131,26 +1026,22 @@ def recover_checkpoints(out: Path):
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-OTHER_TREE_DEPTH = 1  # the other tasks' trees (cfg.tree_tasks): one decision pair from the starter, one group each
-
-
-LARGE = 10_000_000  # parameters: ppo.py's TINY_PARAMS, past which a model trains as on a GPU (LoRA, checkpointing)
+LARGE = 10_000_000  # parameters: ppo.py's TINY_PARAMS, past which a model trains as on a GPU (LoRA,
+# checkpointing); a 7B Orchestrator's fp32 weights and AdamW states alone would take 112 GB
 
 
 def load_for_training(path: Path, cfg: Config):
-    """(policy, tokenizer, reference) for one iteration of training. The previous orchestrator is the reference
-    (Matryoshka §3.6). A small model: fp32 master weights, and a frozen copy in the checkpoint's dtype (the load
-    default: torch_dtype, e.g. bf16, on CUDA; fp32 on CPU) as the reference. A large one (or --lora-rank): a frozen
-    base in the checkpoint's dtype with fp32 adapters, the base itself as the reference (no second copy), blocks
-    recomputed in backward (model.enable_grad_checkpointing)."""
+    """(policy, tokenizer, reference) for one iteration; the previous orchestrator is the reference (§3.6). A
+    small model: fp32 master weights, and a frozen copy in the checkpoint's dtype (model.load's default) as the
+    reference. A large one (or --lora-rank): fp32 LoRA adapters over a frozen base in the checkpoint's dtype, the
+    base itself the reference (no second copy), blocks recomputed in backward."""
     import model  # lazy: see the imports
     policy, tok = model.load(str(path), meta=True)
     n = sum(p.numel() for p in policy.parameters())
     rank = cfg.lora_rank if cfg.lora_rank is not None else (16 if n >= LARGE else 0)
     if not rank:
         policy, _ = model.load(str(path), dtype="float32")  # fp32 master weights, whatever the checkpoint's dtype
-        ref, _ = model.load(str(path))
-        return policy, tok, ref.requires_grad_(False)
+        return policy, tok, model.load(str(path))[0].requires_grad_(False)
     policy, _ = model.load(str(path))
     model.add_lora(policy, rank, 16.0)  # alpha as ppo.py's --lora-alpha default
     if n >= LARGE:
@@ -1159,25 +1050,24 @@ def load_for_training(path: Path, cfg: Config):
 
 
 def train_loop(cfg: Config, model_path: str | None, collector: str, sub, out: Path, log=print) -> Path:
-    """Online iterations: collect trees with the current orchestrator (--task's to cfg.depth, out/tree-<i>.json, and
-    one of depth OTHER_TREE_DEPTH on each of other_tasks, out/tree-<i>-<task>.json: Matryoshka trains on the trees of
-    many tasks), train on their groups against the current orchestrator as reference, the trained one becomes the
-    next. Resumes from out/ckpt-<i> and the trees' JSON."""
+    """Online iterations: collect trees with the current orchestrator (--task's to cfg.depth, out/tree-<i>.json,
+    and one of OTHER_TREE_DEPTH on each of other_tasks, out/tree-<i>-<task>.json), train on their groups against
+    the current orchestrator as reference; the trained one is the next. Resumes from out/ckpt-<i> and the trees."""
     import model  # lazy: see the imports
     recover_checkpoints(out)
     current = Path(model_path) if model_path else out / "ckpt-0"
     for it in range(cfg.iterations):
-        nxt = out / f"ckpt-{it + 1}"
+        nxt, c = out / f"ckpt-{it + 1}", dataclasses.replace(cfg, seed=cfg.seed + it)
         if nxt.exists():
             current = nxt
             continue
-        orch = ScriptedOrchestrator(cfg.seed + it) if collector == "scripted" else agent.LocalBackend(str(current))
+        orch = ScriptedOrchestrator(c.seed) if collector == "scripted" else agent.LocalBackend(str(current))
         if collector == "scripted":
             log("collecting with the scripted orchestrator (OFFLINE STAND-IN: decisions are not the policy's)")
-        trees = [collect_tree(dataclasses.replace(cfg, seed=cfg.seed + it), orch, sub, out / f"tree-{it}.json", log)]
-        for name in other_tasks(trees[0].task, cfg.tree_tasks):
-            trees.append(collect_tree(dataclasses.replace(cfg, task=name, depth=OTHER_TREE_DEPTH, seed=cfg.seed + it),
-                                      orch, sub, out / f"tree-{it}-{name}.json", log))
+        trees = [collect_tree(c, orch, sub, out / f"tree-{it}.json", log)]
+        trees += [collect_tree(dataclasses.replace(c, task=name, depth=OTHER_TREE_DEPTH), orch, sub,
+                               out / f"tree-{it}-{name}.json", log)
+                  for name in other_tasks(trees[0].task, c.tree_tasks)]
         groups = [g for tree in trees for g in preference_groups(tree)]
         if not current.exists():  # no checkpoint given: a tiny model from scratch that first imitates the format
             lm, tok, stats = imitation_orchestrator(trees, groups, cfg, log)
@@ -1187,21 +1077,41 @@ def train_loop(cfg: Config, model_path: str | None, collector: str, sub, out: Pa
             f"{len(trees)} tree(s)")
         if groups:
             train_orchestrator(policy, ref, tok, groups, cfg, log=log)
-        save_checkpoint(policy, tok, nxt, dtype=getattr(model.torch, policy.config.torch_dtype))  # as it came (bf16)
+        save_checkpoint(policy, tok, nxt, dtype=getattr(model.torch, policy.config.torch_dtype))  # as it came
         del policy, ref
         current = nxt
     rows = [r for t in map(Tree.load, sorted(out.glob("tree-*.json")))
             for r in sft_rows([asdict(a) for a in t.attempts.values()], t.higher_is_better)]
-    write_jsonl(out / "sft.jsonl", rows)
+    save_json(out / "sft.jsonl", rows, lines=True)
     log(f"orchestrator checkpoint: {current}; {len(rows)} successful Sub-Agent trajectories -> {out / 'sft.jsonl'}")
     return current
 
-# ======================================================================================================= command line
+# ===================================================================================================== command line
 
 
-def _config(args) -> Config:
-    names = {f.name for f in dataclasses.fields(Config)}
-    return Config(**{k: v for k, v in vars(args).items() if k in names and v is not None})
+FLAGS = {"common": ("calls", "sub_iters", "time_limit", "script_timeout", "workers", "max_tokens", "seed"),
+         "run": ("rounds",), "tree": ("depth", "children", "tree_temperature"),
+         "train": ("depth", "children", "tree_temperature", "iterations", "beta", "lr", "epochs",
+                   "imitation_steps", "imitation_lr", "tree_tasks", "lora_rank")}  # the Config fields as flags
+LEAST = {**dict.fromkeys(("rounds", "calls", "sub_iters", "workers", "max_tokens", "depth", "children",
+                          "iterations", "epochs"), 1),
+         "imitation_steps": 0, "tree_tasks": 0, "lora_rank": 0, "tree_temperature": 0}
+POSITIVE = ("time_limit", "script_timeout", "lr", "beta", "imitation_lr")  # the numbers that must be > 0
+
+
+def checked(name: str):
+    """argparse type= for the Config field `name`: its type, finite, at least LEAST[name], > 0 if in POSITIVE."""
+    kind = float if "float" in {f.name: f.type for f in dataclasses.fields(Config)}[name] else int
+
+    def check(text):
+        v = kind(text)  # a ValueError: argparse's "invalid int value"
+        why = "finite" if not math.isfinite(v) else "> 0" if name in POSITIVE and v <= 0 else \
+            f"at least {LEAST[name]}" if v < LEAST.get(name, v) else None
+        if why:
+            raise argparse.ArgumentTypeError(f"must be {why}, not {v}")
+        return v
+    check.__name__ = kind.__name__
+    return check
 
 
 def token_table(records) -> str:
@@ -1213,62 +1123,40 @@ def token_table(records) -> str:
                      for (rnd, role), v in sorted(rows.items()))
 
 
-LEAST = {**dict.fromkeys(("rounds", "calls", "sub_iters", "workers", "max_tokens", "depth", "children", "iterations",
-                          "epochs"), 1), "imitation_steps": 0, "tree_tasks": 0, "lora_rank": 0}  # the least of each
-POSITIVE = ("time_limit", "script_timeout", "lr", "beta", "imitation_lr")  # the numbers that must be > 0
-
-
 def main(argv=None):
-    p = agent.Parser(prog="orchestrator.py", description="Matryoshka Agent: run, tree collection, orchestrator training.")
+    p = agent.Parser(prog="orchestrator.py", description="Matryoshka Agent: runs, trees, orchestrator training.")
     sub = p.add_subparsers(dest="cmd", required=True, parser_class=agent.Parser)
     common = agent.Parser(add_help=False)
     common.add_argument("--task", default=Config.task, help="a built-in task name or a task folder")
-    common.add_argument("--orchestrator", default="scripted", help="'scripted', a checkpoint folder, or a model name")
-    common.add_argument("--orchestrator-url", help="OpenAI-compatible endpoint of the Orchestrator")
-    common.add_argument("--sub-agent", default="scripted", help="'scripted', a checkpoint folder, or a model name")
-    common.add_argument("--sub-agent-url", help="OpenAI-compatible endpoint of the Sub-Agents")
-    for flag, typ in [("calls", int), ("sub-iters", int), ("time-limit", float), ("script-timeout", float),
-                      ("workers", int), ("max-tokens", int), ("seed", int)]:
-        common.add_argument(f"--{flag}", type=typ)
+    for role in ("orchestrator", "sub-agent"):
+        common.add_argument(f"--{role}", default="scripted", help="'scripted', a checkpoint folder, or a model name")
+        common.add_argument(f"--{role}-url", help=f"OpenAI-compatible endpoint of the {role}")
     common.add_argument("--out", help="output folder (default: the project's runs/matryoshka/<task>)")
-    r = sub.add_parser("run", parents=[common], help="a Matryoshka run (or --monolithic) on one task")
-    r.add_argument("--rounds", type=int)
-    r.add_argument("--monolithic", action="store_true", help="the single-agent baseline instead")
-    r.add_argument("--fresh", action="store_true", help="start over instead of resuming out/run.json")
-    for name in ("tree", "train"):
-        t = sub.add_parser(name, parents=[common], help="collect a Solution Refinement Tree" if name == "tree"
-                           else "train the Orchestrator with the ranking loss on trees (online iterations)")
-        t.add_argument("--depth", type=int, default=3 if name == "tree" else 2)
-        t.add_argument("--children", type=int)
-        t.add_argument("--tree-temperature", type=float)
-        if name == "train":
-            t.add_argument("--model", help="orchestrator checkpoint (default: a tiny model from scratch)")
-            t.add_argument("--collector", choices=("auto", "policy", "scripted"), default="auto")
-            for flag, typ in [("iterations", int), ("beta", float), ("lr", float), ("epochs", int),
-                              ("imitation-steps", int), ("imitation-lr", float), ("tree-tasks", int),
-                              ("lora-rank", int)]:
-                t.add_argument(f"--{flag}", type=typ)
+    for name in FLAGS["common"]:
+        common.add_argument("--" + name.replace("_", "-"), type=checked(name))
+    cmds = {c: sub.add_parser(c, parents=[common], help=h) for c, h in (
+        ("run", "a Matryoshka run (or --monolithic) on one task"), ("tree", "collect a Solution Refinement Tree"),
+        ("train", "train the Orchestrator with the ranking loss on trees (online iterations)"))}
+    for c, parser in cmds.items():
+        for name in FLAGS[c]:
+            parser.add_argument("--" + name.replace("_", "-"), type=checked(name))
+    cmds["run"].add_argument("--monolithic", action="store_true", help="the single-agent baseline instead")
+    cmds["run"].add_argument("--fresh", action="store_true", help="start over instead of resuming out/run.json")
+    cmds["train"].add_argument("--model", help="orchestrator checkpoint (default: a tiny model from scratch)")
+    cmds["train"].add_argument("--collector", choices=("auto", "policy", "scripted"), default="auto")
+    cmds["train"].set_defaults(depth=2)
     args = p.parse_args(argv)
-    for name, v in vars(args).items():  # every number given must be usable: one line, exit 2, before any work
-        flag = "--" + name.replace("_", "-")
-        if isinstance(v, float) and not math.isfinite(v):
-            p.error(f"{flag} must be finite, not {v}")
-        if isinstance(v, int) and not isinstance(v, bool) and v < LEAST.get(name, v):
-            p.error(f"{flag} must be at least {LEAST[name]}, not {v}")
-        if isinstance(v, float) and name in POSITIVE and v <= 0:
-            p.error(f"{flag} must be > 0, not {v}")
-        if isinstance(v, float) and name == "tree_temperature" and v < 0:
-            p.error(f"{flag} must be >= 0, not {v}")
-    cfg = _config(args)
+    cfg = Config(**{f.name: getattr(args, f.name) for f in dataclasses.fields(Config)
+                    if getattr(args, f.name, None) is not None})
     out = Path(args.out or env.ROOT / "runs" / "matryoshka" / Path(args.task).name)  # the project's runs/
-    if args.cmd == "train" and args.collector == "policy" and not args.model:
+    model_path = getattr(args, "model", None)
+    if args.cmd == "train" and args.collector == "policy" and not model_path:
         p.error("--collector policy needs --model (the orchestrator checkpoint that collects)")
-    if args.cmd == "train" and args.model and not os.path.isdir(args.model):
-        p.error(f"--model {args.model!r} is not a folder; pass a local Qwen2/Qwen3 checkpoint folder (config.json, "
-                "*.safetensors, tokenizer.json), or no --model for a tiny model from scratch")
+    if model_path and not os.path.isdir(model_path):
+        p.error(f"--model {model_path!r} is not a folder; pass a local Qwen2/Qwen3 checkpoint folder "
+                "(config.json, *.safetensors, tokenizer.json), or no --model for a tiny model from scratch")
     for flag, name, url in (("--orchestrator", args.orchestrator, args.orchestrator_url),
-                            ("--sub-agent", args.sub_agent, args.sub_agent_url),
-                            ("--model", getattr(args, "model", None), None)):
+                            ("--sub-agent", args.sub_agent, args.sub_agent_url), ("--model", model_path, None)):
         if name and os.path.isdir(name) and not url:  # a broken checkpoint: one line now, before any work
             try:
                 agent.check_checkpoint(name)
@@ -1282,7 +1170,7 @@ def main(argv=None):
     except (env.TaskError, OSError, ValueError) as err:
         p.error(str(err))
     for role, b in (("orchestrator", orch), ("sub-agent", coder)):
-        if isinstance(b, (ScriptedOrchestrator, RecipeCoder)):
+        if isinstance(b, StandIn):
             print(f"{role}: OFFLINE STAND-IN ({type(b).__name__})")
     with lock:
         try:
@@ -1294,28 +1182,31 @@ def main(argv=None):
 
 
 def command(args, cfg: Config, orch, coder, out: Path):
-    """run, tree or train, with what each writes under out."""
+    """run, tree or train, with what each writes under out: a run's best script and its submission.csv (the file
+    a competition takes) beside run.json or monolithic.json; the successful Sub-Agent trajectories as sft.jsonl."""
     if args.cmd == "tree":
         tree = collect_tree(cfg, orch, coder, out / "tree.json")
-        write_jsonl(out / "sft.jsonl", sft_rows([asdict(a) for a in tree.attempts.values()], tree.higher_is_better))
+        save_json(out / "sft.jsonl", sft_rows([asdict(a) for a in tree.attempts.values()], tree.higher_is_better),
+                  lines=True)
         print(f"{len(preference_groups(tree))} preference group(s); saved {out / 'tree.json'}, {out / 'sft.jsonl'}")
-        return
-    if args.cmd == "train":
+    elif args.cmd == "train":
         collector = args.collector if args.collector != "auto" else ("policy" if args.model else "scripted")
         train_loop(cfg, args.model, collector, coder, out / "train")
-        return
-    res = run_monolithic(cfg, coder, out) if args.monolithic else \
-        run_matryoshka(cfg, orch, coder, out, resume=not args.fresh)
-    print(token_table(res["records"]) + f"\ntoken counts: {res['token_counter']}")
-    best = res["best"]
-    print(f"best attempt #{best['id']}: public {_fmt(best['public'])}, private {_fmt(best['private'])}; "
-          f"{len(res['attempts'])} attempts in {res['seconds']:.0f} s; saved under {out}")
-    (out / ("best_monolithic.py" if args.monolithic else "best_train.py")).write_text(best["code"])
-    if best.get("submission") and os.path.exists(best["submission"]):  # what a competition takes
-        shutil.copyfile(best["submission"], out / ("best_monolithic_submission.csv" if args.monolithic
-                                                   else "best_submission.csv"))
-    if not args.monolithic:  # the Sub-Agents' successful trajectories, for sft.py
-        write_jsonl(out / "sft.jsonl", sft_rows(res["attempts"], env.load_task(cfg.task).higher_is_better))
+    else:
+        res = run_monolithic(cfg, coder, out) if args.monolithic else \
+            run_matryoshka(cfg, orch, coder, out, resume=not args.fresh)
+        print(token_table(res["records"]) + f"\ntoken counts: {res['token_counter']}")
+        best, name = res["best"], "monolithic" if args.monolithic else "train"
+        print(f"best attempt #{best['id']}: public {_fmt(best['public'])}, private {_fmt(best['private'])}; "
+              f"{len(res['attempts'])} attempts in {res['seconds']:.0f} s; saved under {out}")
+        (out / f"best_{name}.py").write_text(best["code"])
+        if best.get("submission") and os.path.exists(best["submission"]):
+            shutil.copyfile(best["submission"], out / ("best_monolithic_submission.csv" if args.monolithic
+                                                       else "best_submission.csv"))
+        if not args.monolithic:
+            save_json(out / "sft.jsonl", sft_rows(res["attempts"], env.load_task(cfg.task).higher_is_better),
+                      lines=True)
+
 
 if __name__ == "__main__":
     main()
