@@ -733,32 +733,6 @@ def claim_out(cfg, model_path):
     return lock
 
 
-def trim_log(path, out, iteration):
-    """The log as the checkpoint knows it: lines of iterations after the checkpoint's (a run killed between its log
-    line and its checkpoint) are dropped, so a resume neither duplicates nor loses a line. A log of another --out is
-    refused rather than mixed in."""
-    if not os.path.exists(path):
-        return
-    with open(path, encoding="utf-8", errors="replace") as f:
-        lines = [line for line in f.read().splitlines() if line.strip()]
-    keep = []
-    for n, line in enumerate(lines, 1):
-        try:
-            row = json.loads(line)
-        except ValueError:
-            if n == len(lines):  # a line cut by the kill
-                break
-            raise ValueError(f"{path}:{n}: not a JSON line") from None
-        if not isinstance(row, dict) or os.path.abspath(row.get("out", "")) != os.path.abspath(out):
-            raise ValueError(f"{path}:{n} is the log of another run (not of --out {out}); pass another --log-file")
-        if row.get("iteration", 0) <= iteration:
-            keep.append(line)
-    if len(keep) != len(lines):
-        with open(path + ".tmp", "w", encoding="utf-8") as f:
-            f.writelines(line + "\n" for line in keep)
-        os.replace(path + ".tmp", path)
-
-
 def check_resume_reward(folder, cfg):
     """ValueError (one line) when the checkpoint in `folder` was trained with another reward config than cfg.reward:
     one run, one reward. A checkpoint that recorded none (older than the field) is accepted."""
@@ -922,7 +896,7 @@ def train(cfg):
     total = cfg.iterations or max(math.ceil(cfg.epochs * per_epoch), 1)
     if rank == 0:
         os.makedirs(os.path.dirname(cfg.log_file) or ".", exist_ok=True)
-        trim_log(cfg.log_file, cfg.out, progress["iteration"])
+        agent.trim_log(cfg.log_file, "iteration", progress["iteration"], cfg.out)
     pool = ThreadPoolExecutor(cfg.workers)
     value_net = critic if cfg.advantage == "gae" else None  # --advantage group trains no critic
     for it in range(progress["iteration"], total):

@@ -382,7 +382,8 @@ def recover_out(out):
     the latest checkpoint again."""
     for old in glob.glob(os.path.join(out, "checkpoint-*.old")):
         recover_folder(old.removesuffix(".old"))
-    for tmp in glob.glob(os.path.join(out, "*.tmp")):  # checkpoint-<step>.tmp folders, <file>.tmp files
+    for tmp in glob.glob(os.path.join(out, "*.tmp")) + glob.glob(os.path.join(out, ".*.tmp")):  # checkpoint-<step>.tmp
+        # folders, <file>.tmp files of publish, .<file>.<pid>.tmp of agent.write_atomic
         shutil.rmtree(tmp) if os.path.isdir(tmp) else os.remove(tmp)
     if os.path.exists(os.path.join(out, ".publishing")):
         latest = latest_checkpoint(out)
@@ -403,24 +404,6 @@ def check_same_run(recorded, args, resume):
                 not (key == "data" and os.path.abspath(recorded[key]) == os.path.abspath(args.data)):
             raise ValueError(f"{resume} was trained with --{key.replace('_', '-')} {recorded[key]}, not "
                              f"{getattr(args, key)}; pass the same or another --out")
-
-
-def trim_log(path, step):
-    """log.jsonl as the checkpoint knows it: the lines of steps after it (written before a kill) are dropped, so
-    the resumed run neither duplicates nor loses a line."""
-    if not os.path.exists(path):
-        return
-    keep = []
-    with open(path, encoding="utf-8", errors="replace") as f:
-        for line in f:
-            try:
-                if json.loads(line)["step"] <= step:
-                    keep.append(line if line.endswith("\n") else line + "\n")
-            except (ValueError, KeyError, TypeError):
-                pass  # a line cut by the kill
-    with open(path + ".tmp", "w", encoding="utf-8") as f:
-        f.writelines(keep)
-    os.replace(path + ".tmp", path)
 
 
 def latest_checkpoint(out):
@@ -551,7 +534,7 @@ def train(args):
         check_same_run(st.get("args", {}), args, resume)
         check_checkpoint(resume)
     if rank == 0:  # the lines after the checkpoint (none before the first one) are redone: drop them
-        trim_log(os.path.join(args.out, "log.jsonl"), st["step"] if resume else 0)
+        agent.trim_log(os.path.join(args.out, "log.jsonl"), "step", st["step"] if resume else 0)
     source = resume or args.model
     if source:  # on the meta device first: the weights are read once it is known whether they are sharded
         lm, tokenizer = model.load(source, "cpu", torch.float32, meta=True)
