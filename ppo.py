@@ -79,17 +79,13 @@ import dataclasses
 import json
 import math
 import os
-import pickle
 import random
-import shutil
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
-from torch.distributed.tensor import DTensor
 
 import agent
 import env
@@ -446,10 +442,6 @@ def rows(ids, lengths, starts, idx, shared=1):
     return ids[idx[::shared] // shared, :W], lengths[idx], starts[idx]
 
 
-def autocast(device):  # bf16 matmuls on CUDA, fp32 master weights (an lr of 1e-6 vanishes in bf16 weights)
-    return torch.autocast("cuda", torch.bfloat16) if device.type == "cuda" else torch.autocast("cpu", enabled=False)
-
-
 # ----------------------------------------------------------------------------------------------------------------
 # Acting: generation (step 2) and execution in the sandboxes (step 3)
 
@@ -467,7 +459,7 @@ def generate(lm, tokenizer, messages, cfg, device, seeds=None, n=1, on_done=None
     if device.type == "cpu":  # one thread: the sandboxes run the finished rows' scripts on the same cores meanwhile,
         torch.set_num_threads(1)  # and OpenMP threads that wait on each other at every small op then crawl
     try:                          # (tests/RESULTS.md, "ppo.py: generation threads")
-        with autocast(device):  # continuous batching: at most gen_batch rows (and their KV cache) at a time
+        with model.autocast(device):  # continuous batching: at most gen_batch rows (and their KV cache) at a time
             g = lm.generate(prompts, cfg.max_new_tokens, cfg.temperature, stop_token_ids=model.stop_ids(lm, tokenizer),
                             seeds=seeds, max_batch=cfg.gen_batch, n=n,
                             stop_fn=model.stop_strings(tokenizer, agent.STOP), on_done=done)
@@ -582,7 +574,7 @@ def forward_scores(actor, critic, ref, ids, lengths, starts, R, cfg, device, ran
     if logprobs is not None:
         out[0] = logprobs
     everyone, shared = torch.arange(lengths.shape[0], device=device), lengths.shape[0] // ids.shape[0]
-    with torch.no_grad(), autocast(device):
+    with torch.no_grad(), model.autocast(device):
         for idx, weight in in_step(micro_batches(everyone, lengths, cfg, shared), ranks, everyone[:shared]):
             i, ln, st = rows(ids, lengths, starts, idx, shared)
             lp = actor(i, ln, st) if logprobs is None else None
@@ -618,7 +610,7 @@ def ppo_update(actor, critic, opt_a, opt_c, data, cfg, device, gen, step_actor=T
     places = data.get("rows") or [ranks.rank + k * W for k in range(lengths.shape[0])]
     local = {g: k for k, g in enumerate(places)}
     B = int(ranks.sum(torch.tensor(len(places), device=device)))
-    sharded = any(isinstance(p, DTensor) for p in actor.parameters())
+    sharded = model.is_sharded(actor)
     scale = W if sharded else 1.0
     mb_size = max(B // group // cfg.num_minibatches, 1)  # in states
     stats, first_ratio, actor_steps = [], None, 0
@@ -632,7 +624,7 @@ def ppo_update(actor, critic, opt_a, opt_c, data, cfg, device, gen, step_actor=T
             for idx, weight in in_step(micro_batches(mine, lengths, cfg, shared), ranks,
                                        torch.arange(shared, device=device)):
                 i, ln, st = rows(ids, lengths, starts, idx, shared)
-                with autocast(device):
+                with model.autocast(device):
                     lp = actor(i, ln, st)
                     n = lp.shape[1]
                     m = mask[idx, :n] * weight
@@ -679,29 +671,18 @@ def save_checkpoint(cfg, actor, tokenizer, critic, opt_a, opt_c, progress, ranks
     """Every rank calls this (under FSDP the full states are gathered to rank 0, on CPU); rank 0 writes. The actor
     folder is in bf16 from CUDA runs (what vLLM and transformers serve); the fp32 master weights, the critic and both
     optimizers go to trainer_state/state.pt for resume."""
-    sharded = any(isinstance(p, DTensor) for p in actor.parameters())
-    full = (lambda net: model.get_model_state_dict(net, options=model.FULL)) if sharded else (lambda net: net.state_dict())
-    full_opt = (lambda net, opt: model.get_optimizer_state_dict(net, opt, options=model.FULL)) if sharded else \
-        (lambda net, opt: opt.state_dict())
-    adapters = lambda net: {k: v for k, v in full(net).items()
+    adapters = lambda net: {k: v for k, v in model.full_state(net).items()  # noqa: E731
                             if not cfg.lora_rank or k.startswith("head.") or ".A" in k or ".B" in k}
-    actor_state = full(actor)
+    actor_state = model.full_state(actor)
     state = {"critic": adapters(critic), "actor_lora": adapters(actor) if cfg.lora_rank else None,
-             "opt_actor": full_opt(actor, opt_a), "opt_critic": full_opt(critic, opt_c), "progress": progress}
-    dtype = model.save_dtype(cfg.save_dtype, ranks.device)
+             "opt_actor": model.optim_state(actor, opt_a), "opt_critic": model.optim_state(critic, opt_c),
+             "progress": progress}
     if ranks.rank != 0:
         return
-    lm = actor.lm
-    if sharded:  # a CPU model from the gathered weights
-        with torch.device("meta"):
-            lm = model.Qwen(actor.lm.config)
-        lm.load_state_dict({k.removeprefix("lm."): v for k, v in actor_state.items()}, assign=True)
-        lm.tie_weights()
-    if dtype != torch.float32 and not cfg.lora_rank:  # the master weights, which the bf16 folder rounds
-        state["actor"] = {k.removeprefix("lm."): v for k, v in actor_state.items()}
-    tmp = cfg.out + ".tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_merged(lm, tokenizer, tmp, dtype)
+    tmp, master = model.save_checkpoint_folder(actor.lm, tokenizer, cfg.out, model.save_dtype(cfg.save_dtype, ranks.device),
+                                               actor_state)
+    if master:  # the master weights, which the bf16 folder rounds
+        state["actor"] = master
     os.makedirs(os.path.join(tmp, "trainer_state"))
     torch.save(state, os.path.join(tmp, "trainer_state", "state.pt"))
     with open(os.path.join(tmp, "trainer_state", "progress.json"), "w") as f:
@@ -850,21 +831,14 @@ def train(cfg):
     resume = find_resume(cfg.out)
     if resume:
         check_resume_reward(resume, cfg)
-    # mmap: every rank maps the same file and reads only what it uses
-    try:
-        st = torch.load(os.path.join(resume, "trainer_state", "state.pt"), map_location="cpu", weights_only=False,
-                        mmap=True) if resume else None
-    except (RuntimeError, EOFError, pickle.UnpicklingError) as e:  # a torn or foreign file: one line naming it
-        raise ValueError(f"{resume}/trainer_state/state.pt cannot be read ({type(e).__name__}; a torn "
-                         f"checkpoint?); pass another --out") from None
-    if resume and not (isinstance(st, dict) and "progress" in st):
-        raise ValueError(f"{resume}/trainer_state/state.pt is not a ppo.py trainer state; pass another --out")
+    st = model.load_trainer_state(os.path.join(resume, "trainer_state", "state.pt"), ("progress",), "ppo.py",
+                                  "pass another --out") if resume else None
     progress = dict(st["progress"]) if st else {"iteration": 0, "init_model": cfg.model}
     if resume:
         say(f"ppo.py: resuming from {resume} at iteration {progress['iteration']}")
 
     actor, critic, ref, tokenizer = build(cfg, progress["init_model"], resume, st, ranks)
-    sharded = any(isinstance(p, DTensor) for p in actor.parameters())
+    sharded = model.is_sharded(actor)
     n_params = sum(p.numel() for p in actor.lm.parameters())
     cfg = resolve_defaults(cfg, n_params)
     checkpointing = cfg.grad_checkpointing or n_params >= TINY_PARAMS  # as `build` decided
@@ -879,10 +853,7 @@ def train(cfg):
                               eps=cfg.adam_eps, weight_decay=0.0)
     if st:
         for net, opt, key in ((actor, opt_a, "opt_actor"), (critic, opt_c, "opt_critic")):
-            if sharded:  # each rank takes its shard of the gathered optimizer state
-                set_optimizer_state_dict(net, opt, st[key], options=StateDictOptions(full_state_dict=True))
-            else:
-                opt.load_state_dict(st[key])
+            model.set_optim_state(net, opt, st[key])
     if rank == 0:  # built-in tasks are prepared here, not racing in threads or ranks
         for s in {s["task"]: s for s in states}.values():
             make_env(s["task"], s["task_dir"], None)

@@ -72,7 +72,6 @@ import glob
 import json
 import math
 import os
-import pickle
 import random
 import shutil
 import time
@@ -81,7 +80,6 @@ import typing
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.checkpoint.state_dict import (StateDictOptions, set_optimizer_state_dict)
 from tqdm import tqdm
 
 import agent  # torch-free file helpers shared with collect.py, eval.py and orchestrator.py
@@ -333,27 +331,14 @@ def lr_factor(step, warmup, total):
 # Checkpoints: a Hugging Face folder (model.save) + trainer_state.pt, written to a temporary name then renamed
 
 
-def save_hf(lm, tokenizer, path, state, dtype):
-    """model.save of the (full) state into path.tmp, in `dtype`; the caller renames it over path."""
-    with torch.device("meta"):
-        cpu = model.Qwen(lm.config)
-    cpu.load_state_dict({k.removeprefix("lm."): v for k, v in state.items()}, assign=True)
-    cpu.tie_weights()
-    tmp = path.rstrip("/") + ".tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save(cpu, tokenizer, tmp, dtype=dtype)
-    return tmp
-
-
 def save_checkpoint(net, lm, tokenizer, optim, sched, info, args, rank, device):
     """out/checkpoint-<step>/ (weights + trainer_state.pt) and the final folder's files at out/ itself. Weights saved
     in bf16 leave the fp32 master weights in trainer_state.pt, so a resume continues exactly."""
     state, ostate = model.full_state(net), model.optim_state(net, optim)  # collective under FSDP: every rank
     if rank != 0:
         return
-    path, dtype = os.path.join(args.out, f"checkpoint-{info['step']}"), model.save_dtype(args.save_dtype, device)
-    tmp = save_hf(lm, tokenizer, path, state, dtype)
-    master = {k.removeprefix("lm."): v for k, v in state.items()} if dtype != torch.float32 else None
+    path = os.path.join(args.out, f"checkpoint-{info['step']}")
+    tmp, master = model.save_checkpoint_folder(lm, tokenizer, path, model.save_dtype(args.save_dtype, device), state)
     torch.save({"optimizer": ostate, "scheduler": sched.state_dict(), "master": master, **info},
                os.path.join(tmp, "trainer_state.pt"))
     swap_folder(tmp, path)  # a kill at any moment leaves the old checkpoint-<step> or the new one (recover_out)
@@ -390,12 +375,6 @@ def recover_out(out):
         publish(latest, out) if latest else os.remove(os.path.join(out, ".publishing"))
 
 
-def claim_out(args):
-    """--out for this run: refused when it is a file; locked (out/.lock) against a second sft.py on it.
-    -> the open lock file."""
-    return claim_folder(args.out)
-
-
 def check_same_run(recorded, args, resume):
     """A resume continues the run that wrote the checkpoint: the same data, model and seed, or a one-line error
     (an --out that holds another run is never trained over)."""
@@ -421,7 +400,7 @@ def heldout_loss(net, data, args, rank, world, pad_id, device):
     net.eval()
     total = torch.zeros(2, device=device)
     per_round = world * args.micro_batch
-    with autocast(device):
+    with model.autocast(device):
         for i in range(rank * args.micro_batch, math.ceil(len(data) / per_round) * per_round, per_round):
             batch = data[i:i + args.micro_batch]  # every rank runs as many forwards (FSDP gathers in each one)
             _, loss, n = net(*collate(batch or data[:1], pad_id, device))  # the assistant tokens only
@@ -456,11 +435,6 @@ def parse_rate(lm, tokenizer, rows, max_new_tokens, batch=8):
     return ok / max(len(prompts), 1), same / max(len(prompts), 1)
 
 
-def autocast(device):  # bf16 autocast on CUDA (fp32 master weights); plain fp32 on CPU
-    if device.type == "cuda" and torch.cuda.is_bf16_supported():
-        return torch.autocast("cuda", dtype=torch.bfloat16)
-    return contextlib.nullcontext()
-
 # ----------------------------------------------------------------------------------------------------------------
 # Training
 
@@ -484,7 +458,7 @@ def optimizer_step(net, optim, sched, batches, pad_id, device, args, world):
         # (set_requires_gradient_sync(False)) would keep every unsharded fp32 gradient until the last micro-batch,
         # the whole model's size on each rank (28 GiB at 7B). torchtune's FSDP2 recipes accumulate the same way.
         with sync:
-            with autocast(device):
+            with model.autocast(device):
                 weighted, loss, _ = net(ids, labels, lengths, prefix)
             (weighted * world / n[1].clamp(min=1)).backward()
         total += loss.item()
@@ -511,7 +485,7 @@ def train(args):
     if len(rows) < 2 and args.heldout > 0:
         raise ValueError(f"{args.data}: need at least 2 conversations (one is held out)")
     train_idx, held_idx = split_heldout(len(rows), args.heldout, args.seed)
-    lock = claim_out(args) if rank == 0 else None
+    lock = claim_folder(args.out) if rank == 0 else None  # out/.lock: one sft.py per --out
     if rank == 0:
         recover_out(args.out)  # what a kill while saving left
     if world > 1:
@@ -521,15 +495,8 @@ def train(args):
         else args.resume
     if args.resume == "auto" and resume is None:
         say(f"no checkpoint under {args.out}: starting fresh")
-    # mmap: under torchrun every rank maps the same file and reads only what it uses (optimizer state is 2x the model)
-    try:
-        st = torch.load(os.path.join(resume, "trainer_state.pt"), weights_only=False, map_location="cpu",
-                        mmap=True) if resume else {}
-    except (RuntimeError, EOFError, pickle.UnpicklingError) as e:
-        raise ValueError(f"{resume}/trainer_state.pt cannot be read ({type(e).__name__}); resume from an earlier "
-                         f"checkpoint-<step>") from None
-    if resume and not (isinstance(st, dict) and {"step", "epoch", "optimizer", "scheduler"} <= set(st)):
-        raise ValueError(f"{resume}/trainer_state.pt is not an sft.py trainer state; resume from another checkpoint")
+    st = model.load_trainer_state(os.path.join(resume, "trainer_state.pt"), ("step", "epoch", "optimizer", "scheduler"),
+                                  "sft.py", "resume from an earlier checkpoint-<step>") if resume else {}
     if resume:
         check_same_run(st.get("args", {}), args, resume)
         check_checkpoint(resume)
@@ -593,10 +560,7 @@ def train(args):
     sched = torch.optim.lr_scheduler.LambdaLR(optim, lambda s: lr_factor(s, warmup, total))
     step = 0
     if resume:
-        if sharded:
-            set_optimizer_state_dict(net, optim, st["optimizer"], options=StateDictOptions(full_state_dict=True))
-        else:
-            optim.load_state_dict(st["optimizer"])
+        model.set_optim_state(net, optim, st["optimizer"])
         sched.load_state_dict(st["scheduler"])
         step = st["step"]
         say(f"resumed from {resume} at step {step} (epoch {st['epoch']})")

@@ -75,7 +75,7 @@ def bench_sft(a):
         sft.optimizer_step(net, opt_ours, sched, [examples], 0, device, args, 1)
 
     def step_hf():
-        with sft.autocast(device):
+        with model.autocast(device):
             loss = hf(input_ids=ids, labels=labels).loss
         loss.backward()
         torch.nn.utils.clip_grad_norm_(hf.parameters(), 1.0)
