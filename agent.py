@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import fcntl
 import json
+import math
 import os
 import random
 import re
@@ -869,6 +870,27 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message):
         self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def checked(kind, ok=None, says="finite"):
+    """An argparse `type=` that reads a `kind` and refuses a value ok() rejects, and any float that is not finite:
+    argparse then prints its one line naming the flag (Parser: exit status 2), as for a value it cannot read."""
+    def read(text):
+        try:
+            v = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not {kind.__name__}: {text!r}") from None
+        if (isinstance(v, float) and not math.isfinite(v)) or (ok and not ok(v)):
+            raise argparse.ArgumentTypeError(f"must be {says}, not {text}")
+        return v
+    return read
+
+
+POSITIVE_INT = checked(int, lambda v: v >= 1, "at least 1")
+COUNT = checked(int, lambda v: v >= 0, ">= 0")
+POSITIVE = checked(float, lambda v: v > 0, "> 0")
+NONNEGATIVE = checked(float, lambda v: v >= 0, ">= 0")
+FRACTION = checked(float, lambda v: 0 <= v <= 1, "in [0, 1]")
 
 
 def main(argv=None):

@@ -1227,6 +1227,34 @@ def setup_distributed(args):
     return (dist.get_rank() if world > 1 else 0), world, device
 
 
+class Ranks:
+    """This process's place among the torchrun ranks and the collectives a trainer needs (ppo.py's); with one process
+    each is the identity."""
+
+    def __init__(self, rank=0, world=1, device=torch.device("cpu")):
+        self.rank, self.world, self.device = rank, world, device
+
+    def sum(self, t):  # a tensor summed over the ranks
+        if self.world > 1:
+            t = t.clone()
+            dist.all_reduce(t)
+        return t
+
+    def max(self, x):  # a number, the largest over the ranks
+        t = torch.tensor(float(x), device=self.device)
+        if self.world > 1:
+            dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return t.item()
+
+    def gather(self, items):  # every rank's list, concatenated in rank order
+        if self.world == 1:
+            return list(items)
+        parts = [None] * self.world
+        dist.all_gather_object(parts, list(items))
+        return [x for part in parts for x in part]
+
+
+
 def shard(net, blocks, world, device):
     """FSDP2 (fully_shard): each transformer block is one unit, all-gathered for its forward and its backward and
     freed after; the root unit holds the rest (embeddings, final norm, lm_head, a value head). Parameters, gradients

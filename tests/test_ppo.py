@@ -947,7 +947,7 @@ def _fsdp_paths_worker(rank, world, port, out):
     before = roots()
     ids = torch.randint(0, 64, (2, 12), generator=torch.Generator().manual_seed(1))
     ppo.forward_scores(actor, None, ref, ids, torch.tensor([12, 10]), torch.tensor([6, 6]), 6, ppo.Config(), cpu,
-                       ppo.Ranks(rank, world, cpu))
+                       model.Ranks(rank, world, cpu))
     after = roots()
     gathered, full_tensor = [], DTensor.full_tensor
     DTensor.full_tensor = lambda self, **kw: gathered.append(str(self.dtype)) or full_tensor(self, **kw)
