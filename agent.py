@@ -3,8 +3,8 @@ scripted expert, all driven by one episode loop (`run_episode`) that records eve
 
 Reading order: backends (an OpenAI-compatible endpoint over `requests`; `model.py` in-process) -> the prompt (tools
 block, research problem, instructions, response format; `build_messages`) -> `parse_response` -> `LLMEditor` ->
-`ScriptedExpert` -> `run_episode` -> the files every command line shares (locks, JSONL lines, folder swaps, checkpoint
-checks; torch-free, so collect.py, eval.py and orchestrator.py start fast) -> command line.
+`ScriptedExpert` -> `run_episode` -> the run-folder plumbing every command line shares, written once here (locks,
+atomic writes, JSONL lines, log trimming, folder swaps, checkpoint checks; torch-free) -> command line.
 
 ML-Agent (arXiv:2505.23723, §Experiments "Training") collects its expert trajectories with a GPT-4o-mini agent in the
 MLAgentBench (MLAB) scaffold (Huang et al., 2023, `MLAgentBench/agents/agent_research.py`), 15 steps and 30 minutes per
@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import fcntl
 import json
+import math
 import os
 import random
 import re
@@ -713,7 +714,10 @@ def run_episode(env_, backend, ideas=(), max_steps=15, time_limit=1800.0, max_re
     traj.seconds, traj.reset_seconds = time.time() - start, reset_seconds
     return traj
 
-# ================================================================================ files every command line shares
+# ========================================================================== the run folders every command line shares
+# Locks, atomic writes, JSONL lines, log trimming and folder swaps, written once here for collect.py, sft.py, ppo.py,
+# orchestrator.py and eval.py. torch-free, so the commands that do not train start fast. (env.py, which imports nothing
+# of the project, keeps its own lock and atomic write for the task folders and its cache.)
 
 
 def lock_file(path, what):
@@ -737,6 +741,24 @@ def claim_folder(path, flag="--out"):
     return lock_file(os.path.join(path, ".lock"), f"{flag} {path}")
 
 
+def write_atomic(path, text):
+    """text (a str, or an iterable of str lines) written to a hidden temporary file beside path, then renamed over
+    it: a reader sees the old file or the new one, never half of one."""
+    path = str(path)
+    tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.{os.getpid()}.tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.writelines([text] if isinstance(text, str) else text)
+    os.replace(tmp, path)
+
+
+def append_jsonl(path, obj):
+    """One whole line per write, flushed to disk, so a kill leaves at most one torn last line (read_jsonl)."""
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(json.dumps(obj) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
 def jsonl_rows(path, complete_only=False):
     """(line number, object) for each non-empty line of a JSONL file; invalid UTF-8 or JSON is a one-line ValueError
     naming the file and the line. complete_only: an unterminated last line (a kill mid-write) is skipped."""
@@ -751,6 +773,44 @@ def jsonl_rows(path, complete_only=False):
                 raise ValueError(f"{path}:{n}: not a JSON line ({type(e).__name__})") from None
             if row is not None:
                 yield n, row
+
+
+def read_jsonl(path, need=(), what="a JSON object", complete_only=False, repair=False) -> list[dict]:
+    """The objects of a JSONL file ([] when there is none), each a dict with the keys `need`; any other line is a
+    one-line ValueError naming the file and the line. complete_only: a line cut by a kill mid-write is skipped;
+    repair: it is also cut off the file."""
+    if not os.path.exists(path):
+        return []
+    if repair:
+        with open(path, "r+b") as f:
+            data = f.read()
+            if data and not data.endswith(b"\n"):
+                f.truncate(data.rfind(b"\n") + 1)
+    rows = []
+    for n, row in jsonl_rows(path, complete_only or repair):
+        if not isinstance(row, dict) or any(k not in row for k in need):
+            raise ValueError(f"{path}:{n}: not {what}" + (f" (needs {', '.join(need)})" if need else ""))
+        rows.append(row)
+    return rows
+
+
+def trim_log(path, key, last, out=None):
+    """A JSONL log as its run's checkpoint knows it: the lines whose `key` is past `last` (written after the checkpoint,
+    before a kill) and a line cut by the kill are dropped, so a resumed run neither duplicates nor loses a line.
+    out: every line must name this --out; the log of another run is refused rather than mixed in."""
+    if not os.path.exists(path):
+        return
+    keep = []
+    for n, row in jsonl_rows(path, complete_only=True):
+        mine = isinstance(row, dict) and (not out or os.path.abspath(str(row.get("out"))) == os.path.abspath(out))
+        if out and not mine:
+            raise ValueError(f"{path}:{n} is the log of another run (not of --out {out}); pass another --log-file")
+        if mine and row.get(key, 0) <= last:
+            keep.append(n)
+    with open(path, "rb") as f:
+        lines = f.readlines()
+    if len(keep) != len(lines):
+        write_atomic(path, [lines[n - 1].decode("utf-8") for n in keep])
 
 
 def swap_folder(tmp, path):
@@ -810,6 +870,27 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message):
         self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def checked(kind, ok=None, says="finite"):
+    """An argparse `type=` that reads a `kind` and refuses a value ok() rejects, and any float that is not finite:
+    argparse then prints its one line naming the flag (Parser: exit status 2), as for a value it cannot read."""
+    def read(text):
+        try:
+            v = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not {kind.__name__}: {text!r}") from None
+        if (isinstance(v, float) and not math.isfinite(v)) or (ok and not ok(v)):
+            raise argparse.ArgumentTypeError(f"must be {says}, not {text}")
+        return v
+    return read
+
+
+POSITIVE_INT = checked(int, lambda v: v >= 1, "at least 1")
+COUNT = checked(int, lambda v: v >= 0, ">= 0")
+POSITIVE = checked(float, lambda v: v > 0, "> 0")
+NONNEGATIVE = checked(float, lambda v: v >= 0, ">= 0")
+FRACTION = checked(float, lambda v: 0 <= v <= 1, "in [0, 1]")
 
 
 def main(argv=None):

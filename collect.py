@@ -3,18 +3,16 @@ idea pools per task and category, a diversity filter, expert trajectories with i
 and from them the SFT data and the states pool of step-wise RL.
 
 Reading order: idea pools (from an LLM, or offline from env.py's recipes) -> the diversity filter (embeddings, greedy
-farthest-point selection) -> sampling ideas for one trajectory -> one rollout -> append-only JSONL and resume ->
-deriving sft.jsonl and states.jsonl -> the summary -> command line.
+farthest-point selection) -> sampling ideas for one trajectory -> one rollout -> append-only JSONL (agent.py's
+run-folder helpers) and resume -> deriving sft.jsonl and states.jsonl -> the summary -> command line.
 
 Outputs under --out (default runs/data/):
 - ideas.json          {task: {category: [idea, ...]}}: the filtered pools (reused on resume);
 - trajectories.jsonl  one agent.Trajectory per line, with its id ("<task>-<i>") and the reward config of its step
-                      rewards (reward.py's flags; one config per folder, a resume with another is refused): the
-                      record of truth;
+                      rewards (reward.py's flags; a resume with another is refused): the record of truth;
 - sft.jsonl           {"messages": [system, user, assistant]} per valid step: the step's prompt and the expert's reply;
 - states.jsonl        one state s_t per step: task, step, prompt messages, env snapshot (env.Env.restore), m_t,
-                      m_init, m_best, the expert's step and its reward config; ppo.py samples its states from
-                      here (the step-wise objective J_step);
+                      m_init, m_best, the expert's step and its reward config: ppo.py's J_step samples them;
 - errors.jsonl        failed rollouts (id, error), trajectories of no step among them; they are retried by the next run;
 - .lock               held while a collect.py runs on the folder: a second one is refused.
 
@@ -171,34 +169,7 @@ def _safe_rollout(args) -> tuple[dict, dict | None, str | None]:
     except Exception:  # noqa: BLE001 - a failing rollout is logged, the others go on
         return job, None, traceback.format_exc()
 
-# ========================================================================================== files: append, resume
-
-
-def append_line(path: Path, obj: dict):
-    """One whole line per write, flushed to disk, so a kill leaves at most one torn last line (see read_jsonl)."""
-    with open(path, "a", encoding="utf-8") as f:
-        f.write(json.dumps(obj) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def read_jsonl(path: Path, repair=False, need=()) -> list[dict]:
-    """The objects of a JSONL file's complete lines; a line cut by a kill mid-write is skipped (with repair, cut off
-    the file). A bad line (not UTF-8, not JSON, not an object, or without the keys `need`) is a one-line ValueError
-    naming the file and the line."""
-    if not path.exists():
-        return []
-    if repair:
-        data = path.read_bytes()
-        if data and not data.endswith(b"\n"):
-            with open(path, "r+b") as f:
-                f.truncate(data.rfind(b"\n") + 1)
-    rows = []
-    for n, row in agent.jsonl_rows(path, complete_only=True):
-        if not isinstance(row, dict) or any(k not in row for k in need):
-            raise ValueError(f"{path}:{n}: expected a JSON object" + (f" with {', '.join(need)}" if need else ""))
-        rows.append(row)
-    return rows
+# ============================================================================================ the idea pools' file
 
 
 def read_pools(path: Path) -> dict:
@@ -214,13 +185,6 @@ def read_pools(path: Path) -> dict:
         raise ValueError(f"{path}: expected {{task: {{category: [idea, ...]}}}}; delete it to make the pools again")
     return pools
 
-
-def write_atomic(path: Path, rows):
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        for row in rows:
-            f.write(json.dumps(row) + "\n")
-    os.replace(tmp, path)  # readers see the old file or the new one, never half of one
 
 # ======================================================================================= SFT data and states pool
 
@@ -305,7 +269,7 @@ TRAJECTORY_KEYS = ("id", "task", "steps", "ideas", "m_init", "m_best", "higher_i
 def _collect(start, out, tasks, trajectories, workers, expert, base_url, seed, k, candidates, max_steps, time_limit,
              prices, rollout_fn, progress, reward_config) -> str:
     traj_path, err_path = out / "trajectories.jsonl", out / "errors.jsonl"
-    existing = read_jsonl(traj_path, repair=True, need=TRAJECTORY_KEYS)
+    existing = agent.read_jsonl(traj_path, TRAJECTORY_KEYS, repair=True)
     for old in {reward.from_record(t.get("reward_config")) for t in existing}:  # no key: older, the default config
         if old != reward_config:  # one folder, one reward
             raise RewardMismatch(f"{traj_path} holds trajectories collected with {old}, the flags give "
@@ -337,9 +301,7 @@ def _collect(start, out, tasks, trajectories, workers, expert, base_url, seed, k
         u = _BACKENDS[expert, base_url].usage
         ideas_line = (f"\nidea proposals: tokens in/out {u.prompt_tokens - before.prompt_tokens}/"
                       f"{u.completion_tokens - before.completion_tokens}, cost ${u.cost - before.cost:.4f}")
-    tmp = ideas_path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(pools, indent=1))
-    os.replace(tmp, ideas_path)
+    agent.write_atomic(ideas_path, json.dumps(pools, indent=1))
 
     # 2. jobs: every trajectory id not yet in trajectories.jsonl; its ideas are seeded by the id
     done = {t["id"] for t in existing}
@@ -363,11 +325,12 @@ def _collect(start, out, tasks, trajectories, workers, expert, base_url, seed, k
             if traj is not None and not traj["steps"]:  # recorded, it would never be retried
                 traj, error = None, f"no step within --time-limit {job['time_limit']} s (stopped: {traj['stopped']})"
             if traj is not None:
-                append_line(traj_path, traj)
+                agent.append_jsonl(traj_path, traj)
                 new += 1
             else:
                 failed += 1
-                append_line(err_path, {"id": job["id"], "task": job["task"], "error": error, "time": time.time()})
+                agent.append_jsonl(err_path, {"id": job["id"], "task": job["task"], "error": error,
+                                              "time": time.time()})
                 print(f"collect.py: rollout {job['id']} failed: {error.strip().splitlines()[-1]}", file=sys.stderr)
     finally:
         if pool:
@@ -375,9 +338,9 @@ def _collect(start, out, tasks, trajectories, workers, expert, base_url, seed, k
 
     # 4. SFT data and states pool, derived from the record of truth, replaced atomically; in the order of the
     #    trajectory ids, not the order parallel rollouts finished in (sft.py's split and batches follow the row order)
-    trajs = sorted(read_jsonl(traj_path), key=lambda t: t["id"])
-    write_atomic(out / "sft.jsonl", sft_rows(trajs))
-    write_atomic(out / "states.jsonl", state_rows(trajs))
+    trajs = sorted(agent.read_jsonl(traj_path, complete_only=True), key=lambda t: t["id"])
+    agent.write_atomic(out / "sft.jsonl", (json.dumps(r) + "\n" for r in sft_rows(trajs)))
+    agent.write_atomic(out / "states.jsonl", (json.dumps(r) + "\n" for r in state_rows(trajs)))
     text = summarize(trajs, time.time() - start, new)
     if llm:
         text += ideas_line

@@ -1,51 +1,32 @@
 """Evaluation as the papers report it: a scaffold with a policy, K seeded runs on each held-out task, and per task
 m_init, avg@K and best@K of the private score, the performance gain, HumanRank, the valid-submission rate, tokens and
-cost per trajectory; a JSON report, a Markdown table and (with matplotlib) the plots.
+cost per trajectory, context growth; a JSON report, a Markdown table and (with matplotlib) the plots.
 
-Reading order: config -> the two metrics (`performance_gain`, `human_rank`) -> policies and backends -> one run per
-scaffold (MLAB research agent, Matryoshka, monolithic) -> the resumable run log -> aggregation -> report and plots ->
-command line.
+Reading order: config -> `performance_gain`, `human_rank` -> policies and backends -> one run per scaffold (MLAB
+research agent; Matryoshka and the monolithic baseline through orchestrator.py, with its budgets) -> the resumable run
+log -> aggregation -> report and plots -> command line. Imports collect.py (a lower file) for the offline idea pools.
 
-What comes from where:
-- Performance gain (ML-Agent, arXiv:2505.23723, §Experiments "Testing"): Delta_r = beta * (m_avg@K - m_init) / m_init, beta = -1 when lower
-  is better, K = 8, m_init the starter script's score. We divide by |m_init| so the sign stays right for a negative
-  m_init (identical for the positive metrics of the built-in tasks). All scores here are PRIVATE-part scores: the
-  final train.py of every run is re-run in the sandbox (env.run_script, cached) and graded on the hidden rows.
-- HumanRank (Matryoshka Agent, arXiv:2607.25090, App. A Eq. 5): s = 1 - p / N, p the leaderboard entries strictly better than the
-  submission, N the leaderboard size (the agent not counted); an invalid submission scores 0. The paper's review asks
-  for the tie rule: a tie is not "strictly better", so a submission tied with entry k ranks with it. The built-in
-  tasks' leaderboards are reference panels of scikit-learn pipelines (env.py), not human Kaggle entries.
-- Failed runs count (a run that fails is not dropped from avg@K). A run that crashes, or whose final train.py has no valid submission, keeps its place
-  among the K runs: it is invalid (valid rate; HumanRank 0, as MLE-bench gives an invalid submission no medal) and
-  scores FAILED_RUN_SCORE = m_init in avg@K and best@K, i.e. no improvement. The papers are silent here; our reason:
-  the MLAB workspace starts from a working starter, so "no improvement" is the neutral outcome of an attempt that
-  fails, as in MLAgentBench's success rate (Huang et al. 2023), which credits a run only when its final submission
-  beats the baseline. Dropping the run would reward failures; scoring it as the leaderboard's worst entry would
-  punish them by the spread of the leaderboard rather than by the task's baseline.
-- Where ML-Agent's test prompt has no injected ideas, the offline scripted expert needs an idea plan to do anything:
-  `--ideas sampled` (default) draws 1-3 ideas from the task's offline recipe pool per run, seeded by (seed, task, run)
-  and so the same for every policy; `--ideas none` is the paper's test prompt.
-- Sampling temperature 0.7 (the papers give none for testing; summarize_from_feedback_details samples at 0.7), so that
-  the K runs differ; each run seeds `random` and torch with its own seed, so runs go several at once (--workers, one
-  process each; default one per CPU core) and give what they give one at a time (tests/test_eval.py).
+The measures: performance gain Delta_r = beta * (m_avg@K - m_init) / m_init, beta = -1 when lower is better, K = 8
+(ML-Agent, arXiv:2505.23723, §Experiments "Testing"); HumanRank s = 1 - p / N, p the leaderboard entries strictly
+better than the submission, N its size, an invalid submission 0 (Matryoshka Agent, arXiv:2607.25090, App. A Eq. 5);
+context growth, the Orchestrator's prompt per round against the monolithic chat's per execution (App. F). Departures:
+1. We divide by |m_init|, so the sign stays right for a negative m_init. Every score is a PRIVATE-part score: each
+   run's final train.py is re-run in the sandbox (cached) and graded on the hidden rows.
+2. A tie is not "strictly better" (the review asks for the rule); the built-in leaderboards are reference panels of
+   scikit-learn pipelines (env.py), not human Kaggle entries.
+3. A failed run keeps its place among the K: invalid (HumanRank 0, as MLE-bench gives no medal) and scored m_init,
+   no improvement, as MLAgentBench's success rate credits only a final submission that beats the baseline; dropping
+   it would reward failures, the leaderboard's worst entry would punish by the leaderboard's spread.
+4. The offline scripted expert needs an idea plan: `--ideas sampled` (default) draws 1-3 of the task's recipe ideas per
+   run, seeded by (seed, task, run), the same for every policy; `--ideas none` is the paper's test prompt.
+5. Temperature 0.7 (summarize_from_feedback_details; the papers give none), so the K runs differ; each run has its own
+   seed, so runs go several at once (--workers) and give what they give one at a time. Matryoshka's submission is its
+   best attempt by public score, possibly the starter. Offline stand-ins as labelled in agent.py and orchestrator.py.
 
-Matryoshka and the monolithic baseline run through orchestrator.py (run_matryoshka, run_monolithic) with its budgets
-(rounds x tool calls x Sub-Agent iterations); their submission is the best attempt by public score, which may be the
-starter, so their runs also record `valid_attempts`. Context growth is the Orchestrator's prompt per round against the
-monolithic chat's prompt per execution (Matryoshka Agent, arXiv:2607.25090, App. F). Besides agent, orchestrator and
-env, this file imports collect.py, a lower file, for the offline idea pools and its append-only JSONL helpers.
-
-Offline stand-ins (labelled in agent.py / orchestrator.py): the scripted expert, the scripted Orchestrator and the
-recipe Sub-Agent; `Edit Script (AI)` uses env.py's recipe editor for scripted and local-checkpoint policies (as
-ppo.py trains them) and the policy itself for endpoint models (MLAB).
-
-Run:  python eval.py      (offline, after collect/sft/ppo: scripted expert + runs/ckpt/sft + runs/ckpt/ppo if present,
-                           MLAB scaffold, held-out built-in tasks, K=2, 8 steps: minutes on a CPU)
-      python eval.py --k 8 --max-steps 15                            (the paper's K and step budget)
-      python eval.py --scaffold matryoshka monolithic --tasks wine   (Matryoshka against its monolithic baseline)
+Run:  python eval.py      (offline, after collect/sft/ppo: scripted expert, runs/ckpt/sft, runs/ckpt/ppo; MLAB, K=2)
+      python eval.py --k 8 --max-steps 15 ;  python eval.py --scaffold matryoshka monolithic --tasks wine
       OPENAI_API_KEY=... python eval.py --policy gpt-4o-mini --price-in 0.15 --price-out 0.6 --split held-in
-Outputs under --out (default runs/eval): runs.jsonl (one finished run per line; a restart skips them), report.json,
-report.md, and gain_vs_cost.png, ppo_reward.png, context_growth.png when matplotlib is installed.
+Outputs under --out (runs/eval): runs.jsonl (a restart skips its runs), report.json, report.md, and plots (.png).
 """
 from __future__ import annotations
 
@@ -291,14 +272,8 @@ def run_key(cfg: Config, scaffold: str, policy: str, task, r: int) -> str:
 
 
 def read_runs(path: Path) -> dict:
-    """key -> the record of each finished run; collect.py's reader cuts a torn last line (a kill mid-write)."""
-    return {r["key"]: r for r in collect.read_jsonl(path, repair=True) if "key" in r}
-
-
-def write_atomic(path: Path, text: str):
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    """key -> the record of each finished run; a torn last line (a kill mid-write) is cut off."""
+    return {r["key"]: r for r in agent.read_jsonl(path, repair=True) if "key" in r}
 
 # ================================================================================================ aggregation
 
@@ -413,7 +388,7 @@ def plots(report: dict, runs: list[dict], cfg: Config) -> list[str]:
         fig.savefig(out / "gain_vs_cost.png", dpi=120)
         plt.close(fig)
         made.append("gain_vs_cost.png")
-    log = [r for r in collect.read_jsonl(Path(cfg.ppo_log)) if "reward" in r and "iteration" in r]
+    log = [r for r in agent.read_jsonl(cfg.ppo_log, complete_only=True) if "reward" in r and "iteration" in r]
     if log:
         fig, ax = plt.subplots(figsize=(6, 4))
         ax.plot([r["iteration"] for r in log], [r["reward"] for r in log], marker="o", ms=3)
@@ -532,7 +507,7 @@ def _evaluate(cfg: Config, log) -> dict:
         f"{', '.join(map(policy_label, policies))}; tasks {', '.join(t.name for t in tasks)}")
     for n, ((scaffold, policy, i, r), row) in enumerate(run_all(cfg, todo, tasks, policies), 1):
         row = {"key": keys[scaffold, policy, i, r], **row}
-        collect.append_line(path, row)  # one whole line, flushed: a kill loses at most the runs under way
+        agent.append_jsonl(path, row)  # one whole line, flushed: a kill loses at most the runs under way
         done[row["key"]] = row
         log(f"[{n}/{len(todo)}] {scaffold} {row['policy']} {tasks[i].name} run {r}: "
             + (f"private {_f(row['private'])}" if row["valid"] else f"INVALID ({row['error'] or row['submission']})")
@@ -550,8 +525,8 @@ def _evaluate(cfg: Config, log) -> dict:
               "tasks": {t.name: {"split": t.split, "metric": t.metric, "higher_is_better": t.higher_is_better,
                                  "m_init": m_init[t.name], "leaderboard_size": len(t.leaderboard())} for t in tasks},
               "groups": groups, "runs": [{k: v for k, v in x.items() if k != "context"} for x in runs]}
-    write_atomic(out / "report.json", json.dumps(report, indent=1))
-    write_atomic(out / "report.md", markdown(report))
+    agent.write_atomic(out / "report.json", json.dumps(report, indent=1))
+    agent.write_atomic(out / "report.md", markdown(report))
     report["plots"] = plots(report, runs, cfg) if cfg.plots else []
     return report
 
@@ -602,7 +577,7 @@ def main(argv=None):
     try:
         resolve_tasks(cfg)
         if cfg.plots and os.path.exists(cfg.ppo_log):  # read for a plot at the end: checked before the runs
-            collect.read_jsonl(Path(cfg.ppo_log))
+            agent.read_jsonl(cfg.ppo_log, complete_only=True)
     except (env.TaskError, ValueError) as e:
         p.error(str(e))
     try:

@@ -28,12 +28,15 @@ Run it:
   python model.py generate --model Qwen/Qwen2.5-0.5B-Instruct --prompt "Write a haiku about GPUs"
 """
 import argparse
+import contextlib
 import dataclasses
 import datetime
 import heapq
 import json
 import math
 import os
+import pickle
+import shutil
 import struct
 import sys
 import threading
@@ -46,7 +49,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
+from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_optimizer_state_dict,
+                                                     set_optimizer_state_dict)
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor, distribute_tensor
@@ -1186,8 +1190,8 @@ def stop_strings(tokenizer, strings):
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# 6. On devices: torchrun, FSDP2 sharding and per-shard loading, gathered state dicts, the rollout copy, LoRA. sft.py,
-# ppo.py and orchestrator.py put their models on devices through these
+# 6. On devices, for sft.py, ppo.py and orchestrator.py: torchrun, FSDP2 sharding and per-shard loading, bf16
+# autocast, saving and resuming a (sharded) model with its optimizer, the rollout copy, LoRA
 
 
 def enable_grad_checkpointing(lm):
@@ -1221,6 +1225,34 @@ def setup_distributed(args):
     if (world > 1 or torchrun) and not dist.is_initialized():
         dist.init_process_group("nccl" if cuda else "gloo", timeout=DIST_TIMEOUT)
     return (dist.get_rank() if world > 1 else 0), world, device
+
+
+class Ranks:
+    """This process's place among the torchrun ranks and the collectives a trainer needs (ppo.py's); with one process
+    each is the identity."""
+
+    def __init__(self, rank=0, world=1, device=torch.device("cpu")):
+        self.rank, self.world, self.device = rank, world, device
+
+    def sum(self, t):  # a tensor summed over the ranks
+        if self.world > 1:
+            t = t.clone()
+            dist.all_reduce(t)
+        return t
+
+    def max(self, x):  # a number, the largest over the ranks
+        t = torch.tensor(float(x), device=self.device)
+        if self.world > 1:
+            dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return t.item()
+
+    def gather(self, items):  # every rank's list, concatenated in rank order
+        if self.world == 1:
+            return list(items)
+        parts = [None] * self.world
+        dist.all_gather_object(parts, list(items))
+        return [x for part in parts for x in part]
+
 
 
 def shard(net, blocks, world, device):
@@ -1301,9 +1333,52 @@ def optim_state(net, optim):
     return get_optimizer_state_dict(net, optim, options=FULL) if is_sharded(net) else optim.state_dict()
 
 
+def set_optim_state(net, optim, state):  # optim_state's inverse: under FSDP each rank takes its shard of it
+    if is_sharded(net):
+        set_optimizer_state_dict(net, optim, state, options=StateDictOptions(full_state_dict=True))
+    else:
+        optim.load_state_dict(state)
+
+
+def autocast(device):  # bf16 matmuls on CUDA over fp32 master weights (an lr of 1e-6 vanishes in bf16); fp32 on CPU
+    if device.type == "cuda" and torch.cuda.is_bf16_supported():
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
 def save_dtype(name, device):
     """The dtype of saved weights: bfloat16 from CUDA runs unless float32 is asked for; float32 on CPU."""
     return torch.float32 if name == "float32" or device.type != "cuda" else torch.bfloat16
+
+
+def save_checkpoint_folder(lm, tokenizer, path, dtype, state):
+    """Rank 0's share of saving a (sharded) model: lm's Hugging Face folder (LoRA merged in) in `dtype`, written to
+    <path>.tmp, where the caller adds its trainer state (optimizers, progress) before swapping it in for path.
+    state: full_state of the module that holds lm as `.lm` (when lm is sharded, the weights gathered on rank 0, from
+    which a CPU copy is built). -> (the .tmp folder, the fp32 master weights when dtype rounds them, else None)"""
+    if is_sharded(lm):
+        with torch.device("meta"):
+            cpu = Qwen(lm.config)
+        cpu.load_state_dict({k.removeprefix("lm."): v for k, v in state.items()}, assign=True)
+        cpu.tie_weights()
+        lm = cpu
+    tmp = path.rstrip("/") + ".tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    save_merged(lm, tokenizer, tmp, dtype)
+    lora = any(isinstance(m, LoRALinear) for m in lm.modules())
+    return tmp, None if dtype == torch.float32 or lora else {k.removeprefix("lm."): v for k, v in state.items()}
+
+
+def load_trainer_state(path, need, script, advice):
+    """What a checkpoint saved for its resume (torch.save), memory-mapped: under torchrun every rank maps the same file
+    and reads only what it uses. A torn file, or one without the keys `need`, is a one-line ValueError naming it."""
+    try:
+        st = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
+    except (RuntimeError, EOFError, pickle.UnpicklingError) as e:
+        raise ValueError(f"{path} cannot be read ({type(e).__name__}; a torn checkpoint?); {advice}") from None
+    if not (isinstance(st, dict) and set(need) <= set(st)):
+        raise ValueError(f"{path} is not a trainer state of {script}; {advice}")
+    return st
 
 
 def run_main(script, train, cfg, errors=(OSError, ValueError)):

@@ -803,10 +803,11 @@ def chat_rows(tok, messages, responses, max_len: int) -> list:
 def decision_logprobs(lm, tok, messages, responses, max_len: int):
     """log pi(decision | prompt) of each response, (K,): minus sft.py's masked loss (the sum over the response's
     tokens, temperature 1, the whole vocabulary), one row each; bf16 autocast over fp32 weights on CUDA."""
-    import sft  # lazy: see the imports
+    import model  # lazy: see the imports
+    import sft
     import torch
     net, dev, pad = sft.SFTModel(lm), lm.lm_head.weight.device, tok.pad_token_id or 0
-    with sft.autocast(dev):
+    with model.autocast(dev):
         return -torch.stack([net(*sft.collate([row], pad, dev))[0]
                              for row in chat_rows(tok, messages, responses, max_len)])
 

@@ -1,95 +1,46 @@
-"""Step-wise PPO of ML-Agent (arXiv:2505.23723, §"Step-wise RL paradigm"): an actor, a critic and a frozen reference, trained on
-states sampled from the expert's state distribution d^{pi_e} (runs/data/states.jsonl, written by collect.py).
+"""Step-wise PPO of ML-Agent (arXiv:2505.23723, §"Step-wise RL paradigm"): an actor, a critic and a frozen reference,
+trained on states sampled from the expert's state distribution d^{pi_e} (runs/data/states.jsonl, from collect.py).
 
-J_step(theta) = E_{s ~ d^{pi_e}, a ~ pi_theta(.|s)} [R(s, a)]: each iteration samples expert states, lets the policy
-take ONE action in each, restores the environment of each state, executes the action in the sandbox, scores it with
-reward.py, and makes a PPO update. The six steps of an iteration are numbered in `train` below. The PPO details follow
-"The N Implementation Details of RLHF with PPO" (Huang et al. 2024, summarize_from_feedback_details) and CleanRL:
-left-padded prompts for generation, log-probs under temperature-scaled logits (on CUDA recomputed by a forward pass
-over right-padded prompt + response rows, which needs no padding mask, as the rollout ran on bf16 weights; on CPU
-the rollout ran on the actor's own fp32 weights and its log-probs are kept: tests/test_ppo.py checks they match), a
-per-token KL penalty to the frozen reference inside the reward, the scalar reward on the last response token, GAE with
-gamma 1 and lambda 0.95, advantages whitened over valid tokens, clipped policy and value losses, no dropout (model.py
-has none).
+J_step(theta) = E_{s ~ d^{pi_e}, a ~ pi_theta(.|s)} [R(s, a)]: each iteration samples expert states, the policy takes
+ONE action in each, the state's environment is restored, the action executed in the sandbox and scored by reward.py
+(agent.act), and PPO updates; `train` numbers the six steps. The PPO details follow "The N Implementation Details of
+RLHF with PPO" (Huang et al. 2024) and CleanRL: left-padded generation, log-probs under temperature-scaled logits, a
+per-token KL penalty to the reference inside the reward, the score on the last token, GAE (gamma 1, lambda 0.95),
+whitened advantages, clipped policy and value losses, no dropout. Departures (each explained where it is coded):
+1. Rates: a pre-trained policy keeps the paper's (actor 1e-6, critic 1e-5); the offline tiny model gets TINY's and
+   the group baseline. Batch, temperature, KL and clip settings (the paper is silent) are the N-details' (`Config`).
+2. `--samples-per-state n` (OpenRLHF's n_samples_per_prompt; the paper samples one) shares each prompt's prefill and
+   forward pass; `--advantage group` replaces the critic by the other samples of the state (RLOO, arXiv:2402.14740).
+3. The critic is a copy of the policy with a scalar head (as OpenRLHF's), not initialised from a reward model.
+4. Masks come from lengths, so pad may equal EOS. Generation stops where agent.run_episode's does; each action starts
+   executing as soon as its response is complete (`Executions`); a response cut at --max-new-tokens is invalid.
+5. On CPU the old log-probs are the generation's (the rollout ran on the actor's fp32 weights); CUDA recomputes them.
+6. `--episodic` is the paper's episode-wise ablation; `--tasks N` trains on N tasks (ML-Agent Figure 5); `--lora-rank`
+   trains adapters (arXiv:2106.09685), the reference being the actor with them off; `Edit Script (AI)` runs env.py's
+   offline recipe editor unless --editor names an endpoint model.
+7. One GPU node: torchrun ranks share each batch (every state sampled with its own seed, so any world size samples
+   alike); FSDP2 shards actor, critic and reference, and each rank generates from a gathered bf16 copy (VeRL's "hybrid
+   engine") rather than a separate inference engine, to keep generation in model.py. tests/bench_memory.py plans it.
 
-How this departs from the paper and the references:
-- The paper gives the learning rates (actor 1e-6, critic 1e-5) and "1 epoch" over 10k states, trained for 39 steps
-  (Figure 3), i.e. about 256 states per step; the CPU default here is 16 states per iteration. A pre-trained policy
-  keeps the paper's rates and its critic; the offline tiny model (under TINY_PARAMS) gets its own rates (TINY
-  below: at 1e-6 it did not move at all) and, by default, the group baseline below instead of the critic (with the
-  critic it never beat its SFT start; `--advantage gae` brings the critic back, trained alone at first). Everything
-  else (batch, temperature, KL coefficient, clip ranges) is silent in the paper and taken from
-  summarize_from_feedback_details / OpenRLHF, cited on each field of `Config`.
-- `--samples-per-state n` samples n actions in each state of a batch (OpenRLHF's n_samples_per_prompt; the paper
-  samples one): they share the prompt's prefill in model.generate, the prompt's forward pass in the update
-  (make_batch puts the prompt once and its n responses after it; model.response_hidden; not with gradient
-  checkpointing or FSDP) and one minibatch; each is executed in its own restored copy of the state, and the
-  critic's V(s) (or, with --advantage group, the other samples) is their common baseline.
-- `--advantage group` (the tiny model's default, 4 samples per state) replaces the critic by the other samples of
-  the same state (RLOO, Ahmadian et al. 2024, arXiv:2402.14740): an action's advantage is its score (reward minus
-  kl_coef times its summed KL to the reference) minus the mean score of the other n - 1 actions sampled in its
-  state, on every one of its tokens, not whitened. In --episodic the n samples are n episodes from the same task
-  start, and a step's score is its return-to-go (its own and its episode's later scores, gamma 1) against the mean
-  return-to-go of the other n - 1 episodes at the same step (0 for an episode that has ended). The critic is then
-  neither run nor trained (it is still built and saved, so checkpoints keep one layout).
-- `--tasks N` trains on the states of N of the pool's tasks (ML-Agent Figure 5 varies the number of RL training
-  tasks); tests/bench_claims.py's `estimate_objective` measures J_step of a checkpoint on a fixed sample of states.
-- The critic is a separate copy of the policy with a scalar value head (as OpenRLHF's critic; the paper's Appendix
-  C.1 is not in the text this project follows); the N-details initialise it from the reward model, which this task does not have.
-- The masks come from the lengths of prompts and responses, not from `ids != pad`, so the pad token may equal EOS
-  (it does in Qwen's and the tiny tokenizers); the N-details' "pad distinct from EOS" guards against that comparison.
-- Generation stops where the agent's does at evaluation (agent.run_episode): at the stop tokens and at the stop
-  string "Observation:", whose tokens stay in the action (the policy chose to stop there). Each action starts
-  executing in its sandbox as soon as its response is complete, while the other rows are still decoding
-  (`Executions`); the log's time_generate then includes executions under way, time_execute the wait after.
-- A response that reaches --max-new-tokens without a stop token is invalid (R_format), whatever it holds: the
-  N-details give responses without EOS a fixed low score for the same reason (a policy paid for a valid action it
-  never ended drifts toward never ending). `--no-unfinished-invalid` scores such responses as written.
-- `Edit Script (AI)` is executed by env.py's offline recipe editor unless `--editor` names an endpoint model.
-- `--episodic` is the paper's ablation "episode-wise RL": the policy rolls out whole trajectories from the task start
-  (env reset, agent.build_messages with the ideas of an expert's first step), rewards on each step's last token, GAE
-  running across the steps of an episode (or the group baseline over episodes, above); at most as many actions per
-  iteration as the step-wise run: batch_size / episode_steps starts, samples_per_state episodes from each.
-- `--lora-rank r` trains low-rank adapters (Hu et al. 2021, arXiv:2106.09685) on the actor's and critic's linear
-  layers instead of all weights; the reference is then the actor with its adapters switched off (no third copy). The
-  frozen base is bf16 on CUDA, the adapters and their optimizer fp32.
-- One GPU node (the paper's 8 A100s): under torchrun each rank takes every world-th state of a batch, generates and
-  executes its share, and the update is data-parallel. Without LoRA the actor, critic and reference are sharded by
-  FSDP2 (model.shard: fp32 master weights, bf16 compute, fp32 gradient reduction), and for the rollout each rank
-  gathers one full bf16 copy of the policy, freed before the update (`rollout_copy`; VeRL's "hybrid engine" does
-  this with vLLM): decoding through FSDP would all-gather every block for every token. We chose a plain gathered copy
-  over a separate inference engine to keep generation in model.py. Every state is sampled with its own seed, so a
-  batch split over ranks samples what one process would (tests/test_ppo.py compares 2 gloo ranks with 1 process).
-  Micro-batches are bounded by tokens (`--micro-tokens`), log-probs are computed `--logits-chunk` tokens at a time,
-  and blocks are recomputed in backward (gradient checkpointing) for any model past TINY_PARAMS.
-  tests/bench_memory.py prints the memory plan of Qwen2.5-7B on 8 x 80 GB.
-
-Run:  python collect.py && python sft.py && python ppo.py                 (tiny model, offline, minutes)
+Run:  python collect.py && python sft.py && python ppo.py               (tiny model, offline, minutes)
       torchrun --nproc_per_node 8 ppo.py --model runs/ckpt/sft --batch-size 256 --max-new-tokens 1024   (GPU node)
       python ppo.py --model runs/ckpt/sft --lora-rank 16 --batch-size 256 --max-new-tokens 1024      (one GPU)
-      python ppo.py --episodic                                           (the episode-wise ablation)
-      python ppo.py --binary-performance                                 (ML-Agent Table 3 ablation)
-Outputs: runs/ckpt/ppo (Hugging Face folder of the actor, bf16 from CUDA runs; trainer_state/ holds the fp32 master
-weights, the critic, optimizers and progress for resume, under torchrun too), runs/ppo/log.jsonl (--log-file, one line
-per iteration, written by rank 0 for the whole batch). Both record the reward config (reward.py's flags); a
-resume with other reward flags stops rather than mixing two rewards in one run.
+      python ppo.py --episodic;  python ppo.py --binary-performance     (ablations: episode-wise RL, ML-Agent Table 3)
+Outputs: runs/ckpt/ppo (the actor's Hugging Face folder, trainer_state/ for resume) and runs/ppo/log.jsonl (a line an
+iteration); both record the reward flags, and a resume with other flags stops rather than mix two rewards.
 """
 import argparse
 import dataclasses
 import json
 import math
 import os
-import pickle
 import random
-import shutil
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
-from torch.distributed.tensor import DTensor
 
 import agent
 import env
@@ -104,50 +55,41 @@ class Config:
     model: str = str(ROOT / "runs/ckpt/sft")  # the policy to start from, folder or hub id (ML-Agent: the SFT model)
     states: str = str(ROOT / "runs/data/states.jsonl")  # the states pool d^{pi_e} (collect.py)
     out: str = str(ROOT / "runs/ckpt/ppo")    # the actor (Hugging Face folder) + trainer_state/; resume point
-    log_file: str = str(ROOT / "runs/ppo/log.jsonl")  # one JSON line per iteration (not --log: torchrun's parser
-                                             # takes that prefix of its own --log-dir and stops)
+    log_file: str = str(ROOT / "runs/ppo/log.jsonl")  # a JSON line per iteration (--log would clash with torchrun's)
     seed: int = 0                            # seeds the state order, sampling and the value head
-    tasks: int = 0                           # > 0: only the states of this many tasks of the pool, a seeded draw
-                                             # (ML-Agent Figure 5: the number of RL training tasks)
+    tasks: int = 0                           # > 0: the states of this many tasks, a seeded draw (ML-Agent Figure 5)
     epochs: float = 1.0                      # passes over the states pool (paper: 1 epoch)
     iterations: int = 0                      # if > 0, stop after this many iterations instead
     batch_size: int = 16                     # states per iteration (paper ~256: 10k states / 39 steps)
-    samples_per_state: int | None = None     # actions sampled in each state (OpenRLHF's n_samples_per_prompt); they
-                                             # share the prompt's prefill. None: 1 (the paper), GROUP_SAMPLES with
-                                             # --advantage group. In --episodic: episodes from each task start
+    samples_per_state: int | None = None     # actions per state (--episodic: episodes per task start), sharing the
+                                             # prompt's prefill; None: 1 (the paper), GROUP_SAMPLES with the group
     num_minibatches: int = 2                 # PPO minibatches per iteration (N-details: 1)
     micro_batch: int = 4                     # at most this many rows per forward pass (gradient accumulation)
-    micro_tokens: int = 16384                # and at most this many tokens (rows x the longest row; one longer row
-                                             # goes alone): the memory of a forward is set by tokens, not rows
+    micro_tokens: int = 16384                # and at most this many tokens (rows x the longest; a longer row alone)
     logits_chunk: int = 1024                 # response tokens whose logits (tokens x vocab, fp32) exist at once
     gen_batch: int = 16                      # prompts per generate call: their KV cache bounds the rollout's memory
-                                             # (tests/bench_memory.py: 16 x 16k tokens of Qwen2.5-7B is 14 GiB)
     grad_checkpointing: bool = False         # recompute each block in backward; always on for models past TINY_PARAMS
     update_epochs: int = 1                   # PPO epochs over each batch (OpenRLHF examples: 1; N-details: 4)
-    target_kl: float = 0.0                   # > 0: the actor stops stepping for the iteration once a minibatch's
-                                             # approx KL to the rollout policy passes 1.5 x this (Spinning Up: 0.01)
-    actor_lr: float | None = None            # None: 1e-6 (ML-Agent §Experiments "Training"); the tiny model: TINY below
-    critic_lr: float | None = None           # None: 1e-5 (ML-Agent §Experiments "Training"); the tiny model: TINY below
+    target_kl: float = 0.0                   # > 0: the actor stops for the iteration once a minibatch's approx KL
+                                             # to the rollout policy passes 1.5 x this (Spinning Up: 0.01)
+    actor_lr: float | None = None            # None: 1e-6 (ML-Agent §Experiments "Training"); the tiny model: TINY
+    critic_lr: float | None = None           # None: 1e-5 (ML-Agent §Experiments "Training"); the tiny model: TINY
     critic_warmup: int | None = None         # first iterations that update only the critic; None: 0, tiny: TINY
     adam_eps: float = 1e-5                   # N-details (TF Adam's 1e-5)
     max_grad_norm: float = 1.0               # OpenRLHF default
     max_new_tokens: int = 400                # tokens per action (the scripted expert's longest responses fit)
-    max_prompt_len: int = 15000              # a longer prompt loses its oldest tokens (sft.py --max-len does the
-                                             # same; ML-Agent's cutoff): it bounds the rollout's KV cache
+    max_prompt_len: int = 15000              # a longer prompt loses its oldest tokens (as sft.py --max-len; ML-Agent)
     temperature: float = 0.7                 # N-details (summarize_from_feedback_details): 0.7
     kl_coef: float = 0.05                    # N-details: per-token KL penalty coefficient 0.05
     gamma: float = 1.0                       # N-details: no discount
     lam: float = 0.95                        # GAE lambda (N-details)
-    advantage: str | None = None             # "gae": the critic's GAE (the paper's PPO); "group": no critic, each
-                                             # action's score minus the mean of the other samples of its state (RLOO,
-                                             # Ahmadian et al. 2024, arXiv:2402.14740). None: gae; tiny: TINY below
+    advantage: str | None = None             # "gae": the critic's GAE (the paper's PPO); "group": no critic, the
+                                             # other samples of the state (RLOO). None: gae; tiny: TINY
     clip_coef: float = 0.2                   # PPO ratio clip (Schulman et al. 2017; N-details)
     vf_clip: float = 0.2                     # value clip around the rollout values (N-details cliprange_value)
-    unfinished_invalid: bool = True          # a response with no stop token within max_new_tokens is invalid
-                                             # (R_format); N-details: responses without EOS get the score -1
+    unfinished_invalid: bool = True          # no stop token within max_new_tokens: invalid (N-details: score -1)
     workers: int = 4                         # sandboxes executing actions in parallel (threads over subprocesses)
-    script_gpu: bool = True                  # on CUDA, the scripts a rank runs see that rank's GPU (beside its
-                                             # model); --no-script-gpu hides every GPU from them
+    script_gpu: bool = True                  # on CUDA a rank's scripts see its GPU; --no-script-gpu hides them all
     episodic: bool = False                   # the ablation: whole episodes from task starts
     episode_steps: int = 4                   # steps per episode in --episodic (paper's trajectories: 15)
     save_every: int = 5                      # checkpoint every N iterations (and at the end)
@@ -155,20 +97,17 @@ class Config:
     device: str | None = None                # default: cuda if available
     lora_rank: int = 0                       # > 0: train rank-r adapters instead of all weights
     lora_alpha: float = 16.0                 # adapter scale alpha / r (Hu et al. 2021)
-    save_dtype: str = "auto"                 # the actor folder's weights: auto = bfloat16 from CUDA runs (the fp32
-                                             # master weights stay in trainer_state/), float32 on CPU; or float32
+    save_dtype: str = "auto"                 # the actor folder's: auto = bfloat16 from CUDA (fp32 master weights in
+                                             # trainer_state/), float32 on CPU; or float32
     reward: RewardConfig = dataclasses.field(default_factory=RewardConfig)  # reward.py's flags (ML-Agent Table 3)
 
 
 PAPER = dict(actor_lr=1e-6, critic_lr=1e-5, critic_warmup=0, advantage="gae")  # ML-Agent's, for a pre-trained 7B
-# The offline miniature (sft.py's tiny model from scratch; any policy under TINY_PARAMS): at the paper's learning
-# rates its weights do not move (no ratio is clipped, the KL stays near zero), so it takes larger ones. With the
-# critic (a copy of a policy that is itself barely trained) its advantages did not raise J_step at any setting
-# tried; with the group baseline over 4 samples per state they did (tests/RESULTS.md, "PPO on the tiny model";
-# tests/bench_ppo.py measures both). Our choice, not the paper's. --advantage gae brings back the critic, fitted
-# alone for the first critic_warmup iterations (OpenRLHF's --freezing_actor_steps). From a stronger SFT start, no
-# actor rate tried (1e-4, 3e-4, 1e-3) moved J_step clearly, and at 1e-3 every action became invalid, where equal
-# rewards leave the group baseline no signal (tests/RESULTS.md, "PPO on the tiny model").
+# The offline miniature (sft.py's tiny model from scratch; any policy under TINY_PARAMS): at the paper's rates its
+# weights do not move, so it takes larger ones; with the critic its advantages did not raise J_step at any setting
+# tried, with the group baseline over 4 samples per state they did (tests/RESULTS.md, "PPO on the tiny model";
+# tests/bench_ppo.py). Our choice, not the paper's. --advantage gae brings back the critic, fitted alone for the
+# first critic_warmup iterations (OpenRLHF's --freezing_actor_steps).
 TINY = dict(actor_lr=1e-4, critic_lr=3e-3, critic_warmup=2, advantage="group")
 TINY_PARAMS = 10_000_000
 LORA_LR_FACTOR = 10
@@ -195,12 +134,11 @@ def resolve_defaults(cfg, n_params):
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Models: the actor is model.Qwen; the critic is a Qwen with a scalar value head; optional hand-written LoRA
+# Models: the actor is a model.Qwen; the critic a Qwen with a scalar value head
 
 class Actor(nn.Module):
     """The policy (a model.Qwen, `.lm`) as one module whose forward is the log-probs of the response tokens, so that
-    under FSDP2 the root unit (embeddings, final norm, lm_head) is gathered for exactly that call. The frozen
-    reference is an Actor too."""
+    FSDP2 gathers its root unit (embeddings, final norm, lm_head) for exactly that call. The reference is one too."""
 
     def __init__(self, lm, temperature=1.0, logits_chunk=1024):
         super().__init__()
@@ -233,60 +171,6 @@ class Critic(nn.Module):
     def forward(self, ids, lengths, starts):  # right-padded rows (B, W) -> the value before each response token (B, R)
         h, _ = model.response_hidden(self.backbone, ids, lengths, starts)
         return self.head(h.to(self.head.weight.dtype)).squeeze(-1).clone()
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Several processes (torchrun): each rank takes every world-th state of a batch, generates and executes its share;
-# the update is data-parallel. Full fine-tuning shards the actor, critic and reference with FSDP2 (model.shard:
-# parameters, gradients, optimizer states; bf16 compute, fp32 master weights and reduction); LoRA keeps a frozen
-# bf16 base on every rank and all-reduces only the adapters' gradients.
-
-class Ranks:
-    """This process's place among the ranks, and the collectives PPO needs; with one process each is the identity."""
-
-    def __init__(self, rank=0, world=1, device=torch.device("cpu")):
-        self.rank, self.world, self.device = rank, world, device
-
-    def sum(self, t):  # a tensor summed over the ranks
-        if self.world > 1:
-            t = t.clone()
-            dist.all_reduce(t)
-        return t
-
-    def max(self, x):  # a number, the largest over the ranks
-        t = torch.tensor(float(x), device=self.device)
-        if self.world > 1:
-            dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        return t.item()
-
-    def gather(self, items):  # every rank's list, concatenated in rank order
-        if self.world == 1:
-            return list(items)
-        parts = [None] * self.world
-        dist.all_gather_object(parts, list(items))
-        return [x for part in parts for x in part]
-
-
-def micro_batches(idx, lengths, cfg, shared=1):
-    """Responses idx, in whole groups of `shared` (the responses to one prompt, which share a row of ids: make_batch),
-    rows sorted by length (each micro-batch pads, and attends over, as little as possible) and cut into micro-batches
-    of at most cfg.micro_batch rows and cfg.micro_tokens tokens (rows x the longest) -> the responses of each."""
-    groups = idx.view(-1, shared)
-    row_len = lengths[groups].max(1).values  # a row ends where its last response does
-    out, cur = [], []
-    for g in torch.argsort(row_len, stable=True).tolist():
-        if cur and (len(cur) == cfg.micro_batch or (len(cur) + 1) * int(row_len[g]) > cfg.micro_tokens):
-            out.append(cur)
-            cur = []
-        cur.append(g)
-    return [groups[torch.tensor(c, device=idx.device)].reshape(-1) for c in out + ([cur] if cur else [])]
-
-
-def in_step(groups, ranks, filler):
-    """The micro-batches of this rank padded, with (filler, weight 0), to the most any rank has: under FSDP every
-    forward is a collective, so every rank runs as many. -> [(rows, weight)]"""
-    n = int(ranks.max(len(groups))) if ranks.world > 1 else len(groups)
-    return [(g, 1.0) for g in groups] + [(filler, 0.0)] * (n - len(groups))
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -339,10 +223,9 @@ def gae_rows(rewards, values, mask, nxt, gamma, lam):
 
 
 def group_advantages(scores, kl, mask, n, kl_coef):
-    """--advantage group (RLOO, Ahmadian et al. 2024, arXiv:2402.14740, eq. 9): each action's sequence score, the
-    reward minus kl_coef times its summed KL to the reference, minus the mean score of the other n - 1 actions sampled
-    in the same state; every token of the action gets that advantage. Tokens the samples of a state share (the same
-    prefix) then get gradients that cancel exactly, which a fitted critic only approximates.
+    """--advantage group (RLOO, Ahmadian et al. 2024, arXiv:2402.14740, eq. 9): each action's score (reward minus
+    kl_coef times its summed KL) minus the mean score of the other n - 1 actions of its state, on every token; tokens
+    the samples share get gradients that cancel exactly, which a critic only approximates.
     scores (B,), kl and mask (B, R), rows state-major in groups of n -> advantages (B, R)."""
     g = (scores - kl_coef * kl.sum(1)).view(-1, n)
     loo = g - (g.sum(1, keepdim=True) - g) / (n - 1)
@@ -350,11 +233,10 @@ def group_advantages(scores, kl, mask, n, kl_coef):
 
 
 def episode_group_advantages(scores, kl, mask, nxt, n, kl_coef):
-    """--advantage group in --episodic: the same leave-one-out baseline over the n episodes of one task start. A
-    step's score (as in group_advantages) plus its episode's later scores is its return-to-go (gamma 1); the baseline is
-    the mean return-to-go of the other n - 1 episodes at the same step (0 past an episode's end). A baseline from other
-    episodes does not depend on this episode's actions, so it adds no bias. Rows as episode_rollout returns them:
-    step-major, each linked to its episode's next step (nxt, -1 at the end), episodes start-major in groups of n.
+    """--advantage group in --episodic: a step's return-to-go (its score as in group_advantages plus its episode's
+    later ones, gamma 1) minus the mean return-to-go of the other n - 1 episodes of its task start at the same step (0
+    past an episode's end); other episodes do not depend on this one's actions, so the baseline adds no bias. Rows as
+    episode_rollout gives them (nxt links an episode's steps, episodes start-major in groups of n).
     scores (B,), kl and mask (B, R) -> advantages (B, R), every token of a step the same."""
     g = (scores - kl_coef * kl.sum(1)).tolist()
     togo = list(g)
@@ -375,11 +257,11 @@ def episode_group_advantages(scores, kl, mask, nxt, n, kl_coef):
     return torch.tensor(adv, dtype=scores.dtype, device=scores.device)[:, None] * mask
 
 
-def masked_mean(x, mask, ranks=Ranks()):  # over the valid tokens of every rank
+def masked_mean(x, mask, ranks=model.Ranks()):  # over the valid tokens of every rank
     return ranks.sum((x * mask).sum()) / ranks.sum(mask.sum()).clamp(min=1)
 
 
-def whiten(x, mask, eps=1e-8, ranks=Ranks()):
+def whiten(x, mask, eps=1e-8, ranks=model.Ranks()):
     """Zero mean, unit variance over the valid tokens only (as TRL's masked_whiten, with the unbiased variance), of
     the whole batch: under torchrun the sums run over every rank's rows."""
     mean = masked_mean(x, mask, ranks)
@@ -406,20 +288,19 @@ def value_loss(values, old_values, returns, mask, vf_clip, denom=None):
     return (losses * mask).sum() / denom
 
 
-def explained_variance(values, returns, mask, ranks=Ranks()):
+def explained_variance(values, returns, mask, ranks=model.Ranks()):
     var = lambda x: masked_mean((x - masked_mean(x, mask, ranks)) ** 2, mask, ranks)
     return float(1 - var(returns - values) / var(returns).clamp(min=1e-12))
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Batches: rows of ids, right-padded (one per response, or one per prompt with its responses); per response its
-# start and end column; the response mask (B, R) lines the responses up
+# Batches: right-padded rows of ids (one per response, or a prompt with its responses), per response its start and
+# end column; the response mask (B, R) lines the responses up
 
 def make_batch(prompts, responses, pad, device, group=1):
-    """B responses (each prompt repeated for its responses, `group` of them in a row) -> ids (B / group, W), one
-    right-padded row per prompt: the prompt once, then its responses (model.response_hidden; group 1: rows prompt +
-    response). Per response (B,): the column where it ends and where it begins in its row (lengths, starts); the
-    response mask (B, R). A prompt is computed once for its `group` responses, as generation prefilled it once."""
+    """B responses (each prompt repeated for its `group` responses in a row) -> ids (B / group, W), a right-padded row
+    per prompt: the prompt once, then its responses (computed once, as generation prefilled it; model.response_hidden);
+    per response the column where it ends and where it begins (lengths, starts, (B,)); the mask (B, R)."""
     B, R = len(prompts), max(max(map(len, responses)), 1)
     if B % group or any(prompts[b] != prompts[b - b % group] for b in range(B)):
         raise ValueError(f"the {B} prompts are not runs of {group} equal prompts")
@@ -446,18 +327,35 @@ def rows(ids, lengths, starts, idx, shared=1):
     return ids[idx[::shared] // shared, :W], lengths[idx], starts[idx]
 
 
-def autocast(device):  # bf16 matmuls on CUDA, fp32 master weights (an lr of 1e-6 vanishes in bf16 weights)
-    return torch.autocast("cuda", torch.bfloat16) if device.type == "cuda" else torch.autocast("cpu", enabled=False)
+def micro_batches(idx, lengths, cfg, shared=1):
+    """Responses idx in whole groups of `shared` (one prompt's, in one row of ids: make_batch), rows sorted by length
+    (as little padding as possible), cut into at most cfg.micro_batch rows and cfg.micro_tokens tokens (rows x the
+    longest) -> the responses of each micro-batch."""
+    groups = idx.view(-1, shared)
+    row_len = lengths[groups].max(1).values  # a row ends where its last response does
+    out, cur = [], []
+    for g in torch.argsort(row_len, stable=True).tolist():
+        if cur and (len(cur) == cfg.micro_batch or (len(cur) + 1) * int(row_len[g]) > cfg.micro_tokens):
+            out.append(cur)
+            cur = []
+        cur.append(g)
+    return [groups[torch.tensor(c, device=idx.device)].reshape(-1) for c in out + ([cur] if cur else [])]
+
+
+def in_step(groups, ranks, filler):
+    """The micro-batches of this rank padded, with (filler, weight 0), to the most any rank has: under FSDP every
+    forward is a collective, so every rank runs as many. -> [(rows, weight)]"""
+    n = int(ranks.max(len(groups))) if ranks.world > 1 else len(groups)
+    return [(g, 1.0) for g in groups] + [(filler, 0.0)] * (n - len(groups))
 
 
 # ----------------------------------------------------------------------------------------------------------------
 # Acting: generation (step 2) and execution in the sandboxes (step 3)
 
 def generate(lm, tokenizer, messages, cfg, device, seeds=None, n=1, on_done=None):
-    """n sampled responses per prompt (prompt-major; the n share one prefill): prompt ids, token ids, their generation
-    log-probs, decoded texts, and whether each ended with a stop token (False: cut at max_new_tokens). seeds: one
-    per prompt (model.generate samples each row from its own generator, so the rows a rank holds do not change its
-    samples). on_done(i, text, ended), if given, is called as soon as response i is complete."""
+    """n sampled responses per prompt (prompt-major, sharing one prefill) -> prompt ids, token ids, their log-probs,
+    texts, and whether each ended with a stop token (not cut at max_new_tokens). seeds: one per prompt (each row its
+    own generator: what a rank holds does not change its samples); on_done(i, text, ended) as response i completes."""
     context = min(lm.config.max_position_embeddings, cfg.max_prompt_len + cfg.max_new_tokens)
     prompts = [model.keep_end(tokenizer.encode(tokenizer.apply_chat_template(m)), context, cfg.max_new_tokens)
                for m in messages]
@@ -467,7 +365,7 @@ def generate(lm, tokenizer, messages, cfg, device, seeds=None, n=1, on_done=None
     if device.type == "cpu":  # one thread: the sandboxes run the finished rows' scripts on the same cores meanwhile,
         torch.set_num_threads(1)  # and OpenMP threads that wait on each other at every small op then crawl
     try:                          # (tests/RESULTS.md, "ppo.py: generation threads")
-        with autocast(device):  # continuous batching: at most gen_batch rows (and their KV cache) at a time
+        with model.autocast(device):  # continuous batching: at most gen_batch rows (and their KV cache) at a time
             g = lm.generate(prompts, cfg.max_new_tokens, cfg.temperature, stop_token_ids=model.stop_ids(lm, tokenizer),
                             seeds=seeds, max_batch=cfg.gen_batch, n=n,
                             stop_fn=model.stop_strings(tokenizer, agent.STOP), on_done=done)
@@ -479,13 +377,10 @@ def generate(lm, tokenizer, messages, cfg, device, seeds=None, n=1, on_done=None
 
 
 def execute(e, text, reward_config, finished=True, unfinished_invalid=True):
-    """Parse and run one action in env `e` (already in its state; agent.act executes and scores it, as in
-    collection and evaluation) -> {kind, reward, m_prev, m_new, done, observation, finished, action, edit}; edit is
-    the edit instruction of an `Edit Script (AI)` (None otherwise).
-    finished=False: the response was cut at max_new_tokens; unless unfinished_invalid=False (--no-unfinished-invalid)
-    that is invalid whatever it holds. Otherwise a policy that writes a valid action and then runs on (writing the
-    Observation itself) is paid as if it had stopped, and PPO drifts toward responses that never end
-    (tests/RESULTS.md, "PPO on the tiny model")."""
+    """Parse and run one action in env `e` (in its state; agent.act executes and scores it, as in collection and
+    evaluation) -> {kind, reward, m_prev, m_new, done, observation, finished, action, edit (of Edit Script (AI))}.
+    A response cut at max_new_tokens (finished=False) is invalid unless --no-unfinished-invalid: a policy paid for a
+    valid action it never ended drifts toward never ending (tests/RESULTS.md, "PPO on the tiny model")."""
     action = action_input = reason = None
     try:
         if not finished and unfinished_invalid:
@@ -507,9 +402,8 @@ def make_env(task, task_dir, editor):
 
 
 class Executions:
-    """Each action is executed in the pool as soon as `generate` reports its response complete (on_done), while the
-    other rows are still decoding: its sandbox runs in another process, the decoding in this one. `outcomes` starts
-    any row that was not reported and returns every outcome in row order."""
+    """Each action runs in the pool as soon as `generate` reports it complete (on_done), its sandbox in another
+    process while this one decodes the other rows; `outcomes` starts any row not reported, -> outcomes in row order."""
 
     def __init__(self, pool, run):  # run(row, text, ended) -> outcome
         self.pool, self.run, self.running = pool, run, {}
@@ -526,7 +420,7 @@ class Executions:
 
 def step_rollout(states, lm, tokenizer, cfg, pool, editor, device, timer, seeds=None, n=1):
     """Steps 2-3, step-wise: n actions per expert state (rows state-major), each executed from the restored state as
-    soon as its response is complete (Executions); "execute" times the wait after the last response."""
+    soon as it is complete -> prompts, tokens, log-probs, outcomes, nxt (all -1: no row continues in another)."""
     def run(i, text, ended):
         s = states[i // n]
         e = make_env(s["task"], s["task_dir"], editor)
@@ -543,8 +437,8 @@ def step_rollout(states, lm, tokenizer, cfg, pool, editor, device, timer, seeds=
 
 
 def episode_rollout(starts, lm, tokenizer, cfg, pool, editor, device, timer, seeds=None):
-    """Steps 2-3, episode-wise (--episodic): whole episodes from the task start, all episodes acting in one batch per
-    step. Returns rows in step order and, per row, the row of the same episode's next step (-1 at the end)."""
+    """Steps 2-3, episode-wise (--episodic): whole episodes from task starts (the ideas of an expert's first step), all
+    acting in one batch per step -> rows in step order, nxt: the row of the episode's next step (-1 at its end)."""
     envs = [make_env(s["task"], s["task_dir"], editor) for s in starts]
     problems = list(pool.map(lambda e: e.reset(), envs))  # reset runs the starter script (cached)
     timer("execute")
@@ -572,17 +466,17 @@ def episode_rollout(starts, lm, tokenizer, cfg, pool, editor, device, timer, see
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# The update (step 6)
+# Scoring the rollout (step 4) and the update (step 6): micro-batches of similar lengths; under FSDP every rank
+# runs as many forwards
 
-def forward_scores(actor, critic, ref, ids, lengths, starts, R, cfg, device, ranks=Ranks(), logprobs=None):
-    """No-grad rollout forward in micro-batches of similar lengths -> logprobs, ref_logprobs, values (B, R).
-    actor and ref are Actors (ref None with LoRA: the actor with its adapters off); ids as make_batch gives them.
-    logprobs (B, R), if given, are the actor's already (the generation's): the actor's forward is skipped."""
+def forward_scores(actor, critic, ref, ids, lengths, starts, R, cfg, device, ranks=model.Ranks(), logprobs=None):
+    """No-grad forwards in micro-batches -> logprobs, ref_logprobs, values (B, R); ref None with LoRA (the actor with
+    its adapters off), ids as make_batch gives them; logprobs given (the generation's): the actor's forward skipped."""
     out = [torch.zeros(lengths.shape[0], R, device=device) for _ in range(3)]
     if logprobs is not None:
         out[0] = logprobs
     everyone, shared = torch.arange(lengths.shape[0], device=device), lengths.shape[0] // ids.shape[0]
-    with torch.no_grad(), autocast(device):
+    with torch.no_grad(), model.autocast(device):
         for idx, weight in in_step(micro_batches(everyone, lengths, cfg, shared), ranks, everyone[:shared]):
             i, ln, st = rows(ids, lengths, starts, idx, shared)
             lp = actor(i, ln, st) if logprobs is None else None
@@ -602,23 +496,20 @@ def forward_scores(actor, critic, ref, ids, lengths, starts, R, cfg, device, ran
     return out
 
 
-def ppo_update(actor, critic, opt_a, opt_c, data, cfg, device, gen, step_actor=True, ranks=Ranks()):
-    """Clipped policy and value losses over minibatches and epochs. data: ids, lengths, starts, mask, logprobs, values,
-    advantages, returns: this rank's responses; "rows" (optional): their places in the whole batch (default: rank,
-    rank + world, ...); "group" (default 1): the samples per state, which stay in one minibatch (ids may hold them in
-    one row: make_batch). Returns the mean statistics and max|ratio - 1| of the first minibatch of the first epoch.
-    step_actor=False (critic warm-up): only the critic learns; the policy's statistics are still computed.
-    Several ranks: every rank draws the same permutation of the whole batch and takes its own rows of each
-    minibatch, and each loss is divided by the minibatch's token count over all ranks, so the summed gradient is
-    the one a single process would compute on the whole minibatch. FSDP averages gradients over the ranks (hence
-    the factor world); LoRA's adapters are summed by an all-reduce here."""
+def ppo_update(actor, critic, opt_a, opt_c, data, cfg, device, gen, step_actor=True, ranks=model.Ranks()):
+    """Clipped policy and value losses over minibatches and epochs -> mean statistics, max|ratio - 1| of the first
+    minibatch. data: this rank's ids, lengths, starts, mask, logprobs, values, advantages, returns; "rows": their
+    places in the whole batch (default rank, rank + world, ...); "group": samples per state, kept in one minibatch.
+    step_actor=False (critic warm-up): only the critic learns. Every rank draws the same permutation of the whole
+    batch and takes its rows of each minibatch, each loss divided by the minibatch's tokens on all ranks: the summed
+    gradient is one process's. FSDP averages gradients (hence the factor world); LoRA's are all-reduced here."""
     ids, lengths, starts, mask, group = data["ids"], data["lengths"], data["starts"], data["mask"], data.get("group", 1)
     shared = lengths.shape[0] // ids.shape[0]  # responses per row of ids: 1, or a state's `group` (make_batch)
     W = ranks.world
     places = data.get("rows") or [ranks.rank + k * W for k in range(lengths.shape[0])]
     local = {g: k for k, g in enumerate(places)}
     B = int(ranks.sum(torch.tensor(len(places), device=device)))
-    sharded = any(isinstance(p, DTensor) for p in actor.parameters())
+    sharded = model.is_sharded(actor)
     scale = W if sharded else 1.0
     mb_size = max(B // group // cfg.num_minibatches, 1)  # in states
     stats, first_ratio, actor_steps = [], None, 0
@@ -632,7 +523,7 @@ def ppo_update(actor, critic, opt_a, opt_c, data, cfg, device, gen, step_actor=T
             for idx, weight in in_step(micro_batches(mine, lengths, cfg, shared), ranks,
                                        torch.arange(shared, device=device)):
                 i, ln, st = rows(ids, lengths, starts, idx, shared)
-                with autocast(device):
+                with model.autocast(device):
                     lp = actor(i, ln, st)
                     n = lp.shape[1]
                     m = mask[idx, :n] * weight
@@ -679,29 +570,18 @@ def save_checkpoint(cfg, actor, tokenizer, critic, opt_a, opt_c, progress, ranks
     """Every rank calls this (under FSDP the full states are gathered to rank 0, on CPU); rank 0 writes. The actor
     folder is in bf16 from CUDA runs (what vLLM and transformers serve); the fp32 master weights, the critic and both
     optimizers go to trainer_state/state.pt for resume."""
-    sharded = any(isinstance(p, DTensor) for p in actor.parameters())
-    full = (lambda net: model.get_model_state_dict(net, options=model.FULL)) if sharded else (lambda net: net.state_dict())
-    full_opt = (lambda net, opt: model.get_optimizer_state_dict(net, opt, options=model.FULL)) if sharded else \
-        (lambda net, opt: opt.state_dict())
-    adapters = lambda net: {k: v for k, v in full(net).items()
+    adapters = lambda net: {k: v for k, v in model.full_state(net).items()  # noqa: E731
                             if not cfg.lora_rank or k.startswith("head.") or ".A" in k or ".B" in k}
-    actor_state = full(actor)
+    actor_state = model.full_state(actor)
     state = {"critic": adapters(critic), "actor_lora": adapters(actor) if cfg.lora_rank else None,
-             "opt_actor": full_opt(actor, opt_a), "opt_critic": full_opt(critic, opt_c), "progress": progress}
-    dtype = model.save_dtype(cfg.save_dtype, ranks.device)
+             "opt_actor": model.optim_state(actor, opt_a), "opt_critic": model.optim_state(critic, opt_c),
+             "progress": progress}
     if ranks.rank != 0:
         return
-    lm = actor.lm
-    if sharded:  # a CPU model from the gathered weights
-        with torch.device("meta"):
-            lm = model.Qwen(actor.lm.config)
-        lm.load_state_dict({k.removeprefix("lm."): v for k, v in actor_state.items()}, assign=True)
-        lm.tie_weights()
-    if dtype != torch.float32 and not cfg.lora_rank:  # the master weights, which the bf16 folder rounds
-        state["actor"] = {k.removeprefix("lm."): v for k, v in actor_state.items()}
-    tmp = cfg.out + ".tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_merged(lm, tokenizer, tmp, dtype)
+    dtype = model.save_dtype(cfg.save_dtype, ranks.device)
+    tmp, master = model.save_checkpoint_folder(actor.lm, tokenizer, cfg.out, dtype, actor_state)
+    if master:  # the master weights, which the bf16 folder rounds
+        state["actor"] = master
     os.makedirs(os.path.join(tmp, "trainer_state"))
     torch.save(state, os.path.join(tmp, "trainer_state", "state.pt"))
     with open(os.path.join(tmp, "trainer_state", "progress.json"), "w") as f:
@@ -733,32 +613,6 @@ def claim_out(cfg, model_path):
     return lock
 
 
-def trim_log(path, out, iteration):
-    """The log as the checkpoint knows it: lines of iterations after the checkpoint's (a run killed between its log
-    line and its checkpoint) are dropped, so a resume neither duplicates nor loses a line. A log of another --out is
-    refused rather than mixed in."""
-    if not os.path.exists(path):
-        return
-    with open(path, encoding="utf-8", errors="replace") as f:
-        lines = [line for line in f.read().splitlines() if line.strip()]
-    keep = []
-    for n, line in enumerate(lines, 1):
-        try:
-            row = json.loads(line)
-        except ValueError:
-            if n == len(lines):  # a line cut by the kill
-                break
-            raise ValueError(f"{path}:{n}: not a JSON line") from None
-        if not isinstance(row, dict) or os.path.abspath(row.get("out", "")) != os.path.abspath(out):
-            raise ValueError(f"{path}:{n} is the log of another run (not of --out {out}); pass another --log-file")
-        if row.get("iteration", 0) <= iteration:
-            keep.append(line)
-    if len(keep) != len(lines):
-        with open(path + ".tmp", "w", encoding="utf-8") as f:
-            f.writelines(line + "\n" for line in keep)
-        os.replace(path + ".tmp", path)
-
-
 def check_resume_reward(folder, cfg):
     """ValueError (one line) when the checkpoint in `folder` was trained with another reward config than cfg.reward:
     one run, one reward. A checkpoint that recorded none (older than the field) is accepted."""
@@ -775,18 +629,14 @@ def check_resume_reward(folder, cfg):
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Training
+# Training: `setup` once (with the resume point), then per iteration the six steps, each one call, and a log line
 
 STATE_KEYS = ("task", "task_dir", "step", "messages", "snapshot", "m_init", "m_best", "higher_is_better")
 
 
 def load_states(path):
     """The states pool (collect.py's states.jsonl); a bad line is a one-line error naming the file and line."""
-    states = []
-    for n, row in agent.jsonl_rows(path):
-        if not isinstance(row, dict) or any(k not in row for k in STATE_KEYS):
-            raise ValueError(f"{path}:{n}: not a state of collect.py (needs {', '.join(STATE_KEYS)})")
-        states.append(row)
+    states = agent.read_jsonl(path, STATE_KEYS, "a state of collect.py")
     if not states:
         raise ValueError(f"{path} holds no states; run collect.py first")
     return states
@@ -850,11 +700,36 @@ def build(cfg, init, resume, st, ranks):
     return actor, critic, ref, tokenizer
 
 
-def train(cfg):
+@dataclasses.dataclass
+class Run:
+    """What `setup` makes once for every iteration."""
+    cfg: Config                 # its None fields resolved for the policy's size
+    ranks: model.Ranks
+    states: list                # the states pool (of the --tasks drawn)
+    actor: Actor
+    critic: Critic              # built and saved with either advantage: checkpoints keep one layout
+    ref: Actor | None           # None with LoRA: the actor with its adapters off
+    tokenizer: object
+    opt_a: torch.optim.Optimizer
+    opt_c: torch.optim.Optimizer
+    progress: dict              # iterations done and the starting model, saved in each checkpoint
+    editor: object              # what executes `Edit Script (AI)`
+    total: int                  # the run's iterations
+    checkpointing: bool         # blocks recomputed in backward (as `build` decided)
+    lock: object                # rank 0's lock on --out
+    say: object                 # print, on rank 0
+
+    @property
+    def value_net(self):  # --advantage group neither runs nor trains the critic
+        return self.critic if self.cfg.advantage == "gae" else None
+
+
+def setup(cfg):
+    """This rank, the states pool, --out (claimed and repaired by rank 0), the resume point, the actor, critic and
+    reference with their optimizers, the task folders, the editor and the schedule -> Run."""
     rank, world, device = model.setup_distributed(cfg)
     if device.type == "cuda":  # each rank's sandboxed scripts on its own GPU (not all on GPU 0), or on none
         env.set_script_gpu(device.index if cfg.script_gpu else None)
-    ranks = Ranks(rank, world, device)
     say = (lambda *a: print(*a, flush=True)) if rank == 0 else (lambda *a: None)
     torch.manual_seed(cfg.seed)  # the adapters' initialisation
     states = load_states(cfg.states)
@@ -862,205 +737,230 @@ def train(cfg):
         states = pick_tasks(states, cfg.tasks, cfg.seed)
         say(f"ppo.py: training on the {len(states)} states of {len({s['task'] for s in states})} task(s): "
             f"{' '.join(sorted({s['task'] for s in states}))}")
-    n_starts = max(cfg.batch_size // cfg.episode_steps, 1)  # --episodic: task starts per iteration
-    if (n_starts if cfg.episodic else cfg.batch_size) < world:
+    if (max(cfg.batch_size // cfg.episode_steps, 1) if cfg.episodic else cfg.batch_size) < world:
         raise ValueError(f"--batch-size {cfg.batch_size} gives {'task starts' if cfg.episodic else 'states'} to fewer "
                          f"than the {world} ranks")
-    if not cfg.episodic and len(states) < world:  # a batch is at most the pool: every rank needs a state of it (each
-        # rank decides this alike, before any collective, so none is left waiting for a rank that stopped)
+    if not cfg.episodic and len(states) < world:  # every rank needs a state of a batch; each rank decides this alike,
+        # before any collective, so none is left waiting for a rank that stopped
         raise ValueError(f"{cfg.states}: {len(states)} state(s){' of the chosen tasks' if cfg.tasks else ''} for "
                          f"{world} ranks; every rank needs at least one state per batch")
     lock = claim_out(cfg, cfg.model) if rank == 0 else None  # rank 0 owns --out and the log
     if world > 1:
         dist.barrier()  # the other ranks look for the checkpoint once rank 0 has repaired --out
-    resume = find_resume(cfg.out)
-    if resume:
-        check_resume_reward(resume, cfg)
-    # mmap: every rank maps the same file and reads only what it uses
-    try:
-        st = torch.load(os.path.join(resume, "trainer_state", "state.pt"), map_location="cpu", weights_only=False,
-                        mmap=True) if resume else None
-    except (RuntimeError, EOFError, pickle.UnpicklingError) as e:  # a torn or foreign file: one line naming it
-        raise ValueError(f"{resume}/trainer_state/state.pt cannot be read ({type(e).__name__}; a torn "
-                         f"checkpoint?); pass another --out") from None
-    if resume and not (isinstance(st, dict) and "progress" in st):
-        raise ValueError(f"{resume}/trainer_state/state.pt is not a ppo.py trainer state; pass another --out")
-    progress = dict(st["progress"]) if st else {"iteration": 0, "init_model": cfg.model}
-    if resume:
-        say(f"ppo.py: resuming from {resume} at iteration {progress['iteration']}")
-
+    resume, st, progress = resume_point(cfg, say)
+    ranks = model.Ranks(rank, world, device)
     actor, critic, ref, tokenizer = build(cfg, progress["init_model"], resume, st, ranks)
-    sharded = any(isinstance(p, DTensor) for p in actor.parameters())
     n_params = sum(p.numel() for p in actor.lm.parameters())
     cfg = resolve_defaults(cfg, n_params)
-    checkpointing = cfg.grad_checkpointing or n_params >= TINY_PARAMS  # as `build` decided
     say(f"ppo.py: actor lr {cfg.actor_lr:g}, " + (f"group baseline over {cfg.samples_per_state} "
         f"{'episodes per task start' if cfg.episodic else 'samples per state'}, no "
         "critic" if cfg.advantage == "group" else f"critic lr {cfg.critic_lr:g}, critic alone for the first "
         f"{cfg.critic_warmup} iteration(s)") + f"; {world} rank(s) on {device}"
-        f"{' (FSDP2)' if sharded else ' (LoRA, data parallel)' if world > 1 else ''}")
-    opt_a = torch.optim.AdamW([p for p in actor.parameters() if p.requires_grad], lr=cfg.actor_lr, eps=cfg.adam_eps,
-                              weight_decay=0.0)
-    opt_c = torch.optim.AdamW([p for p in critic.parameters() if p.requires_grad], lr=cfg.critic_lr,
-                              eps=cfg.adam_eps, weight_decay=0.0)
-    if st:
-        for net, opt, key in ((actor, opt_a, "opt_actor"), (critic, opt_c, "opt_critic")):
-            if sharded:  # each rank takes its shard of the gathered optimizer state
-                set_optimizer_state_dict(net, opt, st[key], options=StateDictOptions(full_state_dict=True))
-            else:
-                opt.load_state_dict(st[key])
-    if rank == 0:  # built-in tasks are prepared here, not racing in threads or ranks
+        f"{' (FSDP2)' if model.is_sharded(actor) else ' (LoRA, data parallel)' if world > 1 else ''}")
+    opt_a, opt_c = (torch.optim.AdamW([p for p in net.parameters() if p.requires_grad], lr=lr, eps=cfg.adam_eps,
+                                      weight_decay=0.0) for net, lr in ((actor, cfg.actor_lr), (critic, cfg.critic_lr)))
+    for net, opt, key in ((actor, opt_a, "opt_actor"), (critic, opt_c, "opt_critic")) if st else ():
+        model.set_optim_state(net, opt, st[key])
+    if rank == 0:  # built-in tasks are prepared here, not racing in threads or ranks; the log trimmed to the checkpoint
         for s in {s["task"]: s for s in states}.values():
             make_env(s["task"], s["task_dir"], None)
+        os.makedirs(os.path.dirname(cfg.log_file) or ".", exist_ok=True)
+        agent.trim_log(cfg.log_file, "iteration", progress["iteration"], cfg.out)
     if world > 1:
         dist.barrier()
     editor = env.recipe_editor if cfg.editor == "recipes" else agent.LLMEditor(agent.make_backend(cfg.editor))
+    total = cfg.iterations or max(math.ceil(cfg.epochs * max(len(states) // cfg.batch_size, 1)), 1)
+    return Run(cfg, ranks, states, actor, critic, ref, tokenizer, opt_a, opt_c, progress, editor, total,
+               cfg.grad_checkpointing or n_params >= TINY_PARAMS, lock, say)
 
-    # the schedule: the states pool shuffled once per epoch; an iteration takes the next batch_size states
-    starts = [s for s in states if s["step"] == 0] or states
-    per_epoch = max(len(states) // cfg.batch_size, 1)
-    total = cfg.iterations or max(math.ceil(cfg.epochs * per_epoch), 1)
-    if rank == 0:
-        os.makedirs(os.path.dirname(cfg.log_file) or ".", exist_ok=True)
-        trim_log(cfg.log_file, cfg.out, progress["iteration"])
-    pool = ThreadPoolExecutor(cfg.workers)
-    value_net = critic if cfg.advantage == "gae" else None  # --advantage group trains no critic
-    for it in range(progress["iteration"], total):
-        t0 = last = time.time()
-        times = {"generate": 0.0, "execute": 0.0, "update": 0.0}
 
-        def timer(name):
-            nonlocal last
-            times[name] += time.time() - last
-            last = time.time()
+def resume_point(cfg, say):
+    """The last checkpoint under --out (trained with this reward, or a one-line error), its trainer state and
+    progress; or None, None and a fresh progress."""
+    resume = find_resume(cfg.out)
+    if not resume:
+        return None, None, {"iteration": 0, "init_model": cfg.model}
+    check_resume_reward(resume, cfg)
+    st = model.load_trainer_state(os.path.join(resume, "trainer_state", "state.pt"), ("progress",), "ppo.py",
+                                  "pass another --out")
+    say(f"ppo.py: resuming from {resume} at iteration {st['progress']['iteration']}")
+    return resume, st, dict(st["progress"])
 
-        # 1. sample a batch of states from d^{pi_e}: the pool shuffled per epoch (seeded, so a resumed run agrees);
-        #    this rank takes every world-th of them, each sampled with its own seed (the same for any world size)
-        epoch, k = divmod(it, per_epoch)
+
+class Timer:
+    """timer(part) adds the seconds since its last call to `part`. The actions run while the other rows decode, so
+    "generate" includes executions under way and "execute" is the wait after the last response."""
+
+    def __init__(self):
+        self.start = self.last = time.time()
+        self.times = {"generate": 0.0, "execute": 0.0, "update": 0.0}
+
+    def __call__(self, part):
+        self.times[part] += time.time() - self.last
+        self.last = time.time()
+
+
+def sample_states(run, it):
+    """Step 1: iteration it's batch of d^{pi_e}, the next batch_size states of the pool shuffled per epoch (seeded, so
+    a resumed run agrees); in --episodic batch_size / episode_steps task starts drawn. -> this rank's share (every
+    world-th), each state's seed (whatever the world size) and its index in the batch."""
+    cfg, states, ranks = run.cfg, run.states, run.ranks
+    epoch, k = divmod(it, max(len(states) // cfg.batch_size, 1))
+    if cfg.episodic:
+        starts = [s for s in states if s["step"] == 0] or states
+        rng = random.Random(f"{cfg.seed}:{it}")
+        batch = [rng.choice(starts) for _ in range(max(cfg.batch_size // cfg.episode_steps, 1))]
+    else:
         order = list(range(len(states)))
         random.Random(f"{cfg.seed}:{epoch}").shuffle(order)
-        rng = random.Random(f"{cfg.seed}:{it}")
-        seed = lambda g: (cfg.seed * 100003 + it) * 100003 + g
-        policy = model.rollout_copy(actor.lm, device)  # a full (bf16 on CUDA) copy under FSDP, freed after the rollout
-        n = cfg.samples_per_state
-        if cfg.episodic:  # the ablation: episodes from task starts, n from each, at most batch_size x n actions in all
-            batch = [rng.choice(starts) for _ in range(n_starts)]
-            # 2.-3. the policy acts for whole episodes; each action is executed in its episode's sandbox
-            prompts, tokens, gen_lp, outcomes, nxt = episode_rollout(
-                [s for s in batch[rank::world] for _ in range(n)], policy, tokenizer, cfg, pool, editor, device, timer,
-                seeds=[seed(g) * n + j for g in range(rank, len(batch), world) for j in range(n)])
-            sizes = ranks.gather([len(outcomes)])  # rows per rank (episodes end at different steps)
-            places = [sum(sizes[:rank]) + j for j in range(len(outcomes))]  # the whole batch: rank by rank
-        else:
-            batch = [states[i] for i in order[k * cfg.batch_size:(k + 1) * cfg.batch_size]]
-            # 2. the policy generates one action per state (batched, left-padded, KV cache, log-probs kept)
-            # 3. each environment restores its state and executes the action, several sandboxes in parallel
-            prompts, tokens, gen_lp, outcomes, nxt = step_rollout(
-                batch[rank::world], policy, tokenizer, cfg, pool, editor, device, timer,
-                seeds=[seed(g) for g in range(rank, len(batch), world)], n=n)
-            places = [g * n + j for g in range(rank, len(batch), world) for j in range(n)]
-        del policy
-        if sharded and device.type == "cuda":
-            torch.cuda.empty_cache()
+        batch = [states[i] for i in order[k * cfg.batch_size:(k + 1) * cfg.batch_size]]
+    mine = list(range(ranks.rank, len(batch), ranks.world))
+    return [batch[g] for g in mine], [(cfg.seed * 100003 + it) * 100003 + g for g in mine], mine
 
+
+def rollout(run, batch, seeds, index, pool, timer):
+    """Steps 2-3 on this rank's states, samples_per_state actions each (in --episodic, episodes from each start) ->
+    prompts, tokens, log-probs, outcomes, nxt (as step_rollout) and each row's place in the whole batch."""
+    cfg, ranks, n = run.cfg, run.ranks, run.cfg.samples_per_state
+    policy = model.rollout_copy(run.actor.lm, ranks.device)  # under FSDP a gathered (bf16 on CUDA) copy, freed after
+    if cfg.episodic:
+        out = episode_rollout([s for s in batch for _ in range(n)], policy, run.tokenizer, cfg, pool, run.editor,
+                              ranks.device, timer, seeds=[s * n + j for s in seeds for j in range(n)])
+        sizes = ranks.gather([len(out[3])])  # episodes end at different steps: the rows rank by rank
+        places = [sum(sizes[:ranks.rank]) + j for j in range(len(out[3]))]
+    else:
+        out = step_rollout(batch, policy, run.tokenizer, cfg, pool, run.editor, ranks.device, timer, seeds=seeds, n=n)
+        places = [g * n + j for g in index for j in range(n)]
+    del policy
+    if model.is_sharded(run.actor) and ranks.device.type == "cuda":
+        torch.cuda.empty_cache()
+    return (*out, places)
+
+
+def score(run, prompts, tokens, gen_lp, outcomes):
+    """Step 4: the rollout as one batch (make_batch), the old log-probs, the reference's and the critic's values
+    (forward_scores), reward.py's score on the last token and the KL penalty on every token (token_rewards) -> the
+    batch as ppo_update reads it, with scores, rewards, kl and the generation's log-prob gap."""
+    cfg, ranks, device = run.cfg, run.ranks, run.ranks.device
+    # a state's samples share its prompt's row, except where a recomputed block (gradient checkpointing) would
+    # write the prompt's KV cache twice, or where FSDP needs as many block calls on every rank
+    group = 1 if cfg.episodic else cfg.samples_per_state
+    ids, lengths, mask, starts = make_batch(prompts, tokens, run.tokenizer.pad_token_id, device,
+                                            1 if run.checkpointing or model.is_sharded(run.actor) else group)
+    # the old log-probs: on CPU the rollout ran on the actor's own fp32 weights, so the generation's are kept (the
+    # first minibatch's ratio, logged, shows the gap) and a forward pass is saved; on CUDA the rollout's bf16 weights
+    # and kernels differ from the update's autocast forward, so they are recomputed, as VeRL and OpenRLHF do
+    kept = None
+    if device.type == "cpu":
+        kept = torch.zeros(mask.shape, device=device)
+        for row, lps in enumerate(gen_lp):
+            kept[row, :len(lps)] = torch.tensor(lps, device=device)
+    logprobs, ref_logprobs, values = (x * mask for x in forward_scores(
+        run.actor, run.value_net, run.ref, ids, lengths, starts, mask.shape[1], cfg, device, ranks, logprobs=kept))
+    gen_gap = None if kept is not None else ranks.max(max(  # generate vs forward
+        (abs(a - b) for row, lps in enumerate(gen_lp) for a, b in zip(lps, logprobs[row, :len(lps)].tolist())),
+        default=0.0))
+    scores = torch.tensor([o["reward"] for o in outcomes], device=device)
+    rewards, kl = token_rewards(scores, logprobs, ref_logprobs, mask, cfg.kl_coef)
+    return dict(ids=ids, lengths=lengths, starts=starts, mask=mask, logprobs=logprobs, values=values, group=group,
+                scores=scores, rewards=rewards, kl=kl, gen_gap=gen_gap)
+
+
+def estimate_advantages(run, data, nxt):
+    """Step 5: GAE over the critic's values (in --episodic across an episode's steps), whitened over the valid tokens
+    of the whole batch; or --advantage group's baseline, not whitened -> advantages, returns, explained variance."""
+    cfg, mask = run.cfg, data["mask"]
+    if run.value_net is None:
+        adv = episode_group_advantages(data["scores"], data["kl"], mask, nxt, cfg.samples_per_state, cfg.kl_coef) \
+            if cfg.episodic else group_advantages(data["scores"], data["kl"], mask, cfg.samples_per_state, cfg.kl_coef)
+        return adv, adv, None
+    adv, returns = gae_rows(data["rewards"], data["values"], mask, nxt, cfg.gamma, cfg.lam)
+    return whiten(adv, mask, ranks=run.ranks), returns, explained_variance(data["values"], returns, mask, run.ranks)
+
+
+def log_iteration(run, it, outcomes, places, data, ev, upd, timer):
+    """The whole batch's log line (gathered from the ranks; the times rank 0's): reward and its breakdown, metric
+    change, KL, PPO statistics, time split; printed and appended to --log-file by rank 0."""
+    ranks, times = run.ranks, timer.times
+    outcomes = [o for _, o in sorted(zip(ranks.gather(places), ranks.gather(outcomes)), key=lambda x: x[0])]
+    kinds, n = [o["kind"] for o in outcomes], len(outcomes)
+    edits = [o for o in outcomes if o["kind"] == "edit" and o["m_new"] is not None and o["m_prev"] is not None]
+    log = {"iteration": it + 1, "states": n, "reward": sum(o["reward"] for o in outcomes) / n,
+           "rewards": [o["reward"] for o in outcomes],
+           **{f"frac_{k}": kinds.count(k) / n for k in ("invalid", "error", "corner", "neutral", "edit", "final")},
+           "frac_unfinished": sum(not o.get("finished", True) for o in outcomes) / n,  # cut responses
+           "frac_improved": sum(o["reward"] > 0 for o in edits) / n,
+           "metric_change": sum(o["m_new"] - o["m_prev"] for o in edits) / len(edits) if edits else 0.0,
+           "kl": float(ranks.sum(data["kl"].sum())) / n, "response_tokens": float(ranks.sum(data["mask"].sum())) / n,
+           "explained_variance": ev, "generate_vs_forward_logprob_gap": data["gen_gap"], **upd,
+           **{f"time_{k}": v for k, v in times.items()}, "time_total": time.time() - timer.start,
+           "world_size": ranks.world, "out": os.path.abspath(run.cfg.out),
+           "actor_updated": it >= run.cfg.critic_warmup, "reward_config": dataclasses.asdict(run.cfg.reward)}
+    shares = " ".join(f"{k} {log['frac_' + k]:.2f}" for k in ("invalid", "error", "corner", "neutral", "edit"))
+    run.say(f"it {it + 1}/{run.total} reward {log['reward']:+.3f} ({shares} improved {log['frac_improved']:.2f}) "
+            f"dmetric {log['metric_change']:+.4f} kl {log['kl']:.4f} clip {log['clipfrac']:.3f} vf "
+            f"{log['vf_loss']:.4f} ev {'-' if ev is None else f'{ev:+.2f}'} | gen {times['generate']:.1f}s exec "
+            f"{times['execute']:.1f}s update {times['update']:.1f}s")
+    if ranks.rank == 0:
+        agent.append_jsonl(run.cfg.log_file, log)
+
+
+def train(cfg):
+    """The whole run -> its progress: setup (with the resume point) once, then per iteration the six steps, a log
+    line, and a checkpoint every save_every iterations and at the end."""
+    run = setup(cfg)
+    cfg, pool = run.cfg, ThreadPoolExecutor(run.cfg.workers)
+    for it in range(run.progress["iteration"], run.total):
+        timer = Timer()
+        # 1. sample a batch of states from d^{pi_e}; this rank takes every world-th, each with its own seed
+        batch, seeds, index = sample_states(run, it)
+        # 2. the policy generates actions (batched, left-padded, KV cache, log-probs kept)
+        # 3. each environment restores its state and executes its action, several sandboxes in parallel
+        prompts, tokens, gen_lp, outcomes, nxt, places = rollout(run, batch, seeds, index, pool, timer)
         # 4. reward.py's score on the last token, the KL penalty to the frozen reference on every token
-        # a state's samples share its prompt's row, except where a recomputed block (gradient checkpointing) would
-        # write the prompt's KV cache twice, or where FSDP needs as many block calls on every rank
-        group = 1 if cfg.episodic else cfg.samples_per_state
-        ids, lengths, mask, begins = make_batch(prompts, tokens, tokenizer.pad_token_id, device,
-                                                1 if checkpointing or sharded else group)
-        # the old log-probs: on CPU the rollout ran on the actor's own fp32 weights, so the generation's log-probs
-        # are kept (the first minibatch's ratio, logged, shows the gap; README has the measured one) and one forward
-        # pass over the batch is saved; on CUDA the rollout's bf16 weights and kernels
-        # differ from the update's autocast forward, so it is recomputed, as VeRL and OpenRLHF do
-        kept = None
-        if device.type == "cpu":
-            kept = torch.zeros(mask.shape, device=device)
-            for row, lps in enumerate(gen_lp):
-                kept[row, :len(lps)] = torch.tensor(lps, device=device)
-        logprobs, ref_logprobs, values = forward_scores(actor, value_net, ref, ids, lengths, begins, mask.shape[1],
-                                                        cfg, device, ranks, logprobs=kept)
-        logprobs, ref_logprobs, values = logprobs * mask, ref_logprobs * mask, values * mask
-        gen_gap = None if kept is not None else ranks.max(max(  # generate vs forward
-            (abs(a - b) for row, lps in enumerate(gen_lp) for a, b in zip(lps, logprobs[row, :len(lps)].tolist())),
-            default=0.0))
-        scores = torch.tensor([o["reward"] for o in outcomes], device=device)
-        rewards, kl = token_rewards(scores, logprobs, ref_logprobs, mask, cfg.kl_coef)
-
-        # 5. the critic's values; GAE (gamma 1, lambda 0.95), in --episodic across the steps of an episode;
-        #    advantages whitened over the valid tokens of the whole batch
-        #    (--advantage group: no critic; each action against the other samples of its state, or in --episodic
-        #    each step's return-to-go against the other episodes of its task start; not whitened)
-        if value_net is None:
-            advantages = returns = (episode_group_advantages(scores, kl, mask, nxt, n, cfg.kl_coef) if cfg.episodic
-                                    else group_advantages(scores, kl, mask, n, cfg.kl_coef))
-            ev = None
-        else:
-            advantages, returns = gae_rows(rewards, values, mask, nxt, cfg.gamma, cfg.lam)
-            advantages = whiten(advantages, mask, ranks=ranks)
-            ev = explained_variance(values, returns, mask, ranks)
-
-        # 6. clipped policy and value losses over minibatches and epochs
-        data = dict(ids=ids, lengths=lengths, starts=begins, mask=mask, logprobs=logprobs, values=values,
-                    advantages=advantages, returns=returns, rows=places, group=group)
-        upd = ppo_update(actor, value_net, opt_a, opt_c, data, cfg, device,
-                         torch.Generator().manual_seed(cfg.seed * 100003 + it), step_actor=it >= cfg.critic_warmup,
-                         ranks=ranks)
+        data = score(run, prompts, tokens, gen_lp, outcomes)
+        # 5. advantages: the critic's GAE, whitened, or the group baseline
+        data["advantages"], data["returns"], ev = estimate_advantages(run, data, nxt)
+        # 6. clipped policy and value losses over minibatches and epochs (in the warm-up the critic's only)
+        upd = ppo_update(run.actor, run.value_net, run.opt_a, run.opt_c, {**data, "rows": places}, cfg,
+                         run.ranks.device, torch.Generator().manual_seed(cfg.seed * 100003 + it),
+                         step_actor=it >= cfg.critic_warmup, ranks=run.ranks)
         timer("update")
-
-        # log (the whole batch, gathered from the ranks): reward and its breakdown, metric change, KL, PPO statistics,
-        # time split (rank 0's)
-        outcomes = [o for _, o in sorted(zip(ranks.gather(places), ranks.gather(outcomes)), key=lambda x: x[0])]
-        kinds = [o["kind"] for o in outcomes]
-        edits = [o for o in outcomes if o["kind"] == "edit" and o["m_new"] is not None and o["m_prev"] is not None]
-        n_tokens = float(ranks.sum(mask.sum()))
-        log = {"iteration": it + 1, "states": len(outcomes), "reward": sum(o["reward"] for o in outcomes) / len(kinds),
-               "rewards": [o["reward"] for o in outcomes],
-               **{f"frac_{k}": kinds.count(k) / len(kinds) for k in ("invalid", "error", "corner", "neutral", "edit")},
-               "frac_final": kinds.count("final") / len(kinds),
-               "frac_unfinished": sum(not o.get("finished", True) for o in outcomes) / len(kinds),  # cut responses
-               "frac_improved": sum(o["reward"] > 0 for o in edits) / len(kinds),
-               "metric_change": sum(o["m_new"] - o["m_prev"] for o in edits) / len(edits) if edits else 0.0,
-               "kl": float(ranks.sum(kl.sum())) / len(kinds), "response_tokens": n_tokens / len(kinds),
-               "explained_variance": ev, "generate_vs_forward_logprob_gap": gen_gap, **upd,
-               "time_generate": times["generate"], "time_execute": times["execute"], "time_update": times["update"],
-               "time_total": time.time() - t0, "world_size": world, "out": os.path.abspath(cfg.out),
-               "actor_updated": it >= cfg.critic_warmup, "reward_config": dataclasses.asdict(cfg.reward)}
-        say(f"it {it + 1}/{total} reward {log['reward']:+.3f} (invalid {log['frac_invalid']:.2f} error "
-            f"{log['frac_error']:.2f} corner {log['frac_corner']:.2f} neutral {log['frac_neutral']:.2f} edit "
-            f"{log['frac_edit']:.2f} improved {log['frac_improved']:.2f}) dmetric {log['metric_change']:+.4f} "
-            f"kl {log['kl']:.4f} clip {log['clipfrac']:.3f} vf {log['vf_loss']:.4f} ev "
-            f"{'-' if ev is None else f'{ev:+.2f}'} | gen {times['generate']:.1f}s exec {times['execute']:.1f}s "
-            f"update {times['update']:.1f}s")
-        if rank == 0:
-            with open(cfg.log_file, "a", encoding="utf-8") as f:
-                f.write(json.dumps(log) + "\n")
-        progress["iteration"] = it + 1
-        if (it + 1) % cfg.save_every == 0 or it + 1 == total:
-            save_checkpoint(cfg, actor, tokenizer, critic, opt_a, opt_c, progress, ranks)
+        log_iteration(run, it, outcomes, places, data, ev, upd, timer)
+        run.progress["iteration"] = it + 1
+        if (it + 1) % cfg.save_every == 0 or it + 1 == run.total:
+            save_checkpoint(cfg, run.actor, run.tokenizer, run.critic, run.opt_a, run.opt_c, run.progress, run.ranks)
     pool.shutdown()
     if dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()
-    if lock:
-        lock.close()
-    return progress
+    if run.lock:
+        run.lock.close()
+    return run.progress
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Command line
+# Command line: a flag per Config field, its value checked by its argparse type (one line, exit 2)
+
+TYPES = {**dict.fromkeys(("batch_size", "samples_per_state", "num_minibatches", "micro_batch", "micro_tokens",
+                          "logits_chunk", "gen_batch", "update_epochs", "max_new_tokens", "max_prompt_len", "workers",
+                          "episode_steps", "save_every"), agent.POSITIVE_INT),
+         **dict.fromkeys(("tasks", "iterations", "critic_warmup", "lora_rank"), agent.COUNT),
+         **dict.fromkeys(("epochs", "actor_lr", "critic_lr", "adam_eps", "max_grad_norm", "temperature", "clip_coef",
+                          "vf_clip", "lora_alpha"), agent.POSITIVE),
+         **dict.fromkeys(("target_kl", "kl_coef"), agent.NONNEGATIVE),
+         **dict.fromkeys(("gamma", "lam"), agent.FRACTION), "seed": int}
+CHOICES = {"advantage": ("gae", "group"), "save_dtype": ("auto", "float32")}
+
 
 def parser():
     p = agent.Parser(prog="ppo.py", description="Step-wise PPO (ML-Agent) over the expert states pool.")
     for f in dataclasses.fields(Config):
-        if f.name == "reward":  # reward.py's own flags, below
-            continue
         flag = "--" + f.name.replace("_", "-")
         if f.type is bool:  # --flag / --no-flag
             p.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default)
-        else:
-            kind = {int: int, float: float, int | None: int, float | None: float}.get(f.type, str)
-            p.add_argument(flag, type=kind, default=f.default)
+        elif f.name != "reward":  # reward.py's own flags, below
+            p.add_argument(flag, type=TYPES.get(f.name, str), choices=CHOICES.get(f.name), default=f.default)
     add_reward_flags(p)
     return p
 
@@ -1073,32 +973,11 @@ def main(argv=None):
     except ValueError as e:
         p.error(str(e))
     cfg = Config(**{f.name: getattr(args, f.name) for f in dataclasses.fields(Config) if f.name != "reward"}, reward=rc)
-    for name in ("batch_size", "num_minibatches", "micro_batch", "update_epochs", "max_new_tokens", "max_prompt_len",
-                 "workers",
-                 "episode_steps", "save_every", "micro_tokens", "logits_chunk", "gen_batch", "samples_per_state"):
-        if getattr(cfg, name) is not None and getattr(cfg, name) < 1:  # None: filled in from the policy's size
-            p.error(f"--{name.replace('_', '-')} must be at least 1")
-    floats = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(Config) if isinstance(getattr(cfg, f.name), float)}
-    if any(not math.isfinite(v) for v in floats.values()):
-        p.error(f"--{next(k for k, v in floats.items() if not math.isfinite(v)).replace('_', '-')} must be finite")
-    if not (cfg.kl_coef >= 0 and cfg.target_kl >= 0 and 0 <= cfg.gamma <= 1 and 0 <= cfg.lam <= 1
-            and cfg.clip_coef > 0 and cfg.vf_clip > 0 and cfg.max_grad_norm > 0 and cfg.adam_eps > 0
-            and cfg.lora_alpha > 0):
-        p.error("need --kl-coef >= 0, --target-kl >= 0, 0 <= --gamma <= 1, 0 <= --lam <= 1, and --clip-coef, --vf-clip, "
-                "--max-grad-norm, --adam-eps, --lora-alpha > 0")
     if model.bad_device(cfg.device):
         p.error(model.bad_device(cfg.device))
-    if cfg.advantage not in (None, "gae", "group"):
-        p.error(f"--advantage must be gae or group, not {cfg.advantage!r}")
     if cfg.advantage == "group" and ((cfg.samples_per_state or 2) < 2 or cfg.critic_warmup):
         p.error("--advantage group needs --samples-per-state >= 2 (its baseline is the other samples, or the other "
                 "episodes in --episodic) and has no critic to warm up (--critic-warmup)")
-    if cfg.save_dtype not in ("auto", "float32"):
-        p.error(f"--save-dtype must be auto or float32, not {cfg.save_dtype!r}")
-    if cfg.temperature <= 0 or cfg.epochs <= 0 or cfg.lora_rank < 0 or cfg.iterations < 0 or cfg.tasks < 0:
-        p.error("need --temperature > 0, --epochs > 0, --lora-rank >= 0, --iterations >= 0, --tasks >= 0")
-    if any(v is not None and not v > 0 for v in (cfg.actor_lr, cfg.critic_lr)) or (cfg.critic_warmup or 0) < 0:
-        p.error("need --actor-lr > 0, --critic-lr > 0, --critic-warmup >= 0")
     if not os.path.exists(cfg.states):
         p.error(f"no states pool at {cfg.states}; run collect.py first or pass --states")
     if not find_resume(cfg.out) and not os.path.isdir(cfg.model):

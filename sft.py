@@ -1,69 +1,32 @@
 """Supervised fine-tuning with the loss on assistant tokens only: ML-Agent's exploration-enriched fine-tuning stage.
 
-ML-Agent (arXiv:2505.23723, §"Exploration-enriched fine-tuning"; §Experiments "Training") fine-tunes Qwen2.5-7B on the expert
-trajectories with SFT, 2 epochs at learning rate 2e-5 on 8 A100s. This file does that on `runs/data/sft.jsonl`
-(collect.py): each line {"messages": [system, user, assistant, ...]} is rendered with ChatML (model.py's template)
-and the cross-entropy is put only on the assistant turns' content and their closing <|im_end|> (the tiny model
-trained from scratch, below, also learns the prompt tokens).
+ML-Agent (arXiv:2505.23723, §"Exploration-enriched fine-tuning"; §Experiments "Training") fine-tunes Qwen2.5-7B on the
+expert trajectories, 2 epochs at lr 2e-5 on 8 A100s. This file trains on runs/data/sft.jsonl (collect.py): each line
+{"messages": [...]} rendered with ChatML (model.py), the cross-entropy on the assistant turns' content and their closing
+<|im_end|>. Reading order: config -> data (render + mask, held-out split, length-bucketed micro-batches) -> the loss ->
+the model -> the learning rate -> checkpoints and resume -> evaluation (held-out loss, parse rate) -> the loop.
+Where the paper is silent, the Hugging Face Trainer / TRL defaults: AdamW (0.9, 0.999, no weight decay), linear warmup
+over 3% of the steps then cosine to 0, gradient norm 1.0, the loss averaged over every trained token of an optimizer
+step (across micro-batches and ranks), fp32 master weights with bf16 autocast on CUDA. Departures:
+1. No --model: a tiny Qwen3 (width 128, 2 blocks, 4 heads) with a byte-level BPE trained on the training split is
+   trained from scratch, so `python collect.py && python sft.py` runs offline on a CPU; random weights need far more
+   than the paper's fine-tuning: lr 3e-3, 8 epochs, 2 conversations per step (our choice; tests/RESULTS.md).
+2. From scratch the loss also covers the prompt tokens at weight 1 (--prompt-loss-weight; a pre-trained model gets 0,
+   the paper's): Instruction Modelling (Shi et al. 2024) helps most with long prompts, short outputs, few examples.
+3. Sequences of similar length share a micro-batch, right-padded (no mask needed), no packing; the prefix the rows
+   share (the tools' descriptions open every prompt) is computed once (SFTModel); logits only at trained positions.
+4. Imports agent.py (beyond the house table's model.py) for the run-folder plumbing every command shares and for the
+   held-out parse rate's agent.parse_response (--eval-parse 0 turns it off).
+5. Several GPUs: a pre-trained model gets the paper's recipe, 64 conversations per step (one per rank per micro-batch,
+   the rest accumulated), --max-len 16384 (the paper cuts at 15,000 tokens); a longer conversation loses its oldest
+   tokens, one whose last assistant turn alone is longer is dropped, both reported. DDP replicates (NCCL, or gloo on
+   CPU); FSDP2 (--fsdp, or by itself on CUDA when fp32 training states do not fit half a GPU) shards, every rank
+   reading its own rows; checkpoints gather the weights on rank 0 (bf16 from CUDA, fp32 master weights kept).
 
-Reading order: the config -> data (render + mask, held-out split, length-bucketed micro-batches) -> the loss ->
-the model (a checkpoint, or the tiny configuration from scratch; gradient checkpointing; DDP / FSDP) -> the learning
-rate schedule -> checkpoints and resume -> evaluation (held-out loss, parse rate of greedy responses) -> the loop.
-
-Where the paper is silent we follow the Hugging Face Trainer / TRL SFT defaults: AdamW (betas 0.9, 0.999, weight
-decay 0), linear warmup over 3% of the steps then cosine decay to 0, gradient norm clipped at 1.0, the loss averaged
-over all trained tokens of an optimizer step (across micro-batches and ranks, so accumulation does not reweight
-short sequences; a weighted mean when prompt tokens are trained too, below), fp32 master weights with bf16 autocast
-on CUDA. Departures and choices:
-  - No --model: a tiny Qwen3 (model.tiny_config at width 128, 2 blocks, 4 heads; the run prints its parameter count)
-    is trained from scratch with a byte-level BPE trained on the training split (model.train_tokenizer), so
-    `python collect.py && python sft.py` runs offline on a laptop CPU. A model that starts from random weights needs a
-    far higher learning rate, more passes and more updates than the paper's fine-tuning of a pre-trained 7B: lr 3e-3,
-    8 epochs, 2 conversations per step there (our choice); a vocabulary of 8192 is requested (the BPE stops far short
-    of it, at one token per distinct word).
-  - From scratch, the loss also covers the prompt tokens, at weight 1 (--prompt-loss-weight; None means 0 for a
-    pre-trained model, the paper's loss on assistant tokens only). Instruction Modelling (Shi et al. 2024) found a loss
-    on the prompt helps most with long prompts, short outputs and few examples: here the prompts are far longer than
-    the responses, the conversations are few, and the prompts hold earlier responses in the same format. Over several
-    seeds, weight 1 gave a higher parse rate of greedy responses on states of unseen trajectories and a lower held-out
-    loss on the assistant tokens than weight 0, though not every seed reached C1's aim (tests/bench_claims.py measures
-    the default's parse rate; tests/RESULTS.md has its numbers). A deeper or wider tiny model, or more data, did not
-    do better. Weight 1 costs extra training time (the lm_head and the loss at every position). The misses are slips
-    in long copies: a JSON key repeated or dropped after a long edit instruction, a plan line copied into the Thought.
-    The thread count does not change the result (identical losses). Fewer epochs shorten the quick pipeline, but none
-    of 5, 6 and 7 did clearly better: 5 and 7 had a higher held-out loss, 6 a lower J_step on held-in states, and the
-    held-out gains differed within the noise of K = 2. 8 stays, for the lower held-out loss (tests/RESULTS.md, "sft.py:
-    epochs of the tiny model").
-  - Batches: sequences of similar length are grouped (length buckets) and right-padded; no packing. The prefix that
-    the rows of a micro-batch share is computed once (SFTModel): every prompt begins with the tools' descriptions.
-    Batching the steps of one task together would share its whole system prompt and ran faster, but it trained worse
-    (tests/RESULTS.md, "sft.py: shared prefix"). Right padding needs no attention mask: a real token never attends to
-    a later pad under the causal mask.
-  - The logits are computed only at trained positions (the lm_head is the memory peak for 150k-token vocabularies).
-  - sft.py imports agent.py (the house's import table lists model.py only): for the torch-free file helpers every CLI
-    shares (locks, JSONL lines, folder swaps, checkpoint checks) and for the held-out parse rate's
-    agent.parse_response (an evaluation step, switched off with --eval-parse 0).
-
-Several GPUs or nodes: `torchrun --nproc_per_node 8 sft.py --model Qwen/Qwen2.5-7B-Instruct --grad-checkpointing`.
-A pre-trained model gets the paper's recipe: 64 conversations per optimizer step (ML-Agent's effective batch; one per
-rank per micro-batch, the rest accumulated), lr 2e-5, 2 epochs, --max-len 16384 (the paper's cutoff is 15,000 tokens).
-A conversation longer than that loses its oldest tokens, as ppo.py cuts prompts; one whose last assistant turn alone
-is longer is dropped, and both are counted and reported. With several ranks the model is replicated with DDP (NCCL on
-CUDA, gloo on CPU), or sharded with FSDP2 (`shard`: fully_shard per transformer block, then the root; bf16 compute,
-fp32 reduction) under --fsdp or, on CUDA, by itself when fp32 weights, gradients and AdamW do not fit half a GPU.
-Sharded, the model is built on the meta device and every rank reads the checkpoint tensor by tensor, keeping its own
-rows (`fill`); checkpoints gather the full weights on rank 0 (CPU) to write the Hugging Face folder, bf16 from CUDA
-runs (--save-dtype float32 to keep fp32), with the fp32 master weights and the optimizer state in trainer_state.pt.
-The held-out parse rate at the end is split over the ranks.
-
-Run:
-  python sft.py                                        # tiny model from scratch on runs/data/sft.jsonl (CPU, minutes)
-  python sft.py --model Qwen/Qwen2.5-0.5B-Instruct --grad-checkpointing
-  python sft.py                                        # again: resumes the latest checkpoint under --out (same run)
-  python sft.py --prompt-loss-weight 0                 # from scratch with the paper's assistant-only loss
-  torchrun --nproc_per_node 2 sft.py --epochs 1        # DDP, also on CPU (gloo)
-Outputs under --out (default runs/ckpt/sft): the final Hugging Face folder itself, `checkpoint-<step>/` per epoch
-(weights + trainer_state.pt: optimizer, scheduler, step, epoch), `log.jsonl` (one line per optimizer step).
+Run:  python sft.py  (tiny model from scratch; run again, it resumes);  python sft.py --model Qwen/Qwen2.5-0.5B-Instruct
+      torchrun --nproc_per_node 8 sft.py --model Qwen/Qwen2.5-7B-Instruct --grad-checkpointing   (DDP; --fsdp shards)
+Outputs under --out (runs/ckpt/sft): the final Hugging Face folder, checkpoint-<step>/ per epoch (weights +
+trainer_state.pt: optimizer, scheduler, step, epoch), log.jsonl (a line per optimizer step).
 """
 import contextlib
 import dataclasses
@@ -72,7 +35,6 @@ import glob
 import json
 import math
 import os
-import pickle
 import random
 import shutil
 import time
@@ -81,7 +43,6 @@ import typing
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.checkpoint.state_dict import (StateDictOptions, set_optimizer_state_dict)
 from tqdm import tqdm
 
 import agent  # torch-free file helpers shared with collect.py, eval.py and orchestrator.py
@@ -122,8 +83,8 @@ class Config:
     device: str | None = None               # default: cuda (this rank's GPU) if available, else cpu
     threads: int = 0                        # CPU threads per process (torch.set_num_threads); 0: torch's default
     scratch_vocab: int = 8192               # from scratch: BPE vocabulary size (at most; merges stay within words)
-    scratch_hidden: int = 128               # from scratch: width (the sizes tried: module docstring)
-    scratch_layers: int = 2                 # from scratch: blocks (more were no better, docstring)
+    scratch_hidden: int = 128               # from scratch: width (the sizes tried: tests/RESULTS.md)
+    scratch_layers: int = 2                 # from scratch: blocks (more were no better: tests/RESULTS.md)
     scratch_heads: int = 4                  # from scratch: query heads (half as many key/value heads, GQA)
 
 
@@ -319,6 +280,35 @@ def scratch_model(rows, args):
     return model.Qwen(cfg), tokenizer
 
 
+def place(lm, tokenizer, source, master, prompt_weight, args, world, device):
+    """The SFTModel around lm (on the meta device when read from `source`) on this rank's device, in training mode:
+    sharded by FSDP2 (--fsdp, or on CUDA when the training states do not fit), each rank reading its rows of the
+    checkpoint, or whole (DDP over several ranks). master: fp32 weights of a checkpoint saved in bf16.
+    -> net, lm, tokenizer, sharded"""
+    if args.grad_checkpointing:
+        model.enable_grad_checkpointing(lm)
+    sharded = dist.is_initialized() and (args.fsdp or model.too_big_for_one_gpu(sum(p.numel() for p in lm.parameters()),
+                                                                          device))
+    share = not (args.grad_checkpointing or sharded)  # SFTModel: the batch's common prefix computed once
+    net = SFTModel(lm, prompt_weight, share)
+    if sharded:
+        net = model.shard(net, lm.model.layers, world, device)
+        if source:  # each rank reads the checkpoint tensor by tensor and keeps its shard
+            net.to_empty(device=device)
+            lm.tie_weights()
+            model.fill(lm, master.items() if master else model.weight_tensors(source))
+    else:
+        if source:
+            lm, tokenizer = model.load(source, device, torch.float32)  # fp32 master weights; autocast computes in bf16
+            if master:
+                lm.load_state_dict(master)
+            if args.grad_checkpointing:
+                model.enable_grad_checkpointing(lm)
+            net = SFTModel(lm, prompt_weight, share)
+        net = model.wrap(net.to(device), world, device)
+    return net.train(), lm, tokenizer, sharded
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # Learning rate: linear warmup then cosine decay to 0 (HF get_cosine_schedule_with_warmup)
 
@@ -333,27 +323,14 @@ def lr_factor(step, warmup, total):
 # Checkpoints: a Hugging Face folder (model.save) + trainer_state.pt, written to a temporary name then renamed
 
 
-def save_hf(lm, tokenizer, path, state, dtype):
-    """model.save of the (full) state into path.tmp, in `dtype`; the caller renames it over path."""
-    with torch.device("meta"):
-        cpu = model.Qwen(lm.config)
-    cpu.load_state_dict({k.removeprefix("lm."): v for k, v in state.items()}, assign=True)
-    cpu.tie_weights()
-    tmp = path.rstrip("/") + ".tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save(cpu, tokenizer, tmp, dtype=dtype)
-    return tmp
-
-
 def save_checkpoint(net, lm, tokenizer, optim, sched, info, args, rank, device):
     """out/checkpoint-<step>/ (weights + trainer_state.pt) and the final folder's files at out/ itself. Weights saved
     in bf16 leave the fp32 master weights in trainer_state.pt, so a resume continues exactly."""
     state, ostate = model.full_state(net), model.optim_state(net, optim)  # collective under FSDP: every rank
     if rank != 0:
         return
-    path, dtype = os.path.join(args.out, f"checkpoint-{info['step']}"), model.save_dtype(args.save_dtype, device)
-    tmp = save_hf(lm, tokenizer, path, state, dtype)
-    master = {k.removeprefix("lm."): v for k, v in state.items()} if dtype != torch.float32 else None
+    path = os.path.join(args.out, f"checkpoint-{info['step']}")
+    tmp, master = model.save_checkpoint_folder(lm, tokenizer, path, model.save_dtype(args.save_dtype, device), state)
     torch.save({"optimizer": ostate, "scheduler": sched.state_dict(), "master": master, **info},
                os.path.join(tmp, "trainer_state.pt"))
     swap_folder(tmp, path)  # a kill at any moment leaves the old checkpoint-<step> or the new one (recover_out)
@@ -382,17 +359,12 @@ def recover_out(out):
     the latest checkpoint again."""
     for old in glob.glob(os.path.join(out, "checkpoint-*.old")):
         recover_folder(old.removesuffix(".old"))
-    for tmp in glob.glob(os.path.join(out, "*.tmp")):  # checkpoint-<step>.tmp folders, <file>.tmp files
+    for tmp in glob.glob(os.path.join(out, "*.tmp")) + glob.glob(os.path.join(out, ".*.tmp")):  # checkpoint-<step>.tmp
+        # folders, <file>.tmp files of publish, .<file>.<pid>.tmp of agent.write_atomic
         shutil.rmtree(tmp) if os.path.isdir(tmp) else os.remove(tmp)
     if os.path.exists(os.path.join(out, ".publishing")):
         latest = latest_checkpoint(out)
         publish(latest, out) if latest else os.remove(os.path.join(out, ".publishing"))
-
-
-def claim_out(args):
-    """--out for this run: refused when it is a file; locked (out/.lock) against a second sft.py on it.
-    -> the open lock file."""
-    return claim_folder(args.out)
 
 
 def check_same_run(recorded, args, resume):
@@ -405,22 +377,19 @@ def check_same_run(recorded, args, resume):
                              f"{getattr(args, key)}; pass the same or another --out")
 
 
-def trim_log(path, step):
-    """log.jsonl as the checkpoint knows it: the lines of steps after it (written before a kill) are dropped, so
-    the resumed run neither duplicates nor loses a line."""
-    if not os.path.exists(path):
-        return
-    keep = []
-    with open(path, encoding="utf-8", errors="replace") as f:
-        for line in f:
-            try:
-                if json.loads(line)["step"] <= step:
-                    keep.append(line if line.endswith("\n") else line + "\n")
-            except (ValueError, KeyError, TypeError):
-                pass  # a line cut by the kill
-    with open(path + ".tmp", "w", encoding="utf-8") as f:
-        f.writelines(keep)
-    os.replace(path + ".tmp", path)
+def resume_point(args, say):
+    """The checkpoint to go on from (--resume's, or the latest under --out, as ppo.py resumes), provided it is of this
+    run (check_same_run), and its trainer state; or None and {}."""
+    resume = latest_checkpoint(args.out) if args.resume in (None, "auto") and os.path.isdir(args.out) else args.resume
+    if args.resume == "auto" and resume is None:
+        say(f"no checkpoint under {args.out}: starting fresh")
+    if not resume:
+        return None, {}
+    st = model.load_trainer_state(os.path.join(resume, "trainer_state.pt"), ("step", "epoch", "optimizer", "scheduler"),
+                                  "sft.py", "resume from an earlier checkpoint-<step>")
+    check_same_run(st.get("args", {}), args, resume)
+    check_checkpoint(resume)
+    return resume, st
 
 
 def latest_checkpoint(out):
@@ -438,7 +407,7 @@ def heldout_loss(net, data, args, rank, world, pad_id, device):
     net.eval()
     total = torch.zeros(2, device=device)
     per_round = world * args.micro_batch
-    with autocast(device):
+    with model.autocast(device):
         for i in range(rank * args.micro_batch, math.ceil(len(data) / per_round) * per_round, per_round):
             batch = data[i:i + args.micro_batch]  # every rank runs as many forwards (FSDP gathers in each one)
             _, loss, n = net(*collate(batch or data[:1], pad_id, device))  # the assistant tokens only
@@ -473,10 +442,16 @@ def parse_rate(lm, tokenizer, rows, max_new_tokens, batch=8):
     return ok / max(len(prompts), 1), same / max(len(prompts), 1)
 
 
-def autocast(device):  # bf16 autocast on CUDA (fp32 master weights); plain fp32 on CPU
-    if device.type == "cuda" and torch.cuda.is_bf16_supported():
-        return torch.autocast("cuda", dtype=torch.bfloat16)
-    return contextlib.nullcontext()
+def heldout_parse_rate(args, rows, rank, world, device):
+    """The checkpoint just written, loaded as ppo.py and eval.py will load it, answers the held-out prompts `rows`
+    greedily, each rank its share (no rank waits at a barrier) -> parse_rate, same_action_as_expert, parse_states."""
+    lm, tokenizer = model.load(args.out, device)
+    mine = rows[rank::world]
+    ok = torch.tensor(parse_rate(lm, tokenizer, mine, args.max_new_tokens), device=device) * len(mine)
+    if world > 1:
+        dist.all_reduce(ok)
+    rate, same = (ok / len(rows)).tolist()
+    return {"parse_rate": rate, "same_action_as_expert": same, "parse_states": len(rows)}
 
 # ----------------------------------------------------------------------------------------------------------------
 # Training
@@ -501,7 +476,7 @@ def optimizer_step(net, optim, sched, batches, pad_id, device, args, world):
         # (set_requires_gradient_sync(False)) would keep every unsharded fp32 gradient until the last micro-batch,
         # the whole model's size on each rank (28 GiB at 7B). torchtune's FSDP2 recipes accumulate the same way.
         with sync:
-            with autocast(device):
+            with model.autocast(device):
                 weighted, loss, _ = net(ids, labels, lengths, prefix)
             (weighted * world / n[1].clamp(min=1)).backward()
         total += loss.item()
@@ -528,30 +503,14 @@ def train(args):
     if len(rows) < 2 and args.heldout > 0:
         raise ValueError(f"{args.data}: need at least 2 conversations (one is held out)")
     train_idx, held_idx = split_heldout(len(rows), args.heldout, args.seed)
-    lock = claim_out(args) if rank == 0 else None
+    lock = claim_folder(args.out) if rank == 0 else None  # out/.lock: one sft.py per --out
     if rank == 0:
         recover_out(args.out)  # what a kill while saving left
     if world > 1:
         dist.barrier()
-    # a checkpoint under --out is resumed (as ppo.py does), provided it is of this run (check_same_run)
-    resume = latest_checkpoint(args.out) if args.resume in (None, "auto") and os.path.isdir(args.out) \
-        else args.resume
-    if args.resume == "auto" and resume is None:
-        say(f"no checkpoint under {args.out}: starting fresh")
-    # mmap: under torchrun every rank maps the same file and reads only what it uses (optimizer state is 2x the model)
-    try:
-        st = torch.load(os.path.join(resume, "trainer_state.pt"), weights_only=False, map_location="cpu",
-                        mmap=True) if resume else {}
-    except (RuntimeError, EOFError, pickle.UnpicklingError) as e:
-        raise ValueError(f"{resume}/trainer_state.pt cannot be read ({type(e).__name__}); resume from an earlier "
-                         f"checkpoint-<step>") from None
-    if resume and not (isinstance(st, dict) and {"step", "epoch", "optimizer", "scheduler"} <= set(st)):
-        raise ValueError(f"{resume}/trainer_state.pt is not an sft.py trainer state; resume from another checkpoint")
-    if resume:
-        check_same_run(st.get("args", {}), args, resume)
-        check_checkpoint(resume)
+    resume, st = resume_point(args, say)
     if rank == 0:  # the lines after the checkpoint (none before the first one) are redone: drop them
-        trim_log(os.path.join(args.out, "log.jsonl"), st["step"] if resume else 0)
+        agent.trim_log(os.path.join(args.out, "log.jsonl"), "step", st["step"] if resume else 0)
     source = resume or args.model
     if source:  # on the meta device first: the weights are read once it is known whether they are sharded
         lm, tokenizer = model.load(source, "cpu", torch.float32, meta=True)
@@ -568,29 +527,7 @@ def train(args):
         prompt_weight = st.get("prompt_weight", 0.0) if resume else float(from_scratch)
     if batch_size < micro * world:
         raise ValueError(f"--batch-size {batch_size} < --micro-batch {micro} x {world} ranks")
-    if args.grad_checkpointing:
-        model.enable_grad_checkpointing(lm)
-    sharded = dist.is_initialized() and (args.fsdp or model.too_big_for_one_gpu(sum(p.numel() for p in lm.parameters()),
-                                                                          device))
-    share = not (args.grad_checkpointing or sharded)  # SFTModel: the batch's common prefix computed once
-    net = SFTModel(lm, prompt_weight, share)
-    master = st.get("master")  # fp32 weights of a checkpoint saved in bf16
-    if sharded:
-        net = model.shard(net, lm.model.layers, world, device)
-        if source:  # each rank reads the checkpoint tensor by tensor and keeps its shard
-            net.to_empty(device=device)
-            lm.tie_weights()
-            model.fill(lm, master.items() if master else model.weight_tensors(source))
-    else:
-        if source:
-            lm, tokenizer = model.load(source, device, torch.float32)  # fp32 master weights; autocast computes in bf16
-            if master:
-                lm.load_state_dict(master)
-            if args.grad_checkpointing:
-                model.enable_grad_checkpointing(lm)
-            net = SFTModel(lm, prompt_weight, share)
-        net = model.wrap(net.to(device), world, device)
-    net.train()
+    net, lm, tokenizer, sharded = place(lm, tokenizer, source, st.get("master"), prompt_weight, args, world, device)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     counts = {"cut": 0}
     data = [encode_chat(tokenizer, r["messages"], args.max_len, counts) for r in rows]
@@ -610,10 +547,7 @@ def train(args):
     sched = torch.optim.lr_scheduler.LambdaLR(optim, lambda s: lr_factor(s, warmup, total))
     step = 0
     if resume:
-        if sharded:
-            set_optimizer_state_dict(net, optim, st["optimizer"], options=StateDictOptions(full_state_dict=True))
-        else:
-            optim.load_state_dict(st["optimizer"])
+        model.set_optim_state(net, optim, st["optimizer"])
         sched.load_state_dict(st["scheduler"])
         step = st["step"]
         say(f"resumed from {resume} at step {step} (epoch {st['epoch']})")
@@ -622,8 +556,6 @@ def train(args):
         f"{world} rank(s) on {device}{' (FSDP2)' if sharded else ''}, "
         f"{sum(p.numel() for p in lm.parameters()) / 1e6:.2f}M params; {counts['cut']} conversation(s) cut to "
         f"--max-len {args.max_len} (oldest tokens), {dropped} dropped (the last assistant turn alone is longer)")
-    os.makedirs(args.out, exist_ok=True)
-    log = open(os.path.join(args.out, "log.jsonl"), "a") if rank == 0 else None
     start, tokens, train_loss, held = time.time(), 0, float("nan"), float("nan")
     bar = tqdm(total=total, initial=step, desc="sft", disable=rank != 0, dynamic_ncols=True)
     for epoch in range(step // steps_per_epoch, epochs):
@@ -636,17 +568,16 @@ def train(args):
             epoch_losses.append(train_loss)
             bar.update()
             bar.set_postfix(loss=f"{train_loss:.3f}", lr=f"{sched.get_last_lr()[0]:.2e}")
-            if log:
-                log.write(json.dumps({"step": step, "epoch": epoch, "loss": train_loss, "lr": sched.get_last_lr()[0],
-                                      "trained_tokens": n_tok, "tokens_per_s": tokens / (time.time() - start)}) + "\n")
-                log.flush()
+            if rank == 0:
+                agent.append_jsonl(os.path.join(args.out, "log.jsonl"), {
+                    "step": step, "epoch": epoch, "loss": train_loss, "lr": sched.get_last_lr()[0],
+                    "trained_tokens": n_tok, "tokens_per_s": tokens / (time.time() - start)})
         held = heldout_loss(net, held_set, args, rank, world, pad_id, device) if held_set else float("nan")
         train_loss = sum(epoch_losses) / max(len(epoch_losses), 1)  # the epoch's mean over optimizer steps
         say(f"epoch {epoch + 1}/{epochs}: train loss {train_loss:.4f}, held-out loss {held:.4f}, "
             f"{tokens / (time.time() - start):.0f} tokens/s")
         info = {"step": step, "epoch": epoch + 1, "scratch": from_scratch, "prompt_weight": prompt_weight,
-                "train_loss": train_loss,
-                "heldout_loss": held, "args": dataclasses.asdict(args)}
+                "train_loss": train_loss, "heldout_loss": held, "args": dataclasses.asdict(args)}
         save_checkpoint(net, lm, tokenizer, optim, sched, info, args, rank, device)
     bar.close()
     seconds = time.time() - start
@@ -661,20 +592,9 @@ def train(args):
         gc.collect()  # (the scheduler and the optimizer refer to each other)
         if device.type == "cuda":
             torch.cuda.empty_cache()
-        ev, ev_tok = model.load(args.out, device)  # the checkpoint just written, as ppo.py / eval.py will load it
-        mine = held_idx[:args.eval_parse][rank::world]  # each rank answers its share: no rank waits at a barrier
-        counts_ok = torch.tensor(parse_rate(ev, ev_tok, [rows[i] for i in mine], args.max_new_tokens),
-                                 device=device) * len(mine)
-        if world > 1:
-            dist.all_reduce(counts_ok)
-        n = min(len(held_idx), args.eval_parse)
-        rate, same = (counts_ok / n).tolist()
-        del ev
-        summary.update(parse_rate=rate, same_action_as_expert=same, parse_states=n)
-        say(f"held-out parse rate: {rate:.1%} of {summary['parse_states']} greedy responses parse as a valid action "
-            f"({same:.1%} choose the expert's action)")
-    if log:
-        log.close()
+        summary.update(heldout_parse_rate(args, [rows[i] for i in held_idx[:args.eval_parse]], rank, world, device))
+        say(f"held-out parse rate: {summary['parse_rate']:.1%} of {summary['parse_states']} greedy responses parse as "
+            f"a valid action ({summary['same_action_as_expert']:.1%} choose the expert's action)")
     say(json.dumps(summary))
     if dist.is_initialized():
         dist.barrier()

@@ -39,12 +39,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 
 import agent  # noqa: E402
-import collect  # noqa: E402
 import env  # noqa: E402
 import model  # noqa: E402
 import ppo  # noqa: E402
 import sft  # noqa: E402
-from eval import performance_gain, policy_label, write_atomic  # noqa: E402
+from agent import write_atomic  # noqa: E402
+from eval import performance_gain, policy_label  # noqa: E402
 from reward import OUTCOMES, RewardConfig  # noqa: E402
 
 ROOT = env.ROOT
@@ -168,7 +168,7 @@ def _parse_rate(ckpt: str, rows: list) -> dict:
 
 def _distinct_ideas(data: str) -> dict:
     """Exploration in a data set (ML-Agent Figures 4, 7): distinct edit instructions per trajectory and in all."""
-    trajs = collect.read_jsonl(Path(data) / "trajectories.jsonl")
+    trajs = agent.read_jsonl(Path(data) / "trajectories.jsonl", complete_only=True)
     edits = [[s["action_input"].get("edit_instruction") for s in t["steps"]
               if s["action"] == "Edit Script (AI)" and isinstance(s["action_input"], dict)] for t in trajs]
     return {"per_trajectory": [len(set(e)) for e in edits], "distinct": len({i for e in edits for i in e}),
@@ -250,8 +250,8 @@ def _run_claims(preset: dict, out: Path, log, lanes) -> dict:
                                               "--no-plots"], [ev8]))
 
     # measurements
-    seen = {json.dumps(r["messages"]) for r in collect.read_jsonl(Path(data) / "sft.jsonl")}
-    unseen_rows = [r for r in collect.read_jsonl(Path(unseen) / "sft.jsonl")
+    seen = {json.dumps(r["messages"]) for r in agent.read_jsonl(Path(data) / "sft.jsonl", complete_only=True)}
+    unseen_rows = [r for r in agent.read_jsonl(Path(unseen) / "sft.jsonl", complete_only=True)
                    if json.dumps(r["messages"]) not in seen][: p["unseen_states"]]  # states SFT never trained on
     c1 = {s: R.measure(f"parse-sft-{s}", lambda c=c: _parse_rate(c, unseen_rows)) for s, c in sft_ckpt.items()}
     # J_step of each policy: objective_seeds fresh samples of objective_states states, the same for every policy
@@ -270,15 +270,15 @@ def _run_claims(preset: dict, out: Path, log, lanes) -> dict:
     gain = {k: bootstrap(v) for k, v in gains.items()}
     div = {"with ideas": _distinct_ideas(data), "one idea per category": _distinct_ideas(data1)}
     c3 = {"step-wise": "ppo", "episode-wise": "episodic"}
-    logs = {k: collect.read_jsonl(Path(f"{ppo_ckpt[run]}.jsonl")) for k, run in c3.items()}
+    logs = {k: agent.read_jsonl(Path(f"{ppo_ckpt[run]}.jsonl"), complete_only=True) for k, run in c3.items()}
     diff = lambda a, b: bootstrap([x - y for x, y in zip(obj[a]["rewards"], obj[b]["rewards"])])  # noqa: E731
-    corner = {k: bootstrap([r["frac_corner"] for r in collect.read_jsonl(Path(f"{ppo_ckpt[k]}.jsonl"))])["mean"]
-              for k in ("ppo", "binary", "no-format", "no-corner")}  # corner cases' share of the training actions
+    corner = {k: bootstrap([r["frac_corner"] for r in agent.read_jsonl(f"{ppo_ckpt[k]}.jsonl", complete_only=True)])
+              ["mean"] for k in ("ppo", "binary", "no-format", "no-corner")}  # corner cases' share of training actions
     rep8 = json.loads((Path(ev8) / "report.json").read_text())
     ranks = {Path(g["policy_path"]).name: bootstrap([t["human_rank_avg"] for t in g["tasks"]])
              for g in rep8["groups"]}
     ctx: dict = {}  # scaffold -> the prompt tokens per round of each run (runs.jsonl keeps them; report.json not)
-    for r in collect.read_jsonl(Path(ev7) / "runs.jsonl"):
+    for r in agent.read_jsonl(Path(ev7) / "runs.jsonl", complete_only=True):
         ctx.setdefault(r["scaffold"], []).append(r["context"])
     slope = lambda cs: bootstrap([(c[-1] - c[0]) / (len(c) - 1) for c in cs if len(c) > 1])  # noqa: E731
 

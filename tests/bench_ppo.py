@@ -27,7 +27,6 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 import agent  # noqa: E402
 import bench_claims  # noqa: E402  (beside this file)
-import eval as evaluation  # noqa: E402
 
 VARIANTS = ["gae: --batch-size 64",  # the paper's PPO with a critic, 64 actions per iteration
             "group: --advantage group --samples-per-state 4 --batch-size 16"]  # no critic, 64 actions per iteration
@@ -47,7 +46,7 @@ def objective(out, name, policy, states, n, seeds):
         return json.loads(path.read_text())
     runs = [bench_claims.estimate_objective(policy, states, n=n, seed=s) for s in range(seeds)]
     result = {"rewards": [r for x in runs for r in x["rewards"]], "kinds": [k for x in runs for k in x["kinds"]]}
-    evaluation.write_atomic(path, json.dumps(result))
+    agent.write_atomic(path, json.dumps(result))
     return result
 
 
@@ -113,8 +112,8 @@ def main(argv=None):
               "objective_seeds": a.objective_seeds, "sft": {"j_step": sum(base["rewards"]) / len(base["rewards"]),
                                                             "invalid": base["kinds"].count("invalid") / len(base["kinds"])},
               "rows": rows}
-    evaluation.write_atomic(out / "results.json", json.dumps(result, indent=1))
-    evaluation.write_atomic(out / "results.md", markdown(result))
+    agent.write_atomic(out / "results.json", json.dumps(result, indent=1))
+    agent.write_atomic(out / "results.md", markdown(result))
     print(markdown(result))
 
 

@@ -75,7 +75,7 @@ def bench_sft(a):
         sft.optimizer_step(net, opt_ours, sched, [examples], 0, device, args, 1)
 
     def step_hf():
-        with sft.autocast(device):
+        with model.autocast(device):
             loss = hf(input_ids=ids, labels=labels).loss
         loss.backward()
         torch.nn.utils.clip_grad_norm_(hf.parameters(), 1.0)
@@ -116,6 +116,7 @@ def bench_ppo(args):
     token: about 3x a plain step, counting a backward as two forwards)."""
     import shutil
 
+    import agent
     import collect
     import ppo
 
@@ -125,7 +126,7 @@ def bench_ppo(args):
         traj = collect.rollout({"id": "digits-0000", "task": "digits", "ideas": [], "expert": "scripted",
                                 "base_url": None, "prices": (0.0, 0.0), "max_steps": 4, "time_limit": 600.0})
         states_path = tmp / "states.jsonl"
-        collect.write_atomic(states_path, collect.state_rows([traj]))
+        agent.write_atomic(states_path, (json.dumps(s) + "\n" for s in collect.state_rows([traj])))
     states = [json.loads(line) for line in states_path.read_text().splitlines()]
     policy = ROOT / "runs" / "ckpt" / "sft"  # the SFT model acts validly, so the sandboxes get real work
     if not (policy / "config.json").exists():  # else a random tiny model: every action is invalid

@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -460,3 +461,31 @@ def test_local_backend_stops_at_stop_strings_while_generating_and_shares_n_sampl
     greedy = backend.chat(msgs, max_tokens=6)
     many = backend.chat(msgs, n=3, max_tokens=6)  # one prefill, three rows
     assert many.texts == greedy.texts * 3 and many.completion_tokens == 3 * greedy.completion_tokens
+
+
+# ------------------------------------------------------------------------------------------------ run-folder plumbing
+
+def test_run_folder_files_atomic_writes_jsonl_reading_and_log_trimming(tmp_path):
+    """write_atomic leaves no temporary file; read_jsonl names the bad line, skips (and with repair cuts off) a line
+    torn by a kill; trim_log keeps the lines up to the checkpoint's and drops a torn last line, and with `out` refuses
+    another run's log."""
+    path = tmp_path / "rows.jsonl"
+    agent.write_atomic(path, (json.dumps({"step": i}) + "\n" for i in (1, 2, 3)))
+    assert os.listdir(tmp_path) == ["rows.jsonl"]
+    agent.append_jsonl(path, {"step": 4})
+    with open(path, "a") as f:
+        f.write('{"step": 5')  # a kill mid-write
+    assert [r["step"] for r in agent.read_jsonl(path, complete_only=True)] == [1, 2, 3, 4]
+    with pytest.raises(ValueError, match=r"rows.jsonl:5: not a JSON line"):
+        agent.read_jsonl(path)
+    with pytest.raises(ValueError, match=r"rows.jsonl:1: not a row \(needs x\)"):
+        agent.read_jsonl(path, need=("x",), what="a row", complete_only=True)
+    agent.trim_log(path, "step", 2)
+    assert path.read_text() == '{"step": 1}\n{"step": 2}\n' and sorted(os.listdir(tmp_path)) == ["rows.jsonl"]
+    agent.trim_log(path, "step", 2)  # nothing past the checkpoint: unchanged
+    assert path.read_text() == '{"step": 1}\n{"step": 2}\n'
+    with pytest.raises(ValueError, match="another run"):
+        agent.trim_log(path, "step", 2, out=str(tmp_path / "o"))
+    path.write_text('{"x": 1}\n{"x": 2')
+    assert agent.read_jsonl(path, repair=True) == [{"x": 1}] and path.read_text() == '{"x": 1}\n'
+    assert agent.read_jsonl(tmp_path / "none.jsonl") == []

@@ -202,13 +202,13 @@ def test_seeding_fixes_torch_in_a_fresh_process():
 
 def test_read_runs_cuts_a_torn_last_line(tmp_path):
     path = tmp_path / "runs.jsonl"
-    ev.collect.append_line(path, {"key": "a", "x": 1})
-    ev.collect.append_line(path, {"key": "b", "x": 2})
+    ev.agent.append_jsonl(path, {"key": "a", "x": 1})
+    ev.agent.append_jsonl(path, {"key": "b", "x": 2})
     with open(path, "a") as f:
         f.write('{"key": "c", "x"')  # killed mid-write
     assert set(ev.read_runs(path)) == {"a", "b"}
     assert path.read_text().endswith("\n")  # the next append starts on a fresh line
-    ev.collect.append_line(path, {"key": "c", "x": 3})
+    ev.agent.append_jsonl(path, {"key": "c", "x": 3})
     assert ev.read_runs(path)["c"]["x"] == 3
 
 # ----------------------------------------------------------------------------------------------------- end to end

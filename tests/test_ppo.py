@@ -33,6 +33,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import agent
 import collect
 import env
 import model
@@ -441,7 +442,7 @@ def pool(tmp_path_factory):
                             "expert": "scripted", "base_url": None, "prices": (0.0, 0.0), "max_steps": 3,
                             "time_limit": 600.0})
     states = list(collect.state_rows([traj]))
-    collect.write_atomic(out / "states.jsonl", states)
+    agent.write_atomic(out / "states.jsonl", (json.dumps(s) + "\n" for s in states))
     tok = model.train_tokenizer([m["content"] for s in states for m in s["messages"]], 512)
     torch.manual_seed(0)
     model.save(model.Qwen(model.tiny_config(vocab_size=len(tok))), tok, out / "tiny")
@@ -822,10 +823,10 @@ def test_a_kill_inside_the_checkpoint_swap_is_repaired_at_start(tmp_path, killed
 def test_log_is_trimmed_to_the_checkpoint_and_another_runs_log_is_refused(tmp_path):
     log, out = tmp_path / "log.jsonl", str(tmp_path / "ckpt")
     log.write_text("".join(json.dumps({"iteration": i, "out": out}) + "\n" for i in (1, 2, 3)) + '{"iterat')
-    ppo.trim_log(str(log), out, 2)  # the kill came after iteration 3's line, before its checkpoint
+    agent.trim_log(str(log), "iteration", 2, out)  # the kill came after iteration 3's line, before its checkpoint
     assert [json.loads(x)["iteration"] for x in log.read_text().splitlines()] == [1, 2]
     with pytest.raises(ValueError, match="another run"):
-        ppo.trim_log(str(log), str(tmp_path / "elsewhere"), 2)
+        agent.trim_log(str(log), "iteration", 2, str(tmp_path / "elsewhere"))
 
 
 @pytest.mark.slow
@@ -946,7 +947,7 @@ def _fsdp_paths_worker(rank, world, port, out):
     before = roots()
     ids = torch.randint(0, 64, (2, 12), generator=torch.Generator().manual_seed(1))
     ppo.forward_scores(actor, None, ref, ids, torch.tensor([12, 10]), torch.tensor([6, 6]), 6, ppo.Config(), cpu,
-                       ppo.Ranks(rank, world, cpu))
+                       model.Ranks(rank, world, cpu))
     after = roots()
     gathered, full_tensor = [], DTensor.full_tensor
     DTensor.full_tensor = lambda self, **kw: gathered.append(str(self.dtype)) or full_tensor(self, **kw)
