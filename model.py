@@ -2,16 +2,14 @@
 
 What this file holds, top to bottom:
   1. `Config` (the fields of a Hugging Face `config.json`) and `tiny_config` for tests and CPU runs.
-  2. The architecture: RMSNorm, rotary position embeddings, grouped-query attention, SwiGLU MLP, tied or untied
-     embeddings (Qwen2 tech report arXiv:2407.10671, Qwen3 tech report arXiv:2505.09388), a KV cache and batched
-     generation with left padding that returns the new tokens and their log-probs (what PPO needs), and the
-     log-probs of given responses (what PPO and the orchestrator's ranking loss train).
-  3. A safetensors reader and writer written by hand (sharded checkpoints included).
+  2. The architecture (Qwen2 tech report arXiv:2407.10671, Qwen3 tech report arXiv:2505.09388), batched generation
+     that returns the new tokens and their log-probs (what PPO needs), and the log-probs of given responses.
+  3. A safetensors reader and writer (sharded checkpoints included).
   4. The byte-level BPE tokenizer read from `tokenizer.json`, the ChatML template, and a small BPE trainer.
-  5. `load` (a local folder, the local Hugging Face cache, or a resumable download) and `save` (a folder that
+  5. `load` (a local folder, the Hugging Face cache, or a resumable download) and `save` (a folder that
      `transformers`, vLLM and this file all load).
-  6. Putting a model on devices: torchrun setup, FSDP2 sharding and per-shard loading, gathered state dicts for
-     checkpoints, the bf16 rollout copy, hand-written LoRA.
+  6. Putting a model on devices: torchrun, FSDP2 sharding and per-shard loading, saving and resuming a sharded model
+     with its optimizer, the bf16 rollout copy, LoRA.
   7. A command line. Serving a saved folder is left to vLLM (`vllm serve runs/ckpt/ppo`) and `transformers serve`.
 
 How it departs from Hugging Face `transformers`:
@@ -31,6 +29,7 @@ import argparse
 import contextlib
 import dataclasses
 import datetime
+import functools
 import heapq
 import json
 import math
@@ -39,7 +38,6 @@ import pickle
 import shutil
 import struct
 import sys
-import threading
 import unicodedata
 from collections import Counter, defaultdict
 
@@ -158,36 +156,27 @@ def apply_rope(x, cos, sin):  # x (B, H, T, D)
 
 
 class KVCache:
-    """Per-layer key/value buffers (B, Hkv, capacity, D) written in place; they grow by doubling when full."""
+    """Keys and values per layer (B, Hkv, T, D), each call's appended; a cached batch-1 prefix broadcasts to the rows
+    that follow it (sft.py's shared prefix, response_hidden's prompt)."""
 
-    def __init__(self, capacity=0):
-        self.k, self.v = {}, {}
-        self.length, self.capacity = 0, capacity  # positions already cached; initial buffer length
+    def __init__(self):
+        self.k, self.v, self.length = {}, {}, 0  # length: positions already cached
 
     def update(self, layer, k, v):  # k, v (B, Hkv, T, D) -> all keys/values so far (B, Hkv, length + T, D)
-        end = self.length + k.shape[2]
-        if layer not in self.k or end > self.k[layer].shape[2]:
-            old = self.k[layer].shape[2] if layer in self.k else 0
-            cap = max(end, self.capacity, 2 * old)
-            for buf, x in ((self.k, k), (self.v, v)):
-                new = x.new_empty(*x.shape[:2], cap, x.shape[3])
-                if old:
-                    new[:, :, :self.length] = buf[layer][:, :, :self.length]
-                buf[layer] = new
-        self.k[layer][:, :, self.length:end] = k
-        self.v[layer][:, :, self.length:end] = v
-        return self.k[layer][:, :, :end], self.v[layer][:, :, :end]
+        if layer in self.k:
+            k = torch.cat((self.k[layer].expand(k.shape[0], -1, -1, -1), k), 2)
+            v = torch.cat((self.v[layer].expand(v.shape[0], -1, -1, -1), v), 2)
+        self.k[layer], self.v[layer] = k, v
+        return k, v
 
 
 class Linear(nn.Linear):
-    """nn.Linear (the same parameters and names). While an Engine on CPU holds `weight_t`, a (in, out) copy of the
-    weight, the product reads that copy. On CPU a batch-1 product streams the transposed copy faster than the (out, in)
-    weight (tests/RESULTS.md, "model.py: transposed weight copies"), and a decode step reads every weight once. The
-    same values, summed in another order."""
+    """nn.Linear whose product, while an Engine on CPU holds `weight_t` (an (in, out) copy of the weight), reads that
+    copy: it streams faster at batch 1 (tests/RESULTS.md, "model.py: transposed weight copies")."""
     weight_t = None
 
     def forward(self, x):
-        t = self.weight_t  # read once: another thread's engine may drop it meanwhile (the plain product is the same)
+        t = self.weight_t  # read once: another thread's engine may drop it meanwhile
         if t is None or torch.is_grad_enabled():  # a forward that trains differentiates through the weight itself
             return super().forward(x)
         return F.linear(x, t.t(), self.bias)
@@ -220,26 +209,22 @@ class Attention(nn.Module):
             k, v = cache.update(layer, k, v)  # (B, Hkv, Tk, D)
         # mask (B, 1, T, Tk) bool, True = may attend; None = plain causal (or a single query over the whole cache)
         if T == 1 and self.n_kv != self.n_head:
-            # decode: query head h reads key/value head h // G (HF's repeat_kv order), so the G query heads of a
-            # key/value head can stand as G query positions over the same keys, under the same mask row. This is
-            # plain attention, which the fused SDPA kernels take with a padding mask; enable_gqa with a mask sends
-            # older torch builds to the quadratic math kernel, and expanding K/V would copy the whole cache per step
+            # decode: query head h reads key/value head h // G (HF's repeat_kv), so the G query heads of a key/value
+            # head stand as G query positions over its keys: plain attention, which the fused kernels take with a
+            # mask (enable_gqa with a mask sends older torch builds to the math kernel)
             G = self.n_head // self.n_kv
             y = F.scaled_dot_product_attention(q.reshape(B, self.n_kv, G, self.head_dim), k, v, attn_mask=mask)
             return self.o_proj(y.reshape(B, 1, -1))  # (B, Hkv, G, D) is (B, H, 1, D) in memory
         past = k.shape[2] - T
         if mask is None and T > 1 and past:
-            # causal with an offset: query i sees keys 0 .. past + i (sft.py's rows over their shared prefix's cache,
-            # the engine's prefill chunks after the first, ppo.py's samples over their prompt's cache). A boolean
-            # mask here, with grouped-query heads, leaves CUDA only SDPA's math kernel (flash takes no mask, the
-            # memory-efficient kernel no GQA), which repeats K/V per head and builds every fp32 score: 56 GiB for 16
-            # rows of 16k tokens at 7B. Two mask-free forms reach the fused kernels instead:
-            if past < T:  # SDPA's is_causal lines the first query up with the first key, so `past` zero queries go
-                q = F.pad(q, (0, 0, past, 0))  # in front and their outputs are dropped: (past + T)^2 / 2 pairs, which
-                # here is fewer than the T (past + T) of a mask, and measured faster (tests/RESULTS.md, "model.py:
-                # causal attention over a cached prefix")
+            # causal with an offset (query i sees keys 0 .. past + i: a shared prefix's cache, prefill chunks after
+            # the first). A boolean mask with grouped-query heads leaves CUDA only SDPA's math kernel, which builds
+            # every fp32 score; two mask-free forms reach the fused kernels instead:
+            if past < T:  # is_causal lines the first query up with the first key: `past` zero queries go in front
+                q = F.pad(q, (0, 0, past, 0))  # and are dropped (tests/RESULTS.md, "model.py: causal attention over
+                # a cached prefix")
             else:  # more cached than new: the lower-right causal bias, which flash attention takes as it is
-                mask = causal_lower_right(T, past + T)  # (torch.nn.attention.bias; on CPU it becomes the mask)
+                mask = causal_lower_right(T, past + T)
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None and T > 1,
                                            enable_gqa=self.n_kv != self.n_head)[:, :, -T:]  # (B, H, T, D)
         return self.o_proj(y.transpose(1, 2).reshape(B, T, -1))
@@ -333,35 +318,25 @@ class Qwen(nn.Module):
         return self.lm_head(self.hidden(input_ids, attention_mask, cache)).float()  # (B, T, V)
 
     @torch.inference_mode()
-    def generate(self, prompts, max_new_tokens=128, temperature=0.0, top_p=1.0, stop_token_ids=None,
-                 pad_token_id=None, generator=None, stop_fn=None, seeds=None, prefill_chunk=2048, max_batch=None,
-                 n=1, on_done=None):
-        """Generation from token-id prompts of different lengths -> Generation, n rows per prompt (prompt-major).
-        The Engine below does the work: at most max_batch sequences (default: all) decode together, a finished one
-        gives its slot to the next waiting prompt, the n samples of a prompt share one prefill. stop_fn(i, new_tokens)
-        -> bool, if given, is asked after each step whether sequence i should stop (stop strings); the token that
-        made it true is the last one kept. on_done(i, tokens, reason), if given, is called as soon as sequence i
-        has finished, while the others go on (ppo.py starts executing an action then). seeds (one int per prompt): each row samples from its own generator, so a
-        row's tokens do not depend on which rows share its batch (ppo.py under torchrun splits a batch across ranks
-        and still samples what one process would); otherwise rows draw from `generator`. The prompts enter the cache
-        prefill_chunk positions at a time, so a long prompt never runs the MLP on all its tokens at once (16 rows of
-        15k tokens at Qwen2.5-7B's width would take ~29 GiB). pad_token_id is not needed (no padding is fed) and is
-        accepted for the callers that pass it."""
-        stops = self.stop_token_ids if stop_token_ids is None else list(stop_token_ids)
-        seqs = [Sequence(list(p), max_new_tokens, temperature, top_p, set(stops),
-                         None if stop_fn is None else (lambda toks, i=i: stop_fn(i, toks)),
-                         None if seeds is None else torch.Generator(self.lm_head.weight.device).manual_seed(seeds[j]))
-                for j, p in enumerate(prompts) for i in [j * n + k for k in range(n)]]
-        for i, s in enumerate(seqs):
-            if s.generator is not None and i % n:  # the n samples of a seeded prompt: distinct, reproducible streams
-                s.generator.manual_seed(seeds[i // n] * 1000003 + i % n)
-            if on_done is not None:
-                s.on_done = lambda s, i=i: on_done(i, s.tokens, s.reason)
-        # the cache is sized once for the longest request of the wave (prompt + max_new_tokens): a later, longer
-        # prompt never reallocates it, which would hold the old and the new cache at once (vLLM likewise sizes its
-        # cache once, at start-up, from max_model_len)
-        need = max((len(s.prompt) + s.max_new_tokens for s in seqs), default=0) + 1
-        engine = Engine(self, max_batch or len(seqs), prefill_chunk, generator, capacity=need)
+    def generate(self, prompts, max_new_tokens=128, temperature=0.0, top_p=1.0, stop_token_ids=None, generator=None,
+                 stop_fn=None, seeds=None, prefill_chunk=2048, max_batch=None, n=1, on_done=None):
+        """Generation from token-id prompts of different lengths -> Generation, n rows per prompt (prompt-major), by
+        the Engine below: at most max_batch sequences (default: all) decode together, the n samples of a prompt share
+        one prefill. stop_fn(i, new_tokens) -> bool is asked after each step whether row i stops (stop strings; the
+        token that made it true is kept). on_done(i, tokens, reason) is called as soon as row i has finished (ppo.py
+        starts executing its action then). seeds (one int per prompt): each row samples from its own generator, so its
+        tokens do not depend on which rows share its batch (ppo.py under torchrun); else rows draw from `generator`.
+        Prompts enter the cache prefill_chunk positions at a time, so the MLP never runs on a whole long prompt."""
+        stops = set(self.stop_token_ids if stop_token_ids is None else stop_token_ids)
+        dev, seqs = self.lm_head.weight.device, []
+        for j, p in enumerate(prompts):
+            for k in range(n):  # row i; the n samples of a seeded prompt draw distinct, reproducible streams
+                i, seed = j * n + k, None if seeds is None else (seeds[j] * 1000003 + k if k else seeds[j])
+                seqs.append(Sequence(list(p), max_new_tokens, temperature, top_p, stops,
+                                     None if stop_fn is None else (lambda toks, i=i: stop_fn(i, toks)),
+                                     None if seed is None else torch.Generator(dev).manual_seed(seed),
+                                     None if on_done is None else (lambda s, i=i: on_done(i, s.tokens, s.reason))))
+        engine = Engine(self, max_batch or len(seqs), prefill_chunk, generator)
         try:
             engine.run([seqs[j * n:(j + 1) * n] for j in range(len(prompts))])
         finally:
@@ -379,12 +354,10 @@ class Sequence:
     stop_ids: set = dataclasses.field(default_factory=set)
     stop_fn: object = None         # new tokens -> bool: a stop string was completed
     generator: object = None       # this row's own torch.Generator (seeded requests)
-    on_token: object = None        # called with (sequence, token) as each token arrives (streaming)
-    on_done: object = None         # called with the sequence once it has finished (ppo.py executes it meanwhile)
+    on_done: object = None         # called with the sequence once it has finished
     tokens: list = dataclasses.field(default_factory=list)
     logprobs: list = dataclasses.field(default_factory=list)
     reason: str | None = None      # "stop" or "length" once finished
-    done: object = None            # a threading.Event the server waits on
 
 
 class SlotCache:
@@ -427,123 +400,85 @@ TRANSPOSED_COPY_BYTES = 1 << 30  # the most that an engine on CPU copies of the 
 
 class Engine:
     """Continuous batching on one model (the scheduling idea of Orca, Yu et al. OSDI 2022, and vLLM; the slot layout is
-    our own, without paging). Up to max_batch sequences decode together, one token each per step; a sequence that
-    finishes leaves its slot at once (the last live slot moves into the hole) and waiting groups are prefilled into
-    free slots. A group is the n samples of one prompt: the prompt is prefilled once (right-padded with the other
-    admitted prompts, causal mask only) and its keys and values copied to the other n - 1 slots. Each step makes one
-    host sync: the sampled tokens and log-probs come back together, and everything else (stops, admission,
-    compaction) is decided on the host. `add` and `step` may be called from different threads (the server)."""
+    our own, without paging). Up to max_batch sequences decode together, one token each per step; a finished sequence
+    leaves its slot at once (the last live slot moves into the hole) and waiting groups are prefilled into free slots.
+    A group is the n samples of one prompt: prefilled once (right-padded with the other admitted prompts, causal mask
+    only), its keys and values copied to the other n - 1 slots. Each step makes one host sync (the sampled tokens and
+    log-probs); stops, admission and compaction are decided on the host."""
 
-    def __init__(self, model, max_batch=16, prefill_chunk=2048, generator=None, capacity=0):
+    def __init__(self, model, max_batch=16, prefill_chunk=2048, generator=None):
         self.model, self.max_batch, self.prefill_chunk, self.generator = model, max_batch, prefill_chunk, generator
-        self.capacity, self.waiting, self.live, self.lock = capacity, [], [], threading.Lock()
-        self.most_live = 0  # the largest batch decoded so far (benchmarks, tests)
-        self.cache = self.lengths = self.last = self.fresh = None
-        # On CPU every linear layer reads a transposed copy of its weight while this engine lives (`Linear`): a decode
-        # step streams every weight once, and the transposed layout streams faster (58M-param model, batch 1: see the
-        # README's benchmark table). All or nothing, up to TRANSPOSED_COPY_BYTES (a 7B model on CPU gets none); the
-        # copies are of the weights as they are now, so `close` drops them (generate() does, after its last step).
-        self.linears = []
+        self.waiting, self.live, self.fresh, self.linears = [], [], None, []
+        # On CPU every linear layer reads a transposed copy of its weight while this engine lives (`Linear`), all or
+        # nothing, up to TRANSPOSED_COPY_BYTES; the copies are of the weights as they are now, so `close` drops them
         layers = [m for m in model.modules() if isinstance(m, Linear)] if model is not None else []
         if layers and all(m.weight.device.type == "cpu" for m in layers) and \
-                sum(m.weight.numel() * m.weight.element_size() for m in layers) <= TRANSPOSED_COPY_BYTES:
-            with torch.no_grad():
-                for m in layers:
-                    m.weight_t = m.weight.t().contiguous()  # (in, out)
+                sum(m.weight.nbytes for m in layers) <= TRANSPOSED_COPY_BYTES:
             self.linears = layers
+            for m in layers:
+                m.weight_t = m.weight.detach().t().contiguous()  # (in, out)
 
     def close(self):
         for m in self.linears:
             m.weight_t = None
         self.linears = []
 
-    def add(self, group):  # a list of Sequences with the same prompt (at most max_batch of them)
-        with self.lock:
-            self.waiting.append(group)
-
-    def run(self, groups):
-        for g in groups:
-            for i in range(0, len(g), self.max_batch):
-                self.add(g[i:i + self.max_batch])
-        while self.step():
-            pass
-
     @torch.inference_mode()
-    def step(self):
-        """Admit waiting groups into free slots, then one decode step of every live sequence. -> anything left?"""
-        self._admit()
-        if self.live:
-            self._decode()
-        with self.lock:
-            return bool(self.live or self.waiting)
+    def run(self, groups):
+        """Generate every group (Sequences of one prompt) to its end."""
+        self.waiting = [g[i:i + self.max_batch] for g in groups for i in range(0, len(g), self.max_batch)]
+        w, B = self.model.lm_head.weight, self.max_batch
+        dev = w.device
+        dtype = torch.get_autocast_dtype(dev.type) if torch.is_autocast_enabled(dev.type) else w.dtype
+        # sized once for the longest request (prompt + max_new_tokens): a later, longer prompt never reallocates it,
+        # which would hold the old and the new cache at once (vLLM likewise sizes its cache once, at start-up)
+        need = max((len(s.prompt) + s.max_new_tokens for g in groups for s in g), default=0) + 1
+        self.cache = SlotCache(B, need, dtype)
+        # per slot, on the device: cached positions, newest token, sampling settings
+        self.lengths = torch.zeros(B, dtype=torch.long, device=dev)
+        self.last = torch.zeros_like(self.lengths)
+        self.temp, self.top_p = torch.zeros(B, device=dev), torch.ones(B, device=dev)
+        while self.live or self.waiting:
+            self._admit()
+            if self.live:
+                self._decode()
 
-    def _dtype(self, dev):
-        if torch.is_autocast_enabled(dev.type):
-            return torch.get_autocast_dtype(dev.type)
-        return self.model.lm_head.weight.dtype
-
-    def _grow(self, need, dev):
-        """The cache holds max_batch slots of `capacity` positions (the engine's, or `need` if that is more: then it
-        is reallocated to exactly that, live slots kept; generate() sizes it so that this never happens)."""
-        if self.cache is not None and need <= self.cache.capacity:
-            return
-        cap = max(need, self.capacity)
-        old, self.cache = self.cache, SlotCache(self.max_batch, cap, self._dtype(dev))
-        if old is not None and old.k:
-            for name in ("k", "v"):
-                for layer, buf in getattr(old, name).items():
-                    new = buf.new_zeros(*buf.shape[:2], cap, buf.shape[3])
-                    new[:, :, :buf.shape[2]] = buf
-                    getattr(self.cache, name)[layer] = new
-        if self.lengths is None:  # per slot, on the device: cached positions, newest token, sampling settings
-            self.lengths = torch.zeros(self.max_batch, dtype=torch.long, device=dev)
-            self.last = torch.zeros(self.max_batch, dtype=torch.long, device=dev)
-            self.temp = torch.zeros(self.max_batch, device=dev)
-            self.top_p = torch.ones(self.max_batch, device=dev)
+    def _logits(self, h):  # (R, C) -> fp32 logits over the rows generation samples from
+        return self.model.lm_head(h).float()[:, :self.model.sample_vocab_size]
 
     def _admit(self):
-        with self.lock:
-            free, groups = self.max_batch - len(self.live), []
-            while self.waiting and len(self.waiting[0]) <= free:
-                free -= len(self.waiting[0])
-                groups.append(self.waiting.pop(0))
+        free, groups = self.max_batch - len(self.live), []
+        while self.waiting and len(self.waiting[0]) <= free:
+            free -= len(self.waiting[0])
+            groups.append(self.waiting.pop(0))
         if not groups:
             return
-        m, dev = self.model, self.model.lm_head.weight.device
-        self._grow(max(len(s.prompt) + s.max_new_tokens for g in groups for s in g) + 1, dev)
-        A, P = len(self.live), len(groups)
-        L = max(len(g[0].prompt) for g in groups)
-        ids = torch.zeros(P, L, dtype=torch.long)
+        dev, A, P = self.lengths.device, len(self.live), len(groups)
+        lens = [len(g[0].prompt) for g in groups]
+        ids = torch.zeros(P, max(lens), dtype=torch.long)
         for b, g in enumerate(groups):  # right padding: a real token never attends to a later pad
-            ids[b, :len(g[0].prompt)] = torch.tensor(g[0].prompt)
-        ids, ends = ids.to(dev), torch.tensor([len(g[0].prompt) - 1 for g in groups], device=dev)
-        h_last = None
-        for a in range(0, L, self.prefill_chunk):
+            ids[b, :lens[b]] = torch.tensor(g[0].prompt)
+        ids, ends, h_last = ids.to(dev), torch.tensor(lens, device=dev) - 1, None
+        for a in range(0, max(lens), self.prefill_chunk):
             x = ids[:, a:a + self.prefill_chunk]
             T = x.shape[1]
-            pos = torch.arange(a, a + T, device=dev).expand(P, T)
             self.cache.at(slice(A, A + P), start=a)
-            h = m.blocks(x, pos, None, self.cache)  # (P, T, C): causal over the a cached positions and these T
+            h = self.model.blocks(x, torch.arange(a, a + T, device=dev).expand(P, T), None, self.cache)  # (P, T, C)
             inside = (ends >= a) & (ends < a + T)  # rows whose last prompt token is in this chunk
             pick = h[torch.arange(P, device=dev), (ends - a).clamp(0, T - 1)]
             h_last = pick if h_last is None else torch.where(inside[:, None], pick, h_last)
-        slot, rows = A + P, []  # the group leaders sit in slots A .. A + P - 1, their other samples after them
+        seqs, leaders = [g[0] for g in groups], list(range(P))  # the leaders in slots A .. A + P - 1, then the others
         for b, g in enumerate(groups):
-            rows.append(A + b)
-            for _ in g[1:]:
-                self.cache.copy(A + b, slot, len(g[0].prompt))
-                rows.append(slot)
-                slot += 1
-        leaders = torch.tensor([A + b for b, g in enumerate(groups) for _ in g], device=dev)
-        seqs = [s for g in groups for s in g]
-        order = sorted(range(len(seqs)), key=lambda i: rows[i])  # live order = slot order
-        where = torch.tensor(rows, device=dev)
-        self.temp[where] = torch.tensor([float(s.temperature) for s in seqs], device=dev)
-        self.top_p[where] = torch.tensor([float(s.top_p) for s in seqs], device=dev)
-        logits = m.lm_head(h_last).float()[:, :m.sample_vocab_size]
-        tok, lp = self._sample(logits[leaders - A], seqs, self.temp[where], self.top_p[where])  # one draw each
-        self.last[where], self.lengths[where] = tok, torch.tensor([len(s.prompt) for s in seqs], device=dev)
-        self.live += [seqs[i] for i in order]
+            for s in g[1:]:
+                self.cache.copy(A + b, A + len(seqs), lens[b])
+                seqs.append(s)
+                leaders.append(b)
+        new = slice(A, A + len(seqs))  # sequence i sits in slot A + i
+        self.temp[new] = torch.tensor([float(s.temperature) for s in seqs], device=dev)
+        self.top_p[new] = torch.tensor([float(s.top_p) for s in seqs], device=dev)
+        tok, lp = self._sample(self._logits(h_last)[leaders], seqs, self.temp[new], self.top_p[new])
+        self.last[new], self.lengths[new] = tok, torch.tensor([len(s.prompt) for s in seqs], device=dev)
+        self.live += seqs
         self.fresh = (seqs, tok, lp)  # reported with the next decode step's sync
 
     def _sample(self, logits, seqs, temp, top_p):
@@ -572,8 +507,7 @@ class Engine:
         return tok, logp.gather(-1, tok[:, None]).squeeze(-1)
 
     def _decode(self):
-        m, A = self.model, len(self.live)
-        self.most_live = max(self.most_live, A)
+        A = len(self.live)
         # each slot's cached positions, known on the host: the prompt, and every token but the newest (a fresh
         # sequence's first token is not in its list yet)
         at = [len(s.prompt) + max(len(s.tokens) - 1, 0) for s in self.live]
@@ -582,22 +516,15 @@ class Engine:
             self.cache.at(slice(0, A), start=at[0])
             mask = None
         else:
-            end = max(at) + 1
-            self.cache.at(slice(0, A), pos=pos, end=end)
-            mask = (torch.arange(end, device=pos.device) <= pos[:, None])[:, None, None]  # (A, 1, 1, end)
-        h = m.blocks(self.last[:A, None], pos[:, None], mask, self.cache)[:, -1]
-        tok, lp = self._sample(m.lm_head(h).float()[:, :m.sample_vocab_size], self.live, self.temp[:A],
-                               self.top_p[:A])
+            self.cache.at(slice(0, A), pos=pos, end=max(at) + 1)
+            mask = (torch.arange(max(at) + 1, device=pos.device) <= pos[:, None])[:, None, None]  # (A, 1, 1, end)
+        h = self.model.blocks(self.last[:A, None], pos[:, None], mask, self.cache)[:, -1]
+        tok, lp = self._sample(self._logits(h), self.live, self.temp[:A], self.top_p[:A])
         self.last[:A], self.lengths[:A] = tok, pos + 1
-        fresh, self.fresh = self.fresh, None
-        parts = [torch.stack([tok.double(), lp.double()])]
-        if fresh:
-            parts.insert(0, torch.stack([fresh[1].double(), fresh[2].double()]))
-        host = torch.cat(parts, 1).tolist()  # the one host sync of the step
-        k = len(fresh[0]) if fresh else 0
-        news = list(zip(fresh[0], host[0][:k], host[1][:k])) if fresh else []
-        news += list(zip(self.live, host[0][k:], host[1][k:]))
-        for s, t, l in news:  # a fresh sequence's first token comes before its second
+        fresh, toks, lps = self.fresh or ([], tok[:0], lp[:0])  # the last admission's first tokens
+        self.fresh = None
+        host = torch.stack([torch.cat([toks, tok]).double(), torch.cat([lps, lp]).double()]).tolist()  # the one sync
+        for s, t, l in zip([*fresh, *self.live], *host):  # a fresh sequence's first token comes before its second
             if s.reason is None:
                 self._append(s, int(t), l)
         self._compact()
@@ -605,14 +532,10 @@ class Engine:
     def _append(self, s, tok, lp):
         s.tokens.append(tok)
         s.logprobs.append(lp)
-        if s.on_token:
-            s.on_token(s, tok)
         if tok in s.stop_ids or (s.stop_fn is not None and s.stop_fn(s.tokens)):
             s.reason = "stop"
         elif len(s.tokens) >= s.max_new_tokens:
             s.reason = "length"
-        if s.reason and s.done is not None:
-            s.done.set()
         if s.reason and s.on_done is not None:
             s.on_done(s)
 
@@ -633,14 +556,11 @@ def response_hidden(lm, ids, lengths, starts):
     """The final hidden states that predict each response token (the output at t - 1 predicts token t) and those
     tokens: (B, R, C), (B, R), R = the longest response. Sample b's response is columns starts[b] .. lengths[b] - 1 of
     row b // n of ids (G, W), n = B / G:
-    - n = 1: each row is prompt + response, right-padded. The causal mask alone keeps real tokens off the padding, so
-      no attention mask is passed and SDPA may take its fused causal kernel (with a mask it cannot skip the keys after
-      each query, as the causal kernel does).
-    - n > 1: each row is one prompt followed by the n responses sampled from it (ppo.py's samples per state), so the
-      prompt, by far the longest part, is computed once instead of n times, as generation prefilled it once: the
-      prompt alone (causal, into a KV cache), then its n responses as n rows over that cache, each at the positions
-      it was generated at. The same logits as n separate rows (tests/test_ppo.py). Not with gradient checkpointing:
-      recomputing a block would write the cache again.
+    - n = 1: each row is prompt + response, right-padded; no attention mask (the causal one keeps real tokens off the
+      padding), so SDPA may take its fused causal kernel.
+    - n > 1: each row is one prompt then the n responses sampled from it (ppo.py), so the prompt is computed once,
+      into a KV cache, and its n responses run as n rows over that cache at the positions they were generated at
+      (tests/test_ppo.py: the same logits as n rows). Not with gradient checkpointing, which would write it again.
     Columns past a response's end read padding or a clamped column: masked out by the caller."""
     B, (G, W), dev = lengths.shape[0], ids.shape, ids.device
     n, R = B // G, max(int((lengths - starts).max()), 1)
@@ -661,11 +581,10 @@ def response_hidden(lm, ids, lengths, starts):
 
 
 def response_logprobs(lm, ids, lengths, starts, temperature=1.0, vocab=None, chunk=1024):
-    """log pi(token_t | tokens_<t) of each row's response tokens under softmax(logits[:vocab] / T), the distribution
-    `generate` samples from at vocab = sample_vocab_size (N-details: the temperature must be applied in training
-    too). -> (B, R), rows as response_hidden's. The lm_head runs only where response tokens are predicted, `chunk`
-    tokens at a time; with gradients each chunk is recomputed in backward, so the fp32 logits of only one chunk ever
-    exist (B x R x V would be 2.5 GB at B = 4, R = 1024 for Qwen's 152k vocabulary)."""
+    """log pi(token_t | tokens_<t) of each row's response tokens under softmax(logits[:vocab] / T), what `generate`
+    samples from at vocab = sample_vocab_size (N-details: the temperature is applied in training too) -> (B, R), rows
+    as response_hidden's. The lm_head runs `chunk` tokens at a time, recomputed in backward, so the fp32 logits of
+    only one chunk ever exist."""
     h, tokens = response_hidden(lm, ids, lengths, starts)
     B, R, C = h.shape
     h, tokens = h.reshape(B * R, C), tokens.reshape(B * R)
@@ -689,8 +608,8 @@ _NAMES = {v: k for k, v in _DTYPES.items()}
 
 
 def _read_header(path):
-    """(header without __metadata__, byte offset where the data starts); ValueError naming the file when it has no
-    readable header (empty, cut inside the header, or not a safetensors file)."""
+    """(header without __metadata__, byte offset where the data starts); ValueError naming the file when it is not a
+    safetensors file, or is shorter than its header says (an interrupted download or copy)."""
     size = os.path.getsize(path)
     with open(path, "rb") as f:
         raw = f.read(8)
@@ -705,34 +624,37 @@ def _read_header(path):
     if not isinstance(header, dict) or not all(isinstance(v, dict) for v in header.values()):
         raise ValueError(f"{path}: not a safetensors file (its header is not a JSON object of tensors)")
     header.pop("__metadata__", None)
+    need = 8 + n + max((int(t["data_offsets"][1]) for t in header.values()), default=0)
+    if size < need:
+        raise ValueError(f"{path}: truncated ({size} of {need} bytes; an interrupted download?)")
     return header, 8 + n
 
 
-def _read_into(f, start, info, out):
-    """Read one tensor's bytes straight into the CPU tensor `out` (no intermediate copy)."""
-    buf = memoryview(out.reshape(-1).view(torch.uint8).numpy())
-    a, b = info["data_offsets"]
-    assert b - a == len(buf), f"bad size for {info}"
-    f.seek(start + a)
-    done = 0
-    while done < len(buf):  # one read() returns at most ~2 GiB on Linux
-        got = f.readinto(buf[done:])
-        if not got:  # end of file: a truncated download or copy (readinto returns 0 forever: no hang)
-            raise ValueError(f"{getattr(f, 'name', 'safetensors file')}: truncated ({start + a + done} bytes, the "
-                             f"header needs {start + b})")
-        done += got
+def _read_file(path, params=None):
+    """The tensors of one .safetensors file, (name, CPU tensor), read one at a time with readinto(). A CPU parameter
+    in `params` of the same name, shape and dtype is read into directly: a load never holds a second copy of it."""
+    header, start = _read_header(path)
+    with open(path, "rb", buffering=0) as f:
+        for name, info in header.items():
+            shape, dtype, p = info["shape"], _DTYPES[info["dtype"]], (params or {}).get(name)
+            direct = p is not None and p.device.type == "cpu" and p.dtype == dtype and list(p.shape) == shape
+            t = p.data if direct else torch.empty(shape, dtype=dtype)
+            buf, (a, b) = memoryview(t.reshape(-1).view(torch.uint8).numpy()), info["data_offsets"]
+            if b - a != len(buf):
+                raise ValueError(f"{path}: {name} has {b - a} bytes for its shape {shape} ({len(buf)})")
+            f.seek(start + a)
+            done = 0
+            while done < len(buf):  # one read() returns at most ~2 GiB on Linux
+                got = f.readinto(buf[done:])
+                if not got:  # the file was cut after its header was read (readinto returns 0 forever: no hang)
+                    raise ValueError(f"{path}: truncated ({start + a + done} bytes, the header needs {start + b})")
+                done += got
+            yield name, t
 
 
 def read_safetensors(path, device="cpu"):
     """All tensors of one .safetensors file as a dict."""
-    header, start = _read_header(path)
-    out = {}
-    with open(path, "rb") as f:
-        for name, info in header.items():
-            t = torch.empty(info["shape"], dtype=_DTYPES[info["dtype"]])
-            _read_into(f, start, info, t)
-            out[name] = t.to(device)
-    return out
+    return {name: t.to(device) for name, t in _read_file(path)}
 
 
 def write_safetensors(path, tensors, metadata=None):
@@ -748,36 +670,6 @@ def write_safetensors(path, tensors, metadata=None):
         f.write(struct.pack("<Q", len(raw)) + raw)
         for t in tensors.values():
             f.write(memoryview(t.reshape(-1).view(torch.uint8).numpy()))
-
-
-def _load_weights(model, files):
-    """Copy each checkpoint tensor into the (empty) parameter of the same name; strict about names and shapes."""
-    params = dict(model.named_parameters())  # a tied lm_head.weight appears once, as model.embed_tokens.weight
-    seen, unexpected = set(), []
-    for path in files:
-        header, start = _read_header(path)
-        with open(path, "rb", buffering=0) as f:
-            for name, info in header.items():
-                tied_copy = name == "lm_head.weight" and model.config.tie_word_embeddings
-                if tied_copy or name.endswith("rotary_emb.inv_freq"):  # a copy of the embedding; a recomputed buffer
-                    continue
-                p = params.get(name)
-                if p is None or list(p.shape) != info["shape"]:
-                    unexpected.append(name if p is None else f"{name}{info['shape']}!={list(p.shape)}")
-                    continue
-                src = _DTYPES[info["dtype"]]
-                if p.device.type == "cpu" and p.dtype == src:  # read straight into the parameter
-                    _read_into(f, start, info, p.data)
-                else:  # one tensor at a time through a CPU buffer: at most one extra tensor in memory
-                    buf = torch.empty(info["shape"], dtype=src)
-                    _read_into(f, start, info, buf)
-                    p.data.copy_(buf)
-                seen.add(name)
-    missing = sorted(set(params) - seen)
-    if missing or unexpected:
-        short = lambda names: ", ".join(names[:6]) + (f" (+{len(names) - 6} more)" if len(names) > 6 else "")
-        raise ValueError(f"checkpoint does not match the {model.config.model_type} config: "
-                         f"missing [{short(missing)}], unexpected [{short(unexpected)}]")
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -808,14 +700,12 @@ def bytes_to_unicode():
 
 def _merge(parts, pair):
     """parts with every adjacent occurrence of pair joined into one symbol, left to right."""
-    out, i = [], 0
-    while i < len(parts):
-        if i + 1 < len(parts) and (parts[i], parts[i + 1]) == pair:
-            out.append(parts[i] + parts[i + 1])
-            i += 2
+    out = []
+    for p in parts:  # a joined symbol never equals pair[0], so occurrences never overlap
+        if out and (out[-1], p) == pair:
+            out[-1] += p
         else:
-            out.append(parts[i])
-            i += 1
+            out.append(p)
     return out
 
 
@@ -865,12 +755,10 @@ class Tokenizer:
         if self.ignore_merges and "".join(parts) in self.vocab:
             parts = ["".join(parts)]
         while len(parts) > 1:
-            ranks = [self.ranks.get(pair, math.inf) for pair in zip(parts, parts[1:])]
-            best = min(ranks)
-            if best == math.inf:
+            pair = min(zip(parts, parts[1:]), key=lambda p: self.ranks.get(p, math.inf))  # the lowest rank
+            if pair not in self.ranks:
                 break
-            i = ranks.index(best)
-            parts = _merge(parts, (parts[i], parts[i + 1]))
+            parts = _merge(parts, pair)
         ids = [self.vocab[p] for p in parts if p in self.vocab]
         if len(self.cache) < 100_000:
             self.cache[word] = ids
@@ -890,17 +778,13 @@ class Tokenizer:
         return ids
 
     def decode(self, ids, skip_special_tokens=False):
-        table = self.__dict__.get("_bytes")
-        if table is None:  # each token's bytes, built once (stop strings decode every sequence's tail at every step)
-            table = self._bytes = {i: self._token_bytes(t) for i, t in self.id_to_token.items()}
         skip = self.special_ids if skip_special_tokens else ()
-        return b"".join(table.get(i, b"") for i in ids if i not in skip).decode("utf-8", errors="replace")
+        return b"".join(self._bytes.get(i, b"") for i in ids if i not in skip).decode("utf-8", errors="replace")
 
-    def _token_bytes(self, tok):
-        try:
-            return bytes(self.byte_dec[c] for c in tok)
-        except KeyError:  # a token outside the byte alphabet is its own UTF-8 (tokenizers ByteLevel decoder)
-            return tok.encode("utf-8")
+    @functools.cached_property
+    def _bytes(self):  # each token's bytes, built once (stop strings decode every sequence's tail at every step)
+        ok = lambda tok: all(c in self.byte_dec for c in tok)  # else its own UTF-8 (tokenizers' ByteLevel decoder)
+        return {i: bytes(self.byte_dec[c] for c in t) if ok(t) else t.encode() for i, t in self.id_to_token.items()}
 
     def apply_chat_template(self, messages, add_generation_prompt=True, default_system=None):
         """ChatML as Qwen2.5 / Qwen3 instruct models use it: <|im_start|>role\\ncontent<|im_end|>\\n."""
@@ -910,8 +794,7 @@ class Tokenizer:
         return text + ("<|im_start|>assistant\n" if add_generation_prompt else "")
 
     def save(self, path):
-        with open(path, "w", encoding="utf-8") as f:
-            json.dump(self.data, f, ensure_ascii=False, indent=1)
+        _write_json(path, self.data, indent=1)
 
 
 CHATML_JINJA = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + "
@@ -981,11 +864,7 @@ def _hub_cache():
 def _weight_files(folder):
     """The safetensors files of a folder (sharded through model.safetensors.index.json or not); [] if incomplete."""
     index = os.path.join(folder, "model.safetensors.index.json")
-    if os.path.exists(index):
-        with open(index) as f:
-            names = sorted(set(json.load(f)["weight_map"].values()))
-    else:
-        names = ["model.safetensors"]
+    names = sorted(set(read_json(index)["weight_map"].values())) if os.path.exists(index) else ["model.safetensors"]
     files = [os.path.join(folder, n) for n in names]
     return files if all(map(os.path.exists, files)) else []
 
@@ -994,9 +873,8 @@ def _download(repo_id, repo_dir):
     """Fetch the files a model needs into the hub-cache layout, resumably, with a progress bar."""
     endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co").rstrip("/")
     headers = {"Authorization": f"Bearer {os.environ['HF_TOKEN']}"} if os.environ.get("HF_TOKEN") else {}
-    rev = "main"
 
-    def fetch(name, folder, required=True):
+    def fetch(name, folder, rev, required=True):  # -> the file's path, or None for an absent optional file
         dest = os.path.join(folder, name)
         if os.path.exists(dest):
             return dest
@@ -1011,8 +889,7 @@ def _download(repo_id, repo_dir):
                 raise PermissionError(f"{repo_id}: access denied ({r.status_code}); set HF_TOKEN for gated models")
             if r.status_code != 416:  # 416: the .incomplete file already holds everything
                 r.raise_for_status()
-                if r.status_code != 206:  # the server ignored the range: start over
-                    have = 0
+                have = have if r.status_code == 206 else 0  # the server ignored the range: start over
                 total = have + int(r.headers.get("Content-Length", 0))
                 with open(part, "ab" if have else "wb") as f, \
                         tqdm(total=total, initial=have, unit="B", unit_scale=True, desc=name) as bar:
@@ -1032,14 +909,12 @@ def _download(repo_id, repo_dir):
         os.makedirs(os.path.join(repo_dir, "refs"), exist_ok=True)
         with open(os.path.join(repo_dir, "refs", "main"), "w") as f:
             f.write(rev)
-        for name in ("config.json", "tokenizer.json"):
-            fetch(name, folder)
-        for name in ("tokenizer_config.json", "generation_config.json"):
-            fetch(name, folder, required=False)
-        if fetch("model.safetensors", folder, required=False) is None:
-            with open(fetch("model.safetensors.index.json", folder)) as f:
-                for shard in sorted(set(json.load(f)["weight_map"].values())):
-                    fetch(shard, folder)
+        for name in ("config.json", "tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+            fetch(name, folder, rev, required=name in ("config.json", "tokenizer.json"))
+        if fetch("model.safetensors", folder, rev, required=False) is None:
+            index = read_json(fetch("model.safetensors.index.json", folder, rev))
+            for shard in sorted(set(index["weight_map"].values())):
+                fetch(shard, folder, rev)
     except (requests.ConnectionError, requests.Timeout) as e:
         raise ConnectionError(f"{repo_id} is not in the cache {_hub_cache()} and {endpoint} cannot be reached "
                               f"({type(e).__name__}); pass a local folder or connect to the network") from None
@@ -1068,12 +943,7 @@ def weight_tensors(path_or_hub_id):
     """The checkpoint's tensors one at a time, (name, CPU tensor): a loader that shards (sft.py and ppo.py under
     torchrun) keeps each rank's rows of one tensor and drops the rest, so no rank holds the full model."""
     for path in _weight_files(resolve(path_or_hub_id)):
-        header, start = _read_header(path)
-        with open(path, "rb", buffering=0) as f:
-            for name, info in header.items():
-                t = torch.empty(info["shape"], dtype=_DTYPES[info["dtype"]])
-                _read_into(f, start, info, t)
-                yield name, t
+        yield from _read_file(path)
 
 
 def read_json(path) -> dict:
@@ -1088,6 +958,17 @@ def read_json(path) -> dict:
     return obj
 
 
+def _empty(config, dtype, device=None):
+    """A Qwen whose weights are allocated on `device` but not initialized (with no device: on the meta device)."""
+    with torch.device("meta"):  # no memory yet, no initialization
+        model = Qwen(config)
+    model = model.to(dtype)
+    if device is not None:
+        model = model.to_empty(device=device)
+        model.tie_weights()
+    return model
+
+
 def load(path_or_hub_id, device=None, dtype=None, meta=False):
     """-> (model, tokenizer). dtype default: the config's torch_dtype on CUDA, float32 on CPU. meta=True: the model
     on the meta device, no weights read (to be sharded first, then filled from `weight_tensors`)."""
@@ -1100,23 +981,22 @@ def load(path_or_hub_id, device=None, dtype=None, meta=False):
     if not files:
         raise FileNotFoundError(f"{folder}: no model.safetensors (or incomplete shards)")
     for path in files:  # a cut download or copy fails here, before any memory or sharding (meta=True reads nothing)
-        header, start = _read_header(path)
-        need = start + max((int(t["data_offsets"][1]) for t in header.values()), default=0)
-        if os.path.getsize(path) < need:
-            raise ValueError(f"{path}: truncated ({os.path.getsize(path)} of {need} bytes; an interrupted download?)")
+        _read_header(path)
     tokenizer = Tokenizer.from_file(os.path.join(folder, "tokenizer.json"))
     cfg.sample_vocab_size = min(len(tokenizer), cfg.vocab_size)
     gen_path = os.path.join(folder, "generation_config.json")  # instruct models list <|im_end|> as an extra eos here
     extra = _as_list(read_json(gen_path).get("eos_token_id")) if os.path.exists(gen_path) else []
     cfg.stop_token_ids = list(dict.fromkeys(_as_list(cfg.eos_token_id) + extra))
-    with torch.device("meta"):  # no memory yet: parameters are allocated empty, then filled tensor by tensor
-        model = Qwen(cfg)
-    model = model.to(dtype)
-    if not meta:
-        model = model.to_empty(device=device)
-        model.tie_weights()
-        _load_weights(model, files)
+    model = _empty(cfg, dtype, None if meta else device)
+    if not meta:  # tensor by tensor, each read straight into its parameter where it can be
+        params = dict(model.named_parameters())
+        fill(model, (item for path in files for item in _read_file(path, params)))
     return model.eval(), tokenizer
+
+
+def _write_json(path, obj, indent=2):
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(obj, f, indent=indent, ensure_ascii=False)
 
 
 def save(model, tokenizer, path, max_shard_bytes=5 * 2**30, dtype=None):
@@ -1126,44 +1006,34 @@ def save(model, tokenizer, path, max_shard_bytes=5 * 2**30, dtype=None):
     for name in os.listdir(path):  # stale weights from an earlier save would confuse loaders
         if name.startswith("model") and name.endswith((".safetensors", ".safetensors.index.json")):
             os.remove(os.path.join(path, name))
-    cfg = model.config
-    dtype = dtype or model.lm_head.weight.dtype
-    with open(os.path.join(path, "config.json"), "w") as f:
-        json.dump({**cfg.to_dict(), "torch_dtype": str(dtype).removeprefix("torch.")}, f, indent=2)
+    cfg, dtype = model.config, dtype or model.lm_head.weight.dtype
+    _write_json(os.path.join(path, "config.json"), {**cfg.to_dict(), "torch_dtype": str(dtype).removeprefix("torch.")})
     tensors = {k: v.to(dtype) for k, v in model.state_dict().items()
                if not (cfg.tie_word_embeddings and k == "lm_head.weight")}
-    shards, size = [{}], 0
-    for k, v in tensors.items():
-        n = v.numel() * v.element_size()
-        if shards[-1] and size + n > max_shard_bytes:
+    shards = [{}]
+    for k, v in tensors.items():  # a new shard when this tensor would take the last one past max_shard_bytes
+        if shards[-1] and sum(t.nbytes for t in shards[-1].values()) + v.nbytes > max_shard_bytes:
             shards.append({})
-            size = 0
-        shards[-1][k], size = v, size + n
-    if len(shards) == 1:
-        write_safetensors(os.path.join(path, "model.safetensors"), tensors)
-    else:
-        weight_map = {}
-        for i, shard in enumerate(shards):
-            name = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
-            write_safetensors(os.path.join(path, name), shard)
-            weight_map.update(dict.fromkeys(shard, name))
-        total = sum(v.numel() * v.element_size() for v in tensors.values())
-        with open(os.path.join(path, "model.safetensors.index.json"), "w") as f:
-            json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)
+        shards[-1][k] = v
+    names = ["model.safetensors"] if len(shards) == 1 else \
+        [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
+    for name, shard in zip(names, shards):
+        write_safetensors(os.path.join(path, name), shard)
+    if len(shards) > 1:
+        weight_map = {k: name for name, shard in zip(names, shards) for k in shard}
+        _write_json(os.path.join(path, "model.safetensors.index.json"),
+                    {"metadata": {"total_size": sum(v.nbytes for v in tensors.values())}, "weight_map": weight_map})
     tokenizer.save(os.path.join(path, "tokenizer.json"))
     token = lambda i: tokenizer.id_to_token.get(i) if i is not None else None
-    tok_cfg = {**tokenizer.config, "tokenizer_class": "Qwen2Tokenizer", "eos_token": token(tokenizer.eos_token_id),
-               "pad_token": token(tokenizer.pad_token_id), "bos_token": None, "errors": "replace",
-               "model_max_length": cfg.max_position_embeddings, "clean_up_tokenization_spaces": False,
-               "split_special_tokens": False}
-    tok_cfg.setdefault("chat_template", CHATML_JINJA)
+    tok_cfg = {"chat_template": CHATML_JINJA, **tokenizer.config, "tokenizer_class": "Qwen2Tokenizer",
+               "eos_token": token(tokenizer.eos_token_id), "pad_token": token(tokenizer.pad_token_id),
+               "bos_token": None, "errors": "replace", "model_max_length": cfg.max_position_embeddings,
+               "clean_up_tokenization_spaces": False, "split_special_tokens": False}
     tok_cfg.pop("added_tokens_decoder", None)  # tokenizer.json is the source of truth for added tokens
-    with open(os.path.join(path, "tokenizer_config.json"), "w") as f:
-        json.dump(tok_cfg, f, indent=2, ensure_ascii=False)
-    gen = {"bos_token_id": cfg.bos_token_id, "eos_token_id": model.stop_token_ids or tokenizer.eos_token_id,
-           "pad_token_id": tokenizer.pad_token_id, "do_sample": False}
-    with open(os.path.join(path, "generation_config.json"), "w") as f:
-        json.dump(gen, f, indent=2)
+    _write_json(os.path.join(path, "tokenizer_config.json"), tok_cfg)
+    _write_json(os.path.join(path, "generation_config.json"), {
+        "bos_token_id": cfg.bos_token_id, "eos_token_id": model.stop_token_ids or tokenizer.eos_token_id,
+        "pad_token_id": tokenizer.pad_token_id, "do_sample": False})
 
 
 def stop_ids(lm, tokenizer):
@@ -1202,19 +1072,15 @@ def enable_grad_checkpointing(lm):
         block.forward = fwd
 
 
-# NCCL aborts a collective that waits longer than its timeout (default 10 minutes). A rank waits in one while the
-# others run a task script (MLE-bench's limit: 600 s, several steps in a row) or while rank 0 writes a 7B trainer
-# state (~180 GiB of fp32 weights and moments); torchtitan and OpenRLHF raise it for the same reason (OpenRLHF's
-# DeepSpeed strategy: 30 minutes). Two hours covers both with room to spare.
+# NCCL aborts a collective that waits past its timeout (default 10 minutes): a rank waits in one while the others run
+# a task script or rank 0 writes a 7B trainer state. torchtitan and OpenRLHF (30 minutes) raise it for this reason.
 DIST_TIMEOUT = datetime.timedelta(hours=2)
 
 
 def setup_distributed(args):
-    """(rank, world, device); torchrun sets RANK / WORLD_SIZE / LOCAL_RANK. On CUDA the device always carries the
-    rank's index (cuda:LOCAL_RANK): torch.cuda.set_device refuses a bare "cuda". --device cuda:N picks a GPU for a
-    one-process run."""
-    world = int(os.environ.get("WORLD_SIZE", 1))
-    local = int(os.environ.get("LOCAL_RANK", 0))
+    """(rank, world, device); torchrun sets RANK / WORLD_SIZE / LOCAL_RANK. On CUDA the device carries the rank's
+    index (torch.cuda.set_device refuses a bare "cuda"); --device cuda:N picks a GPU for a one-process run."""
+    world, local = int(os.environ.get("WORLD_SIZE", 1)), int(os.environ.get("LOCAL_RANK", 0))
     cuda = torch.cuda.is_available() and (args.device or "cuda").startswith("cuda")
     device = torch.device(args.device or "cpu") if not cuda else torch.device("cuda", local)
     if cuda and world == 1 and args.device and torch.device(args.device).index is not None:
@@ -1228,8 +1094,8 @@ def setup_distributed(args):
 
 
 class Ranks:
-    """This process's place among the torchrun ranks and the collectives a trainer needs (ppo.py's); with one process
-    each is the identity."""
+    """This process's place among the torchrun ranks and the collectives a trainer needs; with one process each is
+    the identity."""
 
     def __init__(self, rank=0, world=1, device=torch.device("cpu")):
         self.rank, self.world, self.device = rank, world, device
@@ -1254,13 +1120,11 @@ class Ranks:
         return [x for part in parts for x in part]
 
 
-
 def shard(net, blocks, world, device):
-    """FSDP2 (fully_shard): each transformer block is one unit, all-gathered for its forward and its backward and
-    freed after; the root unit holds the rest (embeddings, final norm, lm_head, a value head). Parameters, gradients
-    and optimizer states are split over the ranks. On CUDA the gathered copies are bf16 and gradients are reduced in
-    fp32 (MixedPrecisionPolicy); the fp32 shards are the master weights. ppo.py shards its actor, critic and
-    reference with this too. Call it before the weights exist (on the meta device), then `fill` them."""
+    """FSDP2 (fully_shard): each block is one unit, all-gathered for its forward and its backward and freed after; the
+    root unit holds the rest. Parameters, gradients and optimizer states are split over the ranks; on CUDA the
+    gathered copies are bf16, gradients are reduced in fp32, and the fp32 shards are the master weights. Call it on
+    the meta device, then `fill` the weights."""
     mesh = init_device_mesh(device.type, (world,))
     bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported()
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else MixedPrecisionPolicy()
@@ -1270,10 +1134,8 @@ def shard(net, blocks, world, device):
 
 
 def reshard(*nets):
-    """Free the gathered root unit of FSDP2 modules. FSDP2 keeps the root gathered after its forward, for the backward
-    that follows at once; after a forward under no_grad none follows, so the gathered embeddings and lm_head (2 GiB in
-    bf16 at 7B) would stay until the next backward, or for the whole run in a reference model that never has one.
-    VeRL reshards its FSDP reference after each forward for the same reason."""
+    """Free the gathered root unit of FSDP2 modules after a forward under no_grad: FSDP2 keeps it for a backward that
+    does not come (the embeddings and lm_head: 2 GiB in bf16 at 7B). VeRL reshards its reference likewise."""
     for net in nets:
         if isinstance(net, FSDPModule):
             net.reshard()
@@ -1281,24 +1143,28 @@ def reshard(*nets):
 
 def fill(lm, tensors):
     """Copy checkpoint tensors (name, full CPU tensor), one at a time, into the parameters of the same name; a sharded
-    parameter (a DTensor, after `shard`) keeps only this rank's rows. No rank ever holds the whole model."""
-    params, seen = dict(lm.named_parameters()), set()
+    parameter (a DTensor, after `shard`) keeps only this rank's rows, so no rank holds the whole model. A ValueError
+    names the missing and unexpected tensors."""
+    params, seen, unexpected = dict(lm.named_parameters()), set(), []
     with torch.no_grad():
         for name, full in tensors:
             p = params.get(name)
             if p is None and name.endswith(("lm_head.weight", "rotary_emb.inv_freq")):
                 continue  # a tied copy of the embedding; a recomputed buffer
             if p is None or tuple(p.shape) != tuple(full.shape):
-                raise ValueError(f"checkpoint tensor {name}{list(full.shape)} does not match the model")
-            full = full.to(p.dtype)
+                unexpected.append(name if p is None else f"{name}{list(full.shape)}!={list(p.shape)}")
+                continue
             if isinstance(p, DTensor):  # each rank cuts its own shard from the full tensor: no communication
-                p.copy_(distribute_tensor(full.to(p.device_mesh.device_type), p.device_mesh, p.placements,
-                                          src_data_rank=None))
-            else:
+                full = full.to(p.device_mesh.device_type, p.dtype)
+                p.copy_(distribute_tensor(full, p.device_mesh, p.placements, src_data_rank=None))
+            elif full.data_ptr() != p.data_ptr():  # (`load` reads a tensor straight into its parameter)
                 p.copy_(full)
             seen.add(name)
-    if set(params) - seen:
-        raise ValueError(f"checkpoint lacks {sorted(set(params) - seen)[:4]}")
+    missing = sorted(set(params) - seen)
+    if missing or unexpected:
+        short = lambda names: ", ".join(names[:6]) + (f" (+{len(names) - 6} more)" if len(names) > 6 else "")
+        raise ValueError(f"checkpoint does not match the model: missing [{short(missing)}], "
+                         f"unexpected [{short(unexpected)}]")
 
 
 def too_big_for_one_gpu(n_params, device):
@@ -1316,6 +1182,7 @@ def wrap(net, world, device):  # several ranks, each with the whole model: DDP
 def unwrap(net):
     return net.module if isinstance(net, nn.parallel.DistributedDataParallel) else net
 
+
 FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)  # gathered on rank 0, in CPU memory
 
 
@@ -1324,7 +1191,7 @@ def is_sharded(net):
 
 
 def full_state(net):
-    """The model's full state dict: gathered from the shards under FSDP (a collective: every rank calls it; rank 0
+    """The model's full state dict: under FSDP gathered from the shards (a collective: every rank calls it; rank 0
     gets the tensors, on CPU), else the state dict itself."""
     return get_model_state_dict(net, options=FULL) if is_sharded(net) else unwrap(net).state_dict()
 
@@ -1353,20 +1220,19 @@ def save_dtype(name, device):
 
 def save_checkpoint_folder(lm, tokenizer, path, dtype, state):
     """Rank 0's share of saving a (sharded) model: lm's Hugging Face folder (LoRA merged in) in `dtype`, written to
-    <path>.tmp, where the caller adds its trainer state (optimizers, progress) before swapping it in for path.
-    state: full_state of the module that holds lm as `.lm` (when lm is sharded, the weights gathered on rank 0, from
-    which a CPU copy is built). -> (the .tmp folder, the fp32 master weights when dtype rounds them, else None)"""
+    <path>.tmp, where the caller adds its trainer state before swapping it in for path. state: full_state of the
+    module that holds lm as `.lm` (the weights a sharded lm's CPU copy is built on). -> (the .tmp folder, the fp32
+    master weights when dtype rounds them, else None)"""
+    weights = {k.removeprefix("lm."): v for k, v in state.items()}
     if is_sharded(lm):
-        with torch.device("meta"):
-            cpu = Qwen(lm.config)
-        cpu.load_state_dict({k.removeprefix("lm."): v for k, v in state.items()}, assign=True)
-        cpu.tie_weights()
-        lm = cpu
+        lm = _empty(lm.config, torch.float32)
+        lm.load_state_dict(weights, assign=True)
+        lm.tie_weights()
     tmp = path.rstrip("/") + ".tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     save_merged(lm, tokenizer, tmp, dtype)
     lora = any(isinstance(m, LoRALinear) for m in lm.modules())
-    return tmp, None if dtype == torch.float32 or lora else {k.removeprefix("lm."): v for k, v in state.items()}
+    return tmp, None if dtype == torch.float32 or lora else weights
 
 
 def load_trainer_state(path, need, script, advice):
@@ -1382,10 +1248,9 @@ def load_trainer_state(path, need, script, advice):
 
 
 def run_main(script, train, cfg, errors=(OSError, ValueError)):
-    """train(cfg); an error of `errors` (bad data file, missing model, no network) is one line, exit status 2. Under
-    torchrun the line names the rank, and the rank leaves its process group on any way out: a process that exits
-    holding a gloo group is aborted by the C++ runtime ("terminate called without an active exception"), which
-    hides the line, or the traceback, and the exit status."""
+    """train(cfg); an error of `errors` (bad data file, missing model, no network) is one line naming the rank, exit
+    status 2. The rank leaves its process group on any way out: the C++ runtime aborts a process that exits holding
+    a gloo group, which would hide the line (or the traceback) and the exit status."""
     try:
         train(cfg)
     except errors as e:
@@ -1398,21 +1263,16 @@ def run_main(script, train, cfg, errors=(OSError, ValueError)):
 
 
 def rollout_copy(lm, device, dtype=None):
-    """What generates the rollouts. Generation decodes token by token; through FSDP every token would all-gather every
-    block again, so each rank gathers one full copy of the policy (bf16 on CUDA) for the rollout and frees it before
-    the update (VeRL's "hybrid engine" does the same with vLLM). On one CUDA device the fp32 master weights get a
-    bf16 copy too (under autocast every fp32 weight would be cast again at every token); LoRA's base is bf16 already,
-    and on CPU the policy itself generates. Each shard is cast before the all-gather, so the gather moves bf16, half
-    the bytes of the fp32 master weights. dtype: the copy's (default bf16 on CUDA, fp32 on CPU)."""
-    sharded = any(isinstance(p, DTensor) for p in lm.parameters())
+    """What generates the rollouts. Through FSDP every decoded token would all-gather every block again, so each rank
+    gathers one full copy of the policy (bf16 on CUDA) and frees it before the update (VeRL's "hybrid engine" does
+    the same with vLLM). On one CUDA device fp32 master weights get a bf16 copy too (autocast would cast every weight
+    at every token); LoRA's base is bf16 already, and on CPU the policy generates itself. Each shard is cast before
+    its all-gather, which then moves half the bytes. dtype: the copy's (default bf16 on CUDA, fp32 on CPU)."""
     lora = any(isinstance(m, LoRALinear) for m in lm.modules())
-    if lora or not (sharded or (device.type == "cuda" and lm.lm_head.weight.dtype == torch.float32)):
+    if lora or not (is_sharded(lm) or (device.type == "cuda" and lm.lm_head.weight.dtype == torch.float32)):
         return lm
-    with torch.device("meta"):
-        copy = Qwen(lm.config)
     dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
-    copy = copy.to(dtype).to_empty(device=device)
-    copy.tie_weights()
+    copy = _empty(lm.config, dtype, device)
     with torch.no_grad():
         mine = dict(copy.named_parameters())
         for name, p in lm.named_parameters():  # one all-gather per tensor, in the same order on every rank
@@ -1459,19 +1319,13 @@ def save_merged(lm, tokenizer, path, dtype=None):
     """`save` of lm; with LoRA, of a copy of the base with the adapters merged in (a folder any loader reads)."""
     if not any(isinstance(m, LoRALinear) for m in lm.modules()):
         return save(lm, tokenizer, path, dtype=dtype)
-    with torch.device("meta"):
-        plain = Qwen(lm.config)
-    plain = plain.to_empty(device=lm.lm_head.weight.device).to(lm.lm_head.weight.dtype)
-    plain.tie_weights()
-    weights = {}
+    weights = {k: v for k, v in lm.state_dict().items() if ".A" not in k and ".B" not in k and ".base." not in k}
     for name, m in lm.named_modules():
         if isinstance(m, LoRALinear):
             weights[name + ".weight"] = m.merged()
             if m.base.bias is not None:
                 weights[name + ".bias"] = m.base.bias
-    for k, v in lm.state_dict().items():
-        if ".A" not in k and ".B" not in k and ".base." not in k:
-            weights[k] = v
+    plain = _empty(lm.config, lm.lm_head.weight.dtype, lm.lm_head.weight.device)
     plain.load_state_dict(weights)
     save(plain, tokenizer, path, dtype=dtype)
 
@@ -1498,34 +1352,45 @@ def bad_device(name):
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message):  # usage errors: one line, exit status 2
-        print(f"{self.prog}: error: {message}", file=sys.stderr)
-        sys.exit(2)
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def _checked(ok, says, kind=float):
+    """An argparse type=: a `kind` that ok() accepts; else argparse's one-line error naming the flag."""
+    def read(text):
+        value = kind(text)  # a text kind() cannot read: argparse's "invalid int value"
+        if not ok(value):
+            raise argparse.ArgumentTypeError(f"must be {says}, not {text}")
+        return value
+    read.__name__ = kind.__name__
+    return read
+
+
+def _device(name):  # an argparse type= for --device
+    if bad_device(name):
+        raise argparse.ArgumentTypeError(bad_device(name))
+    return name
 
 
 def main(argv=None):
     parser = _Parser(prog="model.py", description="Generate with a Qwen2/Qwen2.5/Qwen3 checkpoint.")
     p = parser.add_subparsers(dest="command", required=True).add_parser("generate")
     p.add_argument("--model", required=True, help="a local folder or a hub id such as Qwen/Qwen2.5-0.5B-Instruct")
-    p.add_argument("--device", default=None)
-    p.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--device", type=_device)
+    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--prompt", required=True)
-    p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--max-new-tokens", type=_checked(lambda v: v >= 1, "at least 1", int), default=128)
+    p.add_argument("--temperature", type=_checked(lambda v: 0 <= v < math.inf, "finite and >= 0"), default=0.0)
+    p.add_argument("--top-p", type=_checked(lambda v: 0 < v <= 1, "in (0, 1]"), default=1.0)
     p.add_argument("--raw", action="store_true", help="no chat template around the prompt")
     args = parser.parse_args(argv)
-    if bad_device(args.device):
-        parser.error(bad_device(args.device))
-    if not (args.max_new_tokens >= 1 and 0 <= args.temperature < math.inf and 0 < args.top_p <= 1):
-        parser.error("need --max-new-tokens >= 1, a finite --temperature >= 0, 0 < --top-p <= 1")
     try:
         model, tokenizer = load(args.model, args.device, args.dtype)
     except (OSError, ValueError) as e:  # missing folder, no network, bad checkpoint: one line, exit 2
-        print(f"model.py: error: {e}", file=sys.stderr)
-        sys.exit(2)
+        parser.exit(2, f"model.py: error: {e}\n")
     text = args.prompt if args.raw else tokenizer.apply_chat_template([{"role": "user", "content": args.prompt}])
     gen = model.generate([tokenizer.encode(text)], args.max_new_tokens, args.temperature, args.top_p,
-                         stop_token_ids=stop_ids(model, tokenizer), pad_token_id=tokenizer.pad_token_id)
+                         stop_token_ids=stop_ids(model, tokenizer))
     print(tokenizer.decode(gen.tokens[0], skip_special_tokens=True))
 
 

@@ -90,8 +90,7 @@ def bench_generation(ours, hf, batch, new_tokens, prompt_len, repeats):
     out = {}
 
     def run_ours():
-        out["ours"] = ours.generate(prompts, max_new_tokens=new_tokens, temperature=0.0, stop_token_ids=[],
-                                    pad_token_id=0).tokens
+        out["ours"] = ours.generate(prompts, max_new_tokens=new_tokens, temperature=0.0, stop_token_ids=[]).tokens
 
     def run_hf():
         out["hf"] = hf.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new_tokens,

@@ -118,7 +118,7 @@ def check_parity(folder, tok, device, report):
     real = mask.bool()
     diff = (a - b).abs()[real]
     n = 32
-    g = ours.generate(prompts, n, stop_token_ids=[], pad_token_id=0)
+    g = ours.generate(prompts, n, stop_token_ids=[])
     out = hf.generate(input_ids=ids, attention_mask=mask, max_new_tokens=n, do_sample=False, pad_token_id=0,
                       eos_token_id=None, suppress_tokens=list(range(len(tok), hf.config.vocab_size)))
     theirs = out[:, L:].tolist()
@@ -139,7 +139,7 @@ def check_decode(work, device, report, size, new_tokens, rollout):
     for batch in (1, 16):
         prompts = prompts_of(tok, batch, 128, 2)
         ids = torch.tensor(prompts, device=device)
-        for name, run in (("ours", lambda: ours.generate(prompts, new_tokens, stop_token_ids=[], pad_token_id=0)),
+        for name, run in (("ours", lambda: ours.generate(prompts, new_tokens, stop_token_ids=[])),
                           ("transformers", lambda: hf.generate(input_ids=ids, attention_mask=torch.ones_like(ids),
                                                                max_new_tokens=new_tokens, min_new_tokens=new_tokens,
                                                                do_sample=False, pad_token_id=0))):
@@ -159,7 +159,7 @@ def check_decode(work, device, report, size, new_tokens, rollout):
         prompts = [p[:n] for p, n in zip(prompts_of(tok, 4, 128, 3), (128, 40, 90, 7))]
         try:
             with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION]):
-                ours.generate(prompts, 16, stop_token_ids=[], pad_token_id=0)
+                ours.generate(prompts, 16, stop_token_ids=[])
             rows["masked_decode_on_fused_kernels"] = True
         except RuntimeError as e:
             rows["masked_decode_on_fused_kernels"] = f"no: {str(e).splitlines()[0][:200]}"

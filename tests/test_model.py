@@ -377,7 +377,7 @@ def test_chunked_prefill_and_per_row_seeds(ckpt):
     """Prompts entering the cache 2 positions at a time give the same greedy tokens and log-probs as one prefill; with
     per-row seeds a row samples the same tokens whichever rows share its batch (and another seed changes them)."""
     prompts, n = prompts_for(ckpt.tok), 8
-    kw = dict(max_new_tokens=n, stop_token_ids=[], pad_token_id=ckpt.pad)
+    kw = dict(max_new_tokens=n, stop_token_ids=[])
     whole, chunked = (ckpt.ours.generate(prompts, temperature=0.0, prefill_chunk=c, **kw) for c in (2048, 2))
     assert chunked.tokens == whole.tokens and max(len(p) for p in prompts) > 2
     for a, b in zip(chunked.logprobs, whole.logprobs):
@@ -450,8 +450,8 @@ def test_rows_over_a_shared_cache_match_the_full_forward(past, monkeypatch):
 def test_kv_cache_logprobs_match_full_forward(ckpt):
     prompts, n = prompts_for(ckpt.tok), 10
     with full_vocab(ckpt.ours) as m:
-        g = m.generate(prompts, max_new_tokens=n, temperature=0.0, stop_token_ids=[], pad_token_id=ckpt.pad)
-        alone = m.generate(prompts[2:], max_new_tokens=n, temperature=0.0, stop_token_ids=[], pad_token_id=ckpt.pad)
+        g = m.generate(prompts, max_new_tokens=n, temperature=0.0, stop_token_ids=[])
+        alone = m.generate(prompts[2:], max_new_tokens=n, temperature=0.0, stop_token_ids=[])
     assert g.finish_reasons == ["length"] * 3 and all(len(s) == n for s in g.tokens)
     for ps, gen in [(prompts, g), (prompts[2:], alone)]:  # a left-padded batch, and one prompt without padding
         ids, mask = left_pad([p + s for p, s in zip(ps, gen.tokens)], ckpt.pad)
@@ -465,9 +465,9 @@ def test_kv_cache_logprobs_match_full_forward(ckpt):
 
 def test_left_padding_gives_same_tokens_as_alone(ckpt):
     prompts = prompts_for(ckpt.tok)
-    batch = ckpt.ours.generate(prompts, max_new_tokens=8, stop_token_ids=[], pad_token_id=ckpt.pad)
+    batch = ckpt.ours.generate(prompts, max_new_tokens=8, stop_token_ids=[])
     for i, p in enumerate(prompts):
-        alone = ckpt.ours.generate([p], max_new_tokens=8, stop_token_ids=[], pad_token_id=ckpt.pad)
+        alone = ckpt.ours.generate([p], max_new_tokens=8, stop_token_ids=[])
         assert alone.tokens[0] == batch.tokens[i]
         torch.testing.assert_close(torch.tensor(alone.logprobs[0]), torch.tensor(batch.logprobs[i]), atol=1e-4, rtol=0)
 
@@ -476,10 +476,10 @@ def test_sampling_is_reproducible_and_logprobs_use_temperature(cases):
     c = cases("qwen2-untied")
     prompts, n, temp = prompts_for(c.tok), 10, 0.7
     with full_vocab(c.ours) as m:
-        runs = [m.generate(prompts, max_new_tokens=n, temperature=temp, stop_token_ids=[], pad_token_id=c.pad,
+        runs = [m.generate(prompts, max_new_tokens=n, temperature=temp, stop_token_ids=[],
                            generator=torch.Generator().manual_seed(123)) for _ in range(2)]
     assert runs[0].tokens == runs[1].tokens and runs[0].logprobs == runs[1].logprobs
-    greedy = c.ours.generate(prompts, max_new_tokens=n, stop_token_ids=[], pad_token_id=c.pad)
+    greedy = c.ours.generate(prompts, max_new_tokens=n, stop_token_ids=[])
     assert runs[0].tokens != greedy.tokens  # it really samples
     ids, mask = left_pad([p + s for p, s in zip(prompts, runs[0].tokens)], c.pad)
     T = ids.shape[1]
@@ -518,9 +518,9 @@ def test_n_samples_share_one_prefill_and_log_probs_match_a_full_forward(cases, m
 def test_tiny_top_p_is_greedy(cases):
     c = cases("qwen3-tied-hd24")
     prompts = prompts_for(c.tok)
-    greedy = c.ours.generate(prompts, max_new_tokens=8, stop_token_ids=[], pad_token_id=c.pad)
+    greedy = c.ours.generate(prompts, max_new_tokens=8, stop_token_ids=[])
     nucleus = c.ours.generate(prompts, max_new_tokens=8, temperature=1.0, top_p=1e-6, stop_token_ids=[],
-                              pad_token_id=c.pad, generator=torch.Generator().manual_seed(0))
+                              generator=torch.Generator().manual_seed(0))
     assert nucleus.tokens == greedy.tokens
 
 
@@ -556,7 +556,7 @@ def test_never_samples_padded_vocab_rows():
     p = F.softmax(our_logits(m, ids, mask)[:, -1] / 2.0, -1)
     assert p[:, n_real:].sum(-1).min() > 0.1 or our_logits(m, ids, mask)[:, -1].argmax(-1).ge(n_real).any()  # precondition
     for temp in (0.0, 2.0):
-        g = m.generate(prompts, max_new_tokens=30, temperature=temp, stop_token_ids=[], pad_token_id=0,
+        g = m.generate(prompts, max_new_tokens=30, temperature=temp, stop_token_ids=[],
                        generator=torch.Generator().manual_seed(0))
         assert max(max(s) for s in g.tokens) < n_real
 
@@ -870,7 +870,7 @@ def test_bf16_cpu_close_to_fp32(cases):
     lo16, lo32 = our_logits(m16, ids, mask), our_logits(c.ours, ids, mask)
     valid = mask.bool()
     assert (lo16[valid] - lo32[valid]).abs().max() < 0.1 * lo32.abs().max() + 0.05
-    g = m16.generate(prompts_for(c.tok), max_new_tokens=4, stop_token_ids=[], pad_token_id=c.pad)
+    g = m16.generate(prompts_for(c.tok), max_new_tokens=4, stop_token_ids=[])
     assert all(len(s) == 4 for s in g.tokens)
 
 
@@ -882,8 +882,8 @@ def test_cuda_matches_cpu(cases):
     gpu, _ = model.load(str(c.path), device="cuda", dtype=torch.float32)
     lo = our_logits(gpu, ids.cuda(), mask.cuda()).cpu()
     torch.testing.assert_close(lo[valid], our_logits(c.ours, ids, mask)[valid], atol=1e-3, rtol=0)
-    g = gpu.generate(prompts_for(c.tok), max_new_tokens=6, stop_token_ids=[], pad_token_id=c.pad)
-    assert g.tokens == c.ours.generate(prompts_for(c.tok), max_new_tokens=6, stop_token_ids=[], pad_token_id=c.pad).tokens
+    g = gpu.generate(prompts_for(c.tok), max_new_tokens=6, stop_token_ids=[])
+    assert g.tokens == c.ours.generate(prompts_for(c.tok), max_new_tokens=6, stop_token_ids=[]).tokens
     b16, _ = model.load(str(c.path), device="cuda", dtype=torch.bfloat16)
     lo16 = our_logits(b16, ids.cuda(), mask.cuda()).cpu()
     assert (lo16[valid] - lo[valid]).abs().max() < 0.1 * lo.abs().max() + 0.05
