@@ -15,7 +15,7 @@ What this file holds, top to bottom:
 How it departs from Hugging Face `transformers`:
   - Only the dense models with the default RoPE: no MoE, no sliding-window attention, no RoPE scaling (YaRN).
   - The chat template is ChatML written in Python, not the checkpoint's Jinja template: no tools, and no Qwen3
-    `<think>` handling; no default system message unless one is passed.
+    `<think>` handling; no default system message.
   - Downloads put plain files into `snapshots/<commit>/` of the hub cache instead of blobs plus symlinks.
   - `forward` returns fp32 logits; positions come from the attention mask (cumsum - 1, as HF `generate` computes
     them) in every call, so left-padded batches need no position_ids. No dropout (Qwen trains without it).
@@ -79,8 +79,7 @@ class Config:
     bos_token_id: int | None = None
     eos_token_id: int | list[int] | None = None
     torch_dtype: str = "bfloat16"         # the dtype the checkpoint was saved in
-    # not written to config.json: `load` fills them from generation_config.json and the tokenizer, so that a model
-    # rebuilt from its config (Qwen(lm.config)) stops and samples as the loaded one
+    # not in config.json: `load` fills them, so that a model rebuilt as Qwen(lm.config) stops and samples the same
     stop_token_ids: list[int] | None = None  # generate's default stop ids; None -> eos_token_id
     sample_vocab_size: int | None = None     # the rows generate samples from; None -> vocab_size
 
@@ -209,9 +208,8 @@ class Attention(nn.Module):
             k, v = cache.update(layer, k, v)  # (B, Hkv, Tk, D)
         # mask (B, 1, T, Tk) bool, True = may attend; None = plain causal (or a single query over the whole cache)
         if T == 1 and self.n_kv != self.n_head:
-            # decode: query head h reads key/value head h // G (HF's repeat_kv), so the G query heads of a key/value
-            # head stand as G query positions over its keys: plain attention, which the fused kernels take with a
-            # mask (enable_gqa with a mask sends older torch builds to the math kernel)
+            # decode: the G query heads of key/value head h // G (HF's repeat_kv) stand as G query positions over its
+            # keys: plain attention, which fused kernels take with a mask (enable_gqa with one may not)
             G = self.n_head // self.n_kv
             y = F.scaled_dot_product_attention(q.reshape(B, self.n_kv, G, self.head_dim), k, v, attn_mask=mask)
             return self.o_proj(y.reshape(B, 1, -1))  # (B, Hkv, G, D) is (B, H, 1, D) in memory
@@ -320,23 +318,19 @@ class Qwen(nn.Module):
     @torch.inference_mode()
     def generate(self, prompts, max_new_tokens=128, temperature=0.0, top_p=1.0, stop_token_ids=None, generator=None,
                  stop_fn=None, seeds=None, prefill_chunk=2048, max_batch=None, n=1, on_done=None):
-        """Generation from token-id prompts of different lengths -> Generation, n rows per prompt (prompt-major), by
-        the Engine below: at most max_batch sequences (default: all) decode together, the n samples of a prompt share
-        one prefill. stop_fn(i, new_tokens) -> bool is asked after each step whether row i stops (stop strings; the
-        token that made it true is kept). on_done(i, tokens, reason) is called as soon as row i has finished (ppo.py
-        starts executing its action then). seeds (one int per prompt): each row samples from its own generator, so its
-        tokens do not depend on which rows share its batch (ppo.py under torchrun); else rows draw from `generator`.
-        Prompts enter the cache prefill_chunk positions at a time, so the MLP never runs on a whole long prompt."""
+        """Token-id prompts -> Generation, n rows per prompt (prompt-major), by the Engine: at most max_batch rows
+        (default: all) at a time. stop_fn(i, new_tokens) -> bool: row i stops after this token (stop strings);
+        on_done(i, tokens, reason) as soon as row i finishes (ppo.py executes its action then). seeds (one int per
+        prompt): each row samples from its own generator, so its tokens do not depend on which rows share its batch
+        (ppo.py under torchrun); else rows draw from `generator`. Prompts enter the cache prefill_chunk at a time."""
         stops = set(self.stop_token_ids if stop_token_ids is None else stop_token_ids)
         dev, seqs = self.lm_head.weight.device, []
         for j, p in enumerate(prompts):
-            for k in range(n):  # row i; the n samples of a seeded prompt draw distinct, reproducible streams
-                i, seed = j * n + k, None if seeds is None else (seeds[j] * 1000003 + k if k else seeds[j])
-                seqs.append(Sequence(list(p), max_new_tokens, temperature, top_p, stops,
-                                     None if stop_fn is None else (lambda toks, i=i: stop_fn(i, toks)),
-                                     None if seed is None else torch.Generator(dev).manual_seed(seed),
-                                     None if on_done is None else (lambda s, i=i: on_done(i, s.tokens, s.reason))))
-        engine = Engine(self, max_batch or len(seqs), prefill_chunk, generator)
+            for k in range(n):  # the n samples of a seeded prompt draw distinct, reproducible streams
+                seed = None if seeds is None else (seeds[j] * 1000003 + k if k else seeds[j])
+                gen = None if seed is None else torch.Generator(dev).manual_seed(seed)
+                seqs.append(Sequence(list(p), max_new_tokens, temperature, top_p, stops, gen, index=j * n + k))
+        engine = Engine(self, max_batch or len(seqs), prefill_chunk, generator, stop_fn, on_done)
         try:
             engine.run([seqs[j * n:(j + 1) * n] for j in range(len(prompts))])
         finally:
@@ -352,9 +346,8 @@ class Sequence:
     temperature: float = 0.0
     top_p: float = 1.0
     stop_ids: set = dataclasses.field(default_factory=set)
-    stop_fn: object = None         # new tokens -> bool: a stop string was completed
     generator: object = None       # this row's own torch.Generator (seeded requests)
-    on_done: object = None         # called with the sequence once it has finished
+    index: int = 0                 # its row in generate's output
     tokens: list = dataclasses.field(default_factory=list)
     logprobs: list = dataclasses.field(default_factory=list)
     reason: str | None = None      # "stop" or "length" once finished
@@ -399,18 +392,15 @@ TRANSPOSED_COPY_BYTES = 1 << 30  # the most that an engine on CPU copies of the 
 
 
 class Engine:
-    """Continuous batching on one model (the scheduling idea of Orca, Yu et al. OSDI 2022, and vLLM; the slot layout is
-    our own, without paging). Up to max_batch sequences decode together, one token each per step; a finished sequence
-    leaves its slot at once (the last live slot moves into the hole) and waiting groups are prefilled into free slots.
-    A group is the n samples of one prompt: prefilled once (right-padded with the other admitted prompts, causal mask
-    only), its keys and values copied to the other n - 1 slots. Each step makes one host sync (the sampled tokens and
-    log-probs); stops, admission and compaction are decided on the host."""
+    """Continuous batching (the scheduling idea of Orca, Yu et al. OSDI 2022, and vLLM; our slot layout, no paging): up
+    to max_batch sequences decode together; a finished one leaves its slot at once and waiting groups (the n samples
+    of a prompt, prefilled once and copied to n - 1 more slots) are prefilled into free slots. One host sync a step."""
 
-    def __init__(self, model, max_batch=16, prefill_chunk=2048, generator=None):
+    def __init__(self, model, max_batch=16, prefill_chunk=2048, generator=None, stop_fn=None, on_done=None):
         self.model, self.max_batch, self.prefill_chunk, self.generator = model, max_batch, prefill_chunk, generator
+        self.stop_fn, self.on_done = stop_fn, on_done  # generate's
         self.waiting, self.live, self.fresh, self.linears = [], [], None, []
-        # On CPU every linear layer reads a transposed copy of its weight while this engine lives (`Linear`), all or
-        # nothing, up to TRANSPOSED_COPY_BYTES; the copies are of the weights as they are now, so `close` drops them
+        # on CPU each linear layer reads a transposed copy of its weight until `close` (`Linear`), all or nothing
         layers = [m for m in model.modules() if isinstance(m, Linear)] if model is not None else []
         if layers and all(m.weight.device.type == "cpu" for m in layers) and \
                 sum(m.weight.nbytes for m in layers) <= TRANSPOSED_COPY_BYTES:
@@ -458,15 +448,14 @@ class Engine:
         ids = torch.zeros(P, max(lens), dtype=torch.long)
         for b, g in enumerate(groups):  # right padding: a real token never attends to a later pad
             ids[b, :lens[b]] = torch.tensor(g[0].prompt)
-        ids, ends, h_last = ids.to(dev), torch.tensor(lens, device=dev) - 1, None
+        ids, ends = ids.to(dev), torch.tensor(lens, device=dev) - 1
         for a in range(0, max(lens), self.prefill_chunk):
             x = ids[:, a:a + self.prefill_chunk]
             T = x.shape[1]
             self.cache.at(slice(A, A + P), start=a)
             h = self.model.blocks(x, torch.arange(a, a + T, device=dev).expand(P, T), None, self.cache)  # (P, T, C)
-            inside = (ends >= a) & (ends < a + T)  # rows whose last prompt token is in this chunk
-            pick = h[torch.arange(P, device=dev), (ends - a).clamp(0, T - 1)]
-            h_last = pick if h_last is None else torch.where(inside[:, None], pick, h_last)
+            pick = h[torch.arange(P, device=dev), (ends - a).clamp(0, T - 1)]  # a later chunk may overwrite it
+            h_last = pick if a == 0 else torch.where((ends >= a)[:, None], pick, h_last)
         seqs, leaders = [g[0] for g in groups], list(range(P))  # the leaders in slots A .. A + P - 1, then the others
         for b, g in enumerate(groups):
             for s in g[1:]:
@@ -532,12 +521,12 @@ class Engine:
     def _append(self, s, tok, lp):
         s.tokens.append(tok)
         s.logprobs.append(lp)
-        if tok in s.stop_ids or (s.stop_fn is not None and s.stop_fn(s.tokens)):
+        if tok in s.stop_ids or (self.stop_fn is not None and self.stop_fn(s.index, s.tokens)):
             s.reason = "stop"
         elif len(s.tokens) >= s.max_new_tokens:
             s.reason = "length"
-        if s.reason and s.on_done is not None:
-            s.on_done(s)
+        if s.reason and self.on_done is not None:
+            self.on_done(s.index, s.tokens, s.reason)
 
     def _compact(self):
         """Finished sequences leave; the last live slot moves into each hole, so the live slots stay 0 .. live-1."""
@@ -556,11 +545,9 @@ def response_hidden(lm, ids, lengths, starts):
     """The final hidden states that predict each response token (the output at t - 1 predicts token t) and those
     tokens: (B, R, C), (B, R), R = the longest response. Sample b's response is columns starts[b] .. lengths[b] - 1 of
     row b // n of ids (G, W), n = B / G:
-    - n = 1: each row is prompt + response, right-padded; no attention mask (the causal one keeps real tokens off the
-      padding), so SDPA may take its fused causal kernel.
-    - n > 1: each row is one prompt then the n responses sampled from it (ppo.py), so the prompt is computed once,
-      into a KV cache, and its n responses run as n rows over that cache at the positions they were generated at
-      (tests/test_ppo.py: the same logits as n rows). Not with gradient checkpointing, which would write it again.
+    - n = 1: each row is prompt + response, right-padded; no attention mask, so SDPA may take its causal kernel.
+    - n > 1: each row is one prompt then its n responses (ppo.py): the prompt is computed once, into a KV cache, and
+      its responses run as n rows over it (the same logits as n rows). Not with gradient checkpointing.
     Columns past a response's end read padding or a clamped column: masked out by the caller."""
     B, (G, W), dev = lengths.shape[0], ids.shape, ids.device
     n, R = B // G, max(int((lengths - starts).max()), 1)
@@ -652,9 +639,9 @@ def _read_file(path, params=None):
             yield name, t
 
 
-def read_safetensors(path, device="cpu"):
+def read_safetensors(path):
     """All tensors of one .safetensors file as a dict."""
-    return {name: t.to(device) for name, t in _read_file(path)}
+    return dict(_read_file(path))
 
 
 def write_safetensors(path, tensors, metadata=None):
@@ -786,10 +773,8 @@ class Tokenizer:
         ok = lambda tok: all(c in self.byte_dec for c in tok)  # else its own UTF-8 (tokenizers' ByteLevel decoder)
         return {i: bytes(self.byte_dec[c] for c in t) if ok(t) else t.encode() for i, t in self.id_to_token.items()}
 
-    def apply_chat_template(self, messages, add_generation_prompt=True, default_system=None):
+    def apply_chat_template(self, messages, add_generation_prompt=True):
         """ChatML as Qwen2.5 / Qwen3 instruct models use it: <|im_start|>role\\ncontent<|im_end|>\\n."""
-        if default_system and (not messages or messages[0]["role"] != "system"):
-            messages = [{"role": "system", "content": default_system}, *messages]
         text = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)
         return text + ("<|im_start|>assistant\n" if add_generation_prompt else "")
 
@@ -1262,16 +1247,14 @@ def run_main(script, train, cfg, errors=(OSError, ValueError)):
             dist.destroy_process_group()
 
 
-def rollout_copy(lm, device, dtype=None):
-    """What generates the rollouts. Through FSDP every decoded token would all-gather every block again, so each rank
-    gathers one full copy of the policy (bf16 on CUDA) and frees it before the update (VeRL's "hybrid engine" does
-    the same with vLLM). On one CUDA device fp32 master weights get a bf16 copy too (autocast would cast every weight
-    at every token); LoRA's base is bf16 already, and on CPU the policy generates itself. Each shard is cast before
-    its all-gather, which then moves half the bytes. dtype: the copy's (default bf16 on CUDA, fp32 on CPU)."""
+def rollout_copy(lm, device):
+    """What generates the rollouts: through FSDP every token would all-gather every block again, so each rank gathers
+    one full copy of the policy (cast before its all-gather) and frees it before the update (VeRL's "hybrid engine").
+    On one GPU fp32 weights get a bf16 copy too; LoRA and CPU policies generate themselves."""
     lora = any(isinstance(m, LoRALinear) for m in lm.modules())
     if lora or not (is_sharded(lm) or (device.type == "cuda" and lm.lm_head.weight.dtype == torch.float32)):
         return lm
-    dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     copy = _empty(lm.config, dtype, device)
     with torch.no_grad():
         mine = dict(copy.named_parameters())
