@@ -3,14 +3,13 @@
 What this file holds, top to bottom:
   1. `Config` (the fields of a Hugging Face `config.json`) and `tiny_config` for tests and CPU runs.
   2. The architecture (Qwen2 tech report arXiv:2407.10671, Qwen3 tech report arXiv:2505.09388), batched generation
-     that returns the new tokens and their log-probs (what PPO needs), and the log-probs of given responses.
-  3. A safetensors reader and writer (sharded checkpoints included).
+     with the new tokens' log-probs (what PPO needs), and the log-probs of given responses.
+  3. A safetensors reader and writer.
   4. The byte-level BPE tokenizer read from `tokenizer.json`, the ChatML template, and a small BPE trainer.
-  5. `load` (a local folder, the Hugging Face cache, or a resumable download) and `save` (a folder that
+  5. `load` (a local folder, the Hugging Face cache or a resumable download) and `save` (a folder that
      `transformers`, vLLM and this file all load).
-  6. Putting a model on devices: torchrun, FSDP2 sharding and per-shard loading, saving and resuming a sharded model
-     with its optimizer, the bf16 rollout copy, LoRA.
-  7. A command line. Serving a saved folder is left to vLLM (`vllm serve runs/ckpt/ppo`) and `transformers serve`.
+  6. On devices: torchrun, FSDP2 sharding and per-shard loading, sharded checkpoints, the rollout copy, LoRA.
+  7. A command line. vLLM (`vllm serve runs/ckpt/ppo`) and `transformers serve` serve the saved folders.
 
 How it departs from Hugging Face `transformers`:
   - Only the dense models with the default RoPE: no MoE, no sliding-window attention, no RoPE scaling (YaRN).
@@ -215,9 +214,8 @@ class Attention(nn.Module):
             return self.o_proj(y.reshape(B, 1, -1))  # (B, Hkv, G, D) is (B, H, 1, D) in memory
         past = k.shape[2] - T
         if mask is None and T > 1 and past:
-            # causal with an offset (query i sees keys 0 .. past + i: a shared prefix's cache, prefill chunks after
-            # the first). A boolean mask with grouped-query heads leaves CUDA only SDPA's math kernel, which builds
-            # every fp32 score; two mask-free forms reach the fused kernels instead:
+            # causal with an offset: a boolean mask with grouped-query heads would leave CUDA only SDPA's math kernel
+            # (every fp32 score built); two mask-free forms reach the fused kernels instead
             if past < T:  # is_causal lines the first query up with the first key: `past` zero queries go in front
                 q = F.pad(q, (0, 0, past, 0))  # and are dropped (tests/RESULTS.md, "model.py: causal attention over
                 # a cached prefix")
@@ -354,17 +352,15 @@ class Sequence:
 
 
 class SlotCache:
-    """The engine's KV cache: per layer, keys and values (slots, Hkv, capacity, D) in the compute dtype (no per-token
-    casts). Slot s holds one sequence from position 0; the live sequences sit in slots 0 .. live-1, so a forward
-    reads views, never gathered copies. `at` tells the next forward where it writes."""
+    """The engine's KV cache: per layer, keys and values (slots, Hkv, capacity, D) in the compute dtype; the live
+    sequences sit in slots 0 .. live-1, so a forward reads views, never gathered copies."""
 
     def __init__(self, slots, capacity, dtype):
         self.slots, self.capacity, self.dtype, self.k, self.v = slots, capacity, dtype, {}, {}
         self.at(slice(0, 0))
 
     def at(self, rows, start=0, pos=None, end=None):
-        """rows (a slice of slots) write at positions start .. start + T (prefill), or each at its own position pos
-        (decode, T = 1), and attend over the first `end` positions."""
+        """The next forward: rows (a slice) write at start .. start + T, or (decode) each at its pos; read to end."""
         self.rows, self.start, self.pos, self.end = rows, start, pos, end
 
     def update(self, layer, k, v):  # k, v (R, Hkv, T, D) -> keys/values of these rows so far (R, Hkv, Tk, D)
@@ -417,11 +413,9 @@ class Engine:
     def run(self, groups):
         """Generate every group (Sequences of one prompt) to its end."""
         self.waiting = [g[i:i + self.max_batch] for g in groups for i in range(0, len(g), self.max_batch)]
-        w, B = self.model.lm_head.weight, self.max_batch
-        dev = w.device
+        w, B, dev = self.model.lm_head.weight, self.max_batch, self.model.lm_head.weight.device
         dtype = torch.get_autocast_dtype(dev.type) if torch.is_autocast_enabled(dev.type) else w.dtype
-        # sized once for the longest request (prompt + max_new_tokens): a later, longer prompt never reallocates it,
-        # which would hold the old and the new cache at once (vLLM likewise sizes its cache once, at start-up)
+        # sized once for the longest request: regrowing would hold two caches at once (vLLM too sizes it at start-up)
         need = max((len(s.prompt) + s.max_new_tokens for g in groups for s in g), default=0) + 1
         self.cache = SlotCache(B, need, dtype)
         # per slot, on the device: cached positions, newest token, sampling settings
@@ -481,8 +475,7 @@ class Engine:
             if any(s.temperature and s.top_p < 1 for s in seqs):
                 probs, order = probs.sort(-1, descending=True)  # nucleus: the smallest prefix reaching top_p
                 probs[(probs.cumsum(-1) - probs) > top_p[:, None]] = 0  # the first token is always kept
-            # inverse CDF: one uniform per row, the first token whose cumulative probability passes it (one batched
-            # search; torch.multinomial per seeded row was a quarter of a PPO rollout's time on CPU)
+            # inverse CDF: one uniform per row, one batched search (torch.multinomial per seeded row was slow on CPU)
             u = torch.rand(len(seqs), generator=self.generator, device=probs.device)
             own = [j for j, s in enumerate(seqs) if s.temperature and s.generator is not None]
             if own:  # a seeded sequence draws from its own stream
@@ -497,16 +490,12 @@ class Engine:
 
     def _decode(self):
         A = len(self.live)
-        # each slot's cached positions, known on the host: the prompt, and every token but the newest (a fresh
-        # sequence's first token is not in its list yet)
-        at = [len(s.prompt) + max(len(s.tokens) - 1, 0) for s in self.live]
-        pos = self.lengths[:A]
-        if min(at) == max(at):  # all at one position (batch 1, the n samples of a prompt): a slice, no mask
-            self.cache.at(slice(0, A), start=at[0])
-            mask = None
-        else:
-            self.cache.at(slice(0, A), pos=pos, end=max(at) + 1)
-            mask = (torch.arange(max(at) + 1, device=pos.device) <= pos[:, None])[:, None, None]  # (A, 1, 1, end)
+        at = [len(s.prompt) + max(len(s.tokens) - 1, 0) for s in self.live]  # cached positions, known on the host
+        pos, end = self.lengths[:A], max(at) + 1
+        self.cache.at(slice(0, A), pos=pos, end=end)
+        mask = None  # all at one position (batch 1, the n samples of a prompt): no mask
+        if min(at) < max(at):
+            mask = (torch.arange(end, device=pos.device) <= pos[:, None])[:, None, None]  # (A, 1, 1, end)
         h = self.model.blocks(self.last[:A, None], pos[:, None], mask, self.cache)[:, -1]
         tok, lp = self._sample(self._logits(h), self.live, self.temp[:A], self.top_p[:A])
         self.last[:A], self.lengths[:A] = tok, pos + 1
@@ -568,10 +557,9 @@ def response_hidden(lm, ids, lengths, starts):
 
 
 def response_logprobs(lm, ids, lengths, starts, temperature=1.0, vocab=None, chunk=1024):
-    """log pi(token_t | tokens_<t) of each row's response tokens under softmax(logits[:vocab] / T), what `generate`
-    samples from at vocab = sample_vocab_size (N-details: the temperature is applied in training too) -> (B, R), rows
-    as response_hidden's. The lm_head runs `chunk` tokens at a time, recomputed in backward, so the fp32 logits of
-    only one chunk ever exist."""
+    """log pi(token_t | tokens_<t) of the response tokens (B, R), rows as response_hidden's, under what `generate`
+    samples from: softmax(logits[:vocab] / T) (N-details: the temperature applies in training too). The lm_head runs
+    `chunk` tokens at a time, recomputed in backward, so only one chunk's fp32 logits ever exist."""
     h, tokens = response_hidden(lm, ids, lengths, starts)
     B, R, C = h.shape
     h, tokens = h.reshape(B * R, C), tokens.reshape(B * R)
@@ -599,11 +587,10 @@ def _read_header(path):
     safetensors file, or is shorter than its header says (an interrupted download or copy)."""
     size = os.path.getsize(path)
     with open(path, "rb") as f:
-        raw = f.read(8)
-        n = struct.unpack("<Q", raw)[0] if len(raw) == 8 else None
-        if n is None or n > size - 8:
-            raise ValueError(f"{path}: not a safetensors file ({size} bytes; the header needs "
-                             f"{8 if n is None else 8 + n}; an interrupted download?)")
+        n = struct.unpack("<Q", f.read(8))[0] if size >= 8 else 0
+        if size < 8 or n > size - 8:
+            raise ValueError(f"{path}: not a safetensors file ({size} bytes; the header needs {8 + n}; an interrupted "
+                             f"download?)")
         try:
             header = json.loads(f.read(n))
         except ValueError:  # invalid JSON or UTF-8
@@ -648,9 +635,8 @@ def write_safetensors(path, tensors, metadata=None):
     tensors = {k: v.detach().contiguous().cpu() for k, v in tensors.items()}
     header, off = {"__metadata__": metadata or {"format": "pt"}}, 0
     for k, t in tensors.items():
-        n = t.numel() * t.element_size()
-        header[k] = {"dtype": _NAMES[t.dtype], "shape": list(t.shape), "data_offsets": [off, off + n]}
-        off += n
+        header[k] = {"dtype": _NAMES[t.dtype], "shape": list(t.shape), "data_offsets": [off, off + t.nbytes]}
+        off += t.nbytes
     raw = json.dumps(header, separators=(",", ":")).encode()
     raw += b" " * (-len(raw) % 8)  # the data starts 8-byte aligned, as the safetensors library writes it
     with open(path, "wb") as f:
@@ -678,8 +664,7 @@ def _split_pattern(pre):
 
 
 def bytes_to_unicode():
-    """GPT-2's map from the 256 bytes to printable characters: printable bytes map to themselves, the others to
-    code points 256 and up, so every byte string becomes a string with no spaces or control characters."""
+    """GPT-2's map from the 256 bytes to printable characters (printable bytes themselves, the others 256 and up)."""
     keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
     shifted = iter(range(256, 512))
     return {b: chr(b) if b in keep else chr(next(shifted)) for b in range(256)}
@@ -757,11 +742,9 @@ class Tokenizer:
         for i, piece in enumerate(pieces):
             if i % 2:  # an added / special token written in the text
                 ids.append(self.added[piece])
-                continue
-            if self.nfc:
-                piece = unicodedata.normalize("NFC", piece)
-            for word in self.pattern.findall(piece):
-                ids.extend(self._bpe(word))
+            else:
+                words = self.pattern.findall(unicodedata.normalize("NFC", piece) if self.nfc else piece)
+                ids += [t for word in words for t in self._bpe(word)]
         return ids
 
     def decode(self, ids, skip_special_tokens=False):
@@ -790,20 +773,25 @@ CHATML_JINJA = ("{% for message in messages %}{{ '<|im_start|>' + message['role'
 def train_tokenizer(texts, vocab_size, special_tokens=("<|endoftext|>", "<|im_start|>", "<|im_end|>")):
     """Byte-level BPE training (Sennrich et al. 2016): start from the 256 bytes, repeatedly merge the most
     frequent adjacent pair within pre-tokenized words. Pair counts are updated incrementally, with a lazy heap."""
-    pattern = regex.compile(QWEN2_PATTERN)
-    enc = bytes_to_unicode()
+    pattern, enc = regex.compile(QWEN2_PATTERN), bytes_to_unicode()
     counts = Counter(w for t in texts for w in pattern.findall(unicodedata.normalize("NFC", t)))
-    words = [[enc[b] for b in w.encode("utf-8")] for w in counts]
-    freqs = list(counts.values())
-    vocab = {enc[b]: b for b in range(256)}
+    words, freqs = [[] for _ in counts], list(counts.values())
+    vocab, merges, heap = {enc[b]: b for b in range(256)}, [], []  # heap: most frequent pair first, ties by its text
     pairs, where = Counter(), defaultdict(set)  # pair -> frequency; pair -> indices of words holding it
-    for wi, w in enumerate(words):
-        for pair in zip(w, w[1:]):
-            pairs[pair] += freqs[wi]
-            where[pair].add(wi)
-    heap = [(-n, pair) for pair, n in pairs.items()]  # most frequent first, ties by the pair's characters
-    heapq.heapify(heap)
-    merges = []
+
+    def rewrite(wi, new):  # word wi becomes `new`: its pairs' counts move and the changed pairs are queued again
+        old, words[wi] = words[wi], new
+        for p in zip(old, old[1:]):
+            pairs[p] -= freqs[wi]
+        for p in zip(new, new[1:]):
+            pairs[p] += freqs[wi]
+            where[p].add(wi)
+        for p in set(zip(old, old[1:])) | set(zip(new, new[1:])):
+            if pairs[p] > 0:
+                heapq.heappush(heap, (-pairs[p], p))
+
+    for wi, w in enumerate(counts):
+        rewrite(wi, [enc[b] for b in w.encode("utf-8")])
     while len(vocab) < vocab_size - len(special_tokens) and heap:
         n, pair = heapq.heappop(heap)
         if pairs.get(pair, 0) != -n:
@@ -811,17 +799,7 @@ def train_tokenizer(texts, vocab_size, special_tokens=("<|endoftext|>", "<|im_st
         merges.append(pair)
         vocab.setdefault(pair[0] + pair[1], len(vocab))
         for wi in where.pop(pair):
-            w, f = words[wi], freqs[wi]
-            for p in zip(w, w[1:]):
-                pairs[p] -= f
-            words[wi] = new = _merge(w, pair)
-            changed = set(zip(w, w[1:])) | set(zip(new, new[1:]))
-            for p in zip(new, new[1:]):
-                pairs[p] += f
-                where[p].add(wi)
-            for p in changed:
-                if pairs[p] > 0:
-                    heapq.heappush(heap, (-pairs[p], p))
+            rewrite(wi, _merge(words[wi], pair))
         pairs.pop(pair, None)
     added = [{"id": len(vocab) + i, "content": s, "single_word": False, "lstrip": False, "rstrip": False,
               "normalized": False, "special": True} for i, s in enumerate(special_tokens)]
@@ -984,16 +962,17 @@ def _write_json(path, obj, indent=2):
         json.dump(obj, f, indent=indent, ensure_ascii=False)
 
 
-def save(model, tokenizer, path, max_shard_bytes=5 * 2**30, dtype=None):
+def save(model, tokenizer, path, max_shard_bytes=5 * 2**30, dtype=None, weights=None):
     """Write a Hugging Face model folder: config, safetensors (sharded above max_shard_bytes), tokenizer, generation.
-    dtype: the stored dtype (e.g. torch.bfloat16 for a run trained in fp32 master weights); default: the model's."""
+    dtype: the stored dtype (e.g. torch.bfloat16 for a run trained in fp32 master weights); default: the model's.
+    weights: the state dict to write (default: the model's)."""
     os.makedirs(path, exist_ok=True)
     for name in os.listdir(path):  # stale weights from an earlier save would confuse loaders
         if name.startswith("model") and name.endswith((".safetensors", ".safetensors.index.json")):
             os.remove(os.path.join(path, name))
     cfg, dtype = model.config, dtype or model.lm_head.weight.dtype
     _write_json(os.path.join(path, "config.json"), {**cfg.to_dict(), "torch_dtype": str(dtype).removeprefix("torch.")})
-    tensors = {k: v.to(dtype) for k, v in model.state_dict().items()
+    tensors = {k: v.to(dtype) for k, v in (weights or model.state_dict()).items()
                if not (cfg.tie_word_embeddings and k == "lm_head.weight")}
     shards = [{}]
     for k, v in tensors.items():  # a new shard when this tensor would take the last one past max_shard_bytes
@@ -1022,15 +1001,13 @@ def save(model, tokenizer, path, max_shard_bytes=5 * 2**30, dtype=None):
 
 
 def stop_ids(lm, tokenizer):
-    """The token ids a response ends at: the model's (its config's and generation_config's eos), the tokenizer's eos
-    and <|im_end|>, where a chat turn ends."""
+    """The token ids a response ends at: the model's eos ids, the tokenizer's eos and <|im_end|> (a chat turn's)."""
     ends = [*lm.stop_token_ids, tokenizer.eos_token_id, tokenizer.im_end_id]
     return [i for i in dict.fromkeys(ends) if i is not None]
 
 
 def keep_end(ids, context, reserve):
-    """A prompt's ids cut to their end, so that `reserve` more tokens (the response) fit in `context` positions; one
-    token is kept at least. An agent's prompt keeps its latest steps."""
+    """A prompt's ids cut to their end (at least one), so `reserve` more tokens fit in `context`: its latest steps."""
     return ids[-max(context - reserve, 1):]
 
 
@@ -1057,8 +1034,8 @@ def enable_grad_checkpointing(lm):
         block.forward = fwd
 
 
-# NCCL aborts a collective that waits past its timeout (default 10 minutes): a rank waits in one while the others run
-# a task script or rank 0 writes a 7B trainer state. torchtitan and OpenRLHF (30 minutes) raise it for this reason.
+# NCCL's 10-minute collective timeout is shorter than a task script or a 7B trainer state's save (torchtitan and
+# OpenRLHF raise it too)
 DIST_TIMEOUT = datetime.timedelta(hours=2)
 
 
@@ -1079,8 +1056,7 @@ def setup_distributed(args):
 
 
 class Ranks:
-    """This process's place among the torchrun ranks and the collectives a trainer needs; with one process each is
-    the identity."""
+    """This process's place among the torchrun ranks, and a trainer's collectives (the identity in one process)."""
 
     def __init__(self, rank=0, world=1, device=torch.device("cpu")):
         self.rank, self.world, self.device = rank, world, device
@@ -1106,10 +1082,8 @@ class Ranks:
 
 
 def shard(net, blocks, world, device):
-    """FSDP2 (fully_shard): each block is one unit, all-gathered for its forward and its backward and freed after; the
-    root unit holds the rest. Parameters, gradients and optimizer states are split over the ranks; on CUDA the
-    gathered copies are bf16, gradients are reduced in fp32, and the fp32 shards are the master weights. Call it on
-    the meta device, then `fill` the weights."""
+    """FSDP2: each block one unit (gathered for its forward and backward, freed after), the root unit the rest; on CUDA
+    bf16 gathered copies, fp32 gradient reduction and fp32 master shards. Call it on the meta device, then `fill`."""
     mesh = init_device_mesh(device.type, (world,))
     bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported()
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else MixedPrecisionPolicy()
@@ -1128,8 +1102,7 @@ def reshard(*nets):
 
 def fill(lm, tensors):
     """Copy checkpoint tensors (name, full CPU tensor), one at a time, into the parameters of the same name; a sharded
-    parameter (a DTensor, after `shard`) keeps only this rank's rows, so no rank holds the whole model. A ValueError
-    names the missing and unexpected tensors."""
+    one (a DTensor) keeps only this rank's rows. A ValueError names the missing and unexpected tensors."""
     params, seen, unexpected = dict(lm.named_parameters()), set(), []
     with torch.no_grad():
         for name, full in tensors:
@@ -1153,8 +1126,7 @@ def fill(lm, tensors):
 
 
 def too_big_for_one_gpu(n_params, device):
-    """fp32 weights, gradients and AdamW's two moments (16 bytes per parameter) over half the GPU's memory (the other
-    half is for activations): then sharding is chosen without --fsdp."""
+    """fp32 weights, gradients and AdamW moments (16 bytes a parameter) over half the GPU: then FSDP without --fsdp."""
     return device.type == "cuda" and 16 * n_params > 0.5 * torch.cuda.get_device_properties(device).total_memory
 
 
@@ -1204,18 +1176,13 @@ def save_dtype(name, device):
 
 
 def save_checkpoint_folder(lm, tokenizer, path, dtype, state):
-    """Rank 0's share of saving a (sharded) model: lm's Hugging Face folder (LoRA merged in) in `dtype`, written to
-    <path>.tmp, where the caller adds its trainer state before swapping it in for path. state: full_state of the
-    module that holds lm as `.lm` (the weights a sharded lm's CPU copy is built on). -> (the .tmp folder, the fp32
-    master weights when dtype rounds them, else None)"""
+    """Rank 0's share of saving a (sharded) model: lm's Hugging Face folder (LoRA merged) in `dtype` at <path>.tmp,
+    where the caller adds its trainer state. state: full_state of the module holding lm as `.lm`. -> (the .tmp
+    folder, the fp32 master weights when dtype rounds them, else None)"""
     weights = {k.removeprefix("lm."): v for k, v in state.items()}
-    if is_sharded(lm):
-        lm = _empty(lm.config, torch.float32)
-        lm.load_state_dict(weights, assign=True)
-        lm.tie_weights()
     tmp = path.rstrip("/") + ".tmp"
     shutil.rmtree(tmp, ignore_errors=True)
-    save_merged(lm, tokenizer, tmp, dtype)
+    save_merged(lm, tokenizer, tmp, dtype, weights if is_sharded(lm) else None)  # sharded: the gathered weights
     lora = any(isinstance(m, LoRALinear) for m in lm.modules())
     return tmp, None if dtype == torch.float32 or lora else weights
 
@@ -1233,9 +1200,8 @@ def load_trainer_state(path, need, script, advice):
 
 
 def run_main(script, train, cfg, errors=(OSError, ValueError)):
-    """train(cfg); an error of `errors` (bad data file, missing model, no network) is one line naming the rank, exit
-    status 2. The rank leaves its process group on any way out: the C++ runtime aborts a process that exits holding
-    a gloo group, which would hide the line (or the traceback) and the exit status."""
+    """train(cfg); an error of `errors` is one line naming the rank, exit status 2. The rank leaves its process group
+    on any way out (the C++ runtime aborts a process holding a gloo group, hiding the line and the exit status)."""
     try:
         train(cfg)
     except errors as e:
@@ -1256,10 +1222,8 @@ def rollout_copy(lm, device):
         return lm
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     copy = _empty(lm.config, dtype, device)
-    with torch.no_grad():
-        mine = dict(copy.named_parameters())
-        for name, p in lm.named_parameters():  # one all-gather per tensor, in the same order on every rank
-            mine[name].copy_(p.to(dtype).full_tensor() if isinstance(p, DTensor) else p)
+    params = lm.named_parameters()  # one all-gather per tensor, in the same order on every rank
+    fill(copy, ((n, p.to(dtype).full_tensor() if isinstance(p, DTensor) else p) for n, p in params))
     return copy.eval()
 
 
@@ -1298,19 +1262,17 @@ def set_lora(lm, enabled):  # adapters off: the frozen base, which is the refere
             m.enabled = enabled
 
 
-def save_merged(lm, tokenizer, path, dtype=None):
-    """`save` of lm; with LoRA, of a copy of the base with the adapters merged in (a folder any loader reads)."""
-    if not any(isinstance(m, LoRALinear) for m in lm.modules()):
-        return save(lm, tokenizer, path, dtype=dtype)
-    weights = {k: v for k, v in lm.state_dict().items() if ".A" not in k and ".B" not in k and ".base." not in k}
+def save_merged(lm, tokenizer, path, dtype=None, weights=None):
+    """`save` of lm (or of `weights`, its full state dict); with LoRA, of its base with the adapters merged in, a
+    folder any loader reads."""
+    weights = {k: v for k, v in (weights or lm.state_dict()).items()
+               if ".A" not in k and ".B" not in k and ".base." not in k}  # (LoRA's parts)
     for name, m in lm.named_modules():
         if isinstance(m, LoRALinear):
             weights[name + ".weight"] = m.merged()
             if m.base.bias is not None:
                 weights[name + ".bias"] = m.base.bias
-    plain = _empty(lm.config, lm.lm_head.weight.dtype, lm.lm_head.weight.device)
-    plain.load_state_dict(weights)
-    save(plain, tokenizer, path, dtype=dtype)
+    save(lm, tokenizer, path, dtype=dtype, weights=weights)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -1338,33 +1300,29 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
-def _checked(ok, says, kind=float):
-    """An argparse type=: a `kind` that ok() accepts; else argparse's one-line error naming the flag."""
+def _checked(kind, why_not):
+    """An argparse type=: a `kind` against which why_not() has no one-line reason; argparse prints the reason (or its
+    "invalid int value" for a text kind() cannot read) naming the flag."""
     def read(text):
-        value = kind(text)  # a text kind() cannot read: argparse's "invalid int value"
-        if not ok(value):
-            raise argparse.ArgumentTypeError(f"must be {says}, not {text}")
+        value = kind(text)
+        if why_not(value):
+            raise argparse.ArgumentTypeError(why_not(value))
         return value
     read.__name__ = kind.__name__
     return read
-
-
-def _device(name):  # an argparse type= for --device
-    if bad_device(name):
-        raise argparse.ArgumentTypeError(bad_device(name))
-    return name
 
 
 def main(argv=None):
     parser = _Parser(prog="model.py", description="Generate with a Qwen2/Qwen2.5/Qwen3 checkpoint.")
     p = parser.add_subparsers(dest="command", required=True).add_parser("generate")
     p.add_argument("--model", required=True, help="a local folder or a hub id such as Qwen/Qwen2.5-0.5B-Instruct")
-    p.add_argument("--device", type=_device)
+    p.add_argument("--device", type=_checked(str, bad_device))
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--prompt", required=True)
-    p.add_argument("--max-new-tokens", type=_checked(lambda v: v >= 1, "at least 1", int), default=128)
-    p.add_argument("--temperature", type=_checked(lambda v: 0 <= v < math.inf, "finite and >= 0"), default=0.0)
-    p.add_argument("--top-p", type=_checked(lambda v: 0 < v <= 1, "in (0, 1]"), default=1.0)
+    p.add_argument("--max-new-tokens", type=_checked(int, lambda v: v < 1 and "must be at least 1"), default=128)
+    p.add_argument("--temperature", type=_checked(float, lambda v: not 0 <= v < math.inf and "must be finite and >= 0"),
+                   default=0.0)
+    p.add_argument("--top-p", type=_checked(float, lambda v: not 0 < v <= 1 and "must be in (0, 1]"), default=1.0)
     p.add_argument("--raw", action="store_true", help="no chat template around the prompt")
     args = parser.parse_args(argv)
     try:
