@@ -1213,14 +1213,15 @@ def run_main(script, train, cfg, errors=(OSError, ValueError)):
             dist.destroy_process_group()
 
 
-def rollout_copy(lm, device):
+def rollout_copy(lm, device, dtype=None):
     """What generates the rollouts: through FSDP every token would all-gather every block again, so each rank gathers
     one full copy of the policy (cast before its all-gather) and frees it before the update (VeRL's "hybrid engine").
-    On one GPU fp32 weights get a bf16 copy too; LoRA and CPU policies generate themselves."""
+    On one GPU fp32 weights get a bf16 copy too; LoRA and CPU policies generate themselves. dtype: the copy's
+    (default bf16 on CUDA, fp32 on CPU)."""
     lora = any(isinstance(m, LoRALinear) for m in lm.modules())
     if lora or not (is_sharded(lm) or (device.type == "cuda" and lm.lm_head.weight.dtype == torch.float32)):
         return lm
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
     copy = _empty(lm.config, dtype, device)
     params = lm.named_parameters()  # one all-gather per tensor, in the same order on every rank
     fill(copy, ((n, p.to(dtype).full_tensor() if isinstance(p, DTensor) else p) for n, p in params))
