@@ -1427,12 +1427,17 @@ def import_mlebench(prepared, out, metric=None, leaderboard=None, id_column=None
              "private/answers.csv": answers, "task.json": info, "description.md": description}
     if board is not None:
         files["private/leaderboard.csv"] = board
+    return _write_checked(out, files, f"{competition}: sample_submission.csv does not grade under {metric}")
+
+
+def _write_checked(out: Path, files: dict, refusal: str) -> Path:
+    """_write_task, then load the folder and grade its sample submission: a folder that fails is removed again."""
     out.parent.mkdir(parents=True, exist_ok=True)
     _write_task(out, files)
-    try:  # the folder must load and grade its sample submission, or it is removed again
+    try:
         check = grade(out, out / "public" / "sample_submission.csv")
         if not check.valid:
-            raise TaskError(f"{competition}: sample_submission.csv does not grade under {metric}: {check.error}")
+            raise TaskError(f"{refusal}: {check.error}")
     except TaskError:
         shutil.rmtree(out)
         raise
