@@ -1,14 +1,13 @@
-"""The ML task world the agents act on: task folders and their grading, the agent's actions (Env), the sandbox that
-runs agent code, the built-in tasks (their folders are tasks/) and MLE-bench import.
+"""What every task shares: task folders and their grading, the agent's actions (Env), the sandbox that runs agent code,
+and MLE-bench import; the built-in tasks are the folders of tasks/, built by tasks/builtin.py.
 
 The actions, their JSON arguments and what each does follow MLAgentBench ("MLAgentBench: Evaluating Language Agents on
 Machine Learning Experimentation", arXiv:2310.03302; its high_level_actions.py, low_level_actions.py), the
 environment ML-Agent trains in (arXiv:2505.23723, §Experiments). A task folder is MLE-bench's prepared competition
 ("MLE-bench", arXiv:2410.07095) in one folder: `public/` what the agent sees, `private/answers.csv` the test answers
-with a `part` column, the Kaggle public/private split of the test rows. A built-in task is a folder of tasks/ in
-MLAgentBench's per-task layout (tasks/README.md), prepared into such a folder; load_task reads it as it reads an
-imported competition. METRICS follow scikit-learn and MLE-bench's graders (sklearn's log-loss with rows that sum to 1,
-macro-averaged multi-column AUC, extra submission columns ignored).
+with a `part` column, the Kaggle public/private split of the test rows; load_task reads a built-in task's and an
+imported competition's alike. METRICS follow scikit-learn and MLE-bench's graders (sklearn's log-loss with rows that
+sum to 1, macro-averaged multi-column AUC, extra submission columns ignored).
 
 Departures from MLAgentBench:
 1. No LLM answers `Understand File`: it shows a CSV's shape, columns and first rows, or a script's first lines.
@@ -35,7 +34,6 @@ import builtins
 import ctypes
 import difflib
 import fcntl
-import functools
 import hashlib
 import importlib
 import inspect
@@ -71,7 +69,6 @@ TASKS_DIR = ROOT / "runs" / "tasks"
 CACHE_DIR = ROOT / "runs" / "cache"
 LOG_DIR = ROOT / "runs" / "logs"
 DATA_DIR = ROOT / "tasks"  # the tasks' own folders, descriptions, recipes (not runs/tasks, the prepared folders)
-TASKS_VERSION = 6  # bump when a folder of tasks/ or _make changes a task: prepare() rebuilds older ones
 
 
 def _text(name: str) -> str:
@@ -274,9 +271,6 @@ class Grade:
 
 def _check_submission(task: Task, path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(truth, prediction, is_public) aligned by id; raises ValueError with the reason a submission is rejected."""
-    if path.is_symlink() or not path.is_file():  # the grader runs as root: a link could lead it to private/
-        raise ValueError(f"no submission: {path.name} does not exist or is not a plain file (the script must write "
-                         f"submission.csv)")
     try:
         sub = pd.read_csv(path)
     except Exception as e:  # noqa: BLE001 - any parse failure is the submission's fault
@@ -323,11 +317,14 @@ def _check_submission(task: Task, path: Path) -> tuple[np.ndarray, np.ndarray, n
 
 def grade(task, submission_path) -> Grade:
     """Score a submission on the public and the private part of the test rows, or say why it is rejected."""
-    task = load_task(task)
+    task, path = load_task(task), Path(submission_path)
+    if path.is_symlink() or not path.is_file():  # the grader runs as root: a link could lead it to private/
+        return Grade(False, None, None, f"no submission: {path.name} does not exist or is not a plain file (the "
+                                        f"script must write submission.csv)")
     if task.info.get("mlebench", {}).get("grade_fn"):
-        return _grade_mlebench(task, Path(submission_path))
+        return _grade_mlebench(task, path)
     try:
-        truth, pred, public = _check_submission(task, Path(submission_path))
+        truth, pred, public = _check_submission(task, path)
     except ValueError as e:
         return Grade(False, None, None, str(e))
     fn = METRICS[task.metric].fn
@@ -565,13 +562,16 @@ class Env:
         diff = "".join(difflib.unified_diff(old.splitlines(True), new.splitlines(True), source, save))
         observation = (f"The edited file is saved to {save}. Here is the diff, please check if the edit is correct "
                        f"and desirable:\n\n{diff}")
-        if not save.endswith(".py"):
-            return self._result(observation, "neutral")
-        run = self._run(save)
-        kind, note = self._outcome(run, save)
+        return self._scored(observation, save) if save.endswith(".py") else self._result(observation, "neutral")
+
+    def _scored(self, observation, script) -> StepResult:
+        """Run a script just edited or copied: a new train.py is a new submission (an "edit" to its score); a side
+        file leaves the submission, and so the metric, as it is (reward 0)."""
+        run = self._run(script)
+        kind, note = self._outcome(run, script)
         if kind != "success":
             return self._result(observation + note, kind, run)
-        if save != "train.py":  # a side file: the submission, and so the metric, is unchanged (reward 0)
+        if script != "train.py":
             return self._result(observation + note, "edit", run)
         return self._submission(observation + note, run.score, run)
 
@@ -609,11 +609,7 @@ class Env:
         observation = f"File {src} copied to {dst}"
         if dst != "train.py" or src == dst:
             return self._result(observation, "neutral")
-        run = self._run(dst)  # the submission changed: score it, as an edit of train.py would be
-        kind, note = self._outcome(run, dst)
-        if kind != "success":
-            return self._result(observation + note, kind, run)
-        return self._submission(observation + note, run.score, run)
+        return self._scored(observation, dst)  # the submission changed: score it, as an edit of train.py would be
 
     def _final_answer(self, final_answer):
         self.done = True
@@ -831,20 +827,17 @@ def _kill_uid(uid: int):
 
 
 # ---------------------------------------------------------------------------------------- the fork server
-# Importing numpy, pandas and scikit-learn is most of a short run (tests/RESULTS.md, "env.py: the fork server"), paid
-# again by every run. So a run is not a new interpreter but a fork of one that imported them once (a "fork server",
-# as multiprocessing's forkserver start method and Android's zygote do): the
-# server, started with the sandbox's environment on the first run of a process, forks a child per run, and the child
-# applies everything a fresh interpreter's run gets (the same files, output, session, namespaces, rlimits, uid,
-# parent-death signal and scrubbed environment, in the order subprocess applies them) and runs the script as
-# `python -u script` would (compiled and run in a new __main__): same sys.argv, sys.path[0], exit status and traceback,
-# with atexit handlers and non-daemon threads waited for at exit. What differs: the modules are already imported (and
-# unseen by the script's `-X importtime`), and every run of one server shares Python's hash seed (set iteration order),
-# a fresh interpreter draws one per run; numpy's and Python's global generators are reseeded from the OS in every child,
-# as a fresh interpreter seeds them. The server has no secrets to leak: it holds the sandbox's environment, this
-# module's code and the imported libraries. It dies with the process that started it (end of file on its socket),
-# killing the runs it holds; a run dies with the server (parent-death signal). Where it cannot start, or FORK_SERVER is
-# False, every run is a new interpreter as before.
+# Importing numpy, pandas and scikit-learn is most of a short run (tests/RESULTS.md, "env.py: the fork server"). So a
+# run is a fork of an interpreter that imported them once (a "fork server", as multiprocessing's forkserver and
+# Android's zygote): started with the sandbox's environment on a process's first run, it forks a child per run that
+# applies all a fresh interpreter's run gets (files, output, session, namespaces, rlimits, uid, parent-death signal,
+# scrubbed environment, in subprocess's order) and runs the script as `python -u script` would: same sys.argv,
+# sys.path[0], exit status and traceback, atexit handlers and non-daemon threads waited for. What differs: the modules
+# are already imported (unseen by `-X importtime`), and one server's runs share Python's hash seed (set iteration
+# order); numpy's and Python's generators are reseeded from the OS in every child. The server holds no secrets (the
+# sandbox's environment, this module, the libraries); it dies with the process that started it (end of file on its
+# socket), killing its runs, and a run dies with it (parent-death signal). Where it cannot start, or FORK_SERVER is
+# False, every run is a new interpreter.
 
 FORK_SERVER = True
 PRELOAD = ("numpy", "pandas", "scipy.sparse", "sklearn.base", "sklearn.calibration", "sklearn.compose",
@@ -908,33 +901,30 @@ class _ForkServer:
 
 
 class _ForkedRun:
-    """A run started by the fork server, with what _run uses of subprocess.Popen: pid, wait(timeout), returncode."""
+    """A run started by the fork server, with what _run uses of subprocess.Popen: pid, wait(timeout), returncode. The
+    server writes two numbers into the pipe, 4 bytes each (a write that small is atomic): the run's pid, then its exit
+    status (as Popen's: -N when killed by signal N)."""
 
     def __init__(self, r: int):
-        self.r, self.buf, self.returncode = r, b"", None
+        self.r, self.returncode = r, None
         try:
-            self.pid = int(self._line(60))
+            self.pid = self._number(60)
         except subprocess.TimeoutExpired:
             os.close(self.r)
             raise OSError("the sandbox's fork server did not answer") from None
 
-    def _line(self, timeout):
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while b"\n" not in self.buf:
-            left = None if deadline is None else max(deadline - time.monotonic(), 0)
-            if not select.select([self.r], [], [], left)[0]:
-                raise subprocess.TimeoutExpired("fork server run", timeout)
-            chunk = os.read(self.r, 64)
-            if not chunk:
-                os.close(self.r)
-                raise OSError("the sandbox's fork server died during a run")
-            self.buf += chunk
-        line, self.buf = self.buf.split(b"\n", 1)
-        return line
+    def _number(self, timeout) -> int:
+        if not select.select([self.r], [], [], timeout)[0]:
+            raise subprocess.TimeoutExpired("fork server run", timeout)
+        data = os.read(self.r, 4)
+        if len(data) < 4:
+            os.close(self.r)
+            raise OSError("the sandbox's fork server died during a run")
+        return int.from_bytes(data, "little", signed=True)
 
     def wait(self, timeout=None):
         if self.returncode is None:
-            self.returncode = int(self._line(timeout))  # as Popen: the exit status, or -N when killed by signal N
+            self.returncode = self._number(timeout)
             os.close(self.r)
         return self.returncode
 
@@ -971,7 +961,7 @@ def _serve(fd: int):
                 break
             w, _ = runs.pop(pid, (None, None))
             if w is not None:
-                os.write(w, f"{os.waitstatus_to_exitcode(status)}\n".encode())
+                os.write(w, os.waitstatus_to_exitcode(status).to_bytes(4, "little", signed=True))
                 os.close(w)
         if not readable:
             continue
@@ -995,7 +985,7 @@ def _serve(fd: int):
             _child(req, log, setup)  # never returns
         os.close(log)
         runs[pid] = (fds[0], req["uid"])
-        os.write(fds[0], f"{pid}\n".encode())
+        os.write(fds[0], pid.to_bytes(4, "little", signed=True))
 
 
 def _child(req: dict, log: int, setup: Callable):
@@ -1086,9 +1076,8 @@ def _task_hash(task: Task) -> str:
 
 
 def run_script(task, code: str, timeout=None, cache=True, files: dict[str, str] | None = None, *,
-               script="train.py", memory_limit: int | None = MEMORY_LIMIT, keep=()) -> RunResult:
+               script="train.py", keep=()) -> RunResult:
     """Run `code` as `script` (train.py) in a fresh sandbox holding a copy of public/ and the extra `files`.
-    `memory_limit=None` lifts the memory limit (runs that see a GPU: set_script_gpu).
     `keep` names outputs of the run (e.g. "submission.csv") to copy out of the work folder before it is deleted:
     next to the log, or into the cache entry when the result is cached (a cache hit hands back those copies)."""
     task = load_task(task)
@@ -1096,13 +1085,13 @@ def run_script(task, code: str, timeout=None, cache=True, files: dict[str, str] 
     files = {_workspace_path(k): v for k, v in {**(files or {}), script: code}.items()}
     keep = sorted({_workspace_path(k) for k in keep})
     key = hashlib.sha256(json.dumps([task.name, _task_hash(task), _workspace_path(script), sorted(files.items()),
-                                     timeout, memory_limit, FILE_SIZE_LIMIT, *([keep] if keep else [])]).encode()
+                                     timeout, MEMORY_LIMIT, FILE_SIZE_LIMIT, *([keep] if keep else [])]).encode()
                          ).hexdigest()  # `keep` joins the key only when given: runs without it share the old entries
     cached = CACHE_DIR / f"{key}.json"
     if cache and cached.exists():
         entry = json.loads(cached.read_text())  # entries written before _neutral_paths hold this install's paths
         return RunResult(**{**entry, "output": _neutral_paths(entry["output"]), "cached": True})
-    result = _run(task, files, _workspace_path(script), timeout, memory_limit, keep)
+    result = _run(task, files, _workspace_path(script), timeout, keep)
     if cache and result.status not in CACHE_SKIP:
         CACHE_DIR.mkdir(parents=True, exist_ok=True)
         os.chmod(CACHE_DIR, 0o700)  # results hold private scores: root-only, like private/
@@ -1116,8 +1105,7 @@ def run_script(task, code: str, timeout=None, cache=True, files: dict[str, str] 
     return result
 
 
-def _run(task: Task, files: dict[str, str], script: str, timeout: float, memory_limit: int | None,
-         keep: list[str]) -> RunResult:
+def _run(task: Task, files: dict[str, str], script: str, timeout: float, keep: list[str]) -> RunResult:
     iso, stage = _isolation()
     uid, lock = _claim_uid() if iso.uid else (None, None)
     LOG_DIR.mkdir(parents=True, exist_ok=True)
@@ -1137,10 +1125,8 @@ def _run(task: Task, files: dict[str, str], script: str, timeout: float, memory_
         cpu = int(timeout * (os.cpu_count() or 1)) + 1  # a backstop: the wall clock is the real limit
         limits = [(resource.RLIMIT_CPU, (cpu, cpu + 5)), (resource.RLIMIT_FSIZE, (FILE_SIZE_LIMIT,) * 2),
                   (resource.RLIMIT_NOFILE, (OPEN_FILES_LIMIT,) * 2), (resource.RLIMIT_CORE, (0, 0))]
-        if memory_limit and SCRIPT_GPU:  # the run sees a GPU
-            limits += [(resource.RLIMIT_DATA, (max(memory_limit, GPU_MEMORY_LIMIT),) * 2)]
-        elif memory_limit:
-            limits += [(resource.RLIMIT_AS, (memory_limit,) * 2)]
+        limits.append((resource.RLIMIT_DATA, (GPU_MEMORY_LIMIT,) * 2) if SCRIPT_GPU else  # the run sees a GPU
+                      (resource.RLIMIT_AS, (MEMORY_LIMIT,) * 2))
         limits += [(resource.RLIMIT_NPROC, (PROCESS_LIMIT,) * 2)] if uid is not None else []
         server = _fork_server(stage) if FORK_SERVER else None
         start = time.monotonic()
@@ -1196,41 +1182,7 @@ def _run(task: Task, files: dict[str, str], script: str, timeout: float, memory_
         if lock is not None:
             os.close(lock)
 
-# ========================================================================================== built-in tasks
-# One folder per task or task family under tasks/ (tasks/README.md), in MLAgentBench's per-task layout (its
-# benchmarks/<task>/: scripts/prepare.py makes the data, scripts/research_problem.txt states the problem, env/train.py
-# is the starter, scripts/eval.py scores it): task.json says how the task is split and scored, prepare.py's rows()
-# makes the whole table, research_problem.md and train.py are the problem and the starter. A family's task.json says
-# how many seeds it has, and its prepare.py draws the rest with task(seed) and the table with rows(seed). prepare()
-# splits a table into a task folder, scored by the reference panel of tasks/builtin.py; load_task then reads it as it
-# reads any task folder, an imported MLE-bench competition's included.
-BUILTIN_ORDER = ("digits", "breast-cancer", "reviews", "churn", "wine", "diabetes", "loans", "energy", "sales",
-                 "house-prices", "synth-regression", "synth-classification", "synth-timeseries", "synth-text")
-# time_limit: seconds per run of train.py, far above what the starters and the offline recipes take alone, because under
-# ppo.py's load (4 scripts and the generation on 2 cores) a script runs several times slower, and a tighter limit
-# would make rewards depend on load (tests/RESULTS.md, "env.py: the per-run time limit").
-SPEC_DEFAULTS = {"submit": "label", "test_fraction": 0.3, "missing": False, "classes": 3, "time_limit": 60.0}
-
-
-def _specs(folder: Path) -> list[types.SimpleNamespace]:
-    """The built-in task(s) of a folder of tasks/: task.json's fields with defaults, or, for a family, with each
-    seed's draw; `rows()` makes the table, `starter` is train.py, `about` the research problem."""
-    info, code = json.loads((folder / "task.json").read_text()), runpy.run_path(str(folder / "prepare.py"))
-    if "seeds" in info:
-        draws = [({**info, **code["task"](s)}, functools.partial(code["rows"], s)) for s in range(info["seeds"])]
-    else:
-        draws = [({**info, "name": folder.name, "about": (folder / "research_problem.md").read_text().rstrip("\n"),
-                   "starter": (folder / "train.py").read_text()}, code["rows"])]
-    specs = [types.SimpleNamespace(**{**SPEC_DEFAULTS, **fields}, rows=rows) for fields, rows in draws]
-    for spec in specs:  # the submission's target columns: one probability column per class, or the target
-        spec.target_columns = [f"class_{c}" for c in range(spec.classes)] if spec.submit == "classes" else [spec.target]
-    return specs
-
-
-_FOLDERS = sorted((p.parent for p in DATA_DIR.glob("*/task.json")),  # BUILTIN_ORDER first, then the others by name
-                  key=lambda f: ((*BUILTIN_ORDER, f.name).index(f.name), f.name))
-BUILTIN_TASKS = {s.name: s for folder in _FOLDERS for s in _specs(folder)}
-_PANEL = runpy.run_path(str(DATA_DIR / "builtin.py"))["leaderboard"]  # the reference panel's leaderboard
+# ================================================================= writing a task folder (built-in or MLE-bench)
 
 
 def _description(template: str, time_limit: float, **values) -> str:
@@ -1249,54 +1201,6 @@ def _parts(n: int, public_fraction=0.5, seed=0) -> np.ndarray:
     """The Kaggle split of n test rows, seeded: a random `public_fraction` of them is "public", the rest "private"."""
     rng = np.random.default_rng(seed)
     return np.where(rng.permutation(n) < int(n * public_fraction), "public", "private")
-
-
-def _make(spec) -> dict:
-    """One built-in task's files: split the rows, the answers with their public/private part, starter, leaderboard."""
-    metric = METRICS[spec.metric]
-    df = spec.rows()
-    if spec.modality == "time series":  # the test rows are the last 120 days, kept in time order
-        cut = sorted(df["date"].unique())[-120]
-        df.insert(0, "id", np.arange(len(df)))
-        train, test = df[df["date"] < cut], df[df["date"] >= cut]
-    else:
-        from sklearn.model_selection import train_test_split
-        df = df.sample(frac=1.0, random_state=0).reset_index(drop=True)
-        df.insert(0, "id", np.arange(len(df)))
-        strat = df[spec.target] if spec.kind == "classification" else None
-        train, test = train_test_split(df, test_size=spec.test_fraction, random_state=0, stratify=strat)
-        train, test = train.sort_values("id"), test.sort_values("id")
-    part = _parts(len(test))
-    if spec.submit == "classes":
-        answers = pd.get_dummies(test[spec.target]).astype(int).set_axis(spec.target_columns, axis=1)
-    else:
-        answers = test[[spec.target]]
-    answers = pd.concat([test[["id"]], answers], axis=1).assign(part=part)
-    test_x = test.drop(columns=[spec.target])
-    board = _PANEL(spec, metric, _labels, train, test_x, answers)
-    y = train[spec.target]
-    if spec.submit == "classes":
-        default = 1 / len(spec.target_columns)  # uniform class probabilities, unrounded: rows must sum to 1
-    elif spec.submit == "probability":
-        default = round(y.mean(), 4)  # the base rate
-    else:
-        default = y.mode()[0] if metric.kind == "label" else y.mean()
-    info = {"name": spec.name, "title": spec.title, "metric": spec.metric, "higher_is_better": metric.higher_is_better,
-            "id_column": "id", "target_columns": spec.target_columns, "best_score": float(board["score"].iloc[0]),
-            "best_public_score": float(board["public_score"].max() if metric.higher_is_better
-                                       else board["public_score"].min()),
-            "time_limit": spec.time_limit, "split": spec.split, "kind": spec.kind, "modality": spec.modality,
-            "public_fraction": round(float(np.mean(part == "public")), 4), "version": TASKS_VERSION,
-            "leaderboard": "reference panel of scikit-learn pipelines scored on the private part, "
-                           "not human Kaggle entries"}
-    description = _description(
-        "builtin", title=spec.title, about=spec.about, n_train=len(train), n_test=len(test),
-        columns=_columns(train.columns), submission=_columns(["id", *spec.target_columns]), baseline=spec.baseline,
-        time_limit=spec.time_limit, metric=spec.metric, direction="higher" if metric.higher_is_better else "lower")
-    sample = pd.DataFrame({"id": test["id"], **dict.fromkeys(spec.target_columns, default)})
-    return {"public/train.csv": train, "public/test.csv": test_x, "public/sample_submission.csv": sample,
-            "public/train.py": spec.starter, "private/answers.csv": answers, "private/leaderboard.csv": board,
-            "task.json": info, "description.md": description}
 
 
 def _write_task(folder: Path, files: dict):
@@ -1323,54 +1227,28 @@ def _write_task(folder: Path, files: dict):
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
+# ========================================================================================== built-in tasks
+# tasks/builtin.py reads the folders of tasks/ (tasks/README.md) into BUILTIN_TASKS and makes a task folder's files
+# from one; prepare() writes them under runs/tasks, where load_task reads them as any task folder (an imported
+# MLE-bench competition's included).
+_BUILTIN = runpy.run_path(str(DATA_DIR / "builtin.py"))
+BUILTIN_ORDER = _BUILTIN["ORDER"]  # the hand-made tasks, built first; then the others by name
+BUILTIN_TASKS = _BUILTIN["specs"](DATA_DIR)
+
 
 def prepare(names=None, root=TASKS_DIR, force=False, workers=None) -> list[Path]:
-    """Make the built-in task folders under root (deterministic; a folder of the current version is kept as is).
-    Missing folders are built `workers` at a time (default: one process per CPU core): fitting the reference panels
-    is most of a first run's setup, and each task's panel fits in one thread."""
-    root = Path(root)
-    root.mkdir(parents=True, exist_ok=True)
-    names = list(names or BUILTIN_TASKS)
-    unknown = [n for n in names if n not in BUILTIN_TASKS]
-    if unknown:
-        raise TaskError(f"unknown built-in task {unknown[0]!r} (known: {', '.join(BUILTIN_TASKS)})")
-    todo = list(dict.fromkeys(n for n in names if force or not _current(root / n)))
-    workers = min(len(todo), workers or os.cpu_count() or 1)
-    if workers > 1:
-        import multiprocessing
-        from concurrent.futures import ProcessPoolExecutor
-        # spawned, not forked: a forked child can wait forever on a lock that a thread of its parent held (an OpenMP
-        # pool of scikit-learn or numpy is the usual one); forked, the test suite once hung here with both workers idle
-        with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-            list(pool.map(_build, todo, [root] * len(todo), [force] * len(todo)))
-    else:
-        for name in todo:
-            _build(name, root, force)
-    return [root / name for name in names]
+    """Make the built-in task folders under root (deterministic; a folder of the current version is kept as is), the
+    missing ones `workers` at a time (default: one process per CPU core): tasks/builtin.py's prepare."""
+    return _BUILTIN["prepare"](sys.modules[__name__], names, Path(root), force, workers)
 
 
 def _build(name: str, root: Path, force: bool):
-    """One task folder, under an flock of its own (root/.<name>.lock): a second builder of it waits, then finds it
-    built; builders of other tasks go on."""
-    lock = os.open(root / f".{name}.lock", os.O_CREAT | os.O_RDWR, 0o600)
-    try:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if force or not _current(root / name):
-            _write_task(root / name, _make(BUILTIN_TASKS[name]))
-    finally:
-        os.close(lock)
-
-
-def _current(folder: Path) -> bool:
-    try:
-        return json.loads((folder / "task.json").read_text()).get("version") == TASKS_VERSION
-    except (OSError, json.JSONDecodeError):
-        return False
+    """One task folder (tasks/builtin.py's build): the worker of prepare's processes."""
+    _BUILTIN["build"](sys.modules[__name__], name, root, force)
 
 # ============================================================================ offline recipes for Edit Script (AI)
-# The stand-in for the LLM editor, so that everything runs with no network and no API key: tasks/recipes/editor.py
-# applies the recipes of tasks/recipes/ (one real code change each, in one of ML-Agent's idea categories) to the
-# built-in starter scripts.
+# The stand-in for the LLM editor (no network, no API key): tasks/recipes/editor.py applies the recipes of
+# tasks/recipes/ (one real code change each, in one of ML-Agent's idea categories) to the built-in starter scripts.
 
 
 class EditError(Exception):
@@ -1406,8 +1284,6 @@ GRADE_TIMEOUT = 600.0  # seconds for one grading by a competition's grade.py
 def _grade_mlebench(task: Task, path: Path) -> Grade:
     """Grade with the competition's grade.py (task.json `mlebench`), the checkout on PYTHONPATH; TaskError if it fails."""
     m = task.info["mlebench"]
-    if path.is_symlink() or not path.is_file():  # the grader runs as root: a link could lead it to private/
-        return Grade(False, None, None, f"no submission: {path.name} does not exist or is not a plain file")
     script = _fill(_text("mlebench/grade_parts.py"), labels=inspect.getsource(_labels))
     env_ = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [m["checkout"], os.environ.get("PYTHONPATH")]))}
     try:
@@ -1559,14 +1435,12 @@ def _write_checked(out: Path, files: dict, refusal: str) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     _write_task(out, files)
     try:
-        task = load_task(out)
-        check = grade(task, task.public_dir / "sample_submission.csv")
+        check = grade(out, out / "public" / "sample_submission.csv")
+        if not check.valid:
+            raise TaskError(f"{refusal}: {check.error}")
     except TaskError:
         shutil.rmtree(out)
         raise
-    if not check.valid:
-        shutil.rmtree(out)
-        raise TaskError(f"{refusal}: {check.error}")
     return out
 
 # ============================================================================================== command line
@@ -1575,6 +1449,27 @@ def _write_checked(out: Path, files: dict, refusal: str) -> Path:
 class _Parser(argparse.ArgumentParser):
     def error(self, message):  # usage errors: exit 2 with one line
         self.exit(2, f"env.py: error: {message}\n")
+
+
+def _seconds(text: str) -> float:
+    """argparse type= of a time limit: a finite number of seconds > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds > 0, not {text}")
+    return value
+
+
+def _script(path: str) -> Path:
+    """argparse type= of a script to read: a UTF-8 text file that exists."""
+    try:
+        Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        why = "not a UTF-8 text file" if isinstance(e, UnicodeDecodeError) else "no such script"
+        raise argparse.ArgumentTypeError(f"{why}: {path}") from None
+    return Path(path)
 
 
 def main(argv=None):
@@ -1586,8 +1481,8 @@ def main(argv=None):
     prep.add_argument("--force", action="store_true", help="rebuild even when up to date")
     run = sub.add_parser("run", help="run a script as train.py of a task in the sandbox; prints one JSON object")
     run.add_argument("--task", required=True, help="a built-in task name or a task folder")
-    run.add_argument("--script", required=True, help="the Python file to run")
-    run.add_argument("--timeout", type=float, help="wall-clock limit in seconds (default: the task's)")
+    run.add_argument("--script", required=True, type=_script, help="the Python file to run")
+    run.add_argument("--timeout", type=_seconds, help="wall-clock limit in seconds (default: the task's)")
     run.add_argument("--no-cache", action="store_true", help="run even when an identical run is cached")
     imp = sub.add_parser("import-mlebench", help="make a task folder from an MLE-bench prepared competition")
     imp.add_argument("--prepared", required=True, help="<data>/<competition id>/prepared, holding public/ and private/")
@@ -1605,11 +1500,11 @@ def main(argv=None):
     imp.add_argument("--higher-is-better", dest="higher", action="store_const", const=True,
                      help="a check: must agree with the metric")
     imp.add_argument("--lower-is-better", dest="higher", action="store_const", const=False)
-    imp.add_argument("--starter", help="the starting train.py (default: a generic baseline that copies "
+    imp.add_argument("--starter", type=_script, help="the starting train.py (default: a generic baseline that copies "
                      "sample_submission.csv)")
     imp.add_argument("--name", help="the task name (default: the competition id)")
     imp.add_argument("--split", choices=("held-in", "held-out"), default="held-out")
-    imp.add_argument("--time-limit", type=float, default=600.0, help="seconds per run of the agent's script")
+    imp.add_argument("--time-limit", type=_seconds, default=600.0, help="seconds per run of the agent's script")
     args = parser.parse_args(argv)
     try:
         if args.command == "list":
@@ -1623,24 +1518,13 @@ def main(argv=None):
                 print(path)
             print(f"prepared in {time.time() - start:.1f}s", file=sys.stderr)
         elif args.command == "import-mlebench":
-            if args.starter and not Path(args.starter).is_file():
-                parser.error(f"no such starter script: {args.starter}")
             if not (args.metric or args.mlebench):
                 parser.error("--metric is required without --mlebench")
             print(import_mlebench(args.prepared, args.out, args.metric, args.leaderboard, args.id_column, args.higher,
                                   args.starter, args.name, args.split, args.time_limit, mlebench=args.mlebench,
                                   config=args.config, score_rows=args.score_rows))
         else:
-            script = Path(args.script)
-            if not script.is_file():
-                parser.error(f"no such script: {args.script}")
-            if args.timeout is not None and not (math.isfinite(args.timeout) and args.timeout > 0):
-                parser.error(f"--timeout must be a finite number of seconds > 0, not {args.timeout}")
-            try:
-                code = script.read_text(encoding="utf-8")
-            except UnicodeDecodeError:
-                parser.error(f"{args.script} is not a UTF-8 text file")
-            result = run_script(load_task(args.task), code, timeout=args.timeout,
+            result = run_script(load_task(args.task), args.script.read_text(encoding="utf-8"), timeout=args.timeout,
                                 cache=not args.no_cache)
             print(json.dumps(asdict(result)))
     except TaskError as e:

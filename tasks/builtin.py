@@ -1,16 +1,156 @@
-"""What the built-in tasks share: the reference panel that makes each one's leaderboard, and the starter script of a
-generated task. env.py loads this file (runpy) to build a task folder; the families' prepare.py load it for starter().
+"""What the built-in tasks share: reading the folders of tasks/ into task specs, a spec's task folder (its table split
+into train and test rows, the answers, the starter, the leaderboard), the reference panel that makes each leaderboard,
+and the starter script of a generated task. env.py loads this file (runpy) for BUILTIN_TASKS and prepare(); the
+families' prepare.py load it for starter().
 
 The panel stands in for a Kaggle leaderboard: a range of scikit-learn pipelines (dummies, linear models over a range
 of regularisation, k-nearest neighbours, trees, ensembles, an SVM, an MLP), each fitted on train.csv and scored on
 the private part of the test rows (`score`, the leaderboard, which HumanRank reads) and on the public part
 (`public_score`, whose best is the m_best of the reward's scale: m_t, m_init and m_best on the same rows).
 """
+import fcntl
+import functools
+import json
+import os
+import runpy
 import string
+import types
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
+
+# ======================================================================================== the tasks of tasks/
+# One folder per task or task family (tasks/README.md), in MLAgentBench's per-task layout (its benchmarks/<task>/:
+# scripts/prepare.py makes the data, scripts/research_problem.txt states the problem, env/train.py is the starter,
+# scripts/eval.py scores it): task.json says how the task is split and scored, prepare.py's rows() makes the whole
+# table, research_problem.md and train.py are the problem and the starter. A family's task.json says how many seeds it
+# has, and its prepare.py draws the rest with task(seed) and the table with rows(seed).
+ORDER = ("digits", "breast-cancer", "reviews", "churn", "wine", "diabetes", "loans", "energy", "sales",
+         "house-prices", "synth-regression", "synth-classification", "synth-timeseries", "synth-text")
+# time_limit: seconds per run of train.py, far above what the starters and the offline recipes take alone, because under
+# ppo.py's load (4 scripts and the generation on 2 cores) a script runs several times slower, and a tighter limit
+# would make rewards depend on load (tests/RESULTS.md, "env.py: the per-run time limit").
+SPEC_DEFAULTS = {"submit": "label", "test_fraction": 0.3, "missing": False, "classes": 3, "time_limit": 60.0}
+VERSION = 6  # bump when a folder of tasks/ or make() changes a task: prepare() rebuilds the folders of older ones
+
+
+def specs(root: Path) -> dict[str, types.SimpleNamespace]:
+    """Every built-in task of the folders under `root` by name (ORDER first, then the others by name): task.json's
+    fields with defaults, or, for a family, with each seed's draw; `rows()` makes the table, `starter` is train.py,
+    `about` the research problem."""
+    folders = sorted((p.parent for p in root.glob("*/task.json")),
+                     key=lambda f: ((*ORDER, f.name).index(f.name), f.name))
+    tasks = {}
+    for folder in folders:
+        info, code = json.loads((folder / "task.json").read_text()), runpy.run_path(str(folder / "prepare.py"))
+        if "seeds" in info:
+            draws = [({**info, **code["task"](s)}, functools.partial(code["rows"], s)) for s in range(info["seeds"])]
+        else:
+            draws = [({**info, "name": folder.name, "about": (folder / "research_problem.md").read_text().rstrip("\n"),
+                       "starter": (folder / "train.py").read_text()}, code["rows"])]
+        for fields, rows in draws:
+            spec = types.SimpleNamespace(**{**SPEC_DEFAULTS, **fields}, rows=rows)
+            # the submission's target columns: one probability column per class, or the target
+            spec.target_columns = [f"class_{c}" for c in range(spec.classes)] if spec.submit == "classes" \
+                else [spec.target]
+            tasks[spec.name] = spec
+    return tasks
+
+
+def make(spec, env) -> dict:
+    """One built-in task's files, for env._write_task: the rows split, the answers with their public/private part, the
+    starter, the leaderboard. `env` is env.py (its METRICS, _labels, _parts, _description, _columns)."""
+    metric = env.METRICS[spec.metric]
+    df = spec.rows()
+    if spec.modality == "time series":  # the test rows are the last 120 days, kept in time order
+        cut = sorted(df["date"].unique())[-120]
+        df.insert(0, "id", np.arange(len(df)))
+        train, test = df[df["date"] < cut], df[df["date"] >= cut]
+    else:
+        from sklearn.model_selection import train_test_split
+        df = df.sample(frac=1.0, random_state=0).reset_index(drop=True)
+        df.insert(0, "id", np.arange(len(df)))
+        strat = df[spec.target] if spec.kind == "classification" else None
+        train, test = train_test_split(df, test_size=spec.test_fraction, random_state=0, stratify=strat)
+        train, test = train.sort_values("id"), test.sort_values("id")
+    part = env._parts(len(test))
+    if spec.submit == "classes":
+        answers = pd.get_dummies(test[spec.target]).astype(int).set_axis(spec.target_columns, axis=1)
+    else:
+        answers = test[[spec.target]]
+    answers = pd.concat([test[["id"]], answers], axis=1).assign(part=part)
+    test_x = test.drop(columns=[spec.target])
+    board = leaderboard(spec, metric, env._labels, train, test_x, answers)
+    y = train[spec.target]
+    if spec.submit == "classes":
+        default = 1 / len(spec.target_columns)  # uniform class probabilities, unrounded: rows must sum to 1
+    elif spec.submit == "probability":
+        default = round(y.mean(), 4)  # the base rate
+    else:
+        default = y.mode()[0] if metric.kind == "label" else y.mean()
+    info = {"name": spec.name, "title": spec.title, "metric": spec.metric, "higher_is_better": metric.higher_is_better,
+            "id_column": "id", "target_columns": spec.target_columns, "best_score": float(board["score"].iloc[0]),
+            "best_public_score": float(board["public_score"].max() if metric.higher_is_better
+                                       else board["public_score"].min()),
+            "time_limit": spec.time_limit, "split": spec.split, "kind": spec.kind, "modality": spec.modality,
+            "public_fraction": round(float(np.mean(part == "public")), 4), "version": VERSION,
+            "leaderboard": "reference panel of scikit-learn pipelines scored on the private part, "
+                           "not human Kaggle entries"}
+    description = env._description(
+        "builtin", title=spec.title, about=spec.about, n_train=len(train), n_test=len(test),
+        columns=env._columns(train.columns), submission=env._columns(["id", *spec.target_columns]),
+        baseline=spec.baseline, time_limit=spec.time_limit, metric=spec.metric,
+        direction="higher" if metric.higher_is_better else "lower")
+    sample = pd.DataFrame({"id": test["id"], **dict.fromkeys(spec.target_columns, default)})
+    return {"public/train.csv": train, "public/test.csv": test_x, "public/sample_submission.csv": sample,
+            "public/train.py": spec.starter, "private/answers.csv": answers, "private/leaderboard.csv": board,
+            "task.json": info, "description.md": description}
+
+def prepare(env, names, root: Path, force: bool, workers) -> list[Path]:
+    """env.prepare: the folders of the built-in tasks `names` (default: all) under root, built by make() where missing
+    or of an older VERSION, `workers` at a time (default: one process per CPU core): fitting the reference panels is
+    most of a first run's setup, and each task's panel fits in one thread."""
+    root.mkdir(parents=True, exist_ok=True)
+    names = list(names or env.BUILTIN_TASKS)
+    unknown = [n for n in names if n not in env.BUILTIN_TASKS]
+    if unknown:
+        raise env.TaskError(f"unknown built-in task {unknown[0]!r} (known: {', '.join(env.BUILTIN_TASKS)})")
+    todo = list(dict.fromkeys(n for n in names if force or not current(root / n)))
+    workers = min(len(todo), workers or os.cpu_count() or 1)
+    if workers > 1:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+        # spawned, not forked: a forked child can wait forever on a lock that a thread of its parent held (an OpenMP
+        # pool of scikit-learn or numpy is the usual one); forked, the test suite once hung here with both workers idle.
+        # The worker is env._build, which calls build(): a function of this file (run by runpy) cannot be pickled.
+        with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+            list(pool.map(env._build, todo, [root] * len(todo), [force] * len(todo)))
+    else:
+        for name in todo:
+            build(env, name, root, force)
+    return [root / name for name in names]
+
+
+def build(env, name: str, root: Path, force: bool):
+    """One task folder, under an flock of its own (root/.<name>.lock): a second builder of it waits, then finds it
+    built; builders of other tasks go on."""
+    lock = os.open(root / f".{name}.lock", os.O_CREAT | os.O_RDWR, 0o600)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if force or not current(root / name):
+            env._write_task(root / name, make(env.BUILTIN_TASKS[name], env))
+    finally:
+        os.close(lock)
+
+
+def current(folder: Path) -> bool:
+    try:
+        return json.loads((folder / "task.json").read_text()).get("version") == VERSION
+    except (OSError, json.JSONDecodeError):
+        return False
+
 
 # ================================================================================================ the reference panel
 

@@ -794,7 +794,8 @@ def test_prepare_is_deterministic(tmp_path):
     env.prepare(names, root=tmp_path)
     for name in names:
         assert tree_hashes(tmp_path / name) == tree_hashes(env.TASKS_DIR / name), \
-            f"{name}: a fresh build differs from {env.TASKS_DIR / name} (nondeterministic, or stale: bump TASKS_VERSION)"
+            f"{name}: a fresh build differs from {env.TASKS_DIR / name} (nondeterministic, or stale: bump VERSION in " \
+            f"tasks/builtin.py)"
 
 
 @pytest.mark.parametrize("name", TASK_NAMES)
