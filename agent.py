@@ -1,7 +1,6 @@
-"""The agents: chat backends (an OpenAI-compatible endpoint over `requests`; a `model.py` checkpoint in-process), the
-MLAgentBench research agent (prompt, `parse_response`, re-asks), the LLM editor and the offline scripted expert, driven
-by one episode loop (`run_episode`) whose `act` is the one place a step is scored. Then the run-folder plumbing every
-command line shares, written once here and torch-free: locks, atomic writes, JSONL, log trimming, folder swaps.
+"""The agents: chat backends (an OpenAI-compatible endpoint; a `model.py` checkpoint in-process), the MLAgentBench
+research agent, the LLM editor and the offline scripted expert, driven by `run_episode`, whose `act` is the one place a
+step is scored; then the run-folder plumbing every command line shares (locks, atomic writes, JSONL, folder swaps).
 
 ML-Agent (arXiv:2505.23723, §Experiments "Training") collects its expert trajectories with a GPT-4o-mini agent in the
 MLAgentBench (MLAB) scaffold (Huang et al., 2023, `MLAgentBench/agents/agent_research.py`), 15 steps and 30 minutes per
@@ -16,9 +15,8 @@ prompt shows are MLAB's (section "parsing" says how), with these departures:
    (reward -1, ML-Agent's format term) and the episode goes on, so a weak policy still yields a full trajectory.
    A step whose Action Input cannot be read counts as one of the 15 steps (MLAB's environment never sees it); MLAB's
    fallback reads the values after JSON-escaping them (a path's / gains a backslash), ours as written.
-4. `ScriptedExpert` is an offline STAND-IN for the LLM expert (GPT-4o-mini in the paper): a rule-based policy that
-   follows the idea plan of its first prompt, used when no endpoint is configured so that `collect.py` runs with no
-   network and no API key; it is not a model of GPT-4o-mini's behaviour.
+4. `ScriptedExpert` is an offline STAND-IN for the LLM expert (GPT-4o-mini in the paper), used when no endpoint is
+   configured: a rule-based policy that follows the idea plan of its first prompt, not a model of GPT-4o-mini.
 
 Run one episode:  python agent.py --task digits                          (scripted expert, offline)
                   OPENAI_BASE_URL=... OPENAI_API_KEY=... python agent.py --task digits --model gpt-4o-mini
@@ -95,8 +93,7 @@ class OpenAIBackend:
         self.api_key = api_key if api_key is not None else os.environ.get("OPENAI_API_KEY", "")
         self.model = model or os.environ.get("OPENAI_MODEL")  # None: the first model the endpoint lists
         self.embedding_model = os.environ.get("OPENAI_EMBEDDING_MODEL", "text-embedding-3-small")
-        # seconds for a whole answer, not per read (a server trickling a byte a second still times out)
-        self.timeout = float(timeout or os.environ.get("OPENAI_TIMEOUT") or 600.0)
+        self.timeout = float(timeout or os.environ.get("OPENAI_TIMEOUT") or 600.0)  # for a whole answer (_send)
         self.max_retries, self.backoff = max_retries, backoff
         self.usage = Usage(price_in=price_in, price_out=price_out)
 
@@ -142,7 +139,8 @@ class OpenAIBackend:
             time.sleep(min(delay, 60.0))
 
     def _send(self, method, url, payload, headers):
-        """One HTTP exchange within self.timeout seconds in all: the body is read in pieces against a deadline."""
+        """One HTTP exchange within self.timeout seconds in all, the body read in pieces against a deadline (a server
+        trickling a byte a second times out too)."""
         deadline = time.monotonic() + self.timeout
         r = requests.request(method, url, json=payload, headers=headers, timeout=self.timeout, stream=True)
         read, body = getattr(r.raw, "read1", r.raw.read), bytearray()  # urllib3 2's read1: what has arrived
@@ -663,13 +661,11 @@ def run_episode(env_, backend, ideas=(), max_steps=15, time_limit=1800.0, max_re
     return traj
 
 # ========================================================================== the run folders every command line shares
-# Written once here for collect.py, sft.py, ppo.py, orchestrator.py and eval.py; torch-free, so the commands that do
-# not train start fast. (env.py, which imports nothing of the project, keeps its own for the task folders.)
+# Written once here for collect.py, sft.py, ppo.py, orchestrator.py and eval.py; torch-free, so they start fast.
 
 
 def lock_file(path, what):
-    """An exclusive flock on `path`, held while the returned file is open (the kernel drops it when the process dies:
-    no stale lock); ValueError when another process holds it."""
+    """An flock on `path` while the returned file is open (never stale: dies with the process); ValueError if taken."""
     lock = open(path, "w")
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -680,8 +676,7 @@ def lock_file(path, what):
 
 
 def claim_folder(path, flag="--out"):
-    """This run's output folder, made and locked (folder/.lock) against a second run on it; refused when it is a file.
-    -> the open lock file (close it, or use it as a context manager)."""
+    """This run's output folder, made and locked (folder/.lock; not a file) -> the lock file, a context manager."""
     if os.path.exists(path) and not os.path.isdir(path):
         raise ValueError(f"{flag} {path} is a file; give a folder")
     os.makedirs(path, exist_ok=True)
@@ -689,8 +684,7 @@ def claim_folder(path, flag="--out"):
 
 
 def write_atomic(path, text):
-    """text (a str, or an iterable of str lines) written to a hidden temporary file beside path, then renamed over it:
-    a reader sees the old file or the new one, never half of one."""
+    """text (a str or str lines) to a hidden file beside path, renamed over it: a reader never sees half a file."""
     path = str(path)
     tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.{os.getpid()}.tmp")
     with open(tmp, "w", encoding="utf-8") as f:
@@ -707,8 +701,8 @@ def append_jsonl(path, obj):
 
 
 def jsonl_rows(path, complete_only=False):
-    """(line number, object) for each non-empty line of a JSONL file; invalid UTF-8 or JSON is a one-line ValueError
-    naming the file and the line. complete_only: an unterminated last line (a kill mid-write) is skipped."""
+    """(line number, object) of each non-empty line, else a ValueError naming the line; complete_only: a torn last
+    line (a kill mid-write) is skipped."""
     with open(path, "rb") as f:
         for n, raw in enumerate(f, 1):
             if complete_only and not raw.endswith(b"\n"):
@@ -723,16 +717,13 @@ def jsonl_rows(path, complete_only=False):
 
 
 def read_jsonl(path, need=(), what="a JSON object", complete_only=False, repair=False) -> list[dict]:
-    """The objects of a JSONL file ([] when there is none), each a dict with the keys `need`, else a one-line
-    ValueError naming the file and the line. complete_only: a line cut by a kill mid-write is skipped; repair: it is
-    also cut off the file."""
+    """The objects of a JSONL file ([] when there is none), each a dict with the keys `need`, else a ValueError naming
+    the line. complete_only: a line torn by a kill mid-write is skipped; repair: it is also cut off the file."""
     if not os.path.exists(path):
         return []
     if repair:
         with open(path, "r+b") as f:
-            data = f.read()
-            if data and not data.endswith(b"\n"):
-                f.truncate(data.rfind(b"\n") + 1)
+            f.truncate(f.read().rfind(b"\n") + 1)  # to the end of the last whole line
     rows = []
     for n, row in jsonl_rows(path, complete_only or repair):
         if not isinstance(row, dict) or any(k not in row for k in need):
@@ -742,9 +733,8 @@ def read_jsonl(path, need=(), what="a JSON object", complete_only=False, repair=
 
 
 def trim_log(path, key, last, out=None):
-    """A JSONL log as its run's checkpoint knows it: lines whose `key` is past `last` (written after the checkpoint,
-    before a kill) and a line cut by the kill are dropped, so a resumed run neither duplicates nor loses a line.
-    out: every line must name this --out; the log of another run is refused rather than mixed in."""
+    """A JSONL log as its run's checkpoint knows it: lines whose `key` is past `last` (written before a kill, after
+    the checkpoint) and a torn line are dropped. out: each line must name this --out; another run's log is refused."""
     if not os.path.exists(path):
         return
     keep = []
@@ -761,8 +751,8 @@ def trim_log(path, key, last, out=None):
 
 
 def swap_folder(tmp, path):
-    """The complete folder `tmp` becomes `path` with never a moment where neither exists: path goes aside to path.old,
-    tmp is renamed in, path.old is deleted. recover_folder undoes a kill in between."""
+    """The folder `tmp` becomes `path`, never neither: path goes aside to path.old, tmp is renamed in, path.old is
+    deleted (recover_folder undoes a kill in between)."""
     old = f"{path}.old"
     shutil.rmtree(old, ignore_errors=True)
     if os.path.exists(path):
@@ -781,8 +771,8 @@ def recover_folder(path, tmp=None):
 
 
 def check_checkpoint(folder):
-    """ValueError (one line naming the folder) when the local checkpoint `folder` cannot be loaded (config, tokenizer,
-    weight files, truncated weights: model.load checks their sizes). Reads no weights, so a command checks first."""
+    """ValueError (one line naming it) when the checkpoint `folder` cannot be loaded, weights truncated included; reads
+    no weights, so a command checks before any work."""
     import model
     try:
         model.load(folder, "cpu", meta=True)
