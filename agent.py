@@ -382,31 +382,29 @@ def read_action_input(text: str, spec) -> dict:
     tool's keys; failing that, each value after its `"key":`, the keys in the tool's order, each running to the
     `, "next key":` (greedy, as the regex) and stripped of spaces and quotes, so a trailing comma (kept on the last
     value, as there) or triple quotes still run. InputError when neither reads (MLAB's fallback JSON-escapes first)."""
-    keys, why = list(spec.args), None
+    keys = list(spec.args)
     try:
         obj = json_object(text, "the Action Input")
-        if set(obj) != set(keys):
-            why = (f"the Action Input of {spec.name} must have the keys {', '.join(keys)}; missing: "
-                   f"{', '.join(k for k in keys if k not in obj) or 'none'}; unexpected: "
-                   f"{', '.join(map(str, (k for k in obj if k not in keys))) or 'none'}")
+        if set(obj) == set(keys):
+            return obj
+        why = (f"the Action Input of {spec.name} must have the keys {', '.join(keys)}; missing: "
+               f"{', '.join(k for k in keys if k not in obj) or 'none'}; unexpected: "
+               f"{', '.join(map(str, (k for k in obj if k not in keys))) or 'none'}")
     except ParseError as e:
         why = str(e)
-    if why is None:
-        return obj
     body = text[text.find("{") + 1:]  # from the first { to the last } (the whole text without them)
     body = body[:body.rfind("}")] if "}" in body else body
-    cuts, end = [], len(body)
+    values, end = {}, len(body)
     for key in reversed(keys[1:]):  # the separator before each later key: its last match before the next one's
-        found = list(re.compile(r",\s*" + re.escape(f'"{key}":')).finditer(body, 0, end))
+        found = list(re.finditer(r",\s*" + re.escape(f'"{key}":'), body[:end]))
         if not found:
             raise InputError(spec.name, why)
-        cuts.insert(0, found[-1].span())
-        end = found[-1].start()
+        values[key], end = body[found[-1].end():end], found[-1].start()
     first = body.find(f'"{keys[0]}":', 0, end)
     if first < 0:
         raise InputError(spec.name, why)
-    starts, ends = [first + len(keys[0]) + 3] + [e for _, e in cuts], [s for s, _ in cuts] + [len(body)]
-    return {k: body[a:b].strip().strip('"') for k, a, b in zip(keys, starts, ends)}
+    values[keys[0]] = body[first + len(keys[0]) + 3:end]
+    return {k: values[k].strip().strip('"') for k in keys}
 
 
 def json_object(text: str, what="the answer") -> dict:
