@@ -624,13 +624,12 @@ def run_episode(env_, backend, ideas=(), max_steps=15, time_limit=1800.0, max_re
     problem = env_.reset()
     reset_seconds = time.time() - start
     traj = Trajectory(env_.task.name, [list(i) for i in ideas], env_.m_init, env_.m_best, env_.task.higher_is_better)
-    history = []
     while len(traj.steps) < max_steps:
         if time.time() - start > time_limit:
             traj.stopped = "time"
             break
-        messages, snapshot = build_messages(problem, history, ideas), env_.snapshot()
-        llm_start, ask, reason = time.time(), list(messages), None
+        messages = build_messages(problem, [(s.response, s.observation) for s in traj.steps], ideas)
+        snapshot, llm_start, ask, reason = env_.snapshot(), time.time(), list(messages), None
         for retries in range(max_retries + 1):  # asked again only when no action can be read (see "parsing")
             response = backend.chat(ask, temperature=temperature, max_tokens=max_tokens, stop=STOP).texts[0]
             try:
@@ -650,7 +649,6 @@ def run_episode(env_, backend, ideas=(), max_steps=15, time_limit=1800.0, max_re
                                action_input if isinstance(action_input, dict) else None, result.observation,
                                result.kind, env_.metric, result.metric_prev, result.metric_new, r, retries, snapshot,
                                llm_seconds, time.time() - env_start))
-        history.append((response, result.observation))
         if result.done:
             traj.stopped = "final"
             break
