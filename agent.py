@@ -164,7 +164,7 @@ class OpenAIBackend:
         """n completions. A server that returns fewer choices than asked (transformers serve ignores n) is asked
         again for the rest; an answer without choices is retried like a server error."""
         start, texts, prompt_tokens, completion_tokens = time.time(), [], 0, 0
-        if self.model is None:  # the first model the endpoint lists
+        if self.model is None:
             try:
                 self.model = self._request("GET", "/models")["data"][0]["id"]
             except (KeyError, IndexError, TypeError):
