@@ -1,28 +1,22 @@
-"""The agents: chat backends, the MLAgentBench research agent, its response parser, the LLM editor, and the offline
-scripted expert, all driven by one episode loop (`run_episode`) that records every step.
-
-Reading order: backends (an OpenAI-compatible endpoint over `requests`; `model.py` in-process) -> the prompt (tools
-block, research problem, instructions, response format; `build_messages`) -> `parse_response` -> `LLMEditor` ->
-`ScriptedExpert` -> `run_episode` -> the run-folder plumbing every command line shares, written once here (locks,
-atomic writes, JSONL lines, log trimming, folder swaps, checkpoint checks; torch-free) -> command line.
+"""The agents: chat backends (an OpenAI-compatible endpoint; a `model.py` checkpoint in-process), the MLAgentBench
+research agent, the LLM editor and the offline scripted expert, driven by `run_episode`, whose `act` is the one place a
+step is scored; then the run-folder plumbing every command line shares (locks, atomic writes, JSONL, folder swaps).
 
 ML-Agent (arXiv:2505.23723, §Experiments "Training") collects its expert trajectories with a GPT-4o-mini agent in the
 MLAgentBench (MLAB) scaffold (Huang et al., 2023, `MLAgentBench/agents/agent_research.py`), 15 steps and 30 minutes per
 trajectory. This file rebuilds that agent in its own words: which responses run, which are asked again and what the
 prompt shows are MLAB's (section "parsing" says how), with these departures:
-- The prompt is chat-shaped: one system message (tools, research problem, instructions, response format) and one
-  user message (the last three steps with their observations, as MLAB keeps them; or, at the first step, "let's start"
-  plus the injected ideas). A single user turn keeps each SFT row to exactly one assistant turn, the expert's answer.
-- MLAB summarises an observation longer than 5,000 characters with another LLM call; we keep its first and last
-  2,500 characters (as Matryoshka does with its 5k-token limit), so a prompt is a pure function of the history.
-- MLAB stops the run after `max_retries` (5) unreadable responses; here, after 2 re-asks, the step is "invalid" (reward
-  -1, ML-Agent's format term) and the episode goes on, so a weak policy still yields a full trajectory at little cost.
-  A step whose Action Input cannot be read counts as one of the 15 steps (MLAB's environment never sees it), so a
-  trajectory holds at most 15 states; MLAB's fallback reads the values after JSON-escaping them (a path's / gains a
-  backslash), ours as written.
-- `ScriptedExpert` is an offline STAND-IN for the LLM expert (GPT-4o-mini in the paper): a rule-based policy that
-  follows the idea plan of its first prompt and writes MLAB-format responses. It is used when no endpoint is
-  configured, so that `collect.py` works with no network and no API key; it is not a model of GPT-4o-mini's behaviour.
+1. The prompt is chat-shaped: one system message (tools, research problem, instructions, response format) and one user
+   message (the last three steps with their observations, as MLAB keeps them; or, at the first step, "let's start"
+   plus the injected ideas). A single user turn keeps each SFT row to exactly one assistant turn, the expert's answer.
+2. MLAB summarises an observation longer than 5,000 characters with another LLM call; we keep its first and last
+   2,500 characters (as Matryoshka does with its 5k-token limit), so a prompt is a pure function of the history.
+3. MLAB stops the run after `max_retries` (5) unreadable responses; here, after 2 re-asks, the step is "invalid"
+   (reward -1, ML-Agent's format term) and the episode goes on, so a weak policy still yields a full trajectory.
+   A step whose Action Input cannot be read counts as one of the 15 steps (MLAB's environment never sees it); MLAB's
+   fallback reads the values after JSON-escaping them (a path's / gains a backslash), ours as written.
+4. `ScriptedExpert` is an offline STAND-IN for the LLM expert (GPT-4o-mini in the paper), used when no endpoint is
+   configured: a rule-based policy that follows the idea plan of its first prompt, not a model of GPT-4o-mini.
 
 Run one episode:  python agent.py --task digits                          (scripted expert, offline)
                   OPENAI_BASE_URL=... OPENAI_API_KEY=... python agent.py --task digits --model gpt-4o-mini
@@ -69,10 +63,11 @@ class Usage:
     price_in: float = 0.0
     price_out: float = 0.0
 
-    def add(self, c: Completion, seconds: float):
+    def add(self, c: Completion, seconds: float) -> Completion:  # counts c, returns it
         self.calls, self.seconds = self.calls + 1, self.seconds + seconds
         self.prompt_tokens += c.prompt_tokens
         self.completion_tokens += c.completion_tokens
+        return c
 
     @property
     def cost(self) -> float:
@@ -84,22 +79,21 @@ class BackendError(RuntimeError):
 
 
 RETRY_STATUS = (408, 409, 429, 500, 502, 503, 504)  # rate limits and server trouble: worth another try
-HINTS = {401: "check OPENAI_API_KEY", 403: "check OPENAI_API_KEY and the model's access",
-         404: "check OPENAI_BASE_URL and the model name"}
+HINTS = {401: " (check OPENAI_API_KEY)", 403: " (check OPENAI_API_KEY and the model's access)",
+         404: " (check OPENAI_BASE_URL and the model name)"}
 
 
 class OpenAIBackend:
     """Any OpenAI-compatible endpoint (OpenAI, vLLM, `transformers serve`) over plain `requests`."""
 
     def __init__(self, model=None, base_url=None, api_key=None, timeout=None, max_retries=5, backoff=1.0,
-                 price_in=0.0, price_out=0.0, embedding_model=None):
+                 price_in=0.0, price_out=0.0):
         url = (base_url or os.environ.get("OPENAI_BASE_URL") or "https://api.openai.com/v1").rstrip("/")
         self.base_url = url if re.search(r"/v\d+$", url) else url + "/v1"  # "http://host:8000" means ".../v1"
         self.api_key = api_key if api_key is not None else os.environ.get("OPENAI_API_KEY", "")
         self.model = model or os.environ.get("OPENAI_MODEL")  # None: the first model the endpoint lists
-        self.embedding_model = embedding_model or os.environ.get("OPENAI_EMBEDDING_MODEL", "text-embedding-3-small")
-        # seconds for a whole answer (not per read: a server trickling one byte a second still times out)
-        self.timeout = float(timeout or os.environ.get("OPENAI_TIMEOUT") or 600.0)
+        self.embedding_model = os.environ.get("OPENAI_EMBEDDING_MODEL", "text-embedding-3-small")
+        self.timeout = float(timeout or os.environ.get("OPENAI_TIMEOUT") or 600.0)  # for a whole answer (_send)
         self.max_retries, self.backoff = max_retries, backoff
         self.usage = Usage(price_in=price_in, price_out=price_out)
 
@@ -110,16 +104,12 @@ class OpenAIBackend:
             retry_after = None
             try:
                 r = self._send(method, url, payload, headers)
-            except requests.ConnectTimeout:
-                why = f"cannot reach {url} within {self.timeout:g} s (connect timeout); check OPENAI_BASE_URL"
-            except TimeoutError:
-                why = f"{url} did not answer within {self.timeout:g} s (OPENAI_TIMEOUT sets the limit)"
-            except requests.Timeout:
-                why = f"{url} did not answer within {self.timeout:g} s (read timeout; OPENAI_TIMEOUT sets the limit)"
-            except (requests.exceptions.ChunkedEncodingError, requests.exceptions.ContentDecodingError) as e:
-                why = f"{url} broke off its answer ({type(e).__name__})"  # a truncated body: worth another try
-            except requests.ConnectionError as e:  # dropped or refused connection: retry
+            except requests.ConnectionError as e:  # refused, dropped or not connected in time: retry
                 why = f"cannot reach {url} ({type(e).__name__}); check OPENAI_BASE_URL"
+            except (TimeoutError, requests.Timeout):
+                why = f"{url} did not answer within {self.timeout:g} s (OPENAI_TIMEOUT sets the limit)"
+            except (requests.exceptions.ChunkedEncodingError, requests.exceptions.ContentDecodingError) as e:
+                why = f"{url} broke off its answer ({type(e).__name__})"  # a truncated body: retry
             except requests.RequestException as e:  # a malformed URL: no point retrying
                 raise BackendError(f"bad endpoint URL {url!r}: {e}") from None
             else:
@@ -128,19 +118,17 @@ class OpenAIBackend:
                         out = json.loads(r.content)
                     except ValueError:
                         out = None
-                    if isinstance(out, dict):
-                        return out
-                    why = f"{url} answered with something that is not a JSON object: {r.content[:120]!r}"
-                    if attempt == self.max_retries:  # a cut-off body is retried; a steady non-JSON answer is not ours
-                        raise BackendError(why + f"; is {self.base_url} an OpenAI-compatible endpoint?")
+                    if not isinstance(out, dict):
+                        raise BackendError(f"{url} answered with something that is not a JSON object: "
+                                           f"{r.content[:120]!r}; is {self.base_url} an OpenAI-compatible endpoint?")
+                    return out
                 try:
                     message = r.json()["error"]["message"]
                 except (ValueError, KeyError, TypeError):
                     message = r.text[:200].replace("\n", " ")
                 why = f"{method} {url}: HTTP {r.status_code}: {message}"
                 if r.status_code not in RETRY_STATUS:
-                    hint = HINTS.get(r.status_code)
-                    raise BackendError(why + (f" ({hint})" if hint else ""))
+                    raise BackendError(why + HINTS.get(r.status_code, ""))
                 retry_after = r.headers.get("Retry-After")
             if attempt == self.max_retries:
                 raise BackendError(f"{why} (gave up after {self.max_retries} retries)")
@@ -151,17 +139,18 @@ class OpenAIBackend:
             time.sleep(min(delay, 60.0))
 
     def _send(self, method, url, payload, headers):
-        """One HTTP exchange within self.timeout seconds in all: the body is read in pieces against a deadline."""
+        """One HTTP exchange within self.timeout seconds in all, the body read in pieces against a deadline (a server
+        trickling a byte a second times out too)."""
         deadline = time.monotonic() + self.timeout
         r = requests.request(method, url, json=payload, headers=headers, timeout=self.timeout, stream=True)
-        body, read1 = bytearray(), getattr(r.raw, "read1", None)  # urllib3 2: what has arrived, however little
+        read, body = getattr(r.raw, "read1", r.raw.read), bytearray()  # urllib3 2's read1: what has arrived
         with r:
             while True:
                 try:
-                    piece = read1(65536, decode_content=True) if read1 else r.raw.read(65536, decode_content=True)
-                except urllib3.exceptions.ReadTimeoutError as e:  # urllib3's own errors, as requests names them
-                    raise requests.exceptions.ReadTimeout(e) from None
-                except (urllib3.exceptions.HTTPError, OSError) as e:
+                    piece = read(65536, decode_content=True)
+                except urllib3.exceptions.ReadTimeoutError:
+                    raise TimeoutError from None
+                except (urllib3.exceptions.HTTPError, OSError) as e:  # as requests names a broken body
                     raise requests.exceptions.ChunkedEncodingError(e) from None
                 if not piece:
                     break
@@ -171,52 +160,36 @@ class OpenAIBackend:
         r._content = bytes(body)  # requests' own slot for a read body: .json() and .text work as usual
         return r
 
-    def _model(self) -> str:
-        if self.model is None:
-            out = self._request("GET", "/models")
-            try:
-                self.model = out["data"][0]["id"]
-            except (KeyError, IndexError, TypeError):
-                raise BackendError(f"{self.base_url}/models lists no model; pass --model") from None
-        return self.model
-
     def chat(self, messages, n=1, temperature=0.0, max_tokens=1024, stop=None) -> Completion:
         """n completions. A server that returns fewer choices than asked (transformers serve ignores n) is asked
         again for the rest; an answer without choices is retried like a server error."""
         start, texts, prompt_tokens, completion_tokens = time.time(), [], 0, 0
+        if self.model is None:
+            try:
+                self.model = self._request("GET", "/models")["data"][0]["id"]
+            except (KeyError, IndexError, TypeError):
+                raise BackendError(f"{self.base_url}/models lists no model; pass --model") from None
         for attempt in range(self.max_retries + 1):
-            payload = {"model": self._model(), "messages": messages, "n": n - len(texts), "temperature": temperature,
+            payload = {"model": self.model, "messages": messages, "n": n - len(texts), "temperature": temperature,
                        "max_tokens": max_tokens}
             if stop:
                 payload["stop"] = stop
             out = self._request("POST", "/chat/completions", payload)
             choices = out.get("choices") if isinstance(out.get("choices"), list) else []
-            got = [self._text(ch) for ch in sorted((ch for ch in choices if isinstance(ch, dict)),
-                                                   key=lambda ch: ch.get("index", 0))]
-            got = [t for t in got if t is not None]
+            # a chat choice's message content, or a legacy completion choice's text, in the order of their index
+            got = [(ch["message"].get("content") or "") if isinstance(ch.get("message"), dict) else ch.get("text")
+                   for ch in sorted((c for c in choices if isinstance(c, dict)), key=lambda c: c.get("index", 0))]
+            got = [t for t in got if isinstance(t, str)]
             usage = out.get("usage") if isinstance(out.get("usage"), dict) else {}
             prompt_tokens += usage.get("prompt_tokens", 0) if got else 0
             completion_tokens += usage.get("completion_tokens", 0)
             texts += got[:n - len(texts)]
             if len(texts) == n:
-                break
-            if not got and attempt == self.max_retries:
-                raise BackendError(f"{self.base_url}/chat/completions answered without choices "
-                                   f"{self.max_retries + 1} times: {str(out)[:200]}")
-            if not got:
+                return self.usage.add(Completion(texts, prompt_tokens, completion_tokens), time.time() - start)
+            if not got and attempt < self.max_retries:
                 time.sleep(min(self.backoff * 2 ** attempt, 60.0))
-        else:
-            raise BackendError(f"{self.base_url}/chat/completions gave {len(texts)} of the {n} choices asked for")
-        c = Completion(texts, prompt_tokens, completion_tokens)
-        self.usage.add(c, time.time() - start)
-        return c
-
-    @staticmethod
-    def _text(choice):  # a chat choice's message content, or a legacy completion choice's text; None if neither
-        message = choice.get("message")
-        if isinstance(message, dict):
-            return message.get("content") or ""
-        return choice["text"] if isinstance(choice.get("text"), str) else None
+        raise BackendError(f"{self.base_url}/chat/completions gave {len(texts)} of the {n} choices asked for in "
+                           f"{self.max_retries + 1} answers; the last: {str(out)[:200]}")
 
     def embeddings(self, texts: list[str], batch=256):
         """(N, D) numpy array of the endpoint's `/v1/embeddings` for `texts`."""
@@ -226,8 +199,7 @@ class OpenAIBackend:
             part = texts[i:i + batch]
             out = self._request("POST", "/embeddings", {"model": self.embedding_model, "input": part})
             try:
-                data = sorted(out["data"], key=lambda d: d.get("index", 0))
-                got = [[float(x) for x in d["embedding"]] for d in data]
+                got = [[float(x) for x in d["embedding"]] for d in sorted(out["data"], key=lambda d: d.get("index", 0))]
                 assert len(got) == len(part) and len({len(g) for g in got}) == 1
             except (KeyError, TypeError, ValueError, AttributeError, AssertionError):
                 raise BackendError(f"{self.base_url}/embeddings answered in an unexpected shape for {len(part)} "
@@ -245,25 +217,22 @@ def cut_at_stop(text: str, stop) -> str:  # the text before the first stop strin
 class LocalBackend:
     """A checkpoint run in this process through model.py: chat template, batched KV-cache generation."""
 
-    def __init__(self, path_or_id=None, lm=None, tokenizer=None, device=None):
+    def __init__(self, path_or_id=None, lm=None, tokenizer=None):
         import model  # torch loads only when a local model is used
         if lm is None:
-            lm, tokenizer = model.load(path_or_id, device=device)
+            lm, tokenizer = model.load(path_or_id)
         self.lm, self.tokenizer, self.model = lm, tokenizer, model
         self.usage = Usage()
 
     def chat(self, messages, n=1, temperature=0.0, max_tokens=1024, stop=None) -> Completion:
-        start, tok = time.time(), self.tokenizer
-        ids = self.model.keep_end(tok.encode(tok.apply_chat_template(messages)),
-                                  self.lm.config.max_position_embeddings, max_tokens)  # the latest steps
-        stops = self.model.stop_ids(self.lm, tok)
+        start, tok, model = time.time(), self.tokenizer, self.model
+        ids = model.keep_end(tok.encode(tok.apply_chat_template(messages)), self.lm.config.max_position_embeddings,
+                             max_tokens)  # the latest steps
         # n samples share one prefill of the prompt; stop strings end generation as soon as one is complete
-        gen = self.lm.generate([ids], max_new_tokens=max_tokens, temperature=temperature, stop_token_ids=stops, n=n,
-                               stop_fn=self.model.stop_strings(tok, stop))
+        gen = self.lm.generate([ids], max_new_tokens=max_tokens, temperature=temperature, n=n,
+                               stop_token_ids=model.stop_ids(self.lm, tok), stop_fn=model.stop_strings(tok, stop))
         texts = [cut_at_stop(tok.decode(t, skip_special_tokens=True), stop) for t in gen.tokens]
-        c = Completion(texts, len(ids) * n, sum(map(len, gen.tokens)))
-        self.usage.add(c, time.time() - start)
-        return c
+        return self.usage.add(Completion(texts, len(ids) * n, sum(map(len, gen.tokens))), time.time() - start)
 
 # ================================================================================================== the prompt
 # MLAgentBench's research agent (agent_research.py: initial_prompt, format_prompt_dict), reworded.
@@ -313,14 +282,12 @@ what the tool returned
 MAX_OBSERVATION = 5000  # characters of an observation kept in the prompt: its first and last halves
 
 
-def tools_block(actions=None) -> str:
+def tools_block() -> str:
     """Each action with its description and a usage example that ends with what it returns (MLAB's tools prompt,
     agents/agent.py:127-153, in our words)."""
-    blocks = []
-    for spec in (actions or env.ACTIONS).values():
-        blocks.append(f"- {spec.name}: {spec.description}\n  Usage:\n  Action: {spec.name}\n  Action Input: "
-                      + spec.usage().replace("\n", "\n  ") + f"\n  Observation: [{spec.returns}]")
-    return "\n".join(blocks)
+    return "\n".join(f"- {s.name}: {s.description}\n  Usage:\n  Action: {s.name}\n  Action Input: "
+                     + s.usage().replace("\n", "\n  ") + f"\n  Observation: [{s.returns}]"
+                     for s in env.ACTIONS.values())
 
 
 def _clip(text: str, limit=MAX_OBSERVATION) -> str:
@@ -329,16 +296,13 @@ def _clip(text: str, limit=MAX_OBSERVATION) -> str:
     return f"{text[:limit // 2]}\n[... {len(text) - limit} characters cut ...]\n{text[-limit // 2:]}"
 
 
-def build_messages(problem: str, history=(), ideas=(), last_k=3, actions=None) -> list[dict]:
-    """The prompt for the next step; pure, so ppo.py rebuilds the exact prompt of a state.
-
-    problem: the task description; history: (response, observation) of every earlier step, oldest first;
-    ideas: (category, idea) pairs injected into the first prompt only (ML-Agent, Appendix B.1); the plan the agent
-    writes then carries them on. As MLAB's research agent (agent_research.py:91-100, 184-188): a step whose Action
-    Input could not be read is dropped once a later step's could, then the last `last_k` steps are shown
-    (max_steps_in_context = 3), each response as `shown_response` writes it.
-    """
-    system = SYSTEM.format(tools=tools_block(actions), problem=problem.strip(),
+def build_messages(problem: str, history=(), ideas=(), last_k=3) -> list[dict]:
+    """The prompt for the next step; pure, so ppo.py rebuilds the exact prompt of a state. history: (response,
+    observation) of each earlier step, oldest first; ideas: (category, idea) pairs injected into the first prompt only
+    (ML-Agent, Appendix B.1), which the agent's plan then carries on. As MLAB's research agent (agent_research.py:
+    91-100, 184-188): a step whose Action Input could not be read is dropped once a later step's could, then the last
+    `last_k` steps are shown (max_steps_in_context = 3), each response as `shown_response` writes it."""
+    system = SYSTEM.format(tools=tools_block(), problem=problem.strip(),
                            format="\n".join(f"{k}: {v}" for k, v in FORMAT.items()))
     if not history:
         user = "Now let's start!"
@@ -356,9 +320,8 @@ def build_messages(problem: str, history=(), ideas=(), last_k=3, actions=None) -
 
 
 def shown_response(text: str) -> str:
-    """An earlier response as the prompt shows it: its entries as parsed (words before the first one dropped) with the
-    plan's **update marks** removed, as MLAB prints past steps (agent_research.py:133-139); as written if it does
-    not parse."""
+    """An earlier response as the prompt shows it: its entries as parsed (words before the first dropped), the plan's
+    **update marks** removed, as MLAB prints past steps (agent_research.py:133-139); as written if it does not parse."""
     entries = parse_entries(text)
     if not entries:
         return text.strip()
@@ -385,10 +348,9 @@ class InputError(ParseError):
 
 def parse_entries(text: str) -> dict[str, str]:
     """The entries of a response as MLAB's regex finds them (agents/agent.py:218-231): each `Name:` of FORMAT, in
-    FORMAT's order, anywhere in the text (a `# Name:` header works, `**Name**:` does not), each entry running to the
-    next; where a name occurs more than once, the regex's greedy groups take the last occurrence that keeps the
-    order (and the first entry its first). {} when one is missing or out of order. Text from the first
-    "Observation:" on is dropped, as the stop string would have. Values are as written, not stripped."""
+    order, anywhere (a `# Name:` header works, `**Name**:` does not), each running to the next; of a repeated name the
+    greedy groups take the last occurrence that keeps the order (the first entry: its first). {} when one is missing
+    or out of order. Text from the first "Observation:" on is dropped, as the stop string would have. Not stripped."""
     text = cut_at_stop(text or "", STOP)
     names, starts, end = list(FORMAT), [], len(text)
     for i, name in reversed(list(enumerate(names))):  # from the last entry back, so no regex can backtrack for long
@@ -401,52 +363,48 @@ def parse_entries(text: str) -> dict[str, str]:
     return {name: text[at + len(name) + 1:stop] for name, at, stop in zip(names, starts, bounds)}
 
 
-def parse_response(text: str, actions=None) -> tuple[str, dict]:
+def parse_response(text: str) -> tuple[str, dict]:
     """(action, action_input) of a response in the format above. ParseError with the reason otherwise; InputError
     (a ParseError) when only the Action Input cannot be read."""
-    actions = actions or env.ACTIONS
     entries = parse_entries(text)
     if not entries:
         absent = [k for k in FORMAT if k + ":" not in cut_at_stop(text or "", STOP)]
         raise ParseError(f"missing entries: {', '.join(absent)}" if absent else
                          f"the entries are not in this order: {', '.join(FORMAT)}")
     action = entries["Action"].strip()  # MLAB compares the name after strip() only (agent_research.py:117)
-    if action not in actions:
-        raise ParseError(f"unknown action {action!r}; the actions are: {', '.join(actions)}")
-    return action, read_action_input(entries["Action Input"], actions[action])
+    if action not in env.ACTIONS:
+        raise ParseError(f"unknown action {action!r}; the actions are: {', '.join(env.ACTIONS)}")
+    return action, read_action_input(entries["Action Input"], env.ACTIONS[action])
 
 
 def read_action_input(text: str, spec) -> dict:
-    """The arguments of the tool `spec` in an Action Input, as MLAB reads them (agents/agent.py:168-209): a JSON object
-    with exactly the tool's keys; failing that, each key's value found after its `"key":`, the keys in the tool's
-    order, each value running to the `, "next key":` (greedy, as the regex) and stripped of spaces and quotes, so a
-    trailing comma (it stays on the last value, as there) or triple-quoted strings still run. InputError when neither
-    reads. MLAB's fallback reads the text after JSON-escaping it; here the values are taken as written."""
-    keys, why = list(spec.args), None
+    """The arguments of the tool `spec`, as MLAB reads them (agents/agent.py:168-209): a JSON object with exactly the
+    tool's keys; failing that, each value after its `"key":`, the keys in the tool's order, each running to the
+    `, "next key":` (greedy, as the regex) and stripped of spaces and quotes, so a trailing comma (kept on the last
+    value, as there) or triple quotes still run. InputError when neither reads (MLAB's fallback JSON-escapes first)."""
+    keys = list(spec.args)
     try:
         obj = json_object(text, "the Action Input")
-        if set(obj) != set(keys):
-            why = (f"the Action Input of {spec.name} must have the keys {', '.join(keys)}; missing: "
-                   f"{', '.join(k for k in keys if k not in obj) or 'none'}; unexpected: "
-                   f"{', '.join(map(str, (k for k in obj if k not in keys))) or 'none'}")
+        if set(obj) == set(keys):
+            return obj
+        why = (f"the Action Input of {spec.name} must have the keys {', '.join(keys)}; missing: "
+               f"{', '.join(k for k in keys if k not in obj) or 'none'}; unexpected: "
+               f"{', '.join(map(str, (k for k in obj if k not in keys))) or 'none'}")
     except ParseError as e:
         why = str(e)
-    if why is None:
-        return obj
     body = text[text.find("{") + 1:]  # from the first { to the last } (the whole text without them)
     body = body[:body.rfind("}")] if "}" in body else body
-    cuts, end = [], len(body)
+    values, end = {}, len(body)
     for key in reversed(keys[1:]):  # the separator before each later key: its last match before the next one's
-        found = list(re.compile(r",\s*" + re.escape(f'"{key}":')).finditer(body, 0, end))
+        found = list(re.finditer(r",\s*" + re.escape(f'"{key}":'), body[:end]))
         if not found:
             raise InputError(spec.name, why)
-        cuts.insert(0, found[-1].span())
-        end = found[-1].start()
+        values[key], end = body[found[-1].end():end], found[-1].start()
     first = body.find(f'"{keys[0]}":', 0, end)
     if first < 0:
         raise InputError(spec.name, why)
-    starts, ends = [first + len(keys[0]) + 3] + [e for _, e in cuts], [s for s, _ in cuts] + [len(body)]
-    return {k: body[a:b].strip().strip('"') for k, a, b in zip(keys, starts, ends)}
+    values[keys[0]] = body[first + len(keys[0]) + 3:end]
+    return {k: values[k].strip().strip('"') for k in keys}
 
 
 def json_object(text: str, what="the answer") -> dict:
@@ -498,6 +456,7 @@ class LLMEditor:
 
 PLAN_LINE = re.compile(r"^(\d+)\. (.*?) \[(pending|in progress|done|kept|undone|failed)(?:: ([^\]]*))?\]$", re.M)
 SCORE = re.compile(r"Validation [^:\n]*:\s*(-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?)")
+RUN_TRAIN = ("Execute Script", {"script_name": "train.py"})
 
 
 class ScriptedExpert:
@@ -507,10 +466,7 @@ class ScriptedExpert:
         self.usage = Usage()
 
     def chat(self, messages, n=1, temperature=0.0, max_tokens=1024, stop=None) -> Completion:
-        text = self.respond(messages[0]["content"], messages[-1]["content"])
-        c = Completion([text] * n)
-        self.usage.add(c, 0.0)
-        return c
+        return self.usage.add(Completion([self.respond(messages[0]["content"], messages[-1]["content"])] * n), 0.0)
 
     def respond(self, system: str, user: str) -> str:
         higher = "lower is better" not in system
@@ -521,92 +477,83 @@ class ScriptedExpert:
                     ["Read train.py to see where each change goes.", "pending", ""],
                     *[[f"Try {idea}", "pending", ""] for idea in ideas],
                     ["Submit the best train.py with Final Answer.", "pending", ""]]
-            return self._next(plan, None, higher, "This is the start: nothing has been observed yet.", [])
-        last = steps[-1]
-        response, _, observation = last.partition("\nObservation:\n```\n")
+            best, reflection, fact, then = None, "This is the start: nothing has been observed yet.", "", None
+        else:
+            plan, best, reflection, fact, then = self._observe(steps[-1], higher)
+        thought, action, action_input = then or self._next(plan, best)
+        status = "\n".join(f"{i}. {t} [{s}{': ' + r if r else ''}]" for i, (t, s, r) in enumerate(plan, 1))
+        status += f"\nBest validation score so far: {best if best is not None else 'none'} " \
+                  f"({'higher' if higher else 'lower'} is better)"
+        return (f"Reflection: {reflection}\nResearch Plan and Status:\n{status}\n"
+                f"Fact Check: {fact or 'Nothing new to check.'}\nThought: {thought}\n"
+                f"Action: {action}\nAction Input: {json.dumps(action_input)}")
+
+    @staticmethod
+    def _observe(step: str, higher: bool):
+        """The last step read back: (plan, best score, reflection, fact, then), then the next (thought, action,
+        input) when this step decides it (run an applied edit, undo a change that did not help), else None."""
+        response, _, observation = step.partition("\nObservation:\n```\n")
         observation = observation.rsplit("\n```", 1)[0]
         entries = parse_entries(response)
-        plan = [[t, s, r or ""] for _, t, s, r in PLAN_LINE.findall(entries.get("Research Plan and Status", ""))]
-        best = re.search(r"Best validation score so far: (\S+)", entries.get("Research Plan and Status", ""))
+        status = entries.get("Research Plan and Status", "")
+        plan = [[t, s, r or ""] for _, t, s, r in PLAN_LINE.findall(status)]
+        best = re.search(r"Best validation score so far: (\S+)", status)
         best = float(best.group(1)) if best and best.group(1) != "none" else None
         cur = next((i for i, p in enumerate(plan) if p[1] in ("pending", "in progress")), len(plan) - 1)
-        action, score = entries.get("Action", "").strip(), self._score(observation)
-        facts = []
+        action, scores = entries.get("Action", "").strip(), SCORE.findall(observation)
+        score, fact, then = float(scores[-1]) if scores else None, "", None
         if action == "Execute Script" and cur == 0:  # the baseline
             plan[0][1:] = ["done", f"{score}" if score is not None else "no score"]
-            best = score
-            reflection = f"The baseline ran; its validation score is {score}."
-            facts.append(f"Baseline validation score {score}: confirmed by the output above.")
+            best, reflection = score, f"The baseline ran; its validation score is {score}."
+            fact = f"Baseline validation score {score}: confirmed by the output above."
         elif action == "Inspect Script Lines":
             plan[cur][1:] = ["done", "data and model blocks found"]
             reflection = "The script has a data block, a model block, a training block and a submission block."
-            facts.append("The layout of train.py: confirmed by the lines above.")
+            fact = "The layout of train.py: confirmed by the lines above."
         elif action.startswith("Edit Script") and "EnvError" in observation and "could not be applied" in observation:
             plan[cur][1:] = ["failed", "the edit could not be applied"]
             reflection = "The edit could not be applied, so this idea is dropped."
-            facts.append("The edit failed: confirmed by the error above.")
+            fact = "The edit failed: confirmed by the error above."
         elif action.startswith("Edit Script"):  # applied: run it to see the effect
             plan[cur][1:] = ["in progress", "edited, to be run"]
-            return self._respond(plan, best, higher, "The diff shows the change I asked for.",
-                                 ["The edit was applied: confirmed by the diff."],
-                                 "Run the edited script to measure the change.",
-                                 "Execute Script", {"script_name": "train.py"})
+            reflection, fact = "The diff shows the change I asked for.", "The edit was applied: confirmed by the diff."
+            then = ("Run the edited script to measure the change.", *RUN_TRAIN)
         elif action == "Execute Script":  # an idea was run: keep it or undo it
-            better = score is not None and (best is None or (score > best if higher else score < best))
-            if better:
+            fact = f"Validation score {score}: confirmed by the output above."
+            if score is not None and (best is None or (score > best if higher else score < best)):
                 plan[cur][1:] = ["kept", f"{score}"]
                 reflection = f"The change improved the validation score from {best} to {score}; I keep it."
                 best = score
             else:
                 why = "the script failed" if score is None else f"{score} is not better than {best}"
                 plan[cur][1:] = ["undone", why]
-                return self._respond(plan, best, higher, f"The change did not help: {why}.",
-                                     [f"Validation score {score}: confirmed by the output above."],
-                                     "Undo the change so train.py is back to the best version.",
-                                     "Undo Edit Script", {"script_name": "train.py"})
-            facts.append(f"Validation score {score}: confirmed by the output above.")
+                reflection = f"The change did not help: {why}."
+                then = ("Undo the change so train.py is back to the best version.", "Undo Edit Script",
+                        {"script_name": "train.py"})
         else:  # after an undo, or anything unexpected: move on
             reflection = "train.py is back to its best version." if action == "Undo Edit Script" else \
                 "The last step did not change the plan."
-        return self._next(plan, best, higher, reflection, facts)
+        return plan, best, reflection, fact, then
 
     @staticmethod
-    def _score(observation: str):
-        found = SCORE.findall(observation)
-        return float(found[-1]) if found else None
-
-    def _next(self, plan, best, higher, reflection, facts) -> str:
-        """Start the first pending item of the plan."""
+    def _next(plan, best):
+        """(thought, action, input) that starts the first pending item of the plan, now marked in progress."""
         cur = next((i for i, p in enumerate(plan) if p[1] == "pending"), None)
+        if cur is not None:
+            plan[cur][1] = "in progress"
         if cur is None or cur == len(plan) - 1:  # only the final answer is left
             kept = [p[0][4:] for p in plan if p[1] == "kept"]
             summary = (f"Kept {len(kept)} change(s): " + "; ".join(kept) if kept else "No change beat the baseline.") \
                 + f" Best validation score: {best}."
-            if cur is not None:
-                plan[cur][1] = "in progress"
-            return self._respond(plan, best, higher, reflection, facts, "Every idea has been tried; submit.",
-                                 "Final Answer", {"final_answer": summary})
-        plan[cur][1] = "in progress"
+            return "Every idea has been tried; submit.", "Final Answer", {"final_answer": summary}
         if cur == 0:
-            return self._respond(plan, best, higher, reflection, facts, "First measure the starter script.",
-                                 "Execute Script", {"script_name": "train.py"})
+            return ("First measure the starter script.", *RUN_TRAIN)
         if cur == 1:
-            return self._respond(plan, best, higher, reflection, facts, "Read the script before changing it.",
-                                 "Inspect Script Lines", {"script_name": "train.py", "start_line_number": 1,
-                                                          "end_line_number": 80})
+            return ("Read the script before changing it.", "Inspect Script Lines",
+                    {"script_name": "train.py", "start_line_number": 1, "end_line_number": 80})
         idea = re.sub(r"^Try \[\w+\] ", "", plan[cur][0])
-        return self._respond(plan, best, higher, reflection, facts, f"Apply the next idea: {idea}",
-                             "Edit Script (AI)", {"script_name": "train.py", "edit_instruction": idea,
-                                                  "save_name": "train.py"})
-
-    @staticmethod
-    def _respond(plan, best, higher, reflection, facts, thought, action, action_input) -> str:
-        status = "\n".join(f"{i}. {t} [{s}{': ' + r if r else ''}]" for i, (t, s, r) in enumerate(plan, 1))
-        status += f"\nBest validation score so far: {best if best is not None else 'none'} " \
-                  f"({'higher' if higher else 'lower'} is better)"
-        return (f"Reflection: {reflection}\nResearch Plan and Status:\n{status}\n"
-                f"Fact Check: {' '.join(facts) or 'Nothing new to check.'}\nThought: {thought}\n"
-                f"Action: {action}\nAction Input: {json.dumps(action_input)}")
+        return (f"Apply the next idea: {idea}", "Edit Script (AI)",
+                {"script_name": "train.py", "edit_instruction": idea, "save_name": "train.py"})
 
 # ============================================================================================== the episode loop
 
@@ -654,11 +601,10 @@ INPUT_ERROR = "Action Input not understood:"  # starts the observation of a step
 
 
 def act(env_, action, action_input, reason=None, reward_config=RewardConfig()) -> tuple[env.StepResult, float]:
-    """One parsed action executed in env_ and scored: (StepResult, reward). action None: the response was not an
-    action (`reason` says why), an invalid step (R_format) in which nothing is done. action_input an InputError: the
-    tool's arguments could not be read; as in MLAB the step happens, its observation the error and the tool's usage
-    (agent_research.py:160-170), and it is invalid too. run_episode and ppo.execute both end here, so an action is
-    rewarded the same way in collection, evaluation and RL."""
+    """One parsed action executed in env_ and scored: (StepResult, reward), the same in collection, evaluation and RL
+    (run_episode and ppo.execute both end here). action None: the response was no action (`reason` says why), an
+    invalid step (R_format) that does nothing. action_input an InputError: as in MLAB the step happens, its
+    observation the error and the tool's usage (agent_research.py:160-170), and it is invalid too."""
     if action is None or isinstance(action_input, InputError):
         text = (f"Invalid response ({reason}); nothing was done. {REMINDER}" if action is None else
                 f"{INPUT_ERROR} {action_input}. Nothing was done. Give {action} one valid JSON object (double quotes, "
@@ -678,16 +624,14 @@ def run_episode(env_, backend, ideas=(), max_steps=15, time_limit=1800.0, max_re
     problem = env_.reset()
     reset_seconds = time.time() - start
     traj = Trajectory(env_.task.name, [list(i) for i in ideas], env_.m_init, env_.m_best, env_.task.higher_is_better)
-    history = []
     while len(traj.steps) < max_steps:
         if time.time() - start > time_limit:
             traj.stopped = "time"
             break
-        messages, snapshot = build_messages(problem, history, ideas), env_.snapshot()
-        llm_start, ask, reason = time.time(), list(messages), None
+        messages = build_messages(problem, [(s.response, s.observation) for s in traj.steps], ideas)
+        snapshot, llm_start, ask, reason = env_.snapshot(), time.time(), list(messages), None
         for retries in range(max_retries + 1):  # asked again only when no action can be read (see "parsing")
-            response = backend.chat(ask, temperature=temperature, max_tokens=max_tokens,
-                                    stop=STOP).texts[0]
+            response = backend.chat(ask, temperature=temperature, max_tokens=max_tokens, stop=STOP).texts[0]
             try:
                 action, action_input = parse_response(response)
                 break
@@ -695,8 +639,7 @@ def run_episode(env_, backend, ideas=(), max_steps=15, time_limit=1800.0, max_re
                 action, action_input = e.action, e
                 break
             except ParseError as e:
-                action = action_input = None
-                reason = str(e)
+                action, action_input, reason = None, None, str(e)
                 # MLAB adds a note to the prompt and drops the response (agent_research.py:119-123)
                 ask = ask[:-1] + [{"role": "user", "content": ask[-1]["content"] + "\n\n"
                                    + REASK.format(reason=reason)}]
@@ -706,7 +649,6 @@ def run_episode(env_, backend, ideas=(), max_steps=15, time_limit=1800.0, max_re
                                action_input if isinstance(action_input, dict) else None, result.observation,
                                result.kind, env_.metric, result.metric_prev, result.metric_new, r, retries, snapshot,
                                llm_seconds, time.time() - env_start))
-        history.append((response, result.observation))
         if result.done:
             traj.stopped = "final"
             break
@@ -715,14 +657,11 @@ def run_episode(env_, backend, ideas=(), max_steps=15, time_limit=1800.0, max_re
     return traj
 
 # ========================================================================== the run folders every command line shares
-# Locks, atomic writes, JSONL lines, log trimming and folder swaps, written once here for collect.py, sft.py, ppo.py,
-# orchestrator.py and eval.py. torch-free, so the commands that do not train start fast. (env.py, which imports nothing
-# of the project, keeps its own lock and atomic write for the task folders and its cache.)
+# Written once here for collect.py, sft.py, ppo.py, orchestrator.py and eval.py; torch-free, so they start fast.
 
 
 def lock_file(path, what):
-    """An exclusive flock on `path`, held while the returned file is open (the kernel drops it when the process
-    dies, so a killed run never leaves a stale lock); ValueError when another process holds it."""
+    """An flock on `path` while the returned file is open (never stale: dies with the process); ValueError if taken."""
     lock = open(path, "w")
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -733,8 +672,7 @@ def lock_file(path, what):
 
 
 def claim_folder(path, flag="--out"):
-    """The output folder of this run: refused when it is a file, made, locked (folder/.lock) against a second run on
-    it. -> the open lock file (close it, or use it as a context manager)."""
+    """This run's output folder, made and locked (folder/.lock; not a file) -> the lock file, a context manager."""
     if os.path.exists(path) and not os.path.isdir(path):
         raise ValueError(f"{flag} {path} is a file; give a folder")
     os.makedirs(path, exist_ok=True)
@@ -742,8 +680,7 @@ def claim_folder(path, flag="--out"):
 
 
 def write_atomic(path, text):
-    """text (a str, or an iterable of str lines) written to a hidden temporary file beside path, then renamed over
-    it: a reader sees the old file or the new one, never half of one."""
+    """text (a str or str lines) to a hidden file beside path, renamed over it: a reader never sees half a file."""
     path = str(path)
     tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.{os.getpid()}.tmp")
     with open(tmp, "w", encoding="utf-8") as f:
@@ -760,8 +697,8 @@ def append_jsonl(path, obj):
 
 
 def jsonl_rows(path, complete_only=False):
-    """(line number, object) for each non-empty line of a JSONL file; invalid UTF-8 or JSON is a one-line ValueError
-    naming the file and the line. complete_only: an unterminated last line (a kill mid-write) is skipped."""
+    """(line number, object) of each non-empty line, else a ValueError naming the line; complete_only: a torn last
+    line (a kill mid-write) is skipped."""
     with open(path, "rb") as f:
         for n, raw in enumerate(f, 1):
             if complete_only and not raw.endswith(b"\n"):
@@ -776,16 +713,13 @@ def jsonl_rows(path, complete_only=False):
 
 
 def read_jsonl(path, need=(), what="a JSON object", complete_only=False, repair=False) -> list[dict]:
-    """The objects of a JSONL file ([] when there is none), each a dict with the keys `need`; any other line is a
-    one-line ValueError naming the file and the line. complete_only: a line cut by a kill mid-write is skipped;
-    repair: it is also cut off the file."""
+    """The objects of a JSONL file ([] when there is none), each a dict with the keys `need`, else a ValueError naming
+    the line. complete_only: a line torn by a kill mid-write is skipped; repair: it is also cut off the file."""
     if not os.path.exists(path):
         return []
     if repair:
         with open(path, "r+b") as f:
-            data = f.read()
-            if data and not data.endswith(b"\n"):
-                f.truncate(data.rfind(b"\n") + 1)
+            f.truncate(f.read().rfind(b"\n") + 1)  # to the end of the last whole line
     rows = []
     for n, row in jsonl_rows(path, complete_only or repair):
         if not isinstance(row, dict) or any(k not in row for k in need):
@@ -795,9 +729,8 @@ def read_jsonl(path, need=(), what="a JSON object", complete_only=False, repair=
 
 
 def trim_log(path, key, last, out=None):
-    """A JSONL log as its run's checkpoint knows it: the lines whose `key` is past `last` (written after the checkpoint,
-    before a kill) and a line cut by the kill are dropped, so a resumed run neither duplicates nor loses a line.
-    out: every line must name this --out; the log of another run is refused rather than mixed in."""
+    """A JSONL log as its run's checkpoint knows it: lines whose `key` is past `last` (written before a kill, after
+    the checkpoint) and a torn line are dropped. out: each line must name this --out; another run's log is refused."""
     if not os.path.exists(path):
         return
     keep = []
@@ -814,8 +747,8 @@ def trim_log(path, key, last, out=None):
 
 
 def swap_folder(tmp, path):
-    """The complete folder `tmp` becomes `path` with no moment where neither exists: path goes aside to path.old, tmp
-    is renamed in, path.old is deleted. A kill in between is undone by recover_folder."""
+    """The folder `tmp` becomes `path`, never neither: path goes aside to path.old, tmp is renamed in, path.old is
+    deleted (recover_folder undoes a kill in between)."""
     old = f"{path}.old"
     shutil.rmtree(old, ignore_errors=True)
     if os.path.exists(path):
@@ -825,8 +758,7 @@ def swap_folder(tmp, path):
 
 
 def recover_folder(path, tmp=None):
-    """After a kill inside swap_folder: path.old is renamed back when path is missing, else deleted; a half-written
-    tmp is deleted."""
+    """After a kill inside swap_folder: path.old is renamed back when path is missing, else deleted; so is tmp."""
     old = f"{path}.old"
     if os.path.isdir(old):
         shutil.rmtree(old) if os.path.exists(path) else os.replace(old, path)
@@ -835,9 +767,8 @@ def recover_folder(path, tmp=None):
 
 
 def check_checkpoint(folder):
-    """ValueError (one line naming the folder) when the local checkpoint `folder` cannot be loaded: its config,
-    tokenizer or weight files, truncated weights included (model.load checks the files' sizes). Reads no weights, so
-    a command checks before any work."""
+    """ValueError (one line naming it) when the checkpoint `folder` cannot be loaded, weights truncated included; reads
+    no weights, so a command checks before any work."""
     import model
     try:
         model.load(folder, "cpu", meta=True)
@@ -861,7 +792,7 @@ def make_backend(model_name: str | None, base_url: str | None = None, price_in=0
         return LocalBackend(model_name)
     if model_name.startswith((".", "/", "~")) or os.sep in model_name.rstrip(os.sep) and model_name.count("/") != 1:
         raise BackendError(f"no model folder {model_name!r}; for an endpoint's model pass --base-url")
-    return OpenAIBackend(model=model_name, base_url=base_url, price_in=price_in, price_out=price_out)
+    return OpenAIBackend(model=model_name, price_in=price_in, price_out=price_out)
 
 
 class Parser(argparse.ArgumentParser):
@@ -898,13 +829,11 @@ def main(argv=None):
     p.add_argument("--task", default="digits", help="a built-in task name or a task folder")
     p.add_argument("--model", default="scripted", help="'scripted', a local checkpoint folder, or an endpoint model")
     p.add_argument("--base-url", help="OpenAI-compatible endpoint (default: $OPENAI_BASE_URL)")
-    p.add_argument("--max-steps", type=int, default=15)
+    p.add_argument("--max-steps", type=POSITIVE_INT, default=15)
     p.add_argument("--idea", action="append", default=[], metavar="CATEGORY:IDEA", help="inject an idea (repeatable)")
     args = p.parse_args(argv)
-    if args.max_steps < 1:
-        p.error(f"--max-steps must be at least 1, not {args.max_steps}")
     try:
-        if not args.base_url and args.model and os.path.isdir(args.model):
+        if not args.base_url and os.path.isdir(args.model):
             check_checkpoint(args.model)  # a broken checkpoint is one line, before torch reads its weights
         backend = make_backend(args.model, args.base_url)
         e = env.Env(args.task, editor=env.recipe_editor if isinstance(backend, ScriptedExpert) else LLMEditor(backend))

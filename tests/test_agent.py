@@ -191,6 +191,13 @@ def test_replies_of_other_shapes_are_read_or_retried_never_a_traceback():
             agent.OpenAIBackend(model="m", base_url=stub.url).embeddings(["a"])
     finally:
         stub.close()
+    stub = Stub([(200, [1, 2])])  # a whole answer that is not a JSON object: not an endpoint of ours, not retried
+    try:
+        with pytest.raises(agent.BackendError, match="not a JSON object.*OpenAI-compatible endpoint"):
+            agent.OpenAIBackend(model="m", base_url=stub.url, backoff=5.0).chat([{"role": "user", "content": "hi"}])
+        assert len(stub.requests) == 1
+    finally:
+        stub.close()
 
 
 def test_fewer_choices_than_n_are_asked_for_again():
