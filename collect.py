@@ -1,27 +1,23 @@
 """Exploration-enriched expert data (ML-Agent, arXiv:2505.23723, §"Exploration-enriched fine-tuning", Appendix B.1):
 idea pools per task and category, a diversity filter, expert trajectories with ideas injected into the first prompt,
 and from them the SFT data and the states pool of step-wise RL.
+Reading order: idea pools (from an LLM, or offline from env.py's recipes) -> the diversity filter -> sampling ideas
+for one trajectory -> one rollout -> append-only JSONL and resume -> sft.jsonl and states.jsonl -> the summary.
 
-Reading order: idea pools (from an LLM, or offline from env.py's recipes) -> the diversity filter (embeddings, greedy
-farthest-point selection) -> sampling ideas for one trajectory -> one rollout -> append-only JSONL (agent.py's
-run-folder helpers) and resume -> deriving sft.jsonl and states.jsonl -> the summary -> command line.
+Outputs under --out (runs/data/): ideas.json, the filtered pools {task: {category: [idea, ...]}} (reused on resume);
+trajectories.jsonl, the record of truth: an agent.Trajectory a line, with its id "<task>-<i>" and the reward config of
+its step rewards (reward.py's flags; a resume with another is refused); sft.jsonl, {"messages": [system, user,
+assistant]} per valid step; states.jsonl, one state s_t per step (task, step, prompt messages, env snapshot for
+env.Env.restore, m_t, m_init, m_best, the expert's step and its reward config) for ppo.py's J_step; errors.jsonl, failed
+rollouts (id, error; a trajectory of no step is one), retried by the next run; .lock, one collect.py per folder.
 
-Outputs under --out (default runs/data/):
-- ideas.json          {task: {category: [idea, ...]}}: the filtered pools (reused on resume);
-- trajectories.jsonl  one agent.Trajectory per line, with its id ("<task>-<i>") and the reward config of its step
-                      rewards (reward.py's flags; a resume with another is refused): the record of truth;
-- sft.jsonl           {"messages": [system, user, assistant]} per valid step: the step's prompt and the expert's reply;
-- states.jsonl        one state s_t per step: task, step, prompt messages, env snapshot (env.Env.restore), m_t,
-                      m_init, m_best, the expert's step and its reward config: ppo.py's J_step samples them;
-- errors.jsonl        failed rollouts (id, error), trajectories of no step among them; they are retried by the next run;
-- .lock               held while a collect.py runs on the folder: a second one is refused.
-
-Departures from the paper: it collects 10k GPT-4o-mini trajectories on 9 MLAgentBench/MLE-bench tasks; offline, this
-file uses agent.ScriptedExpert (a STAND-IN for the LLM expert, see agent.py) on the built-in held-in tasks, with the
-ideas taken from env.py's recipes (a handful per category, so the filter keeps them all) instead of >= 100 LLM ideas.
-The paper does not say which embedding or diversity filter it uses; we take the endpoint's /v1/embeddings, or TF-IDF
-offline, and greedy farthest-point selection on cosine distance (Gonzalez, 1985: the classic 2-approximation of the
-k-center problem), started at the idea nearest the centroid so that the pick is deterministic.
+Departures from the paper:
+1. It collects 10k GPT-4o-mini trajectories on 9 MLAgentBench/MLE-bench tasks; offline, agent.ScriptedExpert (a
+   STAND-IN for the LLM expert) works the built-in held-in tasks with env.py's recipe ideas (a handful per category,
+   so the filter keeps them all) instead of >= 100 LLM ideas.
+2. The paper names no embedding or diversity filter: the endpoint's /v1/embeddings (TF-IDF offline) and greedy
+   farthest-point selection on cosine distance (Gonzalez, 1985: the 2-approximation of k-center), started at the
+   idea nearest the centroid so that the pick is deterministic.
 
 Run:  python collect.py                                          (offline: scripted expert, held-in tasks, ~minutes)
       python collect.py --tasks digits wine --trajectories 20 --workers 2
@@ -30,7 +26,6 @@ Run:  python collect.py                                          (offline: scrip
 """
 from __future__ import annotations
 
-import copy
 import json
 import multiprocessing as mp
 import os
@@ -95,6 +90,20 @@ def recipe_ideas(task_name: str) -> dict[str, list[str]]:
     """Offline candidates: each env.py recipe's idea (the offline editor applies exactly these)."""
     return {c: [r.idea for r in env.recipes_for(task_name) if r.category == c] for c in CATEGORIES}
 
+
+def read_pools(path: Path) -> dict:
+    """ideas.json ({task: {category: [idea, ...]}}), or {}; anything else is a one-line ValueError naming it."""
+    if not path.exists():
+        return {}
+    try:
+        pools = json.loads(path.read_bytes().decode("utf-8"))
+    except ValueError as e:
+        raise ValueError(f"{path}: not valid JSON ({type(e).__name__}); delete it to make the pools again") from None
+    if not (isinstance(pools, dict) and all(isinstance(p, dict) and all(
+            isinstance(v, list) and all(isinstance(i, str) for i in v) for v in p.values()) for p in pools.values())):
+        raise ValueError(f"{path}: expected {{task: {{category: [idea, ...]}}}}; delete it to make the pools again")
+    return pools
+
 # ========================================================================================== the diversity filter
 
 
@@ -148,18 +157,24 @@ def expert_backend(expert: str, base_url: str | None, prices=(0.0, 0.0)):
     return _BACKENDS[expert, base_url]
 
 
+def usage_of(backends, since=None) -> dict:
+    """Summed usage and cost of distinct backends (eval.py's too); since: an earlier result, subtracted."""
+    seen = {id(b): b for b in backends}.values()
+    keys = ("calls", "prompt_tokens", "completion_tokens", "seconds", "cost")
+    now = {k: sum(getattr(b.usage, k) for b in seen) for k in keys}
+    return {k: v - since[k] for k, v in now.items()} if since else now
+
+
 def rollout(job: dict) -> dict:
     """One expert trajectory, with the tokens, seconds and cost its backend spent on it; runs in a worker process."""
     backend = expert_backend(job["expert"], job["base_url"], job["prices"])
     scripted = isinstance(backend, agent.ScriptedExpert)
     e = env.Env(job["task"], editor=env.recipe_editor if scripted else agent.LLMEditor(backend), cache=True)
-    before = dict(vars(backend.usage), cost=backend.usage.cost)
+    before = usage_of([backend])
     config = reward.from_record(job.get("reward_config"))  # a dict: jobs travel to worker processes
     traj = agent.run_episode(e, backend, [tuple(i) for i in job["ideas"]], max_steps=job["max_steps"],
                              time_limit=job["time_limit"], reward_config=config)
-    after = dict(vars(backend.usage), cost=backend.usage.cost)
-    usage = {k: after[k] - before[k] for k in ("calls", "prompt_tokens", "completion_tokens", "seconds", "cost")}
-    return {"id": job["id"], **traj.to_dict(), "usage": usage, "reward_config": asdict(config)}
+    return {"id": job["id"], **traj.to_dict(), "usage": usage_of([backend], before), "reward_config": asdict(config)}
 
 
 def _safe_rollout(args) -> tuple[dict, dict | None, str | None]:
@@ -168,23 +183,6 @@ def _safe_rollout(args) -> tuple[dict, dict | None, str | None]:
         return job, fn(job), None
     except Exception:  # noqa: BLE001 - a failing rollout is logged, the others go on
         return job, None, traceback.format_exc()
-
-# ============================================================================================ the idea pools' file
-
-
-def read_pools(path: Path) -> dict:
-    """ideas.json ({task: {category: [idea, ...]}}), or {}; anything else is a one-line ValueError naming it."""
-    if not path.exists():
-        return {}
-    try:
-        pools = json.loads(path.read_bytes().decode("utf-8"))
-    except ValueError as e:
-        raise ValueError(f"{path}: not valid JSON ({type(e).__name__}); delete it to make the pools again") from None
-    if not (isinstance(pools, dict) and all(isinstance(p, dict) and all(
-            isinstance(v, list) and all(isinstance(i, str) for i in v) for v in p.values()) for p in pools.values())):
-        raise ValueError(f"{path}: expected {{task: {{category: [idea, ...]}}}}; delete it to make the pools again")
-    return pools
-
 
 # ======================================================================================= SFT data and states pool
 
@@ -281,7 +279,7 @@ def _collect(start, out, tasks, trajectories, workers, expert, base_url, seed, k
     ideas_path = out / "ideas.json"
     pools = read_pools(ideas_path)
     llm = expert not in ("scripted", None) and (bool(base_url) or not os.path.isdir(expert))  # an endpoint model
-    before = copy.copy(expert_backend(expert, base_url, prices).usage) if llm else None
+    before = usage_of([expert_backend(expert, base_url, prices)]) if llm else None
     for task in loaded:
         if task.name in pools:
             continue
@@ -298,9 +296,9 @@ def _collect(start, out, tasks, trajectories, workers, expert, base_url, seed, k
             cands, embed = recipe_ideas(task.name), tfidf_embed
         pools[task.name] = diverse_pool(cands, k, embed)
     if llm:  # this run's idea proposals, counted before the rollouts (with one worker they share this backend)
-        u = _BACKENDS[expert, base_url].usage
-        ideas_line = (f"\nidea proposals: tokens in/out {u.prompt_tokens - before.prompt_tokens}/"
-                      f"{u.completion_tokens - before.completion_tokens}, cost ${u.cost - before.cost:.4f}")
+        u = usage_of([_BACKENDS[expert, base_url]], before)
+        ideas_line = (f"\nidea proposals: tokens in/out {u['prompt_tokens']}/{u['completion_tokens']}, "
+                      f"cost ${u['cost']:.4f}")
     agent.write_atomic(ideas_path, json.dumps(pools, indent=1))
 
     # 2. jobs: every trajectory id not yet in trajectories.jsonl; its ideas are seeded by the id
@@ -357,29 +355,21 @@ def main(argv=None):
                                                "the states pool.")
     p.add_argument("--tasks", nargs="+", default=held_in, help="built-in task names or task folders "
                                                                f"(default: the held-in tasks {' '.join(held_in)})")
-    p.add_argument("--trajectories", type=int, default=1, help="trajectories per task (the offline default: one "
-                   f"on each of the {len(held_in)} held-in tasks)")
-    p.add_argument("--workers", type=int, default=2, help="worker processes")
+    p.add_argument("--trajectories", type=agent.POSITIVE_INT, default=1, help="trajectories per task")
+    p.add_argument("--workers", type=agent.COUNT, default=2, help="worker processes")
     p.add_argument("--expert", default="scripted", help="'scripted' (offline stand-in), an endpoint model name, "
                                                         "or a local checkpoint folder")
     p.add_argument("--base-url", help="OpenAI-compatible endpoint (default: $OPENAI_BASE_URL)")
     p.add_argument("--out", default=str(env.ROOT / "runs" / "data"), help="output folder")
     p.add_argument("--seed", type=int, default=0, help="seeds the ideas of each trajectory (with its id)")
-    p.add_argument("--k", type=int, default=10, help="ideas kept per category by the diversity filter")
-    p.add_argument("--candidates", type=int, default=100, help="LLM idea candidates per category and task")
-    p.add_argument("--max-steps", type=int, default=15, help="steps per trajectory (ML-Agent: 15)")
-    p.add_argument("--time-limit", type=float, default=1800.0, help="seconds per trajectory (ML-Agent: 30 min)")
-    p.add_argument("--price", type=float, nargs=2, default=(0.0, 0.0), metavar=("IN", "OUT"),
+    p.add_argument("--k", type=agent.POSITIVE_INT, default=10, help="ideas kept per category by the diversity filter")
+    p.add_argument("--candidates", type=agent.POSITIVE_INT, default=100, help="LLM ideas per category and task")
+    p.add_argument("--max-steps", type=agent.POSITIVE_INT, default=15, help="steps per trajectory (ML-Agent: 15)")
+    p.add_argument("--time-limit", type=agent.POSITIVE, default=1800.0, help="seconds per trajectory (paper: 30 min)")
+    p.add_argument("--price", type=agent.NONNEGATIVE, nargs=2, default=(0.0, 0.0), metavar=("IN", "OUT"),
                    help="dollars per million input and output tokens of the expert, for the reported cost")
     reward.add_flags(p)  # the reward of the recorded steps (the expert's rewards in states.jsonl)
-    args = p.parse_args(argv)
-    for name in ("trajectories", "workers", "k", "candidates", "max_steps"):
-        if getattr(args, name) < (0 if name == "workers" else 1):
-            p.error(f"--{name.replace('_', '-')} must be positive")
-    if not args.time_limit > 0:  # nan too; a time limit of 0 or less records trajectories of no step
-        p.error(f"--time-limit must be > 0 seconds, not {args.time_limit}")
-    if not all(0 <= x < float("inf") for x in args.price):
-        p.error(f"--price must be finite and >= 0, not {' '.join(map(str, args.price))}")
+    args = p.parse_args(argv)  # each value checked by its type: one line, exit status 2
     try:
         reward_config = reward.from_flags(args)
         if os.path.isdir(args.expert) and not args.base_url:  # a local checkpoint: fail now, not in every rollout

@@ -1,10 +1,7 @@
 """Evaluation as the papers report it: a scaffold with a policy, K seeded runs on each held-out task, and per task
 m_init, avg@K and best@K of the private score, the performance gain, HumanRank, the valid-submission rate, tokens and
-cost per trajectory, context growth; a JSON report, a Markdown table and (with matplotlib) the plots.
-
-Reading order: config -> `performance_gain`, `human_rank` -> policies and backends -> one run per scaffold (MLAB
-research agent; Matryoshka and the monolithic baseline through orchestrator.py, with its budgets) -> the resumable run
-log -> aggregation -> report and plots -> command line. Imports collect.py (a lower file) for the offline idea pools.
+cost per trajectory, context growth; a JSON report, a Markdown table and (with matplotlib) the plots. The scaffolds:
+MLAB's research agent, and Matryoshka and its monolithic baseline (orchestrator.py); collect.py gives the idea pools.
 
 The measures: performance gain Delta_r = beta * (m_avg@K - m_init) / m_init, beta = -1 when lower is better, K = 8
 (ML-Agent, arXiv:2505.23723, §Experiments "Testing"); HumanRank s = 1 - p / N, p the leaderboard entries strictly
@@ -20,8 +17,8 @@ context growth, the Orchestrator's prompt per round against the monolithic chat'
 4. The offline scripted expert needs an idea plan: `--ideas sampled` (default) draws 1-3 of the task's recipe ideas per
    run, seeded by (seed, task, run), the same for every policy; `--ideas none` is the paper's test prompt.
 5. Temperature 0.7 (summarize_from_feedback_details; the papers give none), so the K runs differ; each run has its own
-   seed, so runs go several at once (--workers) and give what they give one at a time. Matryoshka's submission is its
-   best attempt by public score, possibly the starter. Offline stand-ins as labelled in agent.py and orchestrator.py.
+   seed, so runs go several at once (--workers) with the same results. Matryoshka's submission is its best attempt by
+   public score, possibly the starter. Offline stand-ins as labelled in agent.py and orchestrator.py.
 
 Run:  python eval.py      (offline, after collect/sft/ppo: scripted expert, runs/ckpt/sft, runs/ckpt/ppo; MLAB, K=2)
       python eval.py --k 8 --max-steps 15 ;  python eval.py --scaffold matryoshka monolithic --tasks wine
@@ -41,7 +38,7 @@ import sys
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 import agent
@@ -134,11 +131,9 @@ def get_backend(name: str, role: str, cfg: Config):
         if os.path.isdir(name) and cfg.threads > 0:
             import torch
             torch.set_num_threads(cfg.threads)
-        if role == "agent":
-            b = agent.make_backend(name, cfg.base_url, cfg.price_in, cfg.price_out)
-        else:
-            b = orchestrator.make_backend(name, cfg.base_url, role, cfg.seed)
-            b.usage.price_in, b.usage.price_out = cfg.price_in, cfg.price_out
+        b = agent.make_backend(name, cfg.base_url) if role == "agent" else \
+            orchestrator.make_backend(name, cfg.base_url, role, cfg.seed)
+        b.usage.price_in, b.usage.price_out = cfg.price_in, cfg.price_out
         _BACKENDS[key] = b
     return _BACKENDS[key]
 
@@ -150,17 +145,9 @@ def make_editor(cfg: Config, policy: str, backend):
     return agent.LLMEditor(backend if cfg.editor in ("auto", "policy") else get_backend(cfg.editor, "agent", cfg))
 
 
-def usage_of(backends) -> dict:
-    """Summed usage counters of distinct backends (a snapshot; runs take differences)."""
-    seen = {id(b): b for b in backends}.values()
-    return {k: sum(getattr(b.usage, k) for b in seen) for k in ("calls", "prompt_tokens", "completion_tokens")} | \
-        {"cost": sum(b.usage.cost for b in seen)}
-
-
 def seed_everything(seed: int):
-    """Python's and torch's global generators (a local checkpoint samples with torch's). torch is imported here even
-    before the first checkpoint loads: its generator starts from a different seed in every process (torch 2.13), so
-    an unseeded first run differed between two evaluations of the same checkpoint."""
+    """Python's and torch's global generators (a local checkpoint samples with torch's), torch's even before the first
+    checkpoint loads: unseeded, it starts from a different seed in every process."""
     import torch
     random.seed(seed)
     torch.manual_seed(seed)
@@ -187,15 +174,15 @@ def run_mlab(cfg: Config, policy: str, task, ideas) -> dict:
     backend = get_backend(policy, "agent", cfg)
     editor = make_editor(cfg, policy, backend)
     e = env.Env(task, editor=editor)
-    before = usage_of([backend, getattr(editor, "backend", backend)])
+    backends = [backend, getattr(editor, "backend", backend)]
+    before = collect.usage_of(backends)
     traj = agent.run_episode(e, backend, ideas, max_steps=cfg.max_steps, time_limit=cfg.time_limit,
                              temperature=cfg.temperature, max_tokens=response_tokens(cfg, "mlab", backend))
-    after = usage_of([backend, getattr(editor, "backend", backend)])
     others = {k: v for k, v in e.files.items() if k != "train.py"}
     final = env.run_script(task, e.files["train.py"], files=others)  # cached when the agent ran it already
     tok = getattr(backend, "tokenizer", None)
     return {"submission": final.status, "public": final.score, "private": final.test_score,
-            "steps": len(traj.steps), "stopped": traj.stopped, **{k: after[k] - before[k] for k in after},
+            "steps": len(traj.steps), "stopped": traj.stopped, **collect.usage_of(backends, before),
             "context": [orchestrator.prompt_tokens(s.messages, tok) for s in traj.steps],
             "actions": [[s.action, s.kind, s.reward] for s in traj.steps]}  # what the agent did, step by step
 
@@ -214,12 +201,10 @@ def run_hierarchical(cfg: Config, scaffold: str, policy: str, task, seed: int) -
                                time_limit=cfg.time_limit, temperature=cfg.temperature, seed=seed,
                                max_tokens=min(response_tokens(cfg, scaffold, b) for b in backends))
     quiet = lambda *a, **k: None  # noqa: E731 - orchestrator.py logs each round; the eval prints one line per run
-    before = usage_of(backends)
-    if scaffold == "matryoshka":
-        res, role = orchestrator.run_matryoshka(ocfg, *backends, out=None, log=quiet), "orchestrator"
-    else:
-        res, role = orchestrator.run_monolithic(ocfg, *backends, out=None, log=quiet), "monolithic"
-    after = usage_of(backends)
+    before = collect.usage_of(backends)
+    run, role = (orchestrator.run_matryoshka, "orchestrator") if scaffold == "matryoshka" else \
+        (orchestrator.run_monolithic, "monolithic")
+    res = run(ocfg, *backends, out=None, log=quiet)
     context: dict = {}  # round -> the largest prompt of that role in it (re-asks make longer prompts)
     for r in res["records"]:
         if r["role"] == role:
@@ -228,7 +213,7 @@ def run_hierarchical(cfg: Config, scaffold: str, policy: str, task, seed: int) -
     return {"submission": "success" if best["private"] is not None else "invalid_submission",
             "public": best["public"], "private": best["private"], "steps": len(res["attempts"]) - 1,
             "valid_attempts": sum(a["score"] is not None for a in res["attempts"][1:]),
-            "stopped": "finish" if res["finished"] else "budget", **{k: after[k] - before[k] for k in after},
+            "stopped": "finish" if res["finished"] else "budget", **collect.usage_of(backends, before),
             "context": [context[k] for k in sorted(context)], "token_counter": res["token_counter"]}
 
 
@@ -254,7 +239,7 @@ def run_one(cfg: Config, scaffold: str, policy: str, task, r: int) -> dict:
                    public=None, private=None, steps=0, stopped="error", calls=0, prompt_tokens=0,
                    completion_tokens=0, cost=0.0, context=[])
     row["valid"] = row["submission"] == "success" and row["private"] is not None
-    row["seconds"] = time.time() - start
+    row["seconds"] = time.time() - start  # the run's wall time, not usage_of's seconds in the backends
     return row
 
 # ========================================================================================= the resumable run log
@@ -371,7 +356,14 @@ def plots(report: dict, runs: list[dict], cfg: Config) -> list[str]:
         import matplotlib.pyplot as plt
     except ImportError:
         return []
-    out, made = Path(cfg.out), []
+    made = []
+
+    def save(fig, ax, name, **labels):  # xlabel, ylabel, title
+        ax.set(**labels)
+        fig.tight_layout()
+        fig.savefig(Path(cfg.out) / name, dpi=120)
+        plt.close(fig)
+        made.append(name)
     groups = [g for g in report["groups"] if g["overall"]["gain_avg"] is not None]
     if groups:  # cost per trajectory; offline every cost is 0, so tokens per trajectory stand in
         by_cost = any(g["overall"]["cost_per_traj"] for g in groups)
@@ -381,24 +373,15 @@ def plots(report: dict, runs: list[dict], cfg: Config) -> list[str]:
             ax.scatter(x, 100 * g["overall"]["gain_avg"], s=60)
             ax.annotate(f"{g['policy']} ({g['scaffold']})", (x, 100 * g["overall"]["gain_avg"]), fontsize=8,
                         xytext=(4, 4), textcoords="offset points")
-        ax.set_xlabel("cost per trajectory ($)" if by_cost else "tokens per trajectory (all costs are 0)")
-        ax.set_ylabel("performance gain avg@K (%)")
-        ax.set_title("Performance gain against cost (ML-Agent Fig. 2)")
-        fig.tight_layout()
-        fig.savefig(out / "gain_vs_cost.png", dpi=120)
-        plt.close(fig)
-        made.append("gain_vs_cost.png")
+        save(fig, ax, "gain_vs_cost.png", ylabel="performance gain avg@K (%)",
+             xlabel="cost per trajectory ($)" if by_cost else "tokens per trajectory (all costs are 0)",
+             title="Performance gain against cost (ML-Agent Fig. 2)")
     log = [r for r in agent.read_jsonl(cfg.ppo_log, complete_only=True) if "reward" in r and "iteration" in r]
     if log:
         fig, ax = plt.subplots(figsize=(6, 4))
         ax.plot([r["iteration"] for r in log], [r["reward"] for r in log], marker="o", ms=3)
-        ax.set_xlabel("PPO iteration")
-        ax.set_ylabel("mean step reward")
-        ax.set_title(f"Step-wise PPO ({cfg.ppo_log})")
-        fig.tight_layout()
-        fig.savefig(out / "ppo_reward.png", dpi=120)
-        plt.close(fig)
-        made.append("ppo_reward.png")
+        save(fig, ax, "ppo_reward.png", xlabel="PPO iteration", ylabel="mean step reward",
+             title=f"Step-wise PPO ({cfg.ppo_log})")
     curves: dict = {}  # (scaffold, policy) -> [tokens per round of each run]
     for r in runs:
         if r["context"]:
@@ -409,14 +392,9 @@ def plots(report: dict, runs: list[dict], cfg: Config) -> list[str]:
             n = max(map(len, cs))
             mean = [_mean([c[i] for c in cs if i < len(c)]) for i in range(n)]
             ax.plot(range(1, n + 1), mean, marker="o", ms=3, label=f"{scaffold} ({policy})")
-        ax.set_xlabel("round (Matryoshka: Orchestrator round; monolithic: execution; MLAB: step)")
-        ax.set_ylabel("prompt tokens")
-        ax.set_title("Context growth: Orchestrator vs monolithic")
         ax.legend(fontsize=8)
-        fig.tight_layout()
-        fig.savefig(out / "context_growth.png", dpi=120)
-        plt.close(fig)
-        made.append("context_growth.png")
+        save(fig, ax, "context_growth.png", ylabel="prompt tokens", title="Context growth: Orchestrator vs monolithic",
+             xlabel="round (Matryoshka: Orchestrator round; monolithic: execution; MLAB: step)")
     return made
 
 # ================================================================================================ evaluate
@@ -439,17 +417,6 @@ def workers_for(cfg: Config, policies, runs: int) -> int:
     return max(min(os.cpu_count() or 1, 4, runs), 1)
 
 
-_WORKER: dict = {}  # in a worker process: its Config and tasks
-
-
-def _worker_start(cfg: Config):
-    _WORKER.update(cfg=cfg, tasks=resolve_tasks(cfg))
-
-
-def _worker_run(scaffold: str, policy: str, i: int, r: int) -> dict:
-    return run_one(_WORKER["cfg"], scaffold, policy, _WORKER["tasks"][i], r)
-
-
 def run_all(cfg: Config, todo, tasks, policies):
     """Yield (job, row) for every job (scaffold, policy, task index, run) as it finishes. Several workers: each a
     new process (spawn: no inherited sandbox server or torch threads) with its own backends, so a checkpoint loads
@@ -462,9 +429,8 @@ def run_all(cfg: Config, todo, tasks, policies):
             yield job, run_one(cfg, job[0], job[1], tasks[job[2]], job[3])
         return
     error = None
-    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"), initializer=_worker_start,
-                             initargs=(cfg,)) as pool:
-        futures = {pool.submit(_worker_run, *job): job for job in todo}
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = {pool.submit(run_one, cfg, s, p, tasks[i], r): (s, p, i, r) for s, p, i, r in todo}
         try:
             for f in as_completed(futures):
                 if f.cancelled():
@@ -533,37 +499,28 @@ def _evaluate(cfg: Config, log) -> dict:
 # ================================================================================================ command line
 
 
+TYPES = {**dict.fromkeys(("k", "max_steps", "max_tokens", "rounds", "calls", "sub_iters"), agent.POSITIVE_INT),
+         **dict.fromkeys(("threads", "workers"), agent.COUNT), "time_limit": agent.POSITIVE, "seed": int,
+         **dict.fromkeys(("temperature", "price_in", "price_out"), agent.NONNEGATIVE)}
+CHOICES = {"scaffolds": SCAFFOLDS, "split": ("held-out", "held-in", "all"), "ideas": ("sampled", "none")}
+FLAGS = {"scaffolds": "--scaffold", "policies": "--policy", "plots": "--no-plots"}  # else --field-name
+HELP = {"policies": "'scripted', checkpoint folders, endpoint models (default: scripted + runs/ckpt/{sft,ppo})",
+        "sub_agent": "Matryoshka's Sub-Agent (default: the policy itself)", "tasks": "built-in names or task folders",
+        "editor": "auto | recipes | policy | an endpoint model name",
+        "base_url": "OpenAI-compatible endpoint (default: $OPENAI_BASE_URL)"}
+
+
 def main(argv=None):
-    d = Config()
     p = agent.Parser(prog="eval.py", description="Evaluate agents on held-out tasks: gain avg@K/best@K, HumanRank, cost.")
-    p.add_argument("--scaffold", nargs="+", choices=SCAFFOLDS, default=d.scaffolds, dest="scaffolds")
-    p.add_argument("--policy", nargs="+", default=d.policies, dest="policies",
-                   help="'scripted', checkpoint folders, endpoint models (default: scripted + runs/ckpt/{sft,ppo})")
-    p.add_argument("--sub-agent", help="Matryoshka's Sub-Agent (default: the policy itself)")
-    p.add_argument("--tasks", nargs="+", default=d.tasks, help="built-in task names or task folders")
-    p.add_argument("--split", choices=("held-out", "held-in", "all"), default=d.split)
-    for flag, typ in [("k", int), ("max-steps", int), ("time-limit", float), ("temperature", float),
-                      ("max-tokens", int), ("price-in", float), ("price-out", float), ("rounds", int), ("calls", int),
-                      ("sub-iters", int), ("seed", int), ("threads", int), ("workers", int)]:
-        p.add_argument(f"--{flag}", type=typ, default=getattr(d, flag.replace("-", "_")))
-    p.add_argument("--ideas", choices=("sampled", "none"), default=d.ideas)
-    p.add_argument("--editor", default=d.editor, help="auto | recipes | policy | an endpoint model name")
-    p.add_argument("--base-url", help="OpenAI-compatible endpoint (default: $OPENAI_BASE_URL)")
-    p.add_argument("--out", default=d.out)
-    p.add_argument("--ppo-log", default=d.ppo_log)
-    p.add_argument("--no-plots", dest="plots", action="store_false")
-    args = p.parse_args(argv)
-    cfg = Config(**vars(args))
-    for name in ("k", "max_steps", "max_tokens", "rounds", "calls", "sub_iters"):
-        if getattr(cfg, name) is not None and getattr(cfg, name) < 1:
-            p.error(f"--{name.replace('_', '-')} must be at least 1")
-    if cfg.workers < 0:
-        p.error(f"--workers must be >= 0 (0: one per CPU core), not {cfg.workers}")
-    for name in ("time_limit", "temperature", "price_in", "price_out", "threads"):
-        v = getattr(cfg, name)
-        if not 0 <= v < math.inf or (name == "time_limit" and v == 0):  # nan fails too
-            p.error(f"--{name.replace('_', '-')} must be finite and {'> 0' if name == 'time_limit' else '>= 0'}, "
-                    f"not {v}")
+    d = Config()
+    for f in fields(Config):  # a flag per field, checked by its type: one line, exit status 2
+        flag = FLAGS.get(f.name, "--" + f.name.replace("_", "-"))
+        if f.name == "plots":
+            p.add_argument(flag, dest=f.name, action="store_false")
+        else:
+            p.add_argument(flag, dest=f.name, nargs="+" if f.type == "list" else None, type=TYPES.get(f.name),
+                           choices=CHOICES.get(f.name), default=getattr(d, f.name), help=HELP.get(f.name))
+    cfg = Config(**vars(p.parse_args(argv)))
     for flag, names in (("--policy", cfg.policies or default_policies()),
                         ("--sub-agent", [cfg.sub_agent or "scripted"]), ("--editor", [cfg.editor])):
         for name in names:

@@ -4,7 +4,7 @@ ML-Agent (arXiv:2505.23723, §"Exploration-enriched fine-tuning"; §Experiments 
 expert trajectories, 2 epochs at lr 2e-5 on 8 A100s. This file trains on runs/data/sft.jsonl (collect.py): each line
 {"messages": [...]} rendered with ChatML (model.py), the cross-entropy on the assistant turns' content and their closing
 <|im_end|>. Reading order: config -> data (render + mask, held-out split, length-bucketed micro-batches) -> the loss ->
-the model -> the learning rate -> checkpoints and resume -> evaluation (held-out loss, parse rate) -> the loop.
+the model -> checkpoints and resume -> evaluation (held-out loss, parse rate) -> the learning rate and the loop.
 Where the paper is silent, the Hugging Face Trainer / TRL defaults: AdamW (0.9, 0.999, no weight decay), linear warmup
 over 3% of the steps then cosine to 0, gradient norm 1.0, the loss averaged over every trained token of an optimizer
 step (across micro-batches and ranks), fp32 master weights with bf16 autocast on CUDA. Departures:
@@ -13,15 +13,14 @@ step (across micro-batches and ranks), fp32 master weights with bf16 autocast on
    than the paper's fine-tuning: lr 3e-3, 8 epochs, 2 conversations per step (our choice; tests/RESULTS.md).
 2. From scratch the loss also covers the prompt tokens at weight 1 (--prompt-loss-weight; a pre-trained model gets 0,
    the paper's): Instruction Modelling (Shi et al. 2024) helps most with long prompts, short outputs, few examples.
-3. Sequences of similar length share a micro-batch, right-padded (no mask needed), no packing; the prefix the rows
-   share (the tools' descriptions open every prompt) is computed once (SFTModel); logits only at trained positions.
-4. Imports agent.py (beyond the house table's model.py) for the run-folder plumbing every command shares and for the
-   held-out parse rate's agent.parse_response (--eval-parse 0 turns it off).
-5. Several GPUs: a pre-trained model gets the paper's recipe, 64 conversations per step (one per rank per micro-batch,
-   the rest accumulated), --max-len 16384 (the paper cuts at 15,000 tokens); a longer conversation loses its oldest
-   tokens, one whose last assistant turn alone is longer is dropped, both reported. DDP replicates (NCCL, or gloo on
-   CPU); FSDP2 (--fsdp, or by itself on CUDA when fp32 training states do not fit half a GPU) shards, every rank
-   reading its own rows; checkpoints gather the weights on rank 0 (bf16 from CUDA, fp32 master weights kept).
+3. Sequences of similar length share a micro-batch, right-padded, no packing; the prefix the rows share (the tools'
+   descriptions open every prompt) is computed once (SFTModel); logits only at trained positions.
+4. Imports agent.py (beyond the house table's model.py) for the run-folder plumbing and the command-line checkers, and
+   for the held-out parse rate's agent.parse_response (--eval-parse 0 turns it off).
+5. Several GPUs: a pre-trained model gets the paper's recipe, 64 conversations per step, --max-len 16384 (the paper
+   cuts at 15,000 tokens); a longer conversation loses its oldest tokens, one whose last assistant turn alone is longer
+   is dropped, both reported. DDP replicates; FSDP2 (--fsdp, or by itself on CUDA when fp32 training states do not
+   fit half a GPU) shards, every rank reading its own rows; checkpoints gather the weights on rank 0.
 
 Run:  python sft.py  (tiny model from scratch; run again, it resumes);  python sft.py --model Qwen/Qwen2.5-0.5B-Instruct
       torchrun --nproc_per_node 8 sft.py --model Qwen/Qwen2.5-7B-Instruct --grad-checkpointing   (DDP; --fsdp shards)
@@ -38,19 +37,16 @@ import os
 import random
 import shutil
 import time
-import typing
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from tqdm import tqdm
 
-import agent  # torch-free file helpers shared with collect.py, eval.py and orchestrator.py
+import agent  # torch-free run-folder helpers and command-line checkers, shared with every command
 import model
-from agent import check_checkpoint, claim_folder, jsonl_rows, recover_folder, swap_folder
 
 ROOT = agent.env.ROOT  # default paths live under the project's runs/, wherever sft.py is started from
-
 
 
 @dataclasses.dataclass
@@ -63,21 +59,16 @@ class Config:
     warmup_ratio: float = 0.03              # linear warmup over this share of the steps (TRL/LLaMA-Factory recipes)
     weight_decay: float = 0.0               # AdamW decoupled weight decay (HF Trainer default)
     prompt_loss_weight: float | None = None  # loss weight of non-assistant tokens; None: 0 (ML-Agent), 1 from scratch
-    batch_size: int | None = None           # sequences per optimizer step over all ranks; None: 64 (ML-Agent's
-                                            # effective batch), 2 from scratch
-    micro_batch: int | None = None          # sequences per forward/backward on one rank; the rest is accumulation;
-                                            # None: 1 (16k-token rows), 2 from scratch
-    max_len: int = 16384                    # tokens per conversation; a longer one loses its oldest tokens, never
-                                            # its last assistant turn (ML-Agent's cutoff: 15,000 tokens)
+    batch_size: int | None = None           # per optimizer step over all ranks; None: 64 (ML-Agent), 2 from scratch
+    micro_batch: int | None = None          # per forward on one rank, the rest accumulated; None: 1, 2 from scratch
+    max_len: int = 16384                    # per conversation: the oldest tokens go, never the last turn (paper: 15k)
     grad_clip: float = 1.0                  # max global gradient norm (HF Trainer default)
     heldout: float = 0.1                    # share of the conversations kept out for the held-out loss and parse rate
     eval_parse: int = 32                    # held-out prompts answered greedily to measure the parse rate (0: off)
     max_new_tokens: int = 512               # length limit of those responses
     grad_checkpointing: bool = False        # recompute each block's activations in backward (less memory)
-    fsdp: bool = False                      # under torchrun: shard with FSDP2 instead of replicating with DDP (chosen
-                                            # anyway on CUDA when the training states do not fit one GPU)
-    save_dtype: str = "auto"                # weights of the Hugging Face folders: auto = bfloat16 from CUDA runs
-                                            # (vLLM's dtype=auto reads fp32 as fp16), float32 on CPU; or float32
+    fsdp: bool = False                      # torchrun: FSDP2 shards, not DDP (anyway on CUDA if one GPU is short)
+    save_dtype: str = "auto"                # auto: bfloat16 from CUDA (vLLM reads fp32 as fp16), float32 on CPU
     resume: str | None = None               # a checkpoint-<step> folder; None / "auto": the latest under --out, if any
     seed: int = 0                           # data order, held-out split, from-scratch init
     device: str | None = None               # default: cuda (this rank's GPU) if available, else cpu
@@ -97,13 +88,11 @@ IGNORE = -100  # the label of untrained positions (PyTorch cross_entropy's ignor
 def encode_chat(tokenizer, messages, max_len=None, counts=None):
     """-> (ids, labels), lists of the same length; labels are the ids on assistant content + <|im_end|>, else -100.
 
-    Each message is rendered `<|im_start|>{role}\\n` + `{content}<|im_end|>` + `\\n` (model.Tokenizer's ChatML) and
-    the three pieces are encoded separately, so the label boundary falls exactly between `assistant\\n` (the
-    generation prompt, not trained) and the content; the <|im_end|> that ends the turn is trained (it is how the model
-    learns to stop), the `\\n` after it is not (generation stops before it). tests/test_sft.py checks the pieces
-    concatenate to the encoding of the whole rendered conversation. Longer than max_len: the oldest tokens go, so
-    the last assistant turn stays whole; if that turn alone does not fit, nothing is labelled (`train` drops the
-    conversation and reports it). counts, a dict: counts["cut"] is incremented when the conversation was cut."""
+    Each message is `<|im_start|>{role}\\n` + `{content}<|im_end|>` + `\\n` (model.Tokenizer's ChatML), the three
+    pieces encoded apart, so the label boundary falls exactly after `assistant\\n` (the generation prompt); the
+    <|im_end|> that ends a turn is trained (the model learns to stop), the `\\n` after it is not. Longer than max_len:
+    the oldest tokens go; if the last assistant turn alone does not fit, nothing is labelled (`train` drops it).
+    counts["cut"], if counts is given, counts the conversations cut."""
     ids, labels, target = [], [], 0
     for m in messages:
         train = m["role"] == "assistant"
@@ -122,7 +111,7 @@ def encode_chat(tokenizer, messages, max_len=None, counts=None):
 
 def read_jsonl(path):
     rows = []
-    for n, row in jsonl_rows(path):
+    for n, row in agent.jsonl_rows(path):
         msgs = row.get("messages") if isinstance(row, dict) else None
         if not isinstance(msgs, list) or not all(isinstance(m, dict) and isinstance(m.get("role"), str) and
                                                  isinstance(m.get("content"), str) for m in msgs):
@@ -186,12 +175,10 @@ def token_counts(examples):
 
 class LinearCrossEntropy(torch.autograd.Function):
     """-log softmax(h W^T)[target] of each row of h (N, C): the lm_head and the cross-entropy as one step. The forward
-    keeps the softmax, in the logits' own buffer; the backward turns it in place into the logits' gradient, softmax
-    minus one-hot (the cross-entropy's derivative) times each row's incoming gradient, and multiplies it out. Autograd
-    through F.cross_entropy instead keeps the log-softmax too, fills a zero (N, V) gradient to scatter into and runs
-    log-softmax's backward, a share of an SFT step of the tiny model that the profiler shows (tests/RESULTS.md).
-    The same loss and gradients up to rounding (tests/test_sft.py); under autocast the products are bf16, as the
-    lm_head's would be, and the softmax fp32."""
+    keeps the softmax in the logits' own buffer; the backward turns it in place into the logits' gradient (softmax
+    minus one-hot, times each row's incoming gradient). Autograd through F.cross_entropy would also keep the
+    log-softmax and fill a zero (N, V) gradient (tests/RESULTS.md: what that costs). The same loss and gradients up to
+    rounding (tests/test_sft.py); under autocast the products are bf16, the softmax fp32."""
 
     @staticmethod
     def forward(ctx, h, weight, targets):  # (N, C), (V, C), (N,) -> (N,)
@@ -211,8 +198,7 @@ class LinearCrossEntropy(torch.autograd.Function):
         h, weight, targets, probs = ctx.saved_tensors
         probs[torch.arange(len(targets), device=probs.device), targets] -= 1  # d loss / d logits
         d = probs.mul_(grad[:, None])
-        with torch.autocast(ctx.amp[0], dtype=ctx.amp[2], enabled=ctx.amp[1]):  # the backward runs outside the
-            # forward's autocast: the products in the same dtype
+        with torch.autocast(ctx.amp[0], dtype=ctx.amp[2], enabled=ctx.amp[1]):  # the forward's (backward is outside)
             gh, gw = d @ weight, d.t() @ h
         return gh.to(h.dtype), gw.to(weight.dtype), None
 
@@ -221,16 +207,14 @@ class SFTModel(nn.Module):
     """Wraps a model.Qwen so DDP / FSDP see one forward: (input_ids, labels, lengths, prefix) -> (the weighted loss
     summed over the batch, the assistant tokens' loss summed, the assistant tokens' count).
 
-    Every assistant token weighs 1. Every other real token (system, user, the ChatML markup) weighs `prompt_weight`:
-    0 is the usual SFT loss on assistant tokens only (ML-Agent); > 0 also models the prompt, as Instruction
-    Modelling does (Shi et al. 2024, arXiv 2405.14394; weighted: Chatterjee et al. 2025, arXiv 2507.07817).
+    Assistant tokens weigh 1, every other real token `prompt_weight`: 0 is SFT on assistant tokens only (ML-Agent);
+    > 0 also models the prompt, as Instruction Modelling does (Shi et al. 2024, arXiv 2405.14394; weighted:
+    Chatterjee et al. 2025, arXiv 2507.07817).
 
-    prefix > 1 (collate's `shared_prefix`: the rows' first `prefix` ids and labels are the same): the prefix is
-    computed once, into a KV cache, and every row's rest runs over that cache, as ppo.py computes a prompt once for its
-    samples (model.response_hidden). Every prompt begins with the same system prompt (the tools' descriptions come
-    before the task's), so a batch of B rows computes that part once instead of B times; the prefix's losses count
-    B times, so the result is the same as without sharing (tests/test_sft.py). share_prefix=False (gradient
-    checkpointing, which would write the cache again when it recomputes a block; FSDP) ignores `prefix`."""
+    prefix > 1 (collate's `shared_prefix`): the rows' common prefix (every prompt opens with the same system prompt)
+    is computed once into a KV cache and each row's rest runs over it, as ppo.py computes a prompt once for its
+    samples; the prefix's losses count B times, so the result is the same (tests/test_sft.py). share_prefix=False
+    (gradient checkpointing would write the cache again when it recomputes a block; FSDP) ignores `prefix`."""
 
     def __init__(self, lm, prompt_weight=0.0, share_prefix=False):
         super().__init__()
@@ -256,8 +240,7 @@ class SFTModel(nn.Module):
         if self.prompt_weight:  # every real position: t < length (padding predicts nothing)
             rows = torch.arange(targets.shape[1], device=lengths.device) < (lengths[:, None] - 1)
             targets = input_ids[:, 1:]  # the labels are these ids wherever they are not -100
-        loss = LinearCrossEntropy.apply(h[:, :-1][rows], self.lm.lm_head.weight, targets[rows])  # (N,): the lm_head
-        # only where a token is trained
+        loss = LinearCrossEntropy.apply(h[:, :-1][rows], self.lm.lm_head.weight, targets[rows])  # (N,): trained only
         mine = ours[rows]  # (N,): which of the computed positions are assistant tokens
         weighted = torch.where(mine, loss, loss * self.prompt_weight).sum()
         return weighted, loss[mine].sum().detach(), mine.sum()
@@ -280,52 +263,30 @@ def scratch_model(rows, args):
     return model.Qwen(cfg), tokenizer
 
 
-def place(lm, tokenizer, source, master, prompt_weight, args, world, device):
+def place(lm, source, master, prompt_weight, args, world, device):
     """The SFTModel around lm (on the meta device when read from `source`) on this rank's device, in training mode:
-    sharded by FSDP2 (--fsdp, or on CUDA when the training states do not fit), each rank reading its rows of the
-    checkpoint, or whole (DDP over several ranks). master: fp32 weights of a checkpoint saved in bf16.
-    -> net, lm, tokenizer, sharded"""
+    sharded by FSDP2 (--fsdp, or on CUDA when the training states do not fit) or whole (DDP over several ranks).
+    master: fp32 weights of a checkpoint saved in bf16. -> net, sharded"""
     if args.grad_checkpointing:
         model.enable_grad_checkpointing(lm)
-    sharded = dist.is_initialized() and (args.fsdp or model.too_big_for_one_gpu(sum(p.numel() for p in lm.parameters()),
-                                                                          device))
-    share = not (args.grad_checkpointing or sharded)  # SFTModel: the batch's common prefix computed once
-    net = SFTModel(lm, prompt_weight, share)
+    n_params = sum(p.numel() for p in lm.parameters())
+    sharded = dist.is_initialized() and (args.fsdp or model.too_big_for_one_gpu(n_params, device))
+    net = SFTModel(lm, prompt_weight, share_prefix=not (args.grad_checkpointing or sharded))
     if sharded:
         net = model.shard(net, lm.model.layers, world, device)
-        if source:  # each rank reads the checkpoint tensor by tensor and keeps its shard
-            net.to_empty(device=device)
-            lm.tie_weights()
-            model.fill(lm, master.items() if master else model.weight_tensors(source))
-    else:
-        if source:
-            lm, tokenizer = model.load(source, device, torch.float32)  # fp32 master weights; autocast computes in bf16
-            if master:
-                lm.load_state_dict(master)
-            if args.grad_checkpointing:
-                model.enable_grad_checkpointing(lm)
-            net = SFTModel(lm, prompt_weight, share)
-        net = model.wrap(net.to(device), world, device)
-    return net.train(), lm, tokenizer, sharded
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Learning rate: linear warmup then cosine decay to 0 (HF get_cosine_schedule_with_warmup)
-
-
-def lr_factor(step, warmup, total):
-    if step < warmup:
-        return (step + 1) / (warmup + 1)
-    progress = (step - warmup) / max(1, total - warmup)
-    return 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
+    if source:  # tensor by tensor into fp32 master weights (autocast computes in bf16); sharded, each rank its rows
+        net.to_empty(device=device)
+        lm.tie_weights()
+        model.fill(lm, master.items() if master else model.weight_tensors(source))
+    return (net if sharded else model.wrap(net.to(device), world, device)).train(), sharded
 
 # ----------------------------------------------------------------------------------------------------------------
 # Checkpoints: a Hugging Face folder (model.save) + trainer_state.pt, written to a temporary name then renamed
 
 
 def save_checkpoint(net, lm, tokenizer, optim, sched, info, args, rank, device):
-    """out/checkpoint-<step>/ (weights + trainer_state.pt) and the final folder's files at out/ itself. Weights saved
-    in bf16 leave the fp32 master weights in trainer_state.pt, so a resume continues exactly."""
+    """out/checkpoint-<step>/ (weights + trainer_state.pt, with the fp32 master weights when the weights are bf16)
+    and the final folder's files at out/ itself."""
     state, ostate = model.full_state(net), model.optim_state(net, optim)  # collective under FSDP: every rank
     if rank != 0:
         return
@@ -333,14 +294,13 @@ def save_checkpoint(net, lm, tokenizer, optim, sched, info, args, rank, device):
     tmp, master = model.save_checkpoint_folder(lm, tokenizer, path, model.save_dtype(args.save_dtype, device), state)
     torch.save({"optimizer": ostate, "scheduler": sched.state_dict(), "master": master, **info},
                os.path.join(tmp, "trainer_state.pt"))
-    swap_folder(tmp, path)  # a kill at any moment leaves the old checkpoint-<step> or the new one (recover_out)
+    agent.swap_folder(tmp, path)  # a kill at any moment leaves the old checkpoint-<step> or the new one (recover_out)
     publish(path, args.out)
 
 
 def publish(ckpt, out):
-    """The checkpoint's model files also at out/ itself, file by file (each rename is atomic), stale weight shards
-    removed. A kill in between leaves a mix, which the next start repairs (recover_out publishes the checkpoint it
-    resumes)."""
+    """The checkpoint's model files also at out/ itself, file by file (each rename atomic), stale weight shards
+    removed; a kill in between leaves a mix, which recover_out repairs at the next start."""
     names = [n for n in os.listdir(ckpt) if n != "trainer_state.pt"]
     marker = os.path.join(out, ".publishing")  # present while out/ may hold a mix of two checkpoints
     open(marker, "w").close()
@@ -354,11 +314,10 @@ def publish(ckpt, out):
 
 
 def recover_out(out):
-    """At start, what a kill while saving left under out/: each checkpoint-<step>.old back or gone, half-written
-    checkpoint-<step>.tmp folders and out/*.tmp files deleted, and out/'s model files, if a kill mixed them, those of
-    the latest checkpoint again."""
+    """At start, what a kill while saving left under out/: checkpoint-<step>.old back or gone, *.tmp deleted, and
+    out/'s model files, if a kill mixed them, those of the latest checkpoint again."""
     for old in glob.glob(os.path.join(out, "checkpoint-*.old")):
-        recover_folder(old.removesuffix(".old"))
+        agent.recover_folder(old.removesuffix(".old"))
     for tmp in glob.glob(os.path.join(out, "*.tmp")) + glob.glob(os.path.join(out, ".*.tmp")):  # checkpoint-<step>.tmp
         # folders, <file>.tmp files of publish, .<file>.<pid>.tmp of agent.write_atomic
         shutil.rmtree(tmp) if os.path.isdir(tmp) else os.remove(tmp)
@@ -367,19 +326,10 @@ def recover_out(out):
         publish(latest, out) if latest else os.remove(os.path.join(out, ".publishing"))
 
 
-def check_same_run(recorded, args, resume):
-    """A resume continues the run that wrote the checkpoint: the same data, model and seed, or a one-line error
-    (an --out that holds another run is never trained over)."""
-    for key in ("data", "model", "seed", "prompt_loss_weight"):
-        if key in recorded and getattr(args, key) is not None and recorded[key] != getattr(args, key) and \
-                not (key == "data" and os.path.abspath(recorded[key]) == os.path.abspath(args.data)):
-            raise ValueError(f"{resume} was trained with --{key.replace('_', '-')} {recorded[key]}, not "
-                             f"{getattr(args, key)}; pass the same or another --out")
-
-
 def resume_point(args, say):
-    """The checkpoint to go on from (--resume's, or the latest under --out, as ppo.py resumes), provided it is of this
-    run (check_same_run), and its trainer state; or None and {}."""
+    """The checkpoint to go on from (--resume's, or the latest under --out, as ppo.py resumes) and its trainer state,
+    or None and {}. It must be of this run (the same data, model, seed, prompt loss weight), or a one-line error: an
+    --out that holds another run is never trained over."""
     resume = latest_checkpoint(args.out) if args.resume in (None, "auto") and os.path.isdir(args.out) else args.resume
     if args.resume == "auto" and resume is None:
         say(f"no checkpoint under {args.out}: starting fresh")
@@ -387,8 +337,14 @@ def resume_point(args, say):
         return None, {}
     st = model.load_trainer_state(os.path.join(resume, "trainer_state.pt"), ("step", "epoch", "optimizer", "scheduler"),
                                   "sft.py", "resume from an earlier checkpoint-<step>")
-    check_same_run(st.get("args", {}), args, resume)
-    check_checkpoint(resume)
+    recorded = st.get("args", {})
+    for key in ("data", "model", "seed", "prompt_loss_weight"):
+        mine = getattr(args, key)
+        if key in recorded and mine is not None and recorded[key] != mine and \
+                not (key == "data" and os.path.abspath(recorded[key]) == os.path.abspath(mine)):
+            raise ValueError(f"{resume} was trained with --{key.replace('_', '-')} {recorded[key]}, not {mine}; "
+                             "pass the same or another --out")
+    agent.check_checkpoint(resume)
     return resume, st
 
 
@@ -413,8 +369,7 @@ def heldout_loss(net, data, args, rank, world, pad_id, device):
             _, loss, n = net(*collate(batch or data[:1], pad_id, device))  # the assistant tokens only
             total += torch.stack([loss.float(), n.float()]) * bool(batch)
     model.reshard(net)
-    if world > 1:
-        dist.all_reduce(total)
+    total = model.Ranks(world=world, device=device).sum(total)
     net.train()
     return (total[0] / total[1].clamp(min=1)).item()
 
@@ -448,33 +403,34 @@ def heldout_parse_rate(args, rows, rank, world, device):
     lm, tokenizer = model.load(args.out, device)
     mine = rows[rank::world]
     ok = torch.tensor(parse_rate(lm, tokenizer, mine, args.max_new_tokens), device=device) * len(mine)
-    if world > 1:
-        dist.all_reduce(ok)
-    rate, same = (ok / len(rows)).tolist()
+    rate, same = (model.Ranks(world=world, device=device).sum(ok) / len(rows)).tolist()
     return {"parse_rate": rate, "same_action_as_expert": same, "parse_states": len(rows)}
 
 # ----------------------------------------------------------------------------------------------------------------
 # Training
 
 
+def lr_factor(step, warmup, total):
+    """The learning rate's factor: linear warmup, then cosine decay to 0 (HF get_cosine_schedule_with_warmup)."""
+    if step < warmup:
+        return (step + 1) / (warmup + 1)
+    progress = (step - warmup) / max(1, total - warmup)
+    return 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
+
+
 def optimizer_step(net, optim, sched, batches, pad_id, device, args, world):
     """One optimizer step over this rank's micro-batches (lists of (ids, labels)): the loss is the weighted sum over
     all trained tokens of the step on every rank divided by their summed weight (with prompt weight 0: the mean over
     the assistant tokens). -> (mean loss of the assistant tokens, their count, all tokens of the batches)."""
-    ours, other = token_counts([x for b in batches for x in b])
-    n = torch.tensor([float(ours), float(ours) + model.unwrap(net).prompt_weight * other], device=device)
-    if world > 1:
-        dist.all_reduce(n)  # DDP / FSDP average gradients over ranks, hence the * world below
-    total, seen = 0.0, 0
+    ranks, (ours, other) = model.Ranks(world=world, device=device), token_counts([x for b in batches for x in b])
+    n = ranks.sum(torch.tensor([float(ours), ours + model.unwrap(net).prompt_weight * other], device=device))
+    total, seen = 0.0, 0  # DDP / FSDP average gradients over ranks, hence the * world below
     for j, b in enumerate(batches):
         ids, labels, lengths, prefix = collate(b, pad_id, device)
-        last = j == len(batches) - 1
-        sync = contextlib.nullcontext()
-        if isinstance(net, nn.parallel.DistributedDataParallel) and not last:
-            sync = net.no_sync()  # all-reduce gradients only once per step
-        # FSDP2 reduce-scatters after every micro-batch and adds into the sharded gradients: skipping that
-        # (set_requires_gradient_sync(False)) would keep every unsharded fp32 gradient until the last micro-batch,
-        # the whole model's size on each rank (28 GiB at 7B). torchtune's FSDP2 recipes accumulate the same way.
+        wait = isinstance(net, nn.parallel.DistributedDataParallel) and j < len(batches) - 1
+        sync = net.no_sync() if wait else contextlib.nullcontext()  # DDP: all-reduce gradients once per step
+        # FSDP2 reduce-scatters after every micro-batch (as torchtune's recipes do): skipping it would keep every
+        # unsharded fp32 gradient until the last micro-batch, the whole model's size on each rank (28 GiB at 7B).
         with sync:
             with model.autocast(device):
                 weighted, loss, _ = net(ids, labels, lengths, prefix)
@@ -486,10 +442,7 @@ def optimizer_step(net, optim, sched, batches, pad_id, device, args, world):
     optim.step()
     sched.step()
     optim.zero_grad(set_to_none=True)
-    if world > 1:
-        t = torch.tensor([total], device=device)
-        dist.all_reduce(t)
-        total = t.item()
+    total = ranks.sum(torch.tensor(total, device=device)).item()
     return total / n[0].clamp(min=1).item(), int(n[0].item()), seen
 
 
@@ -503,7 +456,7 @@ def train(args):
     if len(rows) < 2 and args.heldout > 0:
         raise ValueError(f"{args.data}: need at least 2 conversations (one is held out)")
     train_idx, held_idx = split_heldout(len(rows), args.heldout, args.seed)
-    lock = claim_folder(args.out) if rank == 0 else None  # out/.lock: one sft.py per --out
+    lock = agent.claim_folder(args.out) if rank == 0 else None  # out/.lock: one sft.py per --out
     if rank == 0:
         recover_out(args.out)  # what a kill while saving left
     if world > 1:
@@ -527,7 +480,7 @@ def train(args):
         prompt_weight = st.get("prompt_weight", 0.0) if resume else float(from_scratch)
     if batch_size < micro * world:
         raise ValueError(f"--batch-size {batch_size} < --micro-batch {micro} x {world} ranks")
-    net, lm, tokenizer, sharded = place(lm, tokenizer, source, st.get("master"), prompt_weight, args, world, device)
+    net, sharded = place(lm, source, st.get("master"), prompt_weight, args, world, device)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     counts = {"cut": 0}
     data = [encode_chat(tokenizer, r["messages"], args.max_len, counts) for r in rows]
@@ -607,53 +560,47 @@ def train(args):
 # Command line
 
 
+HALF_OPEN = agent.checked(float, lambda v: 0 <= v < 1, "in [0, 1)")
+TYPES = {**dict.fromkeys(("epochs", "batch_size", "micro_batch", "max_len", "max_new_tokens", "scratch_vocab",
+                          "scratch_hidden", "scratch_layers", "scratch_heads"), agent.POSITIVE_INT),
+         **dict.fromkeys(("eval_parse", "threads"), agent.COUNT), "lr": agent.POSITIVE, "seed": int,
+         **dict.fromkeys(("weight_decay", "prompt_loss_weight", "grad_clip"), agent.NONNEGATIVE),
+         **dict.fromkeys(("warmup_ratio", "heldout"), HALF_OPEN),
+         "data": agent.checked(str, os.path.exists, "an existing file (python collect.py writes it)"),
+         "resume": agent.checked(str, lambda v: v == "auto" or os.path.isfile(os.path.join(v, "trainer_state.pt")),
+                                 "a checkpoint-<step> folder (with trainer_state.pt)")}
+CHOICES = {"save_dtype": ("auto", "float32")}
+
+
 def parser():
     p = agent.Parser(prog="sft.py", description="Supervised fine-tuning on chat JSONL, loss on assistant tokens.")
     for f in dataclasses.fields(Config):
-        flag = "--" + f.name.replace("_", "-")
+        flag, default = "--" + f.name.replace("_", "-"), f"(default {f.default})"
         if f.type is bool:
-            p.add_argument(flag, action="store_true", help=f"(default {f.default})")
+            p.add_argument(flag, action="store_true", help=default)
         elif f.name == "resume":
-            p.add_argument(flag, nargs="?", const="auto", default=None,
+            p.add_argument(flag, type=TYPES[f.name], nargs="?", const="auto", default=None,
                            help="a checkpoint-<step> folder; no value: the latest under --out")
         else:
-            kind = next(t for t in (int, float, str) if t is f.type or t in typing.get_args(f.type))
-            p.add_argument(flag, type=kind, default=f.default, help=f"(default {f.default})")
+            p.add_argument(flag, type=TYPES.get(f.name, str), choices=CHOICES.get(f.name), default=f.default,
+                           help=default)
     return p
 
 
 def parse_args(argv=None):
+    """A Config from the command line; each flag's value is checked by its type (one line, exit status 2)."""
     p = parser()
     args = Config(**vars(p.parse_args(argv)))
-    if not os.path.exists(args.data):
-        p.error(f"{args.data} not found (run python collect.py first, or pass --data)")
-    if args.resume not in (None, "auto") and not os.path.exists(os.path.join(args.resume, "trainer_state.pt")):
-        p.error(f"{args.resume} is not a checkpoint folder (no trainer_state.pt)")
-    if args.save_dtype not in ("auto", "float32"):
-        p.error(f"--save-dtype must be auto or float32, not {args.save_dtype!r}")
-    for f in dataclasses.fields(Config):
-        v = getattr(args, f.name)
-        if isinstance(v, float) and not math.isfinite(v):
-            p.error(f"--{f.name.replace('_', '-')} must be finite, not {v}")
-    if not (args.grad_clip >= 0 and 0 <= args.warmup_ratio < 1 and args.weight_decay >= 0 and args.threads >= 0):
-        p.error("need --grad-clip >= 0 (0: off), 0 <= --warmup-ratio < 1, --weight-decay >= 0, --threads >= 0")
-    if args.scratch_layers < 1 or args.scratch_heads < 1 or args.scratch_hidden % (2 * args.scratch_heads) or \
-            (args.scratch_hidden // args.scratch_heads) % 2:
-        p.error(f"need --scratch-layers >= 1 and --scratch-hidden ({args.scratch_hidden}) divisible by "
-                f"--scratch-heads ({args.scratch_heads}) into an even head size")
+    if args.scratch_hidden % (2 * args.scratch_heads):
+        p.error(f"--scratch-hidden {args.scratch_hidden} does not split into --scratch-heads {args.scratch_heads} "
+                "heads of an even size")
     if model.bad_device(args.device):
         p.error(model.bad_device(args.device))
     if args.model and os.path.isdir(args.model):  # a hub id is checked when it is fetched
         try:
-            check_checkpoint(args.model)
+            agent.check_checkpoint(args.model)
         except ValueError as e:
             p.error(f"--model {e}")
-    for name in ("batch_size", "micro_batch", "max_len", "max_new_tokens", "scratch_vocab"):
-        if getattr(args, name) is not None and getattr(args, name) < 1:
-            p.error(f"--{name.replace('_', '-')} must be >= 1")
-    if (args.epochs is not None and args.epochs < 1) or (args.lr is not None and args.lr <= 0) or \
-            not 0 <= args.heldout < 1 or args.eval_parse < 0 or (args.prompt_loss_weight or 0) < 0:
-        p.error("need --epochs >= 1, --lr > 0, 0 <= --heldout < 1, --eval-parse >= 0, --prompt-loss-weight >= 0")
     return args
 
 

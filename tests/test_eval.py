@@ -271,7 +271,7 @@ def test_plots_where_matplotlib_is_installed(tmp_path):
 
 
 @pytest.mark.parametrize("args, words", [
-    (["--k", "0"], "--k must be at least 1"),
+    (["--k", "0"], "--k: must be at least 1"),
     (["--tasks", "no-such-task"], "unknown task"),
     (["--policy", "runs/no-such-ckpt"], "no checkpoint folder"),
     (["--scaffold", "swarm"], "invalid choice"),

@@ -407,7 +407,7 @@ def test_cli_usage_errors_exit_2(tmp_path):
     chat = [{"role": "user", "content": "1+1"}, {"role": "assistant", "content": "2"}]
     good = write_jsonl(tmp_path / "d.jsonl", [chat])
     r = run_cli("--data", str(good), "--prompt-loss-weight", "-1", cwd=tmp_path)
-    assert r.returncode == 2 and "--prompt-loss-weight >= 0" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert r.returncode == 2 and "--prompt-loss-weight: must be >= 0" in r.stderr and len(r.stderr.strip().splitlines()) == 1
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"text": "no messages"}\n')
     r = run_cli("--data", str(bad), "--out", str(tmp_path / "o"), cwd=tmp_path)
