@@ -30,7 +30,6 @@ Run:  python orchestrator.py run --task breast-cancer               (scripted or
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import math
@@ -157,8 +156,8 @@ def shown(score) -> float | None:
 
 
 class Prompt(list):
-    """Chat messages (all a backend is sent) with `state`, the record they were written from, which only the
-    offline stand-ins read. `prompt + more` keeps the record."""
+    """Chat messages (all a backend is sent) with `state`, the record they were written from, for the offline
+    stand-ins; `prompt + more` keeps it."""
 
     def __init__(self, messages=(), state=None):
         super().__init__(messages)
@@ -257,9 +256,8 @@ SUMMARY_NOW = ("The execution budget is spent. Answer only with the ```json summ
 
 
 def sub_messages(task, parent: Attempt, references, instruction: str | None, iters: int) -> Prompt:
-    """The fresh context a Tool builds: task, parent code, the references' summaries and code, the instruction;
-    instruction None: the monolithic agent's first prompt (task, metric, starter). Its state (for the stand-in):
-    task, the parent's code and score, the instruction, and the runs code_loop adds."""
+    """A Tool's fresh context: task, parent code, the references' summaries and code, the instruction (None: the
+    monolithic agent's first prompt). Its state, for the stand-in, gathers the runs code_loop adds."""
     if instruction is None:
         higher = "higher" if task.higher_is_better else "lower"
         user = (f"# Task\n{task.description.strip()}\nMetric: {task.metric} ({higher} is better)\n\n"
@@ -299,9 +297,8 @@ def error_line(run) -> str:
 
 
 def feedback(run, task, limit: int, tokenizer=None, cap=1 << 16) -> str:
-    """What the environment tells the coder after an execution (the public score, never the private one), with
-    the run's whole log clipped to `limit` tokens (env.py's output holds only 4 KB of each end; a log over 2 * cap
-    bytes is read at both ends only)."""
+    """What the coder is told after an execution (the public score, never the private one) with the run's whole
+    log clipped to `limit` tokens (env.py keeps 4 KB of each end; a log over 2 * cap bytes is read at both ends)."""
     text = f"Execution: {run.status} after {run.seconds:.1f} s."
     if run.status == "success":
         higher = "higher" if task.higher_is_better else "lower"
@@ -321,9 +318,8 @@ def feedback(run, task, limit: int, tokenizer=None, cap=1 << 16) -> str:
 
 def code_loop(task, backend, messages, max_iters: int, cfg: Config, deadline: float, on_prompt, start_code: str,
               **fields) -> tuple[Attempt, object, list[str]]:
-    """Write the whole script, execute it (each run into messages.state), read the feedback, fix; until a summary,
-    max_iters executions or the deadline, then one request for the summary if none came. -> (the Attempt with
-    `fields`: its best script by public score, else the last, else start_code; that script's run; the errors)."""
+    """Write the whole script, run it, read the feedback, fix; until a summary, max_iters runs or the deadline (then
+    one request for the summary). -> (Attempt(**fields) with its best script by public score; its run; errors)."""
     tok, higher = getattr(backend, "tokenizer", None), task.higher_is_better
     best = best_run = last = summary = None
     iters, errors, status = 0, [], "no_code"
@@ -429,9 +425,8 @@ class StandIn:
 
 
 class ScriptedOrchestrator(StandIn):
-    """OFFLINE STAND-IN for an LLM Orchestrator: reads its prompt's state and expands the best attempts with recipe
-    ideas not yet tried on their lineage, `calls` calls per round, the next-best attempt as reference; with
-    temperature > 0 the parent and the ideas are sampled. Writes the same JSON an LLM would."""
+    """OFFLINE STAND-IN for an LLM Orchestrator: the JSON an LLM would write, refining the best attempts with recipe
+    ideas untried on their lineage, the next-best as reference; temperature > 0 samples the parent and the ideas."""
 
     def __init__(self, seed=0):
         super().__init__()
@@ -473,9 +468,8 @@ class ScriptedOrchestrator(StandIn):
 
 
 class RecipeCoder(StandIn):
-    """OFFLINE STAND-IN for an LLM Sub-Agent: applies env.py's recipe for its instruction to the parent script
-    (env.recipe_editor) in a ```python block, then answers with the JSON summary. Without an instruction (the
-    monolithic baseline) it tries the next untried recipe on its best script. Its state: its prompt's."""
+    """OFFLINE STAND-IN for an LLM Sub-Agent: env.recipe_editor's script for its instruction, then the JSON summary;
+    without an instruction (the monolithic baseline) the next untried recipe on its best script."""
 
     def answer(self, messages, temperature=0.0) -> str:
         s, higher = messages.state, messages.state.task.higher_is_better
@@ -517,11 +511,9 @@ def make_backend(name: str | None, base_url: str | None, role: str, seed=0):
 
 
 def save_json(path: Path, obj, lines=False):
-    """obj as JSON (lines: a list as JSONL), written atomically: readers see the old file or the new one."""
+    """obj as JSON (lines: a list as JSONL), written atomically by agent.write_atomic."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text("".join(json.dumps(r) + "\n" for r in obj) if lines else json.dumps(obj))
-    os.replace(tmp, path)
+    agent.write_atomic(path, [json.dumps(r) + "\n" for r in obj] if lines else json.dumps(obj))
 
 
 def load_json(path: Path, shape: dict, build):
@@ -559,8 +551,7 @@ def _recorder(records: list):
 
 
 def decide(orch, messages, known, cfg: Config, record, rnd) -> tuple[list[dict], bool]:
-    """Ask the Orchestrator, re-asking on an unparsable answer (MLAB's max_retries); a round with no usable
-    answer launches nothing."""
+    """Ask the Orchestrator, re-asking on an unparsable answer (MLAB's max_retries); no usable answer: no call."""
     ask, tok = messages, getattr(orch, "tokenizer", None)
     for _ in range(cfg.max_retries + 1):
         record(rnd, "orchestrator", ask, tok)
@@ -582,8 +573,8 @@ def _result(task, attempts, records, finished, seconds, **more) -> dict:
 
 
 def run_matryoshka(cfg: Config, orch, sub, out: Path | None = None, resume=True, log=print) -> dict:
-    """Rounds of: the Orchestrator's tool calls from compact memory -> Tools in parallel -> attempts appended.
-    The state is saved after every round to out/run.json (atomic) and resumed from it."""
+    """Rounds of: the Orchestrator's tool calls from compact memory -> Tools in parallel -> attempts appended;
+    the state saved after every round to out/run.json and resumed from it."""
     task = env.load_task(cfg.task)
     state = load_json(out / "run.json", RUN_SHAPE, lambda o: {**o, "attempts": [Attempt(**a) for a in o["attempts"]]}
                       ) if out and resume else None
@@ -614,8 +605,8 @@ def run_matryoshka(cfg: Config, orch, sub, out: Path | None = None, resume=True,
 
 
 def run_monolithic(cfg: Config, coder, out: Path | None = None, log=print) -> dict:
-    """MLE-Dojo's single agent: one chat that keeps every script and every output; the same wall clock and at
-    most as many executions as a Matryoshka run may spend (rounds x calls x sub_iters). Not resumed."""
+    """MLE-Dojo's single agent: one chat that keeps every script and every output, the same wall clock and at
+    most as many executions as a Matryoshka run (rounds x calls x sub_iters). Not resumed."""
     task = env.load_task(cfg.task)
     steps, started = cfg.rounds * cfg.calls * cfg.sub_iters, time.time()
     starter, records, tok = starter_attempt(task, cfg), [], getattr(coder, "tokenizer", None)
@@ -692,9 +683,8 @@ class Tree:
 
 
 def collect_tree(cfg: Config, orch, sub, path: Path, log=print) -> Tree:
-    """Expand every node with cfg.children decisions sampled from the same state (its path's attempts: the shared
-    prefix, run once), to cfg.depth; run the decisions' tool calls; r(v) from the environment. Saved after every
-    decision and attempt, so an interrupted collection resumes where it stopped."""
+    """Expand every node with cfg.children decisions sampled from the same state to cfg.depth, run their tool calls,
+    r(v) from the environment; saved after every decision and attempt, so a collection resumes where it stopped."""
     task = env.load_task(cfg.task)
     tree = Tree.load(path)
     if tree is None:
@@ -783,7 +773,7 @@ def sft_rows(attempts, higher: bool) -> list[dict]:
 
 
 def ranking_loss(scores, R):
-    """Plackett-Luce ranking NCE over the children ranked by R, ties skipped: child k adds
+    """Plackett-Luce ranking NCE (§3.6, Eqs. 1-4) over the children ranked by R, ties skipped: child k adds
     -log(exp(s_k) / (exp(s_k) + sum of exp(s_j) over the children j with R_j < R_k)); scores (K,) are
     beta * log(pi_theta / pi_ref). Two children: DPO's -log sigmoid(s_w - s_l) (Rafailov et al. 2023).
     None when every child is tied."""
@@ -794,15 +784,15 @@ def ranking_loss(scores, R):
 
 
 def chat_rows(tok, messages, responses, max_len: int) -> list:
-    """sft.encode_chat's (ids, labels) of the prompt with each response as the assistant turn: the labels on the
-    response and its <|im_end|>; the oldest tokens cut to max_len."""
+    """sft.encode_chat's (ids, labels) of the prompt with each response as the assistant turn (labels on the
+    response and its <|im_end|>), the oldest tokens cut to max_len."""
     import sft  # lazy: see the imports
     return [sft.encode_chat(tok, [*messages, {"role": "assistant", "content": r}], max_len) for r in responses]
 
 
 def decision_logprobs(lm, tok, messages, responses, max_len: int):
-    """log pi(decision | prompt) of each response, (K,): minus sft.py's masked loss (the sum over the response's
-    tokens, temperature 1, the whole vocabulary), one row each; bf16 autocast over fp32 weights on CUDA."""
+    """log pi(decision | prompt) of each response, (K,): minus sft.py's masked loss, one row each (temperature 1,
+    the whole vocabulary); bf16 autocast over fp32 weights on CUDA."""
     import model  # lazy: see the imports
     import sft
     import torch
@@ -810,14 +800,6 @@ def decision_logprobs(lm, tok, messages, responses, max_len: int):
     with model.autocast(dev):
         return -torch.stack([net(*sft.collate([row], pad, dev))[0]
                              for row in chat_rows(tok, messages, responses, max_len)])
-
-
-def adamw(lm, lr: float, decay_steps=0):
-    """AdamW without weight decay (sft.py's default) over lm's parameters, and its schedule: constant, or falling
-    linearly to 0 over decay_steps updates."""
-    import torch  # lazy: see the imports
-    opt = torch.optim.AdamW(lm.parameters(), lr=lr, weight_decay=0.0)
-    return opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 - s / decay_steps if decay_steps else 1.0)
 
 
 def passes(n: int, steps: int, rng):
@@ -830,21 +812,20 @@ def passes(n: int, steps: int, rng):
 
 
 def train_orchestrator(policy, ref, tok, groups, cfg: Config, steps=None, log=print) -> dict:
-    """AdamW on the ranking loss, one group per update, cfg.epochs passes (or `steps` updates), the gradient norm
-    clipped at 1; ref stays frozen. ref None: policy has LoRA adapters (B = 0: it starts at the reference) and the
-    reference is the policy with its adapters off."""
+    """AdamW without weight decay (sft.py's default) on the ranking loss, one group per update, cfg.epochs passes
+    (or `steps` updates), the gradient norm clipped at 1; ref frozen, or None: policy has LoRA adapters (B = 0: it
+    starts at the reference) and the reference is the policy with its adapters off."""
     import model  # lazy: see the imports
     import torch
     with torch.no_grad():
-        if ref is None:
-            model.set_lora(policy, False)
+        model.set_lora(policy, ref is not None)
         ref_lp = [decision_logprobs(ref or policy, tok, g["messages"], g["responses"], cfg.max_len) for g in groups]
         model.set_lora(policy, True)
 
     def scores(i):  # (K,) log-ratio scores of group i's decisions
         g = groups[i]
         return cfg.beta * (decision_logprobs(policy, tok, g["messages"], g["responses"], cfg.max_len) - ref_lp[i])
-    opt, losses = adamw(policy, cfg.lr)[0], []
+    opt, losses = torch.optim.AdamW(policy.parameters(), lr=cfg.lr, weight_decay=0.0), []
     policy.train()
     for i in passes(len(groups), cfg.epochs * len(groups) if steps is None else steps, random.Random(cfg.seed)):
         loss = ranking_loss(scores(i), groups[i]["R"])
@@ -883,8 +864,8 @@ IMITATION_RESAMPLED = 24  # resampled_states of --task's tree; a quarter as many
 
 
 def other_tasks(tree_task: str, per_group: int) -> list[str]:
-    """Held-in built-in tasks: the first `per_group` of each (kind, modality, metric direction), the tree's own
-    task left out (it has its own tree). Never a held-out task."""
+    """The first `per_group` held-in built-in tasks of each (kind, modality, metric direction), never a held-out
+    task, nor the tree's own (it has its own tree)."""
     groups: dict = {}
     for name, spec in env.BUILTIN_TASKS.items():
         if spec.split == "held-in" and name != tree_task:
@@ -916,10 +897,9 @@ def resampled_states(tree, n: int, rng) -> list[list[Attempt]]:
 
 
 def imitation_examples(trees, cfg: Config) -> list[dict]:
-    """What the tiny ckpt-0 imitates, from the iteration's trees (--task's first): each tree's done nodes and
-    resampled_states, each IMITATION_VIEWS times (as collect_tree asks, then as runs ask: another round, a clock).
-    A node's own prompt keeps the tree's decisions; any other gets greedy parents with sampled ideas, a parent a
-    tiny model can copy and a spread for the ranking loss (tests/RESULTS.md, "what the tiny ckpt-0 imitates").
+    """What the tiny ckpt-0 imitates: the done nodes and resampled_states of each tree (--task's first), each
+    IMITATION_VIEWS times (as collect_tree asks, then as runs ask). A node's own prompt keeps the tree's decisions;
+    any other gets greedy parents with sampled ideas (tests/RESULTS.md, "what the tiny ckpt-0 imitates").
     -> [{"messages", "responses", "known": the state's ids, "tree": a node's own prompt}]"""
     rng, states = random.Random(f"{cfg.seed}:imitation"), []  # (task, state, node, its tree, the tree's depth)
     for i, tree in enumerate(trees):
@@ -954,13 +934,14 @@ def imitation_examples(trees, cfg: Config) -> list[dict]:
 
 
 def imitate(lm, tok, examples, cfg: Config, log=print) -> dict:
-    """Behaviour cloning with sft.py's masked loss and optimizer step (the gradient norm clipped at 1): each update
-    is one example, its prompt with each of its decisions as the assistant turn, the prompt computed once; the
-    learning rate falls linearly from cfg.imitation_lr to 0 over cfg.imitation_steps updates."""
+    """Behaviour cloning with sft.py's masked loss and optimizer step, one example (its prompt computed once, with
+    each of its decisions) per update, the lr falling linearly from cfg.imitation_lr to 0 over cfg.imitation_steps."""
     import sft  # lazy: see the imports
+    import torch
     rows = [chat_rows(tok, e["messages"], e["responses"], cfg.max_len) for e in examples]
     net, dev, pad = sft.SFTModel(lm, 0.0, share_prefix=True), lm.lm_head.weight.device, tok.pad_token_id or 0
-    opt, sched = adamw(lm, cfg.imitation_lr, cfg.imitation_steps)
+    opt = torch.optim.AdamW(lm.parameters(), lr=cfg.imitation_lr, weight_decay=0.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 - s / cfg.imitation_steps)
     start = time.time()
     lm.train()
     losses = [sft.optimizer_step(net, opt, sched, [rows[i]], pad, dev, sft.Config(), 1)[0]
@@ -975,8 +956,8 @@ def imitate(lm, tok, examples, cfg: Config, log=print) -> dict:
 
 
 def greedy_parse_rate(lm, tok, examples, cfg: Config) -> float | None:
-    """The share of examples whose greedy decision parses (parse_decision against the state's attempt ids); each
-    answer at most twice the longest imitated decision's tokens."""
+    """The share of examples whose greedy decision parses against the state's attempt ids, each answer at most
+    twice the longest imitated decision's tokens."""
     backend, ok = agent.LocalBackend(lm=lm, tokenizer=tok), 0
     for e in examples:
         n = 2 * max(len(tok.encode(r)) for r in e["responses"]) + 16
@@ -989,9 +970,8 @@ def greedy_parse_rate(lm, tok, examples, cfg: Config) -> float | None:
 
 
 def imitation_orchestrator(trees, groups, cfg: Config, log=print):
-    """OFFLINE STAND-IN for "the same model before tree training" (a pre-trained LLM that already answers in the
-    decision format): a tiny Qwen from scratch, its tokenizer fit on the imitation examples and the preference
-    groups, `imitate`d on imitation_examples. -> (lm, tok, stats with the greedy parse rates)."""
+    """OFFLINE STAND-IN for "the same model before tree training" (a pre-trained LLM that answers in the format):
+    tiny_orchestrator fit on the examples' and groups' texts, `imitate`d -> (lm, tok, stats with greedy parse rates)."""
     examples, texts = imitation_examples(trees, cfg), []
     for src in (examples, groups):
         texts += [m["content"] for e in src for m in e["messages"]] + [r for e in src for r in e["responses"]]
@@ -1008,23 +988,19 @@ def imitation_orchestrator(trees, groups, cfg: Config, log=print):
 
 
 def save_checkpoint(lm, tok, path: Path, dtype=None, notes: dict | None = None):
-    """A model folder written atomically (LoRA adapters merged in); dtype: the stored dtype (default: the
-    model's); notes: {file name: JSON object} written beside the weights."""
+    """model.save_checkpoint_folder's folder (LoRA merged in; dtype None: the model's) with `notes` ({file name:
+    JSON object}) beside the weights, swapped in for path by agent.swap_folder (a kill: recover_checkpoints)."""
     import model  # lazy: see the imports
-    tmp = path.with_name(f".{path.name}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_merged(lm, tok, str(tmp), dtype=dtype)
+    tmp, _ = model.save_checkpoint_folder(lm, tok, str(path), dtype, {})
     for name, obj in (notes or {}).items():
-        (tmp / name).write_text(json.dumps(obj, indent=1))
-    agent.swap_folder(tmp, path)  # never a moment without ckpt-<i>; a kill in between: recover_checkpoints
+        Path(tmp, name).write_text(json.dumps(obj, indent=1))
+    agent.swap_folder(tmp, path)
 
 
 def recover_checkpoints(out: Path):
-    """At start, what a kill inside save_checkpoint left: ckpt-<i>.old back or gone, half-written .ckpt-<i>.tmp."""
-    for old in out.glob("ckpt-*.old"):
-        agent.recover_folder(str(old)[:-len(".old")])
-    for tmp in out.glob(".ckpt-*.tmp"):
-        shutil.rmtree(tmp, ignore_errors=True)
+    """What a kill inside save_checkpoint left: ckpt-<i>.old back (or deleted), a half-written ckpt-<i>.tmp deleted."""
+    for folder in list(out.glob("ckpt-*.*")):
+        agent.recover_folder(folder.with_suffix(""), folder.with_suffix(".tmp"))
 
 
 LARGE = 10_000_000  # parameters: ppo.py's TINY_PARAMS, past which a model trains as on a GPU (LoRA,
@@ -1032,10 +1008,9 @@ LARGE = 10_000_000  # parameters: ppo.py's TINY_PARAMS, past which a model train
 
 
 def load_for_training(path: Path, cfg: Config):
-    """(policy, tokenizer, reference) for one iteration; the previous orchestrator is the reference (§3.6). A
-    small model: fp32 master weights, and a frozen copy in the checkpoint's dtype (model.load's default) as the
-    reference. A large one (or --lora-rank): fp32 LoRA adapters over a frozen base in the checkpoint's dtype, the
-    base itself the reference (no second copy), blocks recomputed in backward."""
+    """(policy, tokenizer, reference), the previous orchestrator the reference (§3.6). Small: fp32 master weights
+    and a frozen copy in the checkpoint's dtype. Large (or --lora-rank): fp32 LoRA adapters over the frozen base in
+    the checkpoint's dtype, the base the reference (reference None), blocks recomputed in backward."""
     import model  # lazy: see the imports
     policy, tok = model.load(str(path), meta=True)
     n = sum(p.numel() for p in policy.parameters())
@@ -1051,9 +1026,9 @@ def load_for_training(path: Path, cfg: Config):
 
 
 def train_loop(cfg: Config, model_path: str | None, collector: str, sub, out: Path, log=print) -> Path:
-    """Online iterations: collect trees with the current orchestrator (--task's to cfg.depth, out/tree-<i>.json,
-    and one of OTHER_TREE_DEPTH on each of other_tasks, out/tree-<i>-<task>.json), train on their groups against
-    the current orchestrator as reference; the trained one is the next. Resumes from out/ckpt-<i> and the trees."""
+    """Online iterations: trees collected with the current orchestrator (--task's to cfg.depth, out/tree-<i>.json;
+    one of OTHER_TREE_DEPTH on each of other_tasks, out/tree-<i>-<task>.json), the ranking loss on their groups
+    against it as reference; the trained one is the next. Resumes from out/ckpt-<i> and the trees."""
     import model  # lazy: see the imports
     recover_checkpoints(out)
     current = Path(model_path) if model_path else out / "ckpt-0"
@@ -1090,29 +1065,14 @@ def train_loop(cfg: Config, model_path: str | None, collector: str, sub, out: Pa
 # ===================================================================================================== command line
 
 
-FLAGS = {"common": ("calls", "sub_iters", "time_limit", "script_timeout", "workers", "max_tokens", "seed"),
-         "run": ("rounds",), "tree": ("depth", "children", "tree_temperature"),
-         "train": ("depth", "children", "tree_temperature", "iterations", "beta", "lr", "epochs",
-                   "imitation_steps", "imitation_lr", "tree_tasks", "lora_rank")}  # the Config fields as flags
-LEAST = {**dict.fromkeys(("rounds", "calls", "sub_iters", "workers", "max_tokens", "depth", "children",
-                          "iterations", "epochs"), 1),
-         "imitation_steps": 0, "tree_tasks": 0, "lora_rank": 0, "tree_temperature": 0}
-POSITIVE = ("time_limit", "script_timeout", "lr", "beta", "imitation_lr")  # the numbers that must be > 0
-
-
-def checked(name: str):
-    """argparse type= for the Config field `name`: its type, finite, at least LEAST[name], > 0 if in POSITIVE."""
-    kind = float if "float" in {f.name: f.type for f in dataclasses.fields(Config)}[name] else int
-
-    def check(text):
-        v = kind(text)  # a ValueError: argparse's "invalid int value"
-        why = "finite" if not math.isfinite(v) else "> 0" if name in POSITIVE and v <= 0 else \
-            f"at least {LEAST[name]}" if v < LEAST.get(name, v) else None
-        if why:
-            raise argparse.ArgumentTypeError(f"must be {why}, not {v}")
-        return v
-    check.__name__ = kind.__name__
-    return check
+P_INT, COUNT, POSITIVE = agent.POSITIVE_INT, agent.COUNT, agent.POSITIVE  # agent.py's argparse type= checkers
+TREE_FLAGS = {"depth": P_INT, "children": P_INT, "tree_temperature": agent.NONNEGATIVE}
+FLAGS = {  # the Config fields each command takes as flags, with their checkers
+    "common": {"calls": P_INT, "sub_iters": P_INT, "time_limit": POSITIVE, "script_timeout": POSITIVE,
+               "workers": P_INT, "max_tokens": P_INT, "seed": agent.checked(int)},
+    "run": {"rounds": P_INT}, "tree": TREE_FLAGS,
+    "train": {**TREE_FLAGS, "iterations": P_INT, "beta": POSITIVE, "lr": POSITIVE, "epochs": P_INT,
+              "imitation_steps": COUNT, "imitation_lr": POSITIVE, "tree_tasks": COUNT, "lora_rank": COUNT}}
 
 
 def token_table(records) -> str:
@@ -1133,14 +1093,12 @@ def main(argv=None):
         common.add_argument(f"--{role}", default="scripted", help="'scripted', a checkpoint folder, or a model name")
         common.add_argument(f"--{role}-url", help=f"OpenAI-compatible endpoint of the {role}")
     common.add_argument("--out", help="output folder (default: the project's runs/matryoshka/<task>)")
-    for name in FLAGS["common"]:
-        common.add_argument("--" + name.replace("_", "-"), type=checked(name))
     cmds = {c: sub.add_parser(c, parents=[common], help=h) for c, h in (
         ("run", "a Matryoshka run (or --monolithic) on one task"), ("tree", "collect a Solution Refinement Tree"),
         ("train", "train the Orchestrator with the ranking loss on trees (online iterations)"))}
     for c, parser in cmds.items():
-        for name in FLAGS[c]:
-            parser.add_argument("--" + name.replace("_", "-"), type=checked(name))
+        for name, check in {**FLAGS["common"], **FLAGS[c]}.items():
+            parser.add_argument("--" + name.replace("_", "-"), type=check)
     cmds["run"].add_argument("--monolithic", action="store_true", help="the single-agent baseline instead")
     cmds["run"].add_argument("--fresh", action="store_true", help="start over instead of resuming out/run.json")
     cmds["train"].add_argument("--model", help="orchestrator checkpoint (default: a tiny model from scratch)")

@@ -546,7 +546,7 @@ def test_a_second_command_on_an_out_in_use_is_refused(tmp_path):
 
 
 def test_a_kill_between_the_checkpoint_renames_is_recovered(tmp_path):
-    new, old = tmp_path / ".ckpt-1.tmp", tmp_path / "ckpt-1.old"
+    new, old = tmp_path / "ckpt-1.tmp", tmp_path / "ckpt-1.old"  # what model.save_checkpoint_folder writes
     for folder, text in ((new, "half-written"), (old, "complete")):
         folder.mkdir()
         (folder / "config.json").write_text(text)
