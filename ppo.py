@@ -102,10 +102,9 @@ class Config:
 
 
 PAPER = dict(actor_lr=1e-6, critic_lr=1e-5, critic_warmup=0, advantage="gae")  # ML-Agent's, for a pre-trained 7B
-# The offline miniature (any policy under TINY_PARAMS): at the paper's rates its weights do not move; with the critic
-# its advantages did not raise J_step at any setting tried, with the group baseline over 4 samples they did
-# (tests/RESULTS.md, "PPO on the tiny model"). Our choice; --advantage gae brings back the critic, fitted alone for
-# the first critic_warmup iterations (OpenRLHF's --freezing_actor_steps).
+# The offline miniature (under TINY_PARAMS) does not move at the paper's rates; its critic's advantages did not raise
+# J_step at any setting tried, the group baseline's did (tests/RESULTS.md, "PPO on the tiny model"). Our choice;
+# --advantage gae brings the critic back, alone at first (critic_warmup; OpenRLHF's --freezing_actor_steps).
 TINY = dict(actor_lr=1e-4, critic_lr=3e-3, critic_warmup=2, advantage="group")
 TINY_PARAMS = 10_000_000
 LORA_LR_FACTOR = 10  # adapters from B = 0 need ~10x the full fine-tuning rate ("LoRA Without Regret", Schulman 2025)
@@ -298,9 +297,10 @@ def rows(ids, lengths, starts, idx, shared=1):
     return ids[idx[::shared] // shared, :W], lengths[idx], starts[idx]
 
 
-def micro_batches(idx, lengths, cfg, shared=1):
-    """Responses idx (whole rows of `shared`) sorted by length, cut into at most cfg.micro_batch rows and
-    cfg.micro_tokens tokens (rows x the longest)."""
+def micro_batches(idx, lengths, cfg, shared=1, ranks=model.Ranks()):
+    """[(responses, weight)]: idx (whole rows of `shared`) sorted by length, cut into at most cfg.micro_batch rows and
+    cfg.micro_tokens tokens (rows x the longest), then row 0 with weight 0 up to the most any rank has (under FSDP
+    every forward is a collective)."""
     groups = idx.view(-1, shared)
     row_len = lengths[groups].max(1).values  # a row ends where its last response does
     out, cur = [], []
@@ -309,13 +309,9 @@ def micro_batches(idx, lengths, cfg, shared=1):
             out.append(cur)
             cur = []
         cur.append(g)
-    return [groups[torch.tensor(c, device=idx.device)].reshape(-1) for c in out + ([cur] if cur else [])]
-
-
-def in_step(groups, ranks, filler):
-    """[(rows, weight)]: padded with (filler, 0) to the most any rank has: under FSDP every forward is collective."""
-    n = int(ranks.max(len(groups))) if ranks.world > 1 else len(groups)
-    return [(g, 1.0) for g in groups] + [(filler, 0.0)] * (n - len(groups))
+    out = [groups[torch.tensor(c, device=idx.device)].reshape(-1) for c in out + ([cur] if cur else [])]
+    n = int(ranks.max(len(out))) if ranks.world > 1 else len(out)
+    return [(g, 1.0) for g in out] + [(torch.arange(shared, device=idx.device), 0.0)] * (n - len(out))
 
 
 # ----------------------------------------------------- Acting: generation (step 2), execution in sandboxes (step 3)
@@ -338,9 +334,8 @@ def generate(lm, tokenizer, messages, cfg, device, seeds=None, n=1, on_done=None
                             stop_fn=model.stop_strings(tokenizer, agent.STOP), on_done=done)
     finally:
         torch.set_num_threads(threads)
-    # a stop string's tokens stay in the action: the policy chose to stop
     return ([p for p in prompts for _ in range(n)], g.tokens, g.logprobs, [text(t) for t in g.tokens],
-            [r == "stop" for r in g.finish_reasons])
+            [r == "stop" for r in g.finish_reasons])  # a stop string's tokens stay in the action: the policy chose
 
 
 def execute(e, text, reward_config, finished=True, unfinished_invalid=True):
@@ -430,7 +425,7 @@ def forward_scores(actor, critic, ref, ids, lengths, starts, R, cfg, device, ran
         out[0] = logprobs
     everyone, shared = torch.arange(lengths.shape[0], device=device), lengths.shape[0] // ids.shape[0]
     with torch.no_grad(), model.autocast(device):
-        for idx, weight in in_step(micro_batches(everyone, lengths, cfg, shared), ranks, everyone[:shared]):
+        for idx, weight in micro_batches(everyone, lengths, cfg, shared, ranks):
             i, ln, st = rows(ids, lengths, starts, idx, shared)
             lp = actor(i, ln, st) if logprobs is None else None
             model.set_lora(actor, ref is not None)  # LoRA: the reference is the actor with its adapters off
@@ -466,8 +461,7 @@ def ppo_update(actor, critic, opt_a, opt_c, data, cfg, device, gen, step_actor=T
             mine = torch.tensor([local[g] for g in mb.tolist() if g in local], dtype=torch.long, device=device)
             denom = ranks.sum(mask[mine].sum()).clamp(min=1)  # the masked mean over the whole minibatch
             s = torch.zeros(4, device=device)  # pg_loss, vf_loss, clipfrac, approx_kl
-            for idx, weight in in_step(micro_batches(mine, lengths, cfg, shared), ranks,
-                                       torch.arange(shared, device=device)):
+            for idx, weight in micro_batches(mine, lengths, cfg, shared, ranks):
                 i, ln, st = rows(ids, lengths, starts, idx, shared)
                 with model.autocast(device):
                     lp = actor(i, ln, st)
