@@ -574,12 +574,10 @@ def resume_point(cfg, say):
 
 # ------------------------------- Training: `setup` once (with the resume point), then per iteration the six steps
 
-STATE_KEYS = ("task", "task_dir", "step", "messages", "snapshot", "m_init", "m_best", "higher_is_better")
-
-
 def load_states(path):
     """The states pool (collect.py's states.jsonl); a bad line is a one-line error naming the file and line."""
-    states = agent.read_jsonl(path, STATE_KEYS, "a state of collect.py")
+    need = ("task", "task_dir", "step", "messages", "snapshot", "m_init", "m_best", "higher_is_better")
+    states = agent.read_jsonl(path, need, "a state of collect.py")
     if not states:
         raise ValueError(f"no states in {path}; run collect.py first or pass --states")
     return states
