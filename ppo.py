@@ -478,7 +478,7 @@ def ppo_update(actor, critic, opt_a, opt_c, data, cfg, device, gen, step_actor=T
                 if not stats and weight:  # the first minibatch of the first epoch: the policy has not moved yet
                     first_ratio = max(first_ratio, float(((ratio.detach() - 1).abs() * m).max()))
                 kl = (0.5 * (lp.detach() - old) ** 2 * m).sum() / denom
-                s += torch.tensor([float(pg), float(vf), float(cf), float(kl)], device=device)
+                s += torch.tensor([float(pg.detach()), float(vf.detach()), float(cf), float(kl)], device=device)
             s = ranks.sum(s)  # this minibatch, every rank's rows
             if step_actor and cfg.target_kl and s[3] > 1.5 * cfg.target_kl:  # early stop (Spinning Up's PPO, CleanRL
                 step_actor = False  # --target-kl): the policy has moved far enough this iteration; the critic goes on
