@@ -115,7 +115,7 @@ def run_cli(argv, d, ck, cli=None):
     argv = [a.format(d=d, ck=ck) for a in argv]
     if cli is not None:
         return cli(importlib.import_module(argv[0].removesuffix(".py")).main, argv[1:], cwd=ROOT)
-    return subprocess.run([sys.executable, *argv], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    return subprocess.run([sys.executable, *argv], cwd=ROOT, capture_output=True, text=True, timeout=300)
 
 
 def assert_one_line_error(r, words):
