@@ -55,8 +55,8 @@ def test_bootstrap_interval_brackets_the_mean_and_narrows_with_n():
 
 
 # A claims run at the smallest size that still runs every step: it checks the report's shape, never the outcomes.
-# Every count is the least a step takes (one state of PPO and of J_step's sample, one MLAB step of at most 32 tokens,
-# C7's two rounds for a slope), the SFT model is small (32 wide, 512 tokens, 1,024-token rows), the Orchestrator's
+# The counts are small (one PPO state, two states and one seed of J_step, one MLAB step of at most 32 tokens, C7's
+# two rounds for a slope), the SFT model is small (32 wide, 512 tokens, 1,024-token rows), the Orchestrator's
 # training is test_orchestrator.py's end-to-end size (no other task's tree, one execution per Sub-Agent), and the
 # evaluations run in their own process (--workers 1).
 MICRO = dict(tasks=["digits", "synth-regression-0"], few_tasks=1, trajectories=1, sft_seeds=(0,),
@@ -64,7 +64,8 @@ MICRO = dict(tasks=["digits", "synth-regression-0"], few_tasks=1, trajectories=1
                   "--scratch-vocab", "512"], unseen_states=2,
              ppo=["--iterations", "1", "--batch-size", "1", "--max-new-tokens", "32"], objective_states=2,
              objective_seeds=1,
-             eval=["--k", "1", "--max-steps", "1", "--max-tokens", "32", "--workers", "1"], eval_tasks=["wine"], orch_task="breast-cancer",
+             eval=["--k", "1", "--max-steps", "1", "--max-tokens", "32", "--workers", "1"], eval_tasks=["wine"],
+             orch_task="breast-cancer",
              orch=["--iterations", "1", "--depth", "1", "--sub-iters", "1", "--imitation-steps", "20", "--tree-tasks",
                    "0"], c7_rounds=2, c8_tasks=["wine"])
 
