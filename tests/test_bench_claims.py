@@ -3,12 +3,11 @@
 - usage errors (an unknown flag, --lanes below one) exit 2 with one line and start nothing;
 - independent steps run at once or in turn, each once, and a failure is raised after the others finished;
 - the bootstrap interval brackets the mean and narrows with n;
-- a claims run at the smallest size runs every step, writes every claim C1-C8, and a rerun finds everything done.
+- a claims run at the smallest size runs every step, writes every claim C1-C8, and a rerun finds everything done
+  (the steps' commands at their least sizes; how steps run, once each, in lanes, is the test of the second item).
 """
 import importlib.util
 import json
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -21,18 +20,14 @@ spec.loader.exec_module(bench)
 ROOT = PATH.parent.parent
 
 
-def _bench(*args):
-    return subprocess.run([sys.executable, str(PATH), *args], cwd=ROOT, capture_output=True, text=True, timeout=600)
-
-
-def test_claims_usage_error_exits_2_with_one_line(tmp_path):
-    out = _bench("--fast", "--out", str(tmp_path))
+def test_claims_usage_error_exits_2_with_one_line(tmp_path, cli):  # main(argv) here (conftest.cli)
+    out = cli(bench.main, ["--fast", "--out", str(tmp_path)], cwd=ROOT)
     assert out.returncode == 2 and "unrecognized arguments: --fast" in out.stderr
     assert len(out.stderr.strip().splitlines()) == 1 and not (tmp_path / "work").exists()
 
 
-def test_claims_lanes_below_one_is_a_usage_error(tmp_path):
-    out = _bench("--lanes", "-1", "--out", str(tmp_path))
+def test_claims_lanes_below_one_is_a_usage_error(tmp_path, cli):
+    out = cli(bench.main, ["--lanes", "-1", "--out", str(tmp_path)], cwd=ROOT)
     assert out.returncode == 2 and "--lanes must be at least 1" in out.stderr
     assert len(out.stderr.strip().splitlines()) == 1 and not (tmp_path / "work").exists()
 
@@ -60,16 +55,32 @@ def test_bootstrap_interval_brackets_the_mean_and_narrows_with_n():
 
 
 # A claims run at the smallest size that still runs every step: it checks the report's shape, never the outcomes.
+# The counts are small (one PPO state, two states and one seed of J_step, one MLAB step of at most 32 tokens, C7's
+# two rounds for a slope), the SFT model is small (32 wide, 512 tokens, 1,024-token rows), the Orchestrator's
+# training is test_orchestrator.py's end-to-end size (no other task's tree, one execution per Sub-Agent), and the
+# evaluations run in their own process (--workers 1).
 MICRO = dict(tasks=["digits", "synth-regression-0"], few_tasks=1, trajectories=1, sft_seeds=(0,),
-             sft=["--epochs", "1", "--eval-parse", "0"], unseen_states=4,
-             ppo=["--iterations", "1", "--batch-size", "4", "--max-new-tokens", "64"], objective_states=4,
-             objective_seeds=2,
-             eval=["--k", "1", "--max-steps", "2"], eval_tasks=["wine"], orch_task="breast-cancer",
-             orch=["--iterations", "1", "--depth", "1"], c7_rounds=2, c8_tasks=["wine"])
+             sft=["--epochs", "1", "--eval-parse", "0", "--max-len", "1024", "--scratch-hidden", "32",
+                  "--scratch-vocab", "512"], unseen_states=2,
+             ppo=["--iterations", "1", "--batch-size", "1", "--max-new-tokens", "32"], objective_states=2,
+             objective_seeds=1,
+             eval=["--k", "1", "--max-steps", "1", "--max-tokens", "32", "--workers", "1"], eval_tasks=["wine"],
+             orch_task="breast-cancer",
+             orch=["--iterations", "1", "--depth", "1", "--sub-iters", "1", "--imitation-steps", "20", "--tree-tasks",
+                   "0"], c7_rounds=2, c8_tasks=["wine"])
+
+
+# The Matryoshka evaluations' sizes are not the preset's (C7 and C8 take only its tasks and rounds): the test appends
+# them to those two steps' commands (the last flag wins), the same least sizes as above.
+SMALLER = {"eval-context": ["--sub-iters", "1", "--workers", "1"],
+           "eval-orchestrator": ["--sub-iters", "1", "--max-tokens", "64", "--workers", "1"]}
 
 
 @pytest.mark.slow
-def test_claims_run_end_to_end_writes_every_claim_and_resumes(tmp_path):
+def test_claims_run_end_to_end_writes_every_claim_and_resumes(tmp_path, monkeypatch):
+    step = bench.ClaimsRun.step
+    monkeypatch.setattr(bench.ClaimsRun, "step", lambda self, name, script, *args, **kw: step(
+        self, name, script, *args, *SMALLER.get(name, ()), **kw))
     result = bench.run_claims(MICRO, tmp_path, log=lambda *a: None)
     saved = json.loads((tmp_path / "claims.json").read_text())
     assert [c["claim"][:2] for c in saved["claims"]] == [f"C{i}" for i in range(1, 9)]

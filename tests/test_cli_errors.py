@@ -1,8 +1,11 @@
-"""Bad input to the command lines (issue 15): each case runs the CLI as a subprocess and expects exit status 2, one
-line on stderr that names the input, and no traceback; a run on an --out that another run holds is refused alike.
-The arguments are checked before any heavy work, so each case takes about a second (sft.py: a few, for torch)."""
+"""Bad input to the command lines (issue 15): each case runs the CLI and expects exit status 2, one line on stderr
+that names the input, and no traceback; a run on an --out that another run holds is refused alike. The cases call
+each script's main(argv) in this process (conftest.run_main gives the exit status, stdout and stderr a fresh process
+would, warnings included), since a python and torch start per case cost most of the sweep's time; one case also runs
+as a real subprocess, so the script's own start is covered. The arguments are checked before any heavy work."""
 from __future__ import annotations
 
+import importlib
 import pickle
 import shutil
 import subprocess
@@ -106,9 +109,13 @@ def ck(tmp_path_factory):
     return root
 
 
-def run_cli(argv, d, ck):
+def run_cli(argv, d, ck, cli=None):
+    """The command line argv ({d}, {ck} filled in) from ROOT: main(argv) here with cli (conftest.run_main), else
+    python as a subprocess."""
     argv = [a.format(d=d, ck=ck) for a in argv]
-    return subprocess.run([sys.executable, *argv], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    if cli is not None:
+        return cli(importlib.import_module(argv[0].removesuffix(".py")).main, argv[1:], cwd=ROOT)
+    return subprocess.run([sys.executable, *argv], cwd=ROOT, capture_output=True, text=True, timeout=300)
 
 
 def assert_one_line_error(r, words):
@@ -118,19 +125,25 @@ def assert_one_line_error(r, words):
 
 
 @pytest.mark.parametrize("argv, files, words", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
-def test_bad_input_is_one_line_exit_2(argv, files, words, tmp_path, ck):
+def test_bad_input_is_one_line_exit_2(argv, files, words, tmp_path, ck, cli):
     for rel, data in files.items():
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / rel).write_bytes(data)
     before = {rel: (tmp_path / rel).read_bytes() for rel in files}
-    assert_one_line_error(run_cli(argv, tmp_path, ck), words)
+    assert_one_line_error(run_cli(argv, tmp_path, ck, cli), words)
     assert {rel: (tmp_path / rel).read_bytes() for rel in files} == before  # nothing given was changed
 
 
-@pytest.mark.parametrize("argv", [c[1] for c in IN_USE], ids=[c[0] for c in IN_USE])
-def test_an_out_in_use_by_another_run_is_refused(argv, tmp_path, ck):
+def test_bad_input_to_a_subprocess_is_one_line_exit_2(tmp_path, ck):
+    """The sweep's emulation checked once against the real thing: python sft.py, torch imported, exits 2."""
     (tmp_path / "chat.jsonl").write_bytes(CHAT)
-    with agent.claim_folder(tmp_path / "o"):  # what a running command on this --out holds
-        r = run_cli(argv + ["--out", "{d}/o"], tmp_path, ck)
+    assert_one_line_error(run_cli(SFT + ["--threads", "-1", "--out", "{d}/o"], tmp_path, ck), "--threads")
+
+
+@pytest.mark.parametrize("argv", [c[1] for c in IN_USE], ids=[c[0] for c in IN_USE])
+def test_an_out_in_use_by_another_run_is_refused(argv, tmp_path, ck, cli):
+    (tmp_path / "chat.jsonl").write_bytes(CHAT)
+    with agent.claim_folder(tmp_path / "o"):  # what a running command on this --out holds (flock: the command's own
+        r = run_cli(argv + ["--out", "{d}/o"], tmp_path, ck, cli)  # open of .lock is refused, in this process too)
     assert_one_line_error(r, "in use")
     assert sorted(p.name for p in (tmp_path / "o").iterdir()) == [".lock"]  # it wrote nothing

@@ -17,8 +17,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import random
-import subprocess
-import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -247,8 +245,8 @@ def test_a_resume_reads_lines_without_a_reward_config_as_the_default(tmp_path):
 
 @pytest.mark.parametrize("args", [["--tasks", "no-such-task"], ["--trajectories", "0"], ["--bogus"],
                                   ["--reward-clip", "0"]])
-def test_usage_errors_exit_2_with_one_line(args):
-    r = subprocess.run([sys.executable, str(ROOT / "collect.py"), *args], capture_output=True, text=True, cwd=ROOT)
+def test_usage_errors_exit_2_with_one_line(args, cli):  # main(argv) here (conftest.cli), not a python + torch
+    r = cli(collect.main, args, cwd=ROOT)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and r.stdout == ""
 
 

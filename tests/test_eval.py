@@ -276,8 +276,8 @@ def test_plots_where_matplotlib_is_installed(tmp_path):
     (["--policy", "runs/no-such-ckpt"], "no checkpoint folder"),
     (["--scaffold", "swarm"], "invalid choice"),
 ])
-def test_usage_errors_exit_2_with_one_line(tmp_path, args, words):
-    out = _eval(*args, "--out", str(tmp_path))
+def test_usage_errors_exit_2_with_one_line(tmp_path, args, words, cli):  # main(argv) here, not a python + torch
+    out = cli(ev.main, [*args, "--out", str(tmp_path)], cwd=ROOT)
     assert out.returncode == 2
     assert words in out.stderr and len(out.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "runs.jsonl").exists()

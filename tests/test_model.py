@@ -847,13 +847,13 @@ def test_cli_generate(cases):
                                    ["generate", "--prompt", "hi", "--max-new-tokens", "0"],
                                    ["generate", "--prompt", "hi", "--device", "tpu9"],
                                    ["serve"]])  # the server went: vLLM and `transformers serve` serve saved folders
-def test_cli_bad_values_are_one_line_exit_2(cases, extra):
-    r = run_cli(extra[0], "--model", str(cases("qwen2-tied").path), *extra[1:])
+def test_cli_bad_values_are_one_line_exit_2(cases, extra, cli):  # main(argv) here (conftest.cli), not a python
+    r = cli(model.main, [extra[0], "--model", str(cases("qwen2-tied").path), *extra[1:]], cwd=ROOT)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
 
 
-def test_cli_missing_model_is_one_line_exit_2(tmp_path):
-    r = run_cli("generate", "--model", str(tmp_path / "no-such-model"), "--prompt", "hi")
+def test_cli_missing_model_is_one_line_exit_2(tmp_path, cli):
+    r = cli(model.main, ["generate", "--model", str(tmp_path / "no-such-model"), "--prompt", "hi"], cwd=ROOT)
     assert r.returncode == 2
     assert len(r.stderr.strip().splitlines()) == 1, r.stderr
 

@@ -392,7 +392,7 @@ def test_cli_from_scratch_writes_a_checkpoint_model_py_loads(tmp_path, chats):
     assert len(list(out.glob("checkpoint-*"))) == 2
 
 
-def test_cli_usage_errors_exit_2(tmp_path):
+def test_cli_usage_errors_exit_2(tmp_path, cli):  # main(argv) here (conftest.cli), not a python + torch a case
     chat = [{"role": "user", "content": "1+1"}, {"role": "assistant", "content": "2"}]
     data = write_jsonl(tmp_path / "ok.jsonl", [chat])
     for argv in (["--data", str(tmp_path / "missing.jsonl")], ["--batch-size", "0"], ["--bogus"],
@@ -401,36 +401,36 @@ def test_cli_usage_errors_exit_2(tmp_path):
                  ["--data", data, "--scratch-heads", "0"], ["--data", data, "--threads", "-1"],
                  ["--data", data, "--lr", "nan"], ["--data", data, "--device", "tpu9"],
                  ["--data", data, "--scratch-hidden", "30"]):
-        r = run_cli(*argv, cwd=tmp_path)
+        r = cli(sft.main, argv, cwd=tmp_path)
         assert r.returncode == 2, (argv, r.stderr)
         assert len(r.stderr.strip().splitlines()) == 1 and "error" in r.stderr
     chat = [{"role": "user", "content": "1+1"}, {"role": "assistant", "content": "2"}]
     good = write_jsonl(tmp_path / "d.jsonl", [chat])
-    r = run_cli("--data", str(good), "--prompt-loss-weight", "-1", cwd=tmp_path)
+    r = cli(sft.main, ["--data", str(good), "--prompt-loss-weight", "-1"], cwd=tmp_path)
     assert r.returncode == 2 and "--prompt-loss-weight: must be >= 0" in r.stderr and len(r.stderr.strip().splitlines()) == 1
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"text": "no messages"}\n')
-    r = run_cli("--data", str(bad), "--out", str(tmp_path / "o"), cwd=tmp_path)
+    r = cli(sft.main, ["--data", str(bad), "--out", str(tmp_path / "o")], cwd=tmp_path)
     assert r.returncode == 2 and "expected" in r.stderr and len(r.stderr.strip().splitlines()) == 1
 
 
-def test_an_unreadable_checkpoint_a_file_and_an_out_in_use_are_refused(tmp_path, chats):
+def test_an_unreadable_checkpoint_a_file_and_an_out_in_use_are_refused(tmp_path, chats, cli):  # main(argv) here
     data = write_jsonl(tmp_path / "d.jsonl", chats[:6])
     out = tmp_path / "ckpt"
     (out / "checkpoint-3").mkdir(parents=True)
     (out / "checkpoint-3" / "trainer_state.pt").write_bytes(b"truncated")
     for extra in ([], ["--resume"]):  # a checkpoint under --out is resumed, here an unreadable one
-        r = run_cli("--data", data, "--out", str(out), "--epochs", "1", *extra, cwd=tmp_path)
+        r = cli(sft.main, ["--data", data, "--out", str(out), "--epochs", "1", *extra], cwd=tmp_path)
         assert r.returncode == 2 and "cannot be read" in r.stderr and len(r.stderr.strip().splitlines()) == 1
     (tmp_path / "a-file").write_text("mine")
-    r = run_cli("--data", data, "--out", str(tmp_path / "a-file"), cwd=tmp_path)
+    r = cli(sft.main, ["--data", data, "--out", str(tmp_path / "a-file")], cwd=tmp_path)
     assert r.returncode == 2 and "is a file" in r.stderr and (tmp_path / "a-file").read_text() == "mine"
     busy = tmp_path / "busy"
     busy.mkdir()
     with open(busy / ".lock", "w") as held:
         import fcntl
         fcntl.flock(held, fcntl.LOCK_EX)
-        r = run_cli("--data", data, "--out", str(busy), "--epochs", "1", cwd=tmp_path)
+        r = cli(sft.main, ["--data", data, "--out", str(busy), "--epochs", "1"], cwd=tmp_path)  # flock: here too
     assert r.returncode == 2 and "in use" in r.stderr
 
 
@@ -461,10 +461,10 @@ def test_killed_run_resumes_with_each_step_logged_once_and_refuses_other_data(tm
 
 @pytest.mark.parametrize("content", [b'{"messages": [{"content": "no role"}]}\n', b"\xff\xfe\n", b'{"messages": [1]}\n',
                                      b'{"messages": [{"role": "user", "content": {"a": 1}}]}\n'])
-def test_bad_chat_lines_are_one_line_errors_naming_file_and_line(tmp_path, content):
+def test_bad_chat_lines_are_one_line_errors_naming_file_and_line(tmp_path, content, cli):  # main(argv) here
     bad = tmp_path / "bad.jsonl"
     bad.write_bytes(b'{"messages": [{"role": "user", "content": "ok"}]}\n' + content)
-    r = run_cli("--data", str(bad), "--out", str(tmp_path / "o"), cwd=tmp_path)
+    r = cli(sft.main, ["--data", str(bad), "--out", str(tmp_path / "o")], cwd=tmp_path)
     assert r.returncode == 2 and "bad.jsonl:2" in r.stderr and len(r.stderr.strip().splitlines()) == 1
 
 

@@ -1,0 +1,70 @@
+"""What several test files share: `cli`, a command line run in this process as `python script.py ...` would run it.
+
+A bad-input sweep that starts one python (and torch) per case spends seconds a case on the start alone; `cli` calls
+the script's main(argv) here instead and gives back what the fresh process would have: its exit status (SystemExit's
+code, a message given to sys.exit printed with status 1, an uncaught exception's traceback on stderr with status 1),
+its stdout and its stderr, with each warning the run raised printed there as Python prints it. What the run changes
+in this process (the working folder, os.environ, torch's threads, the random generators, signal handlers) is put back.
+"""
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import random
+import signal
+import subprocess
+import sys
+import traceback
+import warnings
+
+import pytest
+
+
+def run_main(main, argv, cwd=None) -> subprocess.CompletedProcess:
+    """main([str(a) for a in argv]) in this process -> CompletedProcess(argv, returncode, stdout, stderr)."""
+    import numpy as np
+    import torch
+    argv = [str(a) for a in argv]
+    saved = (os.getcwd(), dict(os.environ), torch.get_num_threads(), torch.get_rng_state(), random.getstate(),
+             np.random.get_state(), {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)})
+    out, err, code = io.StringIO(), io.StringIO(), 0
+    with warnings.catch_warnings(record=True) as caught, contextlib.redirect_stdout(out), \
+            contextlib.redirect_stderr(err):
+        # a fresh interpreter's filters: shown once per place, the deprecation, import and resource kinds hidden
+        warnings.resetwarnings()
+        warnings.simplefilter("default")
+        for kind in (DeprecationWarning, PendingDeprecationWarning, ImportWarning, ResourceWarning):
+            warnings.simplefilter("ignore", kind)
+        try:
+            if cwd is not None:
+                os.chdir(cwd)
+            main(argv)
+        except SystemExit as e:
+            if e.code is None or isinstance(e.code, int):
+                code = e.code or 0
+            else:
+                print(e.code, file=sys.stderr)
+                code = 1
+        except Exception:  # what the interpreter would print before exiting 1
+            traceback.print_exc()
+            code = 1
+        finally:
+            os.chdir(saved[0])
+            os.environ.clear()
+            os.environ.update(saved[1])
+            torch.set_num_threads(saved[2])
+            torch.set_rng_state(saved[3])
+            random.setstate(saved[4])
+            np.random.set_state(saved[5])
+            for s, handler in saved[6].items():
+                signal.signal(s, handler)
+    stderr = err.getvalue() + "".join(warnings.formatwarning(w.message, w.category, w.filename, w.lineno, w.line)
+                                      for w in caught)
+    return subprocess.CompletedProcess(argv, code, out.getvalue(), stderr)
+
+
+@pytest.fixture
+def cli():
+    """run_main: a script's main(argv) run here as its command line would run (see the module's docstring)."""
+    return run_main
