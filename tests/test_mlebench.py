@@ -146,7 +146,7 @@ def test_checkout_without_the_competition_is_refused(tmp_path):
 def test_read_yaml_reads_an_mlebench_config(tmp_path):
     path = tmp_path / "config.yaml"
     path.write_text(CONFIG.format(id="c", answers="private/answers.csv", sample="public/s.csv", grader="x y"))
-    cfg = env._read_yaml(path)
+    cfg = env._MLEBENCH["read_yaml"](path)
     assert cfg["dataset"] == {"answers": "c/prepared/private/answers.csv", "sample_submission": "c/prepared/public/s.csv"}
     assert cfg["grader"] == {"name": "x y", "grade_fn": "mlebench.competitions.c.grade:grade"}
     assert cfg["name"] == "A test competition" and cfg["preparer"] == "mlebench.competitions.c.prepare:prepare"
