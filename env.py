@@ -828,17 +828,15 @@ def _kill_uid(uid: int):
 
 
 # ---------------------------------------------------------------------------------------- the fork server
-# Importing numpy, pandas and scikit-learn is most of a short run (tests/RESULTS.md, "env.py: the fork server"). So a
-# run is a fork of an interpreter that imported them once (a "fork server", as multiprocessing's forkserver and
-# Android's zygote): started with the sandbox's environment on a process's first run, it forks a child per run that
-# applies all a fresh interpreter's run gets (files, output, session, namespaces, rlimits, uid, parent-death signal,
-# scrubbed environment, in subprocess's order) and runs the script as `python -u script` would: same sys.argv,
-# sys.path[0], exit status and traceback, atexit handlers and non-daemon threads waited for. What differs: the modules
-# are already imported (unseen by `-X importtime`), and one server's runs share Python's hash seed (set iteration
-# order); numpy's and Python's generators are reseeded from the OS in every child. The server holds no secrets (the
-# sandbox's environment, this module, the libraries); it dies with the process that started it (end of file on its
-# socket), killing its runs, and a run dies with it (parent-death signal). Where it cannot start, or FORK_SERVER is
-# False, every run is a new interpreter.
+# Importing numpy, pandas and scikit-learn is most of a short run (tests/RESULTS.md, "env.py: the fork server"), so a
+# run is a fork of an interpreter that imported them once (as multiprocessing's forkserver and Android's zygote),
+# started with the sandbox's environment on a process's first run. Its child applies what subprocess would (files,
+# output, session, namespaces, rlimits, uid, parent-death signal, scrubbed environment, in that order) and runs the
+# script as `python -u script` would (sys.argv, sys.path[0], exit status, traceback, atexit handlers, non-daemon
+# threads). What differs: the modules are already imported, and one server's runs share Python's hash seed (numpy's
+# and Python's generators are reseeded in every child). The server holds no secrets and dies with the process that
+# started it (end of file on its socket), killing its runs; a run dies with it (parent-death signal). Where it cannot
+# start, or FORK_SERVER is False, every run is a new interpreter.
 
 FORK_SERVER = True
 PRELOAD = ("numpy", "pandas", "scipy.sparse", "sklearn.base", "sklearn.calibration", "sklearn.compose",
@@ -1273,12 +1271,11 @@ def recipe_editor(instruction: str, code: str) -> str:
         raise EditError(str(e)) from None
 
 # ================================================================================== MLE-bench competitions
-# MLE-bench (Chan et al., 2024; github.com/openai/mle-bench) prepares a Kaggle competition into <data>/<id>/prepared/;
-# tasks/mlebench/prepare.py makes a task folder of one, run with runpy as tasks/builtin.py is: the MLE-bench
-# competitions are a task family, and DESIGN.md puts each family's preparation in tasks/, in MLAgentBench's per-task
-# layout, beside their baseline and grade_parts.py. Each part of the test rows is graded either by the competition's
-# own grade.py (given a checkout: exactly MLE-bench's grading, in a subprocess) or by one of METRICS, which follow
-# MLE-bench's conventions (sklearn's log-loss, macro AUC, extra columns ignored, `score_rows`).
+# tasks/mlebench/prepare.py makes a task folder of an MLE-bench prepared competition, run with runpy as tasks/builtin.py
+# is: the competitions are a task family, and each family's preparation lives in tasks/, in MLAgentBench's per-task
+# layout. Each part of its test rows is graded by the competition's own grade.py (given a checkout: exactly MLE-bench's
+# grading, in a subprocess) or by one of METRICS, which follow MLE-bench's conventions (sklearn's log-loss, macro AUC,
+# extra columns ignored, `score_rows`).
 GRADE_TIMEOUT = 600.0  # seconds for one grading by a competition's grade.py
 _MLEBENCH = runpy.run_path(str(DATA_DIR / "mlebench" / "prepare.py"))
 
