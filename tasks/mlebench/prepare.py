@@ -35,14 +35,14 @@ def read_yaml(path: Path) -> dict:
 
 def read_board(env, leaderboard, metric, higher) -> tuple[pd.DataFrame, bool]:
     """MLE-bench's leaderboard.csv as private/leaderboard.csv (`entry`, `score`), best first, and whether higher is
-    better: the metric's direction `higher`, or, None, read off the leaderboard as MLE-bench does (grade_helpers.py,
-    is_lower_better)."""
+    better (`higher`, the metric's direction, or None: read off the leaderboard)."""
     board = pd.read_csv(leaderboard)
     if "score" not in board or board["score"].isna().all():
         raise env.TaskError(f"{leaderboard}: no `score` column with values")
     board = board.dropna(subset=["score"])
     first, last = board["score"].iloc[0], board["score"].iloc[-1]
-    higher = not first < last if higher is None else higher
+    if higher is None:  # as MLE-bench reads it off the leaderboard, best first (mlebench/grade_helpers.py)
+        higher = not first < last
     if (first - last) * (1 if higher else -1) < 0:
         raise env.TaskError(f"{leaderboard} ranks the other way round from {metric} ("
                             f"{'higher' if higher else 'lower'} is better): is {metric} the competition's metric?")
