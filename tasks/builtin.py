@@ -44,12 +44,13 @@ def specs(root: Path) -> dict[str, types.SimpleNamespace]:
                      key=lambda f: ((*ORDER, f.name).index(f.name), f.name))
     tasks = {}
     for folder in folders:
-        info, code = json.loads((folder / "task.json").read_text()), runpy.run_path(str(folder / "prepare.py"))
+        info = json.loads((folder / "task.json").read_text())
         if "seeds" in info:
+            code = runpy.run_path(str(folder / "prepare.py"))
             draws = [({**info, **code["task"](s)}, functools.partial(code["rows"], s)) for s in range(info["seeds"])]
-        else:
+        else:  # prepare.py is read when the rows are made: its imports (scikit-learn's datasets) are slow
             draws = [({**info, "name": folder.name, "about": (folder / "research_problem.md").read_text().rstrip("\n"),
-                       "starter": (folder / "train.py").read_text()}, code["rows"])]
+                       "starter": (folder / "train.py").read_text()}, functools.partial(rows_of, folder))]
         for fields, rows in draws:
             spec = types.SimpleNamespace(**{**SPEC_DEFAULTS, **fields}, rows=rows)
             # the submission's target columns: one probability column per class, or the target
@@ -57,6 +58,11 @@ def specs(root: Path) -> dict[str, types.SimpleNamespace]:
                 else [spec.target]
             tasks[spec.name] = spec
     return tasks
+
+
+def rows_of(folder: Path):
+    """The table of a one-task folder: its prepare.py's rows()."""
+    return runpy.run_path(str(folder / "prepare.py"))["rows"]()
 
 
 def make(spec, env) -> dict:

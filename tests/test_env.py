@@ -1304,12 +1304,13 @@ def test_recipe_editor_raises_edit_error(digits):
 def test_every_recipe_runs_and_scores(name):
     task = env.load_task(name)
     code = starter(task)
-    failures = []
-    for recipe in env.recipes_for(name):
-        r = env.run_script(task, env.recipe_editor(recipe.idea, code), cache=False, timeout=120)
-        if r.status != "success" or r.score is None:
-            failures.append(f"{recipe.name}: {r.status} {r.error or ''} {r.output[-300:]}")
-    assert failures == []
+    recipes = env.recipes_for(name)
+    with ThreadPoolExecutor(2) as pool:  # two scripts at a time, as ppo.py's workers run them
+        runs = list(pool.map(lambda r: env.run_script(task, env.recipe_editor(r.idea, code), cache=False, timeout=120),
+                             recipes))
+    failures = [f"{recipe.name}: {r.status} {r.error or ''} {r.output[-300:]}" for recipe, r in zip(recipes, runs)
+                if r.status != "success" or r.score is None]
+    assert recipes and failures == []
 
 
 # ====================================================================================================== MLE-bench import

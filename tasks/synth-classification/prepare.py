@@ -10,7 +10,6 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from sklearn.datasets import make_classification
 
 BUILTIN = runpy.run_path(str(Path(__file__).parents[1] / "builtin.py"))  # table_columns, table_data, starter
 ROWS = 3000  # half of them test rows, half of those private
@@ -47,6 +46,7 @@ def task(seed: int) -> dict:
 
 def rows(seed: int) -> pd.DataFrame:
     """make_classification's clusters, with skewed features, categories and missing values (table_columns)."""
+    from sklearn.datasets import make_classification  # here, not at the top: env.py reads this file at import
     draw = _draw(seed)
     classes, d, n_cat = draw["classes"], draw["d"], draw["n_cat"]
     x, y = make_classification(n_samples=ROWS, n_features=d + n_cat, n_informative=max(3, d // 2), n_redundant=1,
