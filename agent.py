@@ -97,7 +97,9 @@ class OpenAIBackend:
         self.max_retries, self.backoff = max_retries, backoff
         self.usage = Usage(price_in=price_in, price_out=price_out)
 
-    def _request(self, method: str, path: str, payload=None) -> dict:
+    def _request(self, method: str, path: str, payload=None, read=lambda out: out):
+        """read(the answer's JSON object); an answer it finds empty (None), rate limits, server trouble and broken
+        answers are retried with backoff, anything else is a BackendError at once."""
         url = self.base_url + path
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
         for attempt in range(self.max_retries + 1):
@@ -106,28 +108,28 @@ class OpenAIBackend:
                 r = self._send(method, url, payload, headers)
             except requests.ConnectionError as e:  # refused, dropped or not connected in time: retry
                 why = f"cannot reach {url} ({type(e).__name__}); check OPENAI_BASE_URL"
-            except (TimeoutError, requests.Timeout):
+            except (TimeoutError, requests.Timeout, urllib3.exceptions.ReadTimeoutError):
                 why = f"{url} did not answer within {self.timeout:g} s (OPENAI_TIMEOUT sets the limit)"
-            except (requests.exceptions.ChunkedEncodingError, requests.exceptions.ContentDecodingError) as e:
-                why = f"{url} broke off its answer ({type(e).__name__})"  # a truncated body: retry
+            except urllib3.exceptions.HTTPError as e:  # a body broken off (urllib3 wraps socket errors): retry
+                why = f"{url} broke off its answer ({type(e).__name__})"
             except requests.RequestException as e:  # a malformed URL: no point retrying
                 raise BackendError(f"bad endpoint URL {url!r}: {e}") from None
             else:
-                if r.status_code == 200:
-                    try:
-                        out = json.loads(r.content)
-                    except ValueError:
-                        out = None
-                    if not isinstance(out, dict):
-                        raise BackendError(f"{url} answered with something that is not a JSON object: "
-                                           f"{r.content[:120]!r}; is {self.base_url} an OpenAI-compatible endpoint?")
-                    return out
                 try:
-                    message = r.json()["error"]["message"]
-                except (ValueError, KeyError, TypeError):
+                    out = json.loads(r.content)
+                except ValueError:
+                    out = None
+                if r.status_code == 200 and not isinstance(out, dict):
+                    raise BackendError(f"{url} answered with something that is not a JSON object: "
+                                       f"{r.content[:120]!r}; is {self.base_url} an OpenAI-compatible endpoint?")
+                if r.status_code == 200 and (got := read(out)) is not None:
+                    return got
+                try:
+                    message = out["error"]["message"]
+                except (KeyError, TypeError):
                     message = r.text[:200].replace("\n", " ")
                 why = f"{method} {url}: HTTP {r.status_code}: {message}"
-                if r.status_code not in RETRY_STATUS:
+                if r.status_code not in RETRY_STATUS + (200,):
                     raise BackendError(why + HINTS.get(r.status_code, ""))
                 retry_after = r.headers.get("Retry-After")
             if attempt == self.max_retries:
@@ -145,15 +147,7 @@ class OpenAIBackend:
         r = requests.request(method, url, json=payload, headers=headers, timeout=self.timeout, stream=True)
         read, body = getattr(r.raw, "read1", r.raw.read), bytearray()  # urllib3 2's read1: what has arrived
         with r:
-            while True:
-                try:
-                    piece = read(65536, decode_content=True)
-                except urllib3.exceptions.ReadTimeoutError:
-                    raise TimeoutError from None
-                except (urllib3.exceptions.HTTPError, OSError) as e:  # as requests names a broken body
-                    raise requests.exceptions.ChunkedEncodingError(e) from None
-                if not piece:
-                    break
+            while piece := read(65536, decode_content=True):
                 body += piece
                 if time.monotonic() > deadline:
                     raise TimeoutError
@@ -163,33 +157,22 @@ class OpenAIBackend:
     def chat(self, messages, n=1, temperature=0.0, max_tokens=1024, stop=None) -> Completion:
         """n completions. A server that returns fewer choices than asked (transformers serve ignores n) is asked
         again for the rest; an answer without choices is retried like a server error."""
-        start, texts, prompt_tokens, completion_tokens = time.time(), [], 0, 0
+        start, c = time.time(), Completion([])
         if self.model is None:
             try:
                 self.model = self._request("GET", "/models")["data"][0]["id"]
             except (KeyError, IndexError, TypeError):
                 raise BackendError(f"{self.base_url}/models lists no model; pass --model") from None
-        for attempt in range(self.max_retries + 1):
-            payload = {"model": self.model, "messages": messages, "n": n - len(texts), "temperature": temperature,
+        while len(c.texts) < n:
+            payload = {"model": self.model, "messages": messages, "n": n - len(c.texts), "temperature": temperature,
                        "max_tokens": max_tokens}
             if stop:
                 payload["stop"] = stop
-            out = self._request("POST", "/chat/completions", payload)
-            choices = out.get("choices") if isinstance(out.get("choices"), list) else []
-            # a chat choice's message content, or a legacy completion choice's text, in the order of their index
-            got = [(ch["message"].get("content") or "") if isinstance(ch.get("message"), dict) else ch.get("text")
-                   for ch in sorted((c for c in choices if isinstance(c, dict)), key=lambda c: c.get("index", 0))]
-            got = [t for t in got if isinstance(t, str)]
-            usage = out.get("usage") if isinstance(out.get("usage"), dict) else {}
-            prompt_tokens += usage.get("prompt_tokens", 0) if got else 0
-            completion_tokens += usage.get("completion_tokens", 0)
-            texts += got[:n - len(texts)]
-            if len(texts) == n:
-                return self.usage.add(Completion(texts, prompt_tokens, completion_tokens), time.time() - start)
-            if not got and attempt < self.max_retries:
-                time.sleep(min(self.backoff * 2 ** attempt, 60.0))
-        raise BackendError(f"{self.base_url}/chat/completions gave {len(texts)} of the {n} choices asked for in "
-                           f"{self.max_retries + 1} answers; the last: {str(out)[:200]}")
+            texts, usage = self._request("POST", "/chat/completions", payload, read_choices)
+            c.texts += texts[:n - len(c.texts)]
+            c.prompt_tokens += usage.get("prompt_tokens", 0)
+            c.completion_tokens += usage.get("completion_tokens", 0)
+        return self.usage.add(c, time.time() - start)
 
     def embeddings(self, texts: list[str], batch=256):
         """(N, D) numpy array of the endpoint's `/v1/embeddings` for `texts`."""
@@ -207,6 +190,16 @@ class OpenAIBackend:
             rows += got
             self.usage.prompt_tokens += (out.get("usage") or {}).get("prompt_tokens", 0)
         return np.asarray(rows, dtype=np.float64)
+
+
+def read_choices(out: dict):
+    """(texts, usage) of a chat answer: each chat choice's message content, or legacy completion choice's text, in
+    the order of their index; None when it holds none."""
+    choices = out.get("choices") if isinstance(out.get("choices"), list) else []
+    texts = [(c["message"].get("content") or "") if isinstance(c.get("message"), dict) else c.get("text")
+             for c in sorted((c for c in choices if isinstance(c, dict)), key=lambda c: c.get("index", 0))]
+    texts = [t for t in texts if isinstance(t, str)]
+    return (texts, out.get("usage") if isinstance(out.get("usage"), dict) else {}) if texts else None
 
 
 def cut_at_stop(text: str, stop) -> str:  # the text before the first stop string, as an endpoint returns it
