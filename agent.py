@@ -34,7 +34,7 @@ import re
 import shutil
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 import requests
 import urllib3
@@ -322,9 +322,8 @@ def shown_response(text: str) -> str:
     return "".join(f"{k}:{v}" for k, v in entries.items()).strip()
 
 # =============================================================================================== parsing
-# MLAB's parser (agents/agent.py:168-231) and what its research agent does with each failure
-# (agent_research.py:111-170): entries it cannot find or an Action that is not a tool are asked again; an Action
-# Input it cannot read is not: the step happens, and its observation is the error and the tool's usage.
+# MLAB's parser (agents/agent.py:168-231) and what its research agent does with each failure (agent_research.py:
+# 111-170): entries it cannot find or an Action that is not a tool are asked again, an unreadable Action Input is not.
 
 
 class ParseError(ValueError):
@@ -579,12 +578,9 @@ class Trajectory:
     m_best: float | None
     higher_is_better: bool
     steps: list[Step] = field(default_factory=list)
-    stopped: str = ""  # "final" | "max_steps" | "time"
+    stopped: str = "max_steps"  # | "final" | "time"
     seconds: float = 0.0  # the whole episode
     reset_seconds: float = 0.0  # env.reset(): the starter script's run
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 REMINDER = ("Respond with all of these entries: " + ", ".join(FORMAT) + "; Action must be one of the tool names and "
@@ -645,7 +641,6 @@ def run_episode(env_, backend, ideas=(), max_steps=15, time_limit=1800.0, max_re
         if result.done:
             traj.stopped = "final"
             break
-    traj.stopped = traj.stopped or "max_steps"
     traj.seconds, traj.reset_seconds = time.time() - start, reset_seconds
     return traj
 
@@ -774,14 +769,15 @@ def check_checkpoint(folder):
 
 def make_backend(model_name: str | None, base_url: str | None = None, price_in=0.0, price_out=0.0,
                  stand_in=ScriptedExpert):
-    """"scripted" (or None) -> stand_in() (ScriptedExpert; orchestrator.py passes its own); with base_url -> that
-    endpoint; an existing folder -> LocalBackend; a path that does not exist -> BackendError; anything else -> the
-    endpoint at $OPENAI_BASE_URL (prices: dollars per million input / output tokens, for the reported cost)."""
+    """"scripted" (or None) -> stand_in() (orchestrator.py passes its own); with base_url or a name that is no path ->
+    an endpoint (prices: dollars per million tokens in / out); a checkpoint folder -> LocalBackend (broken: ValueError);
+    a path that does not exist -> BackendError."""
     if model_name in (None, "scripted"):
         return stand_in()
     if base_url:  # an endpoint was named: it serves the model, even one named by a path (transformers serve does)
         return OpenAIBackend(model=model_name, base_url=base_url, price_in=price_in, price_out=price_out)
     if os.path.isdir(model_name):
+        check_checkpoint(model_name)  # one line, before torch reads its weights
         return LocalBackend(model_name)
     if model_name.startswith((".", "/", "~")) or os.sep in model_name.rstrip(os.sep) and model_name.count("/") != 1:
         raise BackendError(f"no model folder {model_name!r}; for an endpoint's model pass --base-url")
@@ -826,8 +822,6 @@ def main(argv=None):
     p.add_argument("--idea", action="append", default=[], metavar="CATEGORY:IDEA", help="inject an idea (repeatable)")
     args = p.parse_args(argv)
     try:
-        if not args.base_url and os.path.isdir(args.model):
-            check_checkpoint(args.model)  # a broken checkpoint is one line, before torch reads its weights
         backend = make_backend(args.model, args.base_url)
         e = env.Env(args.task, editor=env.recipe_editor if isinstance(backend, ScriptedExpert) else LLMEditor(backend))
     except (env.TaskError, OSError) as err:

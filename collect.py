@@ -174,7 +174,7 @@ def rollout(job: dict) -> dict:
     config = reward.from_record(job.get("reward_config"))  # a dict: jobs travel to worker processes
     traj = agent.run_episode(e, backend, [tuple(i) for i in job["ideas"]], max_steps=job["max_steps"],
                              time_limit=job["time_limit"], reward_config=config)
-    return {"id": job["id"], **traj.to_dict(), "usage": usage_of([backend], before), "reward_config": asdict(config)}
+    return {"id": job["id"], **asdict(traj), "usage": usage_of([backend], before), "reward_config": asdict(config)}
 
 
 def _safe_rollout(args) -> tuple[dict, dict | None, str | None]:
