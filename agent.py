@@ -458,10 +458,7 @@ class ScriptedExpert:
         self.usage = Usage()
 
     def chat(self, messages, n=1, temperature=0.0, max_tokens=1024, stop=None) -> Completion:
-        return self.usage.add(Completion([self.respond(messages[0]["content"], messages[-1]["content"])] * n), 0.0)
-
-    def respond(self, system: str, user: str) -> str:
-        higher = "lower is better" not in system
+        user, higher = messages[-1]["content"], "lower is better" not in messages[0]["content"]
         steps = re.split(r"^Step \d+:\n", user, flags=re.M)
         if len(steps) == 1:  # the first step: the plan comes from the injected ideas
             ideas = re.findall(r"^\d+\. (\[\w+\] .+)$", user, re.M)
@@ -476,9 +473,10 @@ class ScriptedExpert:
         status = "\n".join(f"{i}. {t} [{s}{': ' + r if r else ''}]" for i, (t, s, r) in enumerate(plan, 1))
         status += f"\nBest validation score so far: {best if best is not None else 'none'} " \
                   f"({'higher' if higher else 'lower'} is better)"
-        return (f"Reflection: {reflection}\nResearch Plan and Status:\n{status}\n"
+        text = (f"Reflection: {reflection}\nResearch Plan and Status:\n{status}\n"
                 f"Fact Check: {fact or 'Nothing new to check.'}\nThought: {thought}\n"
                 f"Action: {action}\nAction Input: {json.dumps(action_input)}")
+        return self.usage.add(Completion([text] * n), 0.0)
 
     @staticmethod
     def _observe(step: str, higher: bool):
@@ -727,11 +725,10 @@ def trim_log(path, key, last, out=None):
         if out and not mine:
             raise ValueError(f"{path}:{n} is the log of another run (not of --out {out}); pass another --log-file")
         if mine and row.get(key, 0) <= last:
-            keep.append(n)
+            keep.append(json.dumps(row) + "\n")  # as append_jsonl wrote it
     with open(path, "rb") as f:
-        lines = f.readlines()
-    if len(keep) != len(lines):
-        write_atomic(path, [lines[n - 1].decode("utf-8") for n in keep])
+        if len(keep) != len(f.readlines()):
+            write_atomic(path, keep)
 
 
 def swap_folder(tmp, path):
