@@ -120,7 +120,7 @@ def default_policies() -> list[str]:
     return ["scripted"] + [str(p) for p in (ROOT / "runs/ckpt/sft", ROOT / "runs/ckpt/ppo") if p.is_dir()]
 
 
-_BACKENDS: dict = {}  # built once: a local checkpoint loads once for all its runs and roles
+_BACKENDS: dict = {}  # a local checkpoint loads once for all its runs and roles
 
 
 def get_backend(name: str, role: str, cfg: Config):
@@ -200,12 +200,12 @@ def run_hierarchical(cfg: Config, scaffold: str, policy: str, task, seed: int) -
     ocfg = orchestrator.Config(task=str(task.dir), rounds=cfg.rounds, calls=cfg.calls, sub_iters=cfg.sub_iters,
                                time_limit=cfg.time_limit, temperature=cfg.temperature, seed=seed,
                                max_tokens=min(response_tokens(cfg, scaffold, b) for b in backends))
-    quiet = lambda *a, **k: None  # noqa: E731 - orchestrator.py logs each round; the eval prints one line per run
+    quiet = lambda *a, **k: None  # noqa: E731 - eval.py logs one line per run, not each round
     before = collect.usage_of(backends)
     run, role = (orchestrator.run_matryoshka, "orchestrator") if scaffold == "matryoshka" else \
         (orchestrator.run_monolithic, "monolithic")
     res = run(ocfg, *backends, out=None, log=quiet)
-    context: dict = {}  # round -> the largest prompt of that role in it (re-asks make longer prompts)
+    context: dict = {}  # round -> that role's largest prompt in it (re-asks make longer ones)
     for r in res["records"]:
         if r["role"] == role:
             context[r["round"]] = max(context.get(r["round"], 0), r["tokens"])
@@ -239,7 +239,7 @@ def run_one(cfg: Config, scaffold: str, policy: str, task, r: int) -> dict:
                    public=None, private=None, steps=0, stopped="error", calls=0, prompt_tokens=0,
                    completion_tokens=0, cost=0.0, context=[])
     row["valid"] = row["submission"] == "success" and row["private"] is not None
-    row["seconds"] = time.time() - start  # the run's wall time, not usage_of's seconds in the backends
+    row["seconds"] = time.time() - start  # wall time, not the backends' usage seconds
     return row
 
 # ========================================================================================= the resumable run log
@@ -452,7 +452,7 @@ def run_all(cfg: Config, todo, tasks, policies):
 
 def evaluate(cfg: Config, log=print) -> dict:
     """Run what runs.jsonl does not hold yet, then write report.json, report.md and the plots; returns the report."""
-    with agent.claim_folder(cfg.out):  # one evaluation per --out: a second one would run and append every run again
+    with agent.claim_folder(cfg.out):  # one evaluation per --out: a second would append every run again
         out = Path(cfg.out)
         tasks, policies = resolve_tasks(cfg), cfg.policies or default_policies()
         path = out / "runs.jsonl"
