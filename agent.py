@@ -387,15 +387,12 @@ def read_action_input(text: str, spec) -> dict:
     body = text[text.find("{") + 1:]  # from the first { to the last } (the whole text without them)
     body = body[:body.rfind("}")] if "}" in body else body
     values, end = {}, len(body)
-    for key in reversed(keys[1:]):  # the separator before each later key: its last match before the next one's
-        found = list(re.finditer(r",\s*" + re.escape(f'"{key}":'), body[:end]))
+    for i, key in reversed(list(enumerate(keys))):  # a later key: the last `, "key":` before the next key's value
+        found = list(re.finditer((r",\s*" if i else "") + re.escape(f'"{key}":'), body[:end]))  # the first: its first
         if not found:
             raise InputError(spec.name, why)
-        values[key], end = body[found[-1].end():end], found[-1].start()
-    first = body.find(f'"{keys[0]}":', 0, end)
-    if first < 0:
-        raise InputError(spec.name, why)
-    values[keys[0]] = body[first + len(keys[0]) + 3:end]
+        at = found[-1] if i else found[0]
+        values[key], end = body[at.end():end], at.start()
     return {k: values[k].strip().strip('"') for k in keys}
 
 
