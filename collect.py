@@ -273,12 +273,12 @@ def collect(tasks, trajectories=5, workers=2, expert="scripted", base_url=None, 
         ideas_path = out / "ideas.json"
         pools = read_pools(ideas_path)
         llm = expert not in ("scripted", None) and (bool(base_url) or not os.path.isdir(expert))  # an endpoint model
-        before = usage_of([expert_backend(expert, base_url, prices)]) if llm else None
+        backend = expert_backend(expert, base_url, prices) if llm else None
+        before, ideas_line = (usage_of([backend]) if llm else None), ""
         for task in loaded:
             if task.name in pools:
                 continue
             if llm:
-                backend = expert_backend(expert, base_url, prices)
                 cands = {c: propose_ideas(backend, task, c, candidates) for c in CATEGORIES}
                 try:
                     backend.embeddings(["probe"])
@@ -291,7 +291,7 @@ def collect(tasks, trajectories=5, workers=2, expert="scripted", base_url=None, 
                 cands, embed = recipe_ideas(task.name), tfidf_embed
             pools[task.name] = diverse_pool(cands, k, embed)
         if llm:  # this run's idea proposals, counted before the rollouts (with one worker they share this backend)
-            u = usage_of([_BACKENDS[expert, base_url]], before)
+            u = usage_of([backend], before)
             ideas_line = (f"\nidea proposals: tokens in/out {u['prompt_tokens']}/{u['completion_tokens']}, "
                           f"cost ${u['cost']:.4f}")
         agent.write_atomic(ideas_path, json.dumps(pools, indent=1))
@@ -335,9 +335,7 @@ def collect(tasks, trajectories=5, workers=2, expert="scripted", base_url=None, 
         trajs = sorted(agent.read_jsonl(traj_path, complete_only=True), key=lambda t: t["id"])
         agent.write_atomic(out / "sft.jsonl", (json.dumps(r) + "\n" for r in sft_rows(trajs)))
         agent.write_atomic(out / "states.jsonl", (json.dumps(r) + "\n" for r in state_rows(trajs)))
-        text = summarize(trajs, time.time() - start, new)
-        if llm:
-            text += ideas_line
+        text = summarize(trajs, time.time() - start, new) + ideas_line
         if failed:
             text += f"\n{failed} rollouts failed (see {err_path}); run again to retry them"
         return text
