@@ -34,7 +34,7 @@ import re
 import shutil
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 import requests
 import urllib3
@@ -97,7 +97,9 @@ class OpenAIBackend:
         self.max_retries, self.backoff = max_retries, backoff
         self.usage = Usage(price_in=price_in, price_out=price_out)
 
-    def _request(self, method: str, path: str, payload=None) -> dict:
+    def _request(self, method: str, path: str, payload=None, read=lambda out: out):
+        """read(the answer's JSON object); an answer it finds empty (None), rate limits, server trouble and broken
+        answers are retried with backoff, anything else is a BackendError at once."""
         url = self.base_url + path
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
         for attempt in range(self.max_retries + 1):
@@ -106,28 +108,28 @@ class OpenAIBackend:
                 r = self._send(method, url, payload, headers)
             except requests.ConnectionError as e:  # refused, dropped or not connected in time: retry
                 why = f"cannot reach {url} ({type(e).__name__}); check OPENAI_BASE_URL"
-            except (TimeoutError, requests.Timeout):
+            except (TimeoutError, requests.Timeout, urllib3.exceptions.ReadTimeoutError):
                 why = f"{url} did not answer within {self.timeout:g} s (OPENAI_TIMEOUT sets the limit)"
-            except (requests.exceptions.ChunkedEncodingError, requests.exceptions.ContentDecodingError) as e:
-                why = f"{url} broke off its answer ({type(e).__name__})"  # a truncated body: retry
+            except urllib3.exceptions.HTTPError as e:  # a body broken off (urllib3 wraps socket errors): retry
+                why = f"{url} broke off its answer ({type(e).__name__})"
             except requests.RequestException as e:  # a malformed URL: no point retrying
                 raise BackendError(f"bad endpoint URL {url!r}: {e}") from None
             else:
-                if r.status_code == 200:
-                    try:
-                        out = json.loads(r.content)
-                    except ValueError:
-                        out = None
-                    if not isinstance(out, dict):
-                        raise BackendError(f"{url} answered with something that is not a JSON object: "
-                                           f"{r.content[:120]!r}; is {self.base_url} an OpenAI-compatible endpoint?")
-                    return out
                 try:
-                    message = r.json()["error"]["message"]
-                except (ValueError, KeyError, TypeError):
+                    out = json.loads(r.content)
+                except ValueError:
+                    out = None
+                if r.status_code == 200 and not isinstance(out, dict):
+                    raise BackendError(f"{url} answered with something that is not a JSON object: "
+                                       f"{r.content[:120]!r}; is {self.base_url} an OpenAI-compatible endpoint?")
+                if r.status_code == 200 and (got := read(out)) is not None:
+                    return got
+                try:
+                    message = out["error"]["message"]
+                except (KeyError, TypeError):
                     message = r.text[:200].replace("\n", " ")
                 why = f"{method} {url}: HTTP {r.status_code}: {message}"
-                if r.status_code not in RETRY_STATUS:
+                if r.status_code not in RETRY_STATUS + (200,):
                     raise BackendError(why + HINTS.get(r.status_code, ""))
                 retry_after = r.headers.get("Retry-After")
             if attempt == self.max_retries:
@@ -145,15 +147,7 @@ class OpenAIBackend:
         r = requests.request(method, url, json=payload, headers=headers, timeout=self.timeout, stream=True)
         read, body = getattr(r.raw, "read1", r.raw.read), bytearray()  # urllib3 2's read1: what has arrived
         with r:
-            while True:
-                try:
-                    piece = read(65536, decode_content=True)
-                except urllib3.exceptions.ReadTimeoutError:
-                    raise TimeoutError from None
-                except (urllib3.exceptions.HTTPError, OSError) as e:  # as requests names a broken body
-                    raise requests.exceptions.ChunkedEncodingError(e) from None
-                if not piece:
-                    break
+            while piece := read(65536, decode_content=True):
                 body += piece
                 if time.monotonic() > deadline:
                     raise TimeoutError
@@ -163,33 +157,22 @@ class OpenAIBackend:
     def chat(self, messages, n=1, temperature=0.0, max_tokens=1024, stop=None) -> Completion:
         """n completions. A server that returns fewer choices than asked (transformers serve ignores n) is asked
         again for the rest; an answer without choices is retried like a server error."""
-        start, texts, prompt_tokens, completion_tokens = time.time(), [], 0, 0
+        start, c = time.time(), Completion([])
         if self.model is None:
             try:
                 self.model = self._request("GET", "/models")["data"][0]["id"]
             except (KeyError, IndexError, TypeError):
                 raise BackendError(f"{self.base_url}/models lists no model; pass --model") from None
-        for attempt in range(self.max_retries + 1):
-            payload = {"model": self.model, "messages": messages, "n": n - len(texts), "temperature": temperature,
+        while len(c.texts) < n:
+            payload = {"model": self.model, "messages": messages, "n": n - len(c.texts), "temperature": temperature,
                        "max_tokens": max_tokens}
             if stop:
                 payload["stop"] = stop
-            out = self._request("POST", "/chat/completions", payload)
-            choices = out.get("choices") if isinstance(out.get("choices"), list) else []
-            # a chat choice's message content, or a legacy completion choice's text, in the order of their index
-            got = [(ch["message"].get("content") or "") if isinstance(ch.get("message"), dict) else ch.get("text")
-                   for ch in sorted((c for c in choices if isinstance(c, dict)), key=lambda c: c.get("index", 0))]
-            got = [t for t in got if isinstance(t, str)]
-            usage = out.get("usage") if isinstance(out.get("usage"), dict) else {}
-            prompt_tokens += usage.get("prompt_tokens", 0) if got else 0
-            completion_tokens += usage.get("completion_tokens", 0)
-            texts += got[:n - len(texts)]
-            if len(texts) == n:
-                return self.usage.add(Completion(texts, prompt_tokens, completion_tokens), time.time() - start)
-            if not got and attempt < self.max_retries:
-                time.sleep(min(self.backoff * 2 ** attempt, 60.0))
-        raise BackendError(f"{self.base_url}/chat/completions gave {len(texts)} of the {n} choices asked for in "
-                           f"{self.max_retries + 1} answers; the last: {str(out)[:200]}")
+            texts, usage = self._request("POST", "/chat/completions", payload, read_choices)
+            c.texts += texts[:n - len(c.texts)]
+            c.prompt_tokens += usage.get("prompt_tokens", 0)
+            c.completion_tokens += usage.get("completion_tokens", 0)
+        return self.usage.add(c, time.time() - start)
 
     def embeddings(self, texts: list[str], batch=256):
         """(N, D) numpy array of the endpoint's `/v1/embeddings` for `texts`."""
@@ -207,6 +190,16 @@ class OpenAIBackend:
             rows += got
             self.usage.prompt_tokens += (out.get("usage") or {}).get("prompt_tokens", 0)
         return np.asarray(rows, dtype=np.float64)
+
+
+def read_choices(out: dict):
+    """(texts, usage) of a chat answer: each chat choice's message content, or legacy completion choice's text, in
+    the order of their index; None when it holds none."""
+    choices = out.get("choices") if isinstance(out.get("choices"), list) else []
+    texts = [(c["message"].get("content") or "") if isinstance(c.get("message"), dict) else c.get("text")
+             for c in sorted((c for c in choices if isinstance(c, dict)), key=lambda c: c.get("index", 0))]
+    texts = [t for t in texts if isinstance(t, str)]
+    return (texts, out.get("usage") if isinstance(out.get("usage"), dict) else {}) if texts else None
 
 
 def cut_at_stop(text: str, stop) -> str:  # the text before the first stop string, as an endpoint returns it
@@ -329,9 +322,8 @@ def shown_response(text: str) -> str:
     return "".join(f"{k}:{v}" for k, v in entries.items()).strip()
 
 # =============================================================================================== parsing
-# MLAB's parser (agents/agent.py:168-231) and what its research agent does with each failure
-# (agent_research.py:111-170): entries it cannot find or an Action that is not a tool are asked again; an Action
-# Input it cannot read is not: the step happens, and its observation is the error and the tool's usage.
+# MLAB's parser (agents/agent.py:168-231) and what its research agent does with each failure (agent_research.py:
+# 111-170): entries it cannot find or an Action that is not a tool are asked again, an unreadable Action Input is not.
 
 
 class ParseError(ValueError):
@@ -395,15 +387,12 @@ def read_action_input(text: str, spec) -> dict:
     body = text[text.find("{") + 1:]  # from the first { to the last } (the whole text without them)
     body = body[:body.rfind("}")] if "}" in body else body
     values, end = {}, len(body)
-    for key in reversed(keys[1:]):  # the separator before each later key: its last match before the next one's
-        found = list(re.finditer(r",\s*" + re.escape(f'"{key}":'), body[:end]))
+    for i, key in reversed(list(enumerate(keys))):  # a later key: the last `, "key":` before the next key's value
+        found = list(re.finditer((r",\s*" if i else "") + re.escape(f'"{key}":'), body[:end]))  # the first: its first
         if not found:
             raise InputError(spec.name, why)
-        values[key], end = body[found[-1].end():end], found[-1].start()
-    first = body.find(f'"{keys[0]}":', 0, end)
-    if first < 0:
-        raise InputError(spec.name, why)
-    values[keys[0]] = body[first + len(keys[0]) + 3:end]
+        at = found[-1] if i else found[0]
+        values[key], end = body[at.end():end], at.start()
     return {k: values[k].strip().strip('"') for k in keys}
 
 
@@ -466,10 +455,7 @@ class ScriptedExpert:
         self.usage = Usage()
 
     def chat(self, messages, n=1, temperature=0.0, max_tokens=1024, stop=None) -> Completion:
-        return self.usage.add(Completion([self.respond(messages[0]["content"], messages[-1]["content"])] * n), 0.0)
-
-    def respond(self, system: str, user: str) -> str:
-        higher = "lower is better" not in system
+        user, higher = messages[-1]["content"], "lower is better" not in messages[0]["content"]
         steps = re.split(r"^Step \d+:\n", user, flags=re.M)
         if len(steps) == 1:  # the first step: the plan comes from the injected ideas
             ideas = re.findall(r"^\d+\. (\[\w+\] .+)$", user, re.M)
@@ -484,9 +470,10 @@ class ScriptedExpert:
         status = "\n".join(f"{i}. {t} [{s}{': ' + r if r else ''}]" for i, (t, s, r) in enumerate(plan, 1))
         status += f"\nBest validation score so far: {best if best is not None else 'none'} " \
                   f"({'higher' if higher else 'lower'} is better)"
-        return (f"Reflection: {reflection}\nResearch Plan and Status:\n{status}\n"
+        text = (f"Reflection: {reflection}\nResearch Plan and Status:\n{status}\n"
                 f"Fact Check: {fact or 'Nothing new to check.'}\nThought: {thought}\n"
                 f"Action: {action}\nAction Input: {json.dumps(action_input)}")
+        return self.usage.add(Completion([text] * n), 0.0)
 
     @staticmethod
     def _observe(step: str, higher: bool):
@@ -586,12 +573,9 @@ class Trajectory:
     m_best: float | None
     higher_is_better: bool
     steps: list[Step] = field(default_factory=list)
-    stopped: str = ""  # "final" | "max_steps" | "time"
+    stopped: str = "max_steps"  # | "final" | "time"
     seconds: float = 0.0  # the whole episode
     reset_seconds: float = 0.0  # env.reset(): the starter script's run
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 REMINDER = ("Respond with all of these entries: " + ", ".join(FORMAT) + "; Action must be one of the tool names and "
@@ -652,7 +636,6 @@ def run_episode(env_, backend, ideas=(), max_steps=15, time_limit=1800.0, max_re
         if result.done:
             traj.stopped = "final"
             break
-    traj.stopped = traj.stopped or "max_steps"
     traj.seconds, traj.reset_seconds = time.time() - start, reset_seconds
     return traj
 
@@ -739,11 +722,10 @@ def trim_log(path, key, last, out=None):
         if out and not mine:
             raise ValueError(f"{path}:{n} is the log of another run (not of --out {out}); pass another --log-file")
         if mine and row.get(key, 0) <= last:
-            keep.append(n)
+            keep.append(json.dumps(row) + "\n")  # as append_jsonl wrote it
     with open(path, "rb") as f:
-        lines = f.readlines()
-    if len(keep) != len(lines):
-        write_atomic(path, [lines[n - 1].decode("utf-8") for n in keep])
+        if len(keep) != len(f.readlines()):
+            write_atomic(path, keep)
 
 
 def swap_folder(tmp, path):
@@ -781,14 +763,15 @@ def check_checkpoint(folder):
 
 def make_backend(model_name: str | None, base_url: str | None = None, price_in=0.0, price_out=0.0,
                  stand_in=ScriptedExpert):
-    """"scripted" (or None) -> stand_in() (ScriptedExpert; orchestrator.py passes its own); with base_url -> that
-    endpoint; an existing folder -> LocalBackend; a path that does not exist -> BackendError; anything else -> the
-    endpoint at $OPENAI_BASE_URL (prices: dollars per million input / output tokens, for the reported cost)."""
+    """"scripted" (or None) -> stand_in() (orchestrator.py passes its own); with base_url or a name that is no path ->
+    an endpoint (prices: dollars per million tokens in / out); a checkpoint folder -> LocalBackend (broken: ValueError);
+    a path that does not exist -> BackendError."""
     if model_name in (None, "scripted"):
         return stand_in()
     if base_url:  # an endpoint was named: it serves the model, even one named by a path (transformers serve does)
         return OpenAIBackend(model=model_name, base_url=base_url, price_in=price_in, price_out=price_out)
     if os.path.isdir(model_name):
+        check_checkpoint(model_name)  # one line, before torch reads its weights
         return LocalBackend(model_name)
     if model_name.startswith((".", "/", "~")) or os.sep in model_name.rstrip(os.sep) and model_name.count("/") != 1:
         raise BackendError(f"no model folder {model_name!r}; for an endpoint's model pass --base-url")
@@ -833,8 +816,6 @@ def main(argv=None):
     p.add_argument("--idea", action="append", default=[], metavar="CATEGORY:IDEA", help="inject an idea (repeatable)")
     args = p.parse_args(argv)
     try:
-        if not args.base_url and os.path.isdir(args.model):
-            check_checkpoint(args.model)  # a broken checkpoint is one line, before torch reads its weights
         backend = make_backend(args.model, args.base_url)
         e = env.Env(args.task, editor=env.recipe_editor if isinstance(backend, ScriptedExpert) else LLMEditor(backend))
     except (env.TaskError, OSError) as err:

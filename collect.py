@@ -174,7 +174,7 @@ def rollout(job: dict) -> dict:
     config = reward.from_record(job.get("reward_config"))  # a dict: jobs travel to worker processes
     traj = agent.run_episode(e, backend, [tuple(i) for i in job["ideas"]], max_steps=job["max_steps"],
                              time_limit=job["time_limit"], reward_config=config)
-    return {"id": job["id"], **traj.to_dict(), "usage": usage_of([backend], before), "reward_config": asdict(config)}
+    return {"id": job["id"], **asdict(traj), "usage": usage_of([backend], before), "reward_config": asdict(config)}
 
 
 def _safe_rollout(args) -> tuple[dict, dict | None, str | None]:
@@ -250,6 +250,9 @@ class RewardMismatch(ValueError):
     """--out holds trajectories whose step rewards another reward config computed."""
 
 
+TRAJECTORY_KEYS = ("id", "task", "steps", "ideas", "m_init", "m_best", "higher_is_better")
+
+
 def collect(tasks, trajectories=5, workers=2, expert="scripted", base_url=None, out="runs/data", seed=0, k=10,
             candidates=100, max_steps=15, time_limit=1800.0, prices=(0.0, 0.0), rollout_fn=rollout,
             progress=True, reward_config=reward.RewardConfig()) -> str:
@@ -257,94 +260,85 @@ def collect(tasks, trajectories=5, workers=2, expert="scripted", base_url=None, 
     RewardMismatch if `out` holds trajectories whose rewards another reward config computed."""
     start, out = time.time(), Path(out)
     with agent.claim_folder(out):  # one run per --out: a second one would append every row again
-        return _collect(start, out, tasks, trajectories, workers, expert, base_url, seed, k, candidates, max_steps,
-                        time_limit, prices, rollout_fn, progress, reward_config)
+        traj_path, err_path = out / "trajectories.jsonl", out / "errors.jsonl"
+        existing = agent.read_jsonl(traj_path, TRAJECTORY_KEYS, repair=True)
+        for old in {reward.from_record(t.get("reward_config")) for t in existing}:  # no key: the default config
+            if old != reward_config:  # one folder, one reward
+                raise RewardMismatch(f"{traj_path} holds trajectories collected with {old}, the flags give "
+                                     f"{reward_config}; pass the same reward flags or another --out")
+        # built-in tasks are built here (several at once, env.load_tasks), not racing in the workers
+        loaded = env.load_tasks(tasks)
 
-
-TRAJECTORY_KEYS = ("id", "task", "steps", "ideas", "m_init", "m_best", "higher_is_better")
-
-
-def _collect(start, out, tasks, trajectories, workers, expert, base_url, seed, k, candidates, max_steps, time_limit,
-             prices, rollout_fn, progress, reward_config) -> str:
-    traj_path, err_path = out / "trajectories.jsonl", out / "errors.jsonl"
-    existing = agent.read_jsonl(traj_path, TRAJECTORY_KEYS, repair=True)
-    for old in {reward.from_record(t.get("reward_config")) for t in existing}:  # no key: older, the default config
-        if old != reward_config:  # one folder, one reward
-            raise RewardMismatch(f"{traj_path} holds trajectories collected with {old}, the flags give "
-                                 f"{reward_config}; pass the same reward flags or another --out")
-    # built-in tasks are built here (several at once, env.load_tasks), not racing in the workers
-    loaded = env.load_tasks(tasks)
-
-    # 1. idea pools: reused from ideas.json when resuming, so a resumed run samples from the same pools
-    ideas_path = out / "ideas.json"
-    pools = read_pools(ideas_path)
-    llm = expert not in ("scripted", None) and (bool(base_url) or not os.path.isdir(expert))  # an endpoint model
-    before = usage_of([expert_backend(expert, base_url, prices)]) if llm else None
-    for task in loaded:
-        if task.name in pools:
-            continue
-        if llm:
-            backend = expert_backend(expert, base_url, prices)
-            cands = {c: propose_ideas(backend, task, c, candidates) for c in CATEGORIES}
-            try:
-                backend.embeddings(["probe"])
-                embed = backend.embeddings
-            except agent.BackendError as e:  # no /v1/embeddings here: TF-IDF instead, and say so
-                print(f"collect.py: embeddings unavailable ({e}); the diversity filter uses TF-IDF", file=sys.stderr)
-                embed = tfidf_embed
-        else:
-            cands, embed = recipe_ideas(task.name), tfidf_embed
-        pools[task.name] = diverse_pool(cands, k, embed)
-    if llm:  # this run's idea proposals, counted before the rollouts (with one worker they share this backend)
-        u = usage_of([_BACKENDS[expert, base_url]], before)
-        ideas_line = (f"\nidea proposals: tokens in/out {u['prompt_tokens']}/{u['completion_tokens']}, "
-                      f"cost ${u['cost']:.4f}")
-    agent.write_atomic(ideas_path, json.dumps(pools, indent=1))
-
-    # 2. jobs: every trajectory id not yet in trajectories.jsonl; its ideas are seeded by the id
-    done = {t["id"] for t in existing}
-    jobs = []
-    for task in loaded:
-        for i in range(trajectories):
-            tid = f"{task.name}-{i:04d}"
-            if tid not in done:
-                ideas = sample_ideas(pools[task.name], random.Random(f"{seed}:{tid}"))
-                jobs.append({"id": tid, "task": task.name, "ideas": ideas, "expert": expert, "base_url": base_url,
-                             "prices": prices, "max_steps": max_steps, "time_limit": time_limit,
-                             "reward_config": asdict(reward_config)})
-
-    # 3. rollouts in worker processes; the main process alone writes, one whole line at a time
-    new, failed = 0, 0
-    work = [(rollout_fn, j) for j in jobs]
-    pool = mp.Pool(workers) if workers > 1 and len(jobs) > 1 else None
-    results = pool.imap_unordered(_safe_rollout, work) if pool else map(_safe_rollout, work)
-    try:
-        for job, traj, error in tqdm(results, total=len(jobs), desc="trajectories", disable=not progress):
-            if traj is not None and not traj["steps"]:  # recorded, it would never be retried
-                traj, error = None, f"no step within --time-limit {job['time_limit']} s (stopped: {traj['stopped']})"
-            if traj is not None:
-                agent.append_jsonl(traj_path, traj)
-                new += 1
+        # 1. idea pools: reused from ideas.json when resuming, so a resumed run samples from the same pools
+        ideas_path = out / "ideas.json"
+        pools = read_pools(ideas_path)
+        llm = expert not in ("scripted", None) and (bool(base_url) or not os.path.isdir(expert))  # an endpoint model
+        backend = expert_backend(expert, base_url, prices) if llm else None
+        before, ideas_line = (usage_of([backend]) if llm else None), ""
+        for task in loaded:
+            if task.name in pools:
+                continue
+            if llm:
+                cands = {c: propose_ideas(backend, task, c, candidates) for c in CATEGORIES}
+                try:
+                    backend.embeddings(["probe"])
+                    embed = backend.embeddings
+                except agent.BackendError as e:  # no /v1/embeddings: TF-IDF instead, and say so
+                    print(f"collect.py: embeddings unavailable ({e}); the diversity filter uses TF-IDF",
+                          file=sys.stderr)
+                    embed = tfidf_embed
             else:
-                failed += 1
-                agent.append_jsonl(err_path, {"id": job["id"], "task": job["task"], "error": error,
-                                              "time": time.time()})
-                print(f"collect.py: rollout {job['id']} failed: {error.strip().splitlines()[-1]}", file=sys.stderr)
-    finally:
-        if pool:
-            pool.terminate()
+                cands, embed = recipe_ideas(task.name), tfidf_embed
+            pools[task.name] = diverse_pool(cands, k, embed)
+        if llm:  # this run's idea proposals, counted before the rollouts (with one worker they share this backend)
+            u = usage_of([backend], before)
+            ideas_line = (f"\nidea proposals: tokens in/out {u['prompt_tokens']}/{u['completion_tokens']}, "
+                          f"cost ${u['cost']:.4f}")
+        agent.write_atomic(ideas_path, json.dumps(pools, indent=1))
 
-    # 4. SFT data and states pool, derived from the record of truth, replaced atomically; in the order of the
-    #    trajectory ids, not the order parallel rollouts finished in (sft.py's split and batches follow the row order)
-    trajs = sorted(agent.read_jsonl(traj_path, complete_only=True), key=lambda t: t["id"])
-    agent.write_atomic(out / "sft.jsonl", (json.dumps(r) + "\n" for r in sft_rows(trajs)))
-    agent.write_atomic(out / "states.jsonl", (json.dumps(r) + "\n" for r in state_rows(trajs)))
-    text = summarize(trajs, time.time() - start, new)
-    if llm:
-        text += ideas_line
-    if failed:
-        text += f"\n{failed} rollouts failed (see {err_path}); run again to retry them"
-    return text
+        # 2. jobs: every trajectory id not yet in trajectories.jsonl; its ideas are seeded by the id
+        done = {t["id"] for t in existing}
+        jobs = []
+        for task in loaded:
+            for i in range(trajectories):
+                tid = f"{task.name}-{i:04d}"
+                if tid not in done:
+                    ideas = sample_ideas(pools[task.name], random.Random(f"{seed}:{tid}"))
+                    jobs.append({"id": tid, "task": task.name, "ideas": ideas, "expert": expert, "base_url": base_url,
+                                 "prices": prices, "max_steps": max_steps, "time_limit": time_limit,
+                                 "reward_config": asdict(reward_config)})
+
+        # 3. rollouts in worker processes; the main process alone writes, one whole line at a time
+        new, failed = 0, 0
+        work = [(rollout_fn, j) for j in jobs]
+        pool = mp.Pool(workers) if workers > 1 and len(jobs) > 1 else None
+        results = pool.imap_unordered(_safe_rollout, work) if pool else map(_safe_rollout, work)
+        try:
+            for job, traj, error in tqdm(results, total=len(jobs), desc="trajectories", disable=not progress):
+                if traj is not None and not traj["steps"]:  # recorded, it would never be retried
+                    traj, error = None, (f"no step within --time-limit {job['time_limit']} s "
+                                         f"(stopped: {traj['stopped']})")
+                if traj is not None:
+                    agent.append_jsonl(traj_path, traj)
+                    new += 1
+                else:
+                    failed += 1
+                    agent.append_jsonl(err_path, {"id": job["id"], "task": job["task"],
+                                                  "error": error, "time": time.time()})
+                    print(f"collect.py: rollout {job['id']} failed: {error.strip().splitlines()[-1]}", file=sys.stderr)
+        finally:
+            if pool:
+                pool.terminate()
+
+        # 4. SFT data and states pool, derived from the record of truth, replaced atomically; in the order of
+        #    the trajectory ids, not the order rollouts finished in (sft.py's split and batches follow the row order)
+        trajs = sorted(agent.read_jsonl(traj_path, complete_only=True), key=lambda t: t["id"])
+        agent.write_atomic(out / "sft.jsonl", (json.dumps(r) + "\n" for r in sft_rows(trajs)))
+        agent.write_atomic(out / "states.jsonl", (json.dumps(r) + "\n" for r in state_rows(trajs)))
+        text = summarize(trajs, time.time() - start, new) + ideas_line
+        if failed:
+            text += f"\n{failed} rollouts failed (see {err_path}); run again to retry them"
+        return text
 
 # ================================================================================================ command line
 

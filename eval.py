@@ -120,7 +120,7 @@ def default_policies() -> list[str]:
     return ["scripted"] + [str(p) for p in (ROOT / "runs/ckpt/sft", ROOT / "runs/ckpt/ppo") if p.is_dir()]
 
 
-_BACKENDS: dict = {}  # built once: a local checkpoint loads once for all its runs and roles
+_BACKENDS: dict = {}  # a local checkpoint loads once for all its runs and roles
 
 
 def get_backend(name: str, role: str, cfg: Config):
@@ -200,12 +200,12 @@ def run_hierarchical(cfg: Config, scaffold: str, policy: str, task, seed: int) -
     ocfg = orchestrator.Config(task=str(task.dir), rounds=cfg.rounds, calls=cfg.calls, sub_iters=cfg.sub_iters,
                                time_limit=cfg.time_limit, temperature=cfg.temperature, seed=seed,
                                max_tokens=min(response_tokens(cfg, scaffold, b) for b in backends))
-    quiet = lambda *a, **k: None  # noqa: E731 - orchestrator.py logs each round; the eval prints one line per run
+    quiet = lambda *a, **k: None  # noqa: E731 - eval.py logs one line per run, not each round
     before = collect.usage_of(backends)
     run, role = (orchestrator.run_matryoshka, "orchestrator") if scaffold == "matryoshka" else \
         (orchestrator.run_monolithic, "monolithic")
     res = run(ocfg, *backends, out=None, log=quiet)
-    context: dict = {}  # round -> the largest prompt of that role in it (re-asks make longer prompts)
+    context: dict = {}  # round -> that role's largest prompt in it (re-asks make longer ones)
     for r in res["records"]:
         if r["role"] == role:
             context[r["round"]] = max(context.get(r["round"], 0), r["tokens"])
@@ -239,7 +239,7 @@ def run_one(cfg: Config, scaffold: str, policy: str, task, r: int) -> dict:
                    public=None, private=None, steps=0, stopped="error", calls=0, prompt_tokens=0,
                    completion_tokens=0, cost=0.0, context=[])
     row["valid"] = row["submission"] == "success" and row["private"] is not None
-    row["seconds"] = time.time() - start  # the run's wall time, not usage_of's seconds in the backends
+    row["seconds"] = time.time() - start  # wall time, not the backends' usage seconds
     return row
 
 # ========================================================================================= the resumable run log
@@ -452,49 +452,46 @@ def run_all(cfg: Config, todo, tasks, policies):
 
 def evaluate(cfg: Config, log=print) -> dict:
     """Run what runs.jsonl does not hold yet, then write report.json, report.md and the plots; returns the report."""
-    with agent.claim_folder(cfg.out):  # one evaluation per --out: a second one would run and append every run again
-        return _evaluate(cfg, log)
-
-
-def _evaluate(cfg: Config, log) -> dict:
-    out = Path(cfg.out)
-    tasks, policies = resolve_tasks(cfg), cfg.policies or default_policies()
-    path = out / "runs.jsonl"
-    done = read_runs(path)
-    m_init = {}
-    for task in tasks:
-        m_init[task.name] = starter_scores(task)
-        if m_init[task.name]["status"] != "success":
-            log(f"eval.py: the starter of {task.name} does not score ({m_init[task.name]['status']}); its gains are -")
-    keys = {(s, p, i, r): run_key(cfg, s, p, t, r) for s in cfg.scaffolds for p in policies
-            for i, t in enumerate(tasks) for r in range(cfg.k)}
-    todo = [job for job, key in keys.items() if key not in done]
-    log(f"eval.py: {len(keys)} runs ({len(keys) - len(todo)} already in {path}); policies "
-        f"{', '.join(map(policy_label, policies))}; tasks {', '.join(t.name for t in tasks)}")
-    for n, ((scaffold, policy, i, r), row) in enumerate(run_all(cfg, todo, tasks, policies), 1):
-        row = {"key": keys[scaffold, policy, i, r], **row}
-        agent.append_jsonl(path, row)  # one whole line, flushed: a kill loses at most the runs under way
-        done[row["key"]] = row
-        log(f"[{n}/{len(todo)}] {scaffold} {row['policy']} {tasks[i].name} run {r}: "
-            + (f"private {_f(row['private'])}" if row["valid"] else f"INVALID ({row['error'] or row['submission']})")
-            + f", {row['steps']} steps, {row['prompt_tokens'] + row['completion_tokens']} tokens, "
-              f"{row['seconds']:.1f}s")
-    runs = [done[key] for key in keys.values()]
-    groups = []
-    for scaffold in cfg.scaffolds:
-        for policy in policies:
-            rows = [task_summary(t, m_init[t.name], [done[keys[scaffold, policy, i, r]] for r in range(cfg.k)])
-                    for i, t in enumerate(tasks)]
-            groups.append({"scaffold": scaffold, "policy": policy_label(policy), "policy_path": policy,
-                           "overall": overall(rows), "tasks": rows})
-    report = {"config": asdict(cfg) | {"policies": policies}, "failed_run_score": FAILED_RUN_SCORE,
-              "tasks": {t.name: {"split": t.split, "metric": t.metric, "higher_is_better": t.higher_is_better,
-                                 "m_init": m_init[t.name], "leaderboard_size": len(t.leaderboard())} for t in tasks},
-              "groups": groups, "runs": [{k: v for k, v in x.items() if k != "context"} for x in runs]}
-    agent.write_atomic(out / "report.json", json.dumps(report, indent=1))
-    agent.write_atomic(out / "report.md", markdown(report))
-    report["plots"] = plots(report, runs, cfg) if cfg.plots else []
-    return report
+    with agent.claim_folder(cfg.out):  # one evaluation per --out: a second would append every run again
+        out = Path(cfg.out)
+        tasks, policies = resolve_tasks(cfg), cfg.policies or default_policies()
+        path = out / "runs.jsonl"
+        done = read_runs(path)
+        m_init = {t.name: starter_scores(t) for t in tasks}
+        for name, m in m_init.items():
+            if m["status"] != "success":
+                log(f"eval.py: the starter of {name} does not score ({m['status']}); its gains are -")
+        keys = {(s, p, i, r): run_key(cfg, s, p, t, r) for s in cfg.scaffolds for p in policies
+                for i, t in enumerate(tasks) for r in range(cfg.k)}
+        todo = [job for job, key in keys.items() if key not in done]
+        log(f"eval.py: {len(keys)} runs ({len(keys) - len(todo)} already in {path}); policies "
+            f"{', '.join(map(policy_label, policies))}; tasks {', '.join(t.name for t in tasks)}")
+        for n, ((scaffold, policy, i, r), row) in enumerate(run_all(cfg, todo, tasks, policies), 1):
+            row = {"key": keys[scaffold, policy, i, r], **row}
+            agent.append_jsonl(path, row)  # flushed: a kill loses at most the runs under way
+            done[row["key"]] = row
+            log(f"[{n}/{len(todo)}] {scaffold} {row['policy']} {tasks[i].name} run {r}: "
+                + (f"private {_f(row['private'])}" if row["valid"] else
+                   f"INVALID ({row['error'] or row['submission']})")
+                + f", {row['steps']} steps, {row['prompt_tokens'] + row['completion_tokens']} tokens, "
+                  f"{row['seconds']:.1f}s")
+        runs = [done[key] for key in keys.values()]
+        groups = []
+        for scaffold in cfg.scaffolds:
+            for policy in policies:
+                rows = [task_summary(t, m_init[t.name], [done[keys[scaffold, policy, i, r]] for r in range(cfg.k)])
+                        for i, t in enumerate(tasks)]
+                groups.append({"scaffold": scaffold, "policy": policy_label(policy), "policy_path": policy,
+                               "overall": overall(rows), "tasks": rows})
+        report = {"config": asdict(cfg) | {"policies": policies}, "failed_run_score": FAILED_RUN_SCORE,
+                  "tasks": {t.name: {"split": t.split, "metric": t.metric, "higher_is_better": t.higher_is_better,
+                                     "m_init": m_init[t.name], "leaderboard_size": len(t.leaderboard())}
+                            for t in tasks},
+                  "groups": groups, "runs": [{k: v for k, v in x.items() if k != "context"} for x in runs]}
+        agent.write_atomic(out / "report.json", json.dumps(report, indent=1))
+        agent.write_atomic(out / "report.md", markdown(report))
+        report["plots"] = plots(report, runs, cfg) if cfg.plots else []
+        return report
 
 # ================================================================================================ command line
 
