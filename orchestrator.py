@@ -768,8 +768,7 @@ def chat_rows(tok, messages, responses, max_len: int) -> list:
 
 
 def decision_logprobs(lm, tok, messages, responses, max_len: int):
-    """log pi(decision | prompt) of each response, (K,): minus sft.py's masked loss, one row each (temperature 1,
-    the whole vocabulary); bf16 autocast over fp32 weights on CUDA."""
+    """log pi(decision | prompt) of each response, (K,): minus sft.py's masked loss (temperature 1)."""
     import model  # lazy: see the imports
     import sft
     import torch
@@ -840,8 +839,7 @@ IMITATION_RESAMPLED = 24  # resampled_states of --task's tree; a quarter as many
 
 
 def other_tasks(tree_task: str, per_group: int) -> list[str]:
-    """The first `per_group` held-in built-in tasks of each (kind, modality, metric direction), never a held-out
-    task, nor the tree's own (it has its own tree)."""
+    """The first `per_group` held-in built-in tasks of each (kind, modality, metric direction) but tree_task."""
     groups: dict = {}
     for name, spec in env.BUILTIN_TASKS.items():
         if spec.split == "held-in" and name != tree_task:
@@ -910,8 +908,8 @@ def imitation_examples(trees, cfg: Config) -> list[dict]:
 
 
 def imitate(lm, tok, examples, cfg: Config, log=print) -> dict:
-    """Behaviour cloning with sft.py's masked loss and optimizer step, one example (its prompt computed once, with
-    each of its decisions) per update, the lr falling linearly from cfg.imitation_lr to 0 over cfg.imitation_steps."""
+    """Behaviour cloning with sft.py's masked loss and optimizer step, one example (its decisions sharing the prompt)
+    per update."""
     import sft  # lazy: see the imports
     import torch
     rows = [chat_rows(tok, e["messages"], e["responses"], cfg.max_len) for e in examples]
