@@ -156,8 +156,7 @@ def shown(score) -> float | None:
 
 
 class Prompt(list):
-    """Chat messages (all a backend is sent) with `state`, the record they were written from, for the offline
-    stand-ins; `prompt + more` keeps it."""
+    """Chat messages with `state`, the record they were written from, for the offline stand-ins."""
 
     def __init__(self, messages=(), state=None):
         super().__init__(messages)
@@ -257,7 +256,7 @@ SUMMARY_NOW = ("The execution budget is spent. Answer only with the ```json summ
 
 def sub_messages(task, parent: Attempt, references, instruction: str | None, iters: int) -> Prompt:
     """A Tool's fresh context: task, parent code, the references' summaries and code, the instruction (None: the
-    monolithic agent's first prompt). Its state, for the stand-in, gathers the runs code_loop adds."""
+    monolithic agent's first prompt)."""
     if instruction is None:
         higher = "higher" if task.higher_is_better else "lower"
         user = (f"# Task\n{task.description.strip()}\nMetric: {task.metric} ({higher} is better)\n\n"
@@ -510,43 +509,28 @@ def make_backend(name: str | None, base_url: str | None, role: str, seed=0):
 # ================================================================================= the runs: Matryoshka, monolithic
 
 
-def save_json(path: Path, obj, lines=False):
-    """obj as JSON (lines: a list as JSONL), written atomically by agent.write_atomic."""
+def save_json(path: Path, obj, lines=False):  # lines: a list as JSONL
     path.parent.mkdir(parents=True, exist_ok=True)
     agent.write_atomic(path, [json.dumps(r) + "\n" for r in obj] if lines else json.dumps(obj))
 
 
-def load_json(path: Path, shape: dict, build):
-    """build(the object saved at path), None when there is none. Not JSON, without the keys of `shape`
-    ({key: type}), or not what build takes: a one-line ValueError naming the file."""
+def load_json(path: Path, build):
+    """build(the JSON object saved at path), None when there is none; a file build cannot take (not JSON, keys
+    missing or of the wrong type) is a one-line ValueError naming it."""
     if not path or not path.exists():
         return None
-    again = "delete it or give another --out"
     try:
-        obj = json.loads(path.read_bytes().decode("utf-8"))
-    except ValueError as e:
-        raise ValueError(f"{path}: not valid JSON ({type(e).__name__}); {again}") from None
-    bad = [k for k, t in shape.items() if not isinstance(obj, dict) or not isinstance(obj.get(k), t)]
-    if bad:
-        raise ValueError(f"{path}: not a file of orchestrator.py (bad or missing {', '.join(bad)}); {again}")
-    try:
-        return build(obj)
-    except (KeyError, TypeError, ValueError, AttributeError):
-        raise ValueError(f"{path}: a node or attempt is not orchestrator.py's; {again}") from None
+        return build(json.loads(path.read_bytes().decode("utf-8")))
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise ValueError(f"{path}: not a run or tree of orchestrator.py ({type(e).__name__}); delete it or give "
+                         "another --out") from None
 
 
-RUN_SHAPE = {"attempts": list, "records": list, "round": int, "seconds": (int, float), "finished": bool}
-
-
-def _recorder(records: list):
-    """record(round, role, prompt messages, tokenizer, attempt): the prompt's token count, thread-safe."""
-    lock = threading.Lock()
-
+def _recorder(records: list):  # -> record(round, role, prompt, tokenizer, attempt); list.append is thread-safe
     def record(rnd, role, messages, tokenizer=None, attempt=None):
-        n = prompt_tokens(messages, tokenizer)
         counter = "tokenizer of the local model" if tokenizer is not None else "approx: ceil(chars / 4)"
-        with lock:
-            records.append({"round": rnd, "role": role, "tokens": n, "attempt": attempt, "counter": counter})
+        records.append({"round": rnd, "role": role, "tokens": prompt_tokens(messages, tokenizer), "attempt": attempt,
+                        "counter": counter})
     return record
 
 
@@ -576,17 +560,17 @@ def run_matryoshka(cfg: Config, orch, sub, out: Path | None = None, resume=True,
     """Rounds of: the Orchestrator's tool calls from compact memory -> Tools in parallel -> attempts appended;
     the state saved after every round to out/run.json and resumed from it."""
     task = env.load_task(cfg.task)
-    state = load_json(out / "run.json", RUN_SHAPE, lambda o: {**o, "attempts": [Attempt(**a) for a in o["attempts"]]}
-                      ) if out and resume else None
+    state = load_json(out / "run.json", lambda o: ([Attempt(**a) for a in o["attempts"]], list(o["records"]),
+                      int(o["round"]), float(o["seconds"]), bool(o["finished"]))) if out and resume else None
     if state:
-        attempts, records, rnd = state["attempts"], state["records"], state["round"]
-        spent, finished = state["seconds"], state["finished"]
+        attempts, records, rnd, spent, finished = state
         log(f"resumed {out / 'run.json'} at round {rnd}")
     else:
         attempts, records, rnd, spent, finished = [starter_attempt(task, cfg)], [], 0, 0.0, False
     start = time.time()
     deadline, record = start + cfg.time_limit - spent, _recorder(records)
     tool = Tool(task, sub, cfg, deadline, record)
+    result = lambda: _result(task, attempts, records, finished, spent + time.time() - start, round=rnd)  # noqa: E731
     while not finished and rnd < cfg.rounds and time.time() < deadline:
         rnd += 1
         messages = orchestrator_messages(task, attempts, rnd, cfg.rounds, cfg.calls, deadline - time.time())
@@ -599,9 +583,8 @@ def run_matryoshka(cfg: Config, orch, sub, out: Path | None = None, resume=True,
                                           for a in attempts[first:]) or "no call")
             + (" | finish" if finished else "") + f" | best #{best.id} {_fmt(best.score)}")
         if out:
-            save_json(out / "run.json", _result(task, attempts, records, finished, spent + time.time() - start,
-                                                round=rnd))
-    return _result(task, attempts, records, finished, spent + time.time() - start, round=rnd)
+            save_json(out / "run.json", result())
+    return result()
 
 
 def run_monolithic(cfg: Config, coder, out: Path | None = None, log=print) -> dict:
@@ -640,9 +623,6 @@ class Node:
     error: str | None = None  # why the decision is unparsable
 
 
-TREE_SHAPE = {"task": str, "attempts": dict, "nodes": list, "next_id": int, "higher_is_better": bool}
-
-
 @dataclass
 class Tree:
     """A Solution Refinement Tree: cfg.children decisions per node, each node's state its path's attempts (the
@@ -664,8 +644,7 @@ class Tree:
             node_id = self.nodes[node_id].parent
         return [self.attempts[i] for i in [0] + ids if i in self.attempts]
 
-    def to_json(self) -> dict:
-        """tree.json's object: attempts keyed by str(id); a node's finished and error only once set."""
+    def to_json(self) -> dict:  # attempts keyed by str(id); a node's finished and error only once set
         return {"task": self.task, "higher_is_better": self.higher_is_better, "next_id": self.next_id,
                 "attempts": {str(i): asdict(a) for i, a in self.attempts.items()},
                 "nodes": [{k: v for k, v in asdict(n).items() if v is not None or k not in ("finished", "error")}
@@ -678,8 +657,7 @@ class Tree:
 
     @classmethod
     def load(cls, path: Path) -> Tree | None:
-        """The tree saved at path, None when there is none; anything else is a one-line ValueError."""
-        return load_json(path, TREE_SHAPE, cls.from_json)
+        return load_json(path, cls.from_json)
 
 
 def collect_tree(cfg: Config, orch, sub, path: Path, log=print) -> Tree:
@@ -784,15 +762,13 @@ def ranking_loss(scores, R):
 
 
 def chat_rows(tok, messages, responses, max_len: int) -> list:
-    """sft.encode_chat's (ids, labels) of the prompt with each response as the assistant turn (labels on the
-    response and its <|im_end|>), the oldest tokens cut to max_len."""
+    """sft.encode_chat's (ids, labels) of the prompt with each response as the assistant turn."""
     import sft  # lazy: see the imports
     return [sft.encode_chat(tok, [*messages, {"role": "assistant", "content": r}], max_len) for r in responses]
 
 
 def decision_logprobs(lm, tok, messages, responses, max_len: int):
-    """log pi(decision | prompt) of each response, (K,): minus sft.py's masked loss, one row each (temperature 1,
-    the whole vocabulary); bf16 autocast over fp32 weights on CUDA."""
+    """log pi(decision | prompt) of each response, (K,): minus sft.py's masked loss (temperature 1)."""
     import model  # lazy: see the imports
     import sft
     import torch
@@ -802,8 +778,7 @@ def decision_logprobs(lm, tok, messages, responses, max_len: int):
                              for row in chat_rows(tok, messages, responses, max_len)])
 
 
-def passes(n: int, steps: int, rng):
-    """The item of each of `steps` updates: passes over range(n), each in a new order drawn from rng."""
+def passes(n: int, steps: int, rng):  # the item of each update: passes over range(n), each in a new order
     order = list(range(n))
     for step in range(steps if n else 0):
         if step % n == 0:
@@ -864,8 +839,7 @@ IMITATION_RESAMPLED = 24  # resampled_states of --task's tree; a quarter as many
 
 
 def other_tasks(tree_task: str, per_group: int) -> list[str]:
-    """The first `per_group` held-in built-in tasks of each (kind, modality, metric direction), never a held-out
-    task, nor the tree's own (it has its own tree)."""
+    """The first `per_group` held-in built-in tasks of each (kind, modality, metric direction) but tree_task."""
     groups: dict = {}
     for name, spec in env.BUILTIN_TASKS.items():
         if spec.split == "held-in" and name != tree_task:
@@ -934,8 +908,8 @@ def imitation_examples(trees, cfg: Config) -> list[dict]:
 
 
 def imitate(lm, tok, examples, cfg: Config, log=print) -> dict:
-    """Behaviour cloning with sft.py's masked loss and optimizer step, one example (its prompt computed once, with
-    each of its decisions) per update, the lr falling linearly from cfg.imitation_lr to 0 over cfg.imitation_steps."""
+    """Behaviour cloning with sft.py's masked loss and optimizer step, one example (its decisions sharing the prompt)
+    per update."""
     import sft  # lazy: see the imports
     import torch
     rows = [chat_rows(tok, e["messages"], e["responses"], cfg.max_len) for e in examples]
@@ -956,8 +930,7 @@ def imitate(lm, tok, examples, cfg: Config, log=print) -> dict:
 
 
 def greedy_parse_rate(lm, tok, examples, cfg: Config) -> float | None:
-    """The share of examples whose greedy decision parses against the state's attempt ids, each answer at most
-    twice the longest imitated decision's tokens."""
+    """The share of examples whose greedy decision (at most twice the imitated ones' tokens) parses."""
     backend, ok = agent.LocalBackend(lm=lm, tokenizer=tok), 0
     for e in examples:
         n = 2 * max(len(tok.encode(r)) for r in e["responses"]) + 16

@@ -503,7 +503,7 @@ def test_a_tree_json_of_the_dict_trees_still_loads(tmp_path, capsys):
     bad = copy.deepcopy(OLD_TREE)
     del bad["nodes"][1]["depth"]
     (tmp_path / "tree.json").write_text(json.dumps(bad))
-    with pytest.raises(ValueError, match="tree.json: a node or attempt") as e:
+    with pytest.raises(ValueError, match="tree.json: not a run or tree of orchestrator.py") as e:
         orc.Tree.load(tmp_path / "tree.json")
     assert len(str(e.value).splitlines()) == 1
 
