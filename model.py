@@ -1092,6 +1092,17 @@ def shard(net, blocks, world, device):
     return fully_shard(net, mesh=mesh, mp_policy=mp)
 
 
+def place(net, lm, tensors, device, world=0):
+    """net (holding lm), built on the meta device, on `device` (sharded over `world` ranks if world), lm's weights
+    read from `tensors` (name, full CPU tensor): a sharded rank keeps only its rows of each."""
+    if world:
+        net = shard(net, lm.model.layers, world, device)
+    net.to_empty(device=device)
+    lm.tie_weights()
+    fill(lm, tensors)
+    return net
+
+
 def reshard(*nets):
     """Free the gathered root unit of FSDP2 modules after a forward under no_grad: FSDP2 keeps it for a backward that
     does not come (the embeddings and lm_head: 2 GiB in bf16 at 7B). VeRL reshards its reference likewise."""

@@ -147,7 +147,7 @@ class Critic(nn.Module):
         self.backbone = backbone
         C = backbone.config.hidden_size
         self.head = nn.Linear(C, 1, device=backbone.lm_head.weight.device, dtype=torch.float32)
-        if not self.head.weight.is_meta:  # on the meta device (FSDP2) the sharded head is filled by `build`
+        if not self.head.weight.is_meta:  # on the meta device `build` fills it
             model.fill(self.head, zip(("weight", "bias"), self.head_init(C, seed)))
 
     @staticmethod
@@ -593,46 +593,32 @@ def pick_tasks(states, n, seed):
 def build(cfg, init, resume, st, ranks):
     """Actor (fp32 master weights), critic and frozen reference, or with LoRA a frozen base (bf16 on CUDA) with fp32
     adapters; over several ranks without LoRA, sharded by FSDP2 before each rank reads its shard of each tensor."""
-    device, W = ranks.device, ranks.world
+    device, lora = ranks.device, cfg.lora_rank
     low = torch.bfloat16 if device.type == "cuda" else torch.float32  # weights that are never updated
+    world = ranks.world if ranks.world > 1 and not lora else 0  # LoRA: whole models, the adapters' gradients summed
+    saved = st["critic"] if st else {}
+    part = lambda prefix: ((k.removeprefix(prefix), v) for k, v in saved.items() if k.startswith(prefix))  # noqa: E731
 
-    def make(kind, source, dtype, meta):
-        lm = model.load(source, device, dtype, meta=meta)[0]
+    def make(kind, dtype, tensors):
+        lm = model.load(init, device, dtype, meta=True)[0]
         if kind != "ref" and cfg.grad_checkpointing:
             model.enable_grad_checkpointing(lm)
-        if kind != "ref" and cfg.lora_rank:
-            model.add_lora(lm, cfg.lora_rank, cfg.lora_alpha)
-        return Critic(lm, cfg.seed) if kind == "critic" else Actor(lm, cfg.temperature, cfg.logits_chunk)
-
-    if cfg.lora_rank or W == 1:  # every rank holds the whole model (LoRA: all-reduce of the adapters' gradients)
-        base = low if cfg.lora_rank else torch.float32
-        actor = make("actor", init if cfg.lora_rank or not resume else resume, base, False)
-        critic = make("critic", init, base, False)
-        ref = None if cfg.lora_rank else make("ref", init, low, False).requires_grad_(False)
-        if st:
-            critic.load_state_dict(st["critic"], strict=not cfg.lora_rank)
-            if cfg.lora_rank:
-                actor.load_state_dict(st["actor_lora"], strict=False)
-            elif st.get("actor"):  # the fp32 master weights of a folder saved in bf16
-                actor.lm.load_state_dict(st["actor"])
-        return actor, critic, ref
-
-    def sharded(kind, dtype, tensors):
-        net = make(kind, init, dtype, True)
-        lm = net.backbone if kind == "critic" else net.lm
-        net = model.shard(net, lm.model.layers, W, device)
-        net.to_empty(device=device)
-        model.fill(lm, tensors)
+        net = Critic(lm, cfg.seed) if kind == "critic" else Actor(lm, cfg.temperature, cfg.logits_chunk)
+        net = model.place(net, lm, tensors, device, world)
+        if kind != "ref" and lora:
+            model.add_lora(lm, lora, cfg.lora_alpha)
         return net
 
-    actor = sharded("actor", torch.float32, st["actor"].items() if st and st.get("actor") else
-                    model.weight_tensors(resume or init))
-    critic = sharded("critic", torch.float32, model.weight_tensors(init) if not st else
-                     ((k.removeprefix("backbone."), v) for k, v in st["critic"].items() if k.startswith("backbone.")))
-    head = zip(("weight", "bias"), Critic.head_init(critic.backbone.config.hidden_size, cfg.seed)) if not st else \
-        ((k.removeprefix("head."), v) for k, v in st["critic"].items() if k.startswith("head."))
-    model.fill(critic.head, head)
-    ref = sharded("ref", low, model.weight_tensors(init)).requires_grad_(False)
+    base = low if lora else torch.float32
+    actor = make("actor", base, st["actor"].items() if st and st.get("actor") else  # master weights of a bf16 folder
+                 model.weight_tensors(init if lora else resume or init))
+    critic = make("critic", base, part("backbone.") if st and not lora else model.weight_tensors(init))
+    model.fill(critic.head, part("head.") if st else
+               zip(("weight", "bias"), Critic.head_init(critic.backbone.config.hidden_size, cfg.seed)))
+    if st and lora:  # the adapters
+        actor.load_state_dict(st["actor_lora"], strict=False)
+        critic.load_state_dict(saved, strict=False)
+    ref = None if lora else make("ref", low, model.weight_tensors(init)).requires_grad_(False)
     return actor, critic, ref
 
 

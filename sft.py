@@ -272,12 +272,10 @@ def place(lm, source, master, prompt_weight, args, world, device):
     n_params = sum(p.numel() for p in lm.parameters())
     sharded = dist.is_initialized() and (args.fsdp or model.too_big_for_one_gpu(n_params, device))
     net = SFTModel(lm, prompt_weight, share_prefix=not (args.grad_checkpointing or sharded))
-    if sharded:
-        net = model.shard(net, lm.model.layers, world, device)
     if source:  # tensor by tensor into fp32 master weights (autocast computes in bf16); sharded, each rank its rows
-        net.to_empty(device=device)
-        lm.tie_weights()
-        model.fill(lm, master.items() if master else model.weight_tensors(source))
+        net = model.place(net, lm, master.items() if master else model.weight_tensors(source), device, sharded and world)
+    elif sharded:
+        net = model.shard(net, lm.model.layers, world, device)
     return (net if sharded else model.wrap(net.to(device), world, device)).train(), sharded
 
 # ----------------------------------------------------------------------------------------------------------------
