@@ -291,16 +291,11 @@ def make_batch(prompts, responses, pad, device, group=1):
             torch.tensor(starts, device=device))
 
 
-def rows(ids, lengths, starts, idx, shared=1):
-    """The responses idx (whole groups) with their rows of ids, cut after the last column any uses."""
-    W = max(int(lengths[idx].max()), int(starts[idx].max()) + 1)
-    return ids[idx[::shared] // shared, :W], lengths[idx], starts[idx]
-
-
-def micro_batches(idx, lengths, cfg, shared=1, ranks=model.Ranks()):
-    """[(responses, weight)]: idx (whole rows of `shared`) sorted by length, cut into at most cfg.micro_batch rows and
-    cfg.micro_tokens tokens (rows x the longest), then row 0 with weight 0 up to the most any rank has (under FSDP
-    every forward is a collective)."""
+def micro_batches(ids, lengths, starts, idx, cfg, ranks=model.Ranks()):
+    """[(responses, weight, their rows: ids cut after the last column used, lengths, starts)]: the responses idx
+    (whole rows of ids) sorted by length, cut into at most cfg.micro_batch rows and cfg.micro_tokens tokens (rows x
+    the longest), then row 0 with weight 0 up to the most any rank has (under FSDP every forward is a collective)."""
+    shared = lengths.shape[0] // ids.shape[0]  # responses per row of ids: 1, or a state's `group` (make_batch)
     groups = idx.view(-1, shared)
     row_len = lengths[groups].max(1).values  # a row ends where its last response does
     out, cur = [], []
@@ -311,7 +306,11 @@ def micro_batches(idx, lengths, cfg, shared=1, ranks=model.Ranks()):
         cur.append(g)
     out = [groups[torch.tensor(c, device=idx.device)].reshape(-1) for c in out + ([cur] if cur else [])]
     n = int(ranks.max(len(out))) if ranks.world > 1 else len(out)
-    return [(g, 1.0) for g in out] + [(torch.arange(shared, device=idx.device), 0.0)] * (n - len(out))
+    batches = []
+    for r, weight in [(g, 1.0) for g in out] + [(torch.arange(shared, device=idx.device), 0.0)] * (n - len(out)):
+        W = max(int(lengths[r].max()), int(starts[r].max()) + 1)
+        batches.append((r, weight, (ids[r[::shared] // shared, :W], lengths[r], starts[r])))
+    return batches
 
 
 # ----------------------------------------------------- Acting: generation (step 2), execution in sandboxes (step 3)
@@ -423,10 +422,9 @@ def forward_scores(actor, critic, ref, ids, lengths, starts, R, cfg, device, ran
     out = [torch.zeros(lengths.shape[0], R, device=device) for _ in range(3)]
     if logprobs is not None:
         out[0] = logprobs
-    everyone, shared = torch.arange(lengths.shape[0], device=device), lengths.shape[0] // ids.shape[0]
+    everyone = torch.arange(lengths.shape[0], device=device)
     with torch.no_grad(), model.autocast(device):
-        for idx, weight in micro_batches(everyone, lengths, cfg, shared, ranks):
-            i, ln, st = rows(ids, lengths, starts, idx, shared)
+        for idx, weight, (i, ln, st) in micro_batches(ids, lengths, starts, everyone, cfg, ranks):
             lp = actor(i, ln, st) if logprobs is None else None
             model.set_lora(actor, ref is not None)  # LoRA: the reference is the actor with its adapters off
             ref_lp = (actor if ref is None else ref)(i, ln, st)
@@ -447,7 +445,6 @@ def ppo_update(actor, critic, opt_a, opt_c, data, cfg, device, gen, step_actor=T
     (critic warm-up): only the critic learns. Every rank draws the same permutation and divides by the minibatch's
     tokens on all ranks: the summed gradient is one process's (FSDP averages, hence the factor world)."""
     ids, lengths, starts, mask, group = data["ids"], data["lengths"], data["starts"], data["mask"], data.get("group", 1)
-    shared = lengths.shape[0] // ids.shape[0]  # responses per row of ids: 1, or a state's `group` (make_batch)
     places = data.get("rows") or [ranks.rank + k * ranks.world for k in range(lengths.shape[0])]
     local = {g: k for k, g in enumerate(places)}
     B = int(ranks.sum(torch.tensor(len(places), device=device)))
@@ -461,8 +458,7 @@ def ppo_update(actor, critic, opt_a, opt_c, data, cfg, device, gen, step_actor=T
             mine = torch.tensor([local[g] for g in mb.tolist() if g in local], dtype=torch.long, device=device)
             denom = ranks.sum(mask[mine].sum()).clamp(min=1)  # the masked mean over the whole minibatch
             s = torch.zeros(4, device=device)  # pg_loss, vf_loss, clipfrac, approx_kl
-            for idx, weight in micro_batches(mine, lengths, cfg, shared, ranks):
-                i, ln, st = rows(ids, lengths, starts, idx, shared)
+            for idx, weight, (i, ln, st) in micro_batches(ids, lengths, starts, mine, cfg, ranks):
                 with model.autocast(device):
                     lp = actor(i, ln, st)
                     n = lp.shape[1]
@@ -843,7 +839,8 @@ TYPES = {**dict.fromkeys(("batch_size", "samples_per_state", "num_minibatches", 
          **dict.fromkeys(("epochs", "actor_lr", "critic_lr", "adam_eps", "max_grad_norm", "temperature", "clip_coef",
                           "vf_clip", "lora_alpha"), agent.POSITIVE),
          **dict.fromkeys(("target_kl", "kl_coef"), agent.NONNEGATIVE),
-         **dict.fromkeys(("gamma", "lam"), agent.FRACTION), "seed": int}
+         **dict.fromkeys(("gamma", "lam"), agent.FRACTION), "seed": int,
+         "device": model.checked_type(str, model.bad_device)}
 CHOICES = {"advantage": ("gae", "group"), "save_dtype": ("auto", "float32")}
 
 
@@ -867,15 +864,11 @@ def main(argv=None):
                      reward=reward_from_flags(args))
     except ValueError as e:
         p.error(str(e))
-    if model.bad_device(cfg.device):
-        p.error(model.bad_device(cfg.device))
     if not find_resume(cfg.out) and not os.path.isdir(cfg.model):
-        if cfg.model == Config.model:
-            p.error(f"no model at {cfg.model}; run sft.py first or pass --model")
         try:
             model.resolve(cfg.model)
         except (OSError, ValueError) as e:
-            p.error(str(e))
+            p.error(f"{e}; run sft.py first or pass --model" if cfg.model == Config.model else str(e))
     model.run_main("ppo.py", train, cfg, (OSError, ValueError, env.TaskError))
 
 

@@ -563,7 +563,7 @@ TYPES = {**dict.fromkeys(("epochs", "batch_size", "micro_batch", "max_len", "max
                           "scratch_hidden", "scratch_layers", "scratch_heads"), agent.POSITIVE_INT),
          **dict.fromkeys(("eval_parse", "threads"), agent.COUNT), "lr": agent.POSITIVE, "seed": int,
          **dict.fromkeys(("weight_decay", "prompt_loss_weight", "grad_clip"), agent.NONNEGATIVE),
-         **dict.fromkeys(("warmup_ratio", "heldout"), HALF_OPEN),
+         **dict.fromkeys(("warmup_ratio", "heldout"), HALF_OPEN), "device": model.checked_type(str, model.bad_device),
          "data": agent.checked(str, os.path.exists, "an existing file (python collect.py writes it)"),
          "resume": agent.checked(str, lambda v: v == "auto" or os.path.isfile(os.path.join(v, "trainer_state.pt")),
                                  "a checkpoint-<step> folder (with trainer_state.pt)")}
@@ -592,8 +592,6 @@ def parse_args(argv=None):
     if args.scratch_hidden % (2 * args.scratch_heads):
         p.error(f"--scratch-hidden {args.scratch_hidden} does not split into --scratch-heads {args.scratch_heads} "
                 "heads of an even size")
-    if model.bad_device(args.device):
-        p.error(model.bad_device(args.device))
     if args.model and os.path.isdir(args.model):  # a hub id is checked when it is fetched
         try:
             agent.check_checkpoint(args.model)
