@@ -148,8 +148,7 @@ def apply_rope(x, cos, sin):  # x (B, H, T, D)
 
 
 class KVCache:
-    """Keys and values per layer (B, Hkv, T, D), each call's appended; a cached batch-1 prefix broadcasts to the rows
-    that follow it (sft.py's shared prefix, response_hidden's prompt)."""
+    """Keys and values per layer (B, Hkv, T, D), appended per call; a cached batch-1 prefix broadcasts to later rows."""
 
     def __init__(self):
         self.k, self.v, self.length = {}, {}, 0  # length: positions already cached
@@ -344,8 +343,7 @@ class Sequence:
 
 
 class SlotCache:
-    """The engine's KV cache: per layer, keys and values (slots, Hkv, capacity, D) in the compute dtype; the live
-    sequences sit in slots 0 .. live-1, so a forward reads views, never gathered copies."""
+    """The engine's KV cache (slots, Hkv, capacity, D) per layer; live sequences in slots 0 .. live-1 (views)."""
 
     def __init__(self, slots, capacity, dtype):
         self.slots, self.capacity, self.dtype, self.k, self.v = slots, capacity, dtype, {}, {}
@@ -575,8 +573,7 @@ _NAMES = {v: k for k, v in _DTYPES.items()}
 
 
 def _read_header(path):
-    """(header without __metadata__, byte offset where the data starts); ValueError naming the file when it is not a
-    safetensors file, or is shorter than its header says (an interrupted download or copy)."""
+    """(header, offset of the data); ValueError naming the file if it is not safetensors or is cut (a download?)."""
     size = os.path.getsize(path)
     with open(path, "rb") as f:
         n = struct.unpack("<Q", f.read(8))[0] if size >= 8 else 0
@@ -895,8 +892,7 @@ def resolve(path_or_id):
 
 
 def weight_tensors(path_or_hub_id):
-    """The checkpoint's tensors one at a time, (name, CPU tensor): a loader that shards (sft.py and ppo.py under
-    torchrun) keeps each rank's rows of one tensor and drops the rest, so no rank holds the full model."""
+    """The checkpoint's tensors one at a time, (name, CPU tensor): a sharding loader keeps only its rows of each."""
     for path in _weight_files(resolve(path_or_hub_id)):
         yield from _read_file(path)
 
@@ -956,8 +952,7 @@ def _write_json(path, obj, indent=2):
 
 def save(model, tokenizer, path, max_shard_bytes=5 * 2**30, dtype=None, weights=None):
     """Write a Hugging Face model folder: config, safetensors (sharded above max_shard_bytes), tokenizer, generation.
-    dtype: the stored dtype (e.g. torch.bfloat16 for a run trained in fp32 master weights); default: the model's.
-    weights: the state dict to write (default: the model's); LoRA adapters are merged into their base weights."""
+    dtype: the stored one (default: the model's); weights: the state dict (default: the model's), LoRA merged in."""
     os.makedirs(path, exist_ok=True)
     for name in os.listdir(path):  # stale weights from an earlier save would confuse loaders
         if name.startswith("model") and name.endswith((".safetensors", ".safetensors.index.json")):
@@ -1156,8 +1151,7 @@ def is_sharded(net):
 
 
 def full_state(net):
-    """The model's full state dict: under FSDP gathered from the shards (a collective: every rank calls it; rank 0
-    gets the tensors, on CPU), else the state dict itself."""
+    """The full state dict: under FSDP gathered to rank 0, on CPU (a collective: every rank calls it)."""
     return get_model_state_dict(net, options=FULL) if is_sharded(net) else unwrap(net).state_dict()
 
 
@@ -1295,9 +1289,8 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
-def checked_type(kind, why_not):
-    """An argparse type=: a `kind` against which why_not() has no one-line reason; argparse prints the reason (or its
-    "invalid int value" for a text kind() cannot read) naming the flag."""
+def refusing(kind, why_not):
+    """An argparse type= reading a `kind` and refusing a value with why_not(value)'s one-line reason, if any."""
     def read(text):
         value = kind(text)
         if why_not(value):
@@ -1311,13 +1304,13 @@ def main(argv=None):
     parser = _Parser(prog="model.py", description="Generate with a Qwen2/Qwen2.5/Qwen3 checkpoint.")
     p = parser.add_subparsers(dest="command", required=True).add_parser("generate")
     p.add_argument("--model", required=True, help="a local folder or a hub id such as Qwen/Qwen2.5-0.5B-Instruct")
-    p.add_argument("--device", type=checked_type(str, bad_device))
+    p.add_argument("--device", type=refusing(str, bad_device))
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--prompt", required=True)
-    p.add_argument("--max-new-tokens", type=checked_type(int, lambda v: v < 1 and "must be at least 1"), default=128)
-    p.add_argument("--temperature", type=checked_type(float, lambda v: not 0 <= v < math.inf and "must be finite and >= 0"),
+    p.add_argument("--max-new-tokens", type=refusing(int, lambda v: v < 1 and "must be at least 1"), default=128)
+    p.add_argument("--temperature", type=refusing(float, lambda v: not 0 <= v < math.inf and "must be finite and >= 0"),
                    default=0.0)
-    p.add_argument("--top-p", type=checked_type(float, lambda v: not 0 < v <= 1 and "must be in (0, 1]"), default=1.0)
+    p.add_argument("--top-p", type=refusing(float, lambda v: not 0 < v <= 1 and "must be in (0, 1]"), default=1.0)
     p.add_argument("--raw", action="store_true", help="no chat template around the prompt")
     args = parser.parse_args(argv)
     try:

@@ -102,9 +102,8 @@ class Config:
 
 
 PAPER = dict(actor_lr=1e-6, critic_lr=1e-5, critic_warmup=0, advantage="gae")  # ML-Agent's, for a pre-trained 7B
-# The offline miniature (under TINY_PARAMS) does not move at the paper's rates; its critic's advantages did not raise
-# J_step at any setting tried, the group baseline's did (tests/RESULTS.md, "PPO on the tiny model"). Our choice;
-# --advantage gae brings the critic back, alone at first (critic_warmup; OpenRLHF's --freezing_actor_steps).
+# The offline miniature (under TINY_PARAMS) does not move at the paper's rates, and only the group baseline raised
+# its J_step (tests/RESULTS.md, "PPO on the tiny model"; our choice); --advantage gae brings the critic back.
 TINY = dict(actor_lr=1e-4, critic_lr=3e-3, critic_warmup=2, advantage="group")
 TINY_PARAMS = 10_000_000
 LORA_LR_FACTOR = 10  # adapters from B = 0 need ~10x the full fine-tuning rate ("LoRA Without Regret", Schulman 2025)
@@ -338,9 +337,8 @@ def generate(lm, tokenizer, messages, cfg, device, seeds=None, n=1, on_done=None
 
 
 def execute(e, text, reward_config, finished=True, unfinished_invalid=True):
-    """Parse and run one action in env `e`, scored by agent.act as in collection and evaluation. A response cut at
-    max_new_tokens is invalid unless --no-unfinished-invalid: a policy paid for actions it never ends drifts toward
-    never ending (tests/RESULTS.md, "PPO on the tiny model")."""
+    """Parse and run one action in env `e`, scored by agent.act. A response cut at max_new_tokens is invalid unless
+    --no-unfinished-invalid: paid for, such actions grew (tests/RESULTS.md, "PPO on the tiny model")."""
     action = action_input = reason = None
     try:
         if not finished and unfinished_invalid:
@@ -746,14 +744,12 @@ def score(run, prompts, tokens, gen_lp, outcomes):
                                             1 if cfg.grad_checkpointing or model.is_sharded(run.actor) else group)
     # the old log-probs: on CPU the generation's, from the actor's own fp32 weights (the first minibatch's logged
     # ratio shows the gap); on CUDA the rollout's bf16 weights differ, so they are recomputed (as VeRL, OpenRLHF)
-    kept = torch.zeros(mask.shape, device=device) if device.type == "cpu" else None
-    if kept is not None:
-        kept[mask.bool()] = torch.tensor([x for lps in gen_lp for x in lps], device=device)
+    generated = torch.zeros(mask.shape, device=device)
+    generated[mask.bool()] = torch.tensor([x for lps in gen_lp for x in lps], device=device)
+    kept = generated if device.type == "cpu" else None
     logprobs, ref_logprobs, values = (x * mask for x in forward_scores(
         run.actor, run.value_net, run.ref, ids, lengths, starts, mask.shape[1], cfg, device, ranks, logprobs=kept))
-    gen_gap = None if kept is not None else ranks.max(max(  # generate vs forward
-        (abs(a - b) for row, lps in enumerate(gen_lp) for a, b in zip(lps, logprobs[row, :len(lps)].tolist())),
-        default=0.0))
+    gen_gap = None if kept is not None else ranks.max((generated - logprobs).abs().max())  # generate vs forward
     scores = torch.tensor([o["reward"] for o in outcomes], device=device)
     rewards, kl = token_rewards(scores, logprobs, ref_logprobs, mask, cfg.kl_coef)
     return dict(ids=ids, lengths=lengths, starts=starts, mask=mask, logprobs=logprobs, values=values, group=group,
@@ -832,15 +828,10 @@ def train(cfg):
 
 # ------------------------------------- Command line: a flag per Config field, checked by its argparse type (exit 2)
 
-TYPES = {**dict.fromkeys(("batch_size", "samples_per_state", "num_minibatches", "micro_batch", "micro_tokens",
-                          "logits_chunk", "gen_batch", "update_epochs", "max_new_tokens", "max_prompt_len", "workers",
-                          "episode_steps", "save_every"), agent.POSITIVE_INT),
-         **dict.fromkeys(("tasks", "iterations", "critic_warmup", "lora_rank"), agent.COUNT),
-         **dict.fromkeys(("epochs", "actor_lr", "critic_lr", "adam_eps", "max_grad_norm", "temperature", "clip_coef",
-                          "vf_clip", "lora_alpha"), agent.POSITIVE),
-         **dict.fromkeys(("target_kl", "kl_coef"), agent.NONNEGATIVE),
-         **dict.fromkeys(("gamma", "lam"), agent.FRACTION), "seed": int,
-         "device": model.checked_type(str, model.bad_device)}
+KINDS = {int: agent.POSITIVE_INT, float: agent.POSITIVE}  # a field's flag unless TYPES names another
+TYPES = {**dict.fromkeys(("tasks", "iterations", "critic_warmup", "lora_rank"), agent.COUNT), "seed": int,
+         **dict.fromkeys(("target_kl", "kl_coef"), agent.NONNEGATIVE), "gamma": agent.FRACTION, "lam": agent.FRACTION,
+         "device": model.refusing(str, model.bad_device)}
 CHOICES = {"advantage": ("gae", "group"), "save_dtype": ("auto", "float32")}
 
 
@@ -851,7 +842,8 @@ def parser():
         if f.type is bool:  # --flag / --no-flag
             p.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default)
         elif f.name != "reward":  # reward.py's own flags, below
-            p.add_argument(flag, type=TYPES.get(f.name, str), choices=CHOICES.get(f.name), default=f.default)
+            kind = KINDS.get(getattr(f.type, "__args__", (f.type,))[0], str)  # int | None: int
+            p.add_argument(flag, type=TYPES.get(f.name, kind), choices=CHOICES.get(f.name), default=f.default)
     add_reward_flags(p)
     return p
 

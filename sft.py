@@ -273,7 +273,8 @@ def place(lm, source, master, prompt_weight, args, world, device):
     sharded = dist.is_initialized() and (args.fsdp or model.too_big_for_one_gpu(n_params, device))
     net = SFTModel(lm, prompt_weight, share_prefix=not (args.grad_checkpointing or sharded))
     if source:  # tensor by tensor into fp32 master weights (autocast computes in bf16); sharded, each rank its rows
-        net = model.place(net, lm, master.items() if master else model.weight_tensors(source), device, sharded and world)
+        tensors = master.items() if master else model.weight_tensors(source)
+        net = model.place(net, lm, tensors, device, sharded and world)
     elif sharded:
         net = model.shard(net, lm.model.layers, world, device)
     return (net if sharded else model.wrap(net.to(device), world, device)).train(), sharded
@@ -563,7 +564,8 @@ TYPES = {**dict.fromkeys(("epochs", "batch_size", "micro_batch", "max_len", "max
                           "scratch_hidden", "scratch_layers", "scratch_heads"), agent.POSITIVE_INT),
          **dict.fromkeys(("eval_parse", "threads"), agent.COUNT), "lr": agent.POSITIVE, "seed": int,
          **dict.fromkeys(("weight_decay", "prompt_loss_weight", "grad_clip"), agent.NONNEGATIVE),
-         **dict.fromkeys(("warmup_ratio", "heldout"), HALF_OPEN), "device": model.checked_type(str, model.bad_device),
+         **dict.fromkeys(("warmup_ratio", "heldout"), HALF_OPEN),
+         "device": model.refusing(str, model.bad_device),
          "data": agent.checked(str, os.path.exists, "an existing file (python collect.py writes it)"),
          "resume": agent.checked(str, lambda v: v == "auto" or os.path.isfile(os.path.join(v, "trainer_state.pt")),
                                  "a checkpoint-<step> folder (with trainer_state.pt)")}
