@@ -1269,8 +1269,6 @@ def set_lora(lm, enabled):  # adapters off: the frozen base, which is the refere
 
 def bad_device(name):
     """Why `name` is not a device torch can use here (a one-line reason), or None: the CLIs check --device with it."""
-    if name is None:
-        return None
     try:
         dev = torch.device(name)
     except (RuntimeError, ValueError) as e:
@@ -1281,7 +1279,6 @@ def bad_device(name):
         return f"--device {name}: this machine has {torch.cuda.device_count()} GPU(s)"
     if dev.type not in ("cpu", "cuda", "mps"):
         return f"--device {name}: only cpu, cuda and mps are supported"
-    return None
 
 
 class _Parser(argparse.ArgumentParser):
