@@ -1,15 +1,9 @@
 """A Qwen2 / Qwen2.5 / Qwen3 dense transformer written by hand, with everything needed to use real checkpoints.
 
-What this file holds, top to bottom:
-  1. `Config` (the fields of a Hugging Face `config.json`) and `tiny_config` for tests and CPU runs.
-  2. The architecture (Qwen2 tech report arXiv:2407.10671, Qwen3 tech report arXiv:2505.09388), batched generation
-     with the new tokens' log-probs (what PPO needs), and the log-probs of given responses.
-  3. A safetensors reader and writer.
-  4. The byte-level BPE tokenizer read from `tokenizer.json`, the ChatML template, and a small BPE trainer.
-  5. `load` (a local folder, the Hugging Face cache or a resumable download) and `save` (a folder that
-     `transformers`, vLLM and this file all load).
-  6. On devices: torchrun, FSDP2 sharding and per-shard loading, sharded checkpoints, the rollout copy, LoRA.
-  7. A command line. vLLM (`vllm serve runs/ckpt/ppo`) and `transformers serve` serve the saved folders.
+The architecture follows the Qwen2 (arXiv:2407.10671) and Qwen3 (arXiv:2505.09388) tech reports; its numbered sections
+hold the config, the model with batched generation and response log-probs, safetensors, the BPE tokenizer, `load` and
+`save` (folders that `transformers`, vLLM and this file load; `vllm serve runs/ckpt/ppo` serves them), the device
+plumbing (torchrun, FSDP2, sharded checkpoints, the rollout copy, LoRA) and a command line.
 
 How it departs from Hugging Face `transformers`:
   - Only the dense models with the default RoPE: no MoE, no sliding-window attention, no RoPE scaling (YaRN).
@@ -154,8 +148,7 @@ def apply_rope(x, cos, sin):  # x (B, H, T, D)
 
 
 class KVCache:
-    """Keys and values per layer (B, Hkv, T, D), each call's appended; a cached batch-1 prefix broadcasts to the rows
-    that follow it (sft.py's shared prefix, response_hidden's prompt)."""
+    """Keys and values per layer (B, Hkv, T, D), appended per call; a cached batch-1 prefix broadcasts to later rows."""
 
     def __init__(self):
         self.k, self.v, self.length = {}, {}, 0  # length: positions already cached
@@ -207,15 +200,13 @@ class Attention(nn.Module):
             k, v = cache.update(layer, k, v)  # (B, Hkv, Tk, D)
         # mask (B, 1, T, Tk) bool, True = may attend; None = plain causal (or a single query over the whole cache)
         if T == 1 and self.n_kv != self.n_head:
-            # decode: the G query heads of key/value head h // G (HF's repeat_kv) stand as G query positions over its
-            # keys: plain attention, which fused kernels take with a mask (enable_gqa with one may not)
+            # decode: key/value head h's G query heads (HF repeat_kv) as G query positions: fused kernels take a mask
             G = self.n_head // self.n_kv
             y = F.scaled_dot_product_attention(q.reshape(B, self.n_kv, G, self.head_dim), k, v, attn_mask=mask)
             return self.o_proj(y.reshape(B, 1, -1))  # (B, Hkv, G, D) is (B, H, 1, D) in memory
         past = k.shape[2] - T
         if mask is None and T > 1 and past:
-            # causal with an offset: a boolean mask with grouped-query heads would leave CUDA only SDPA's math kernel
-            # (every fp32 score built); two mask-free forms reach the fused kernels instead
+            # causal with an offset: a boolean mask with GQA would leave CUDA only SDPA's math kernel; not these two
             if past < T:  # is_causal lines the first query up with the first key: `past` zero queries go in front
                 q = F.pad(q, (0, 0, past, 0))  # and are dropped (tests/RESULTS.md, "model.py: causal attention over
                 # a cached prefix")
@@ -352,8 +343,7 @@ class Sequence:
 
 
 class SlotCache:
-    """The engine's KV cache: per layer, keys and values (slots, Hkv, capacity, D) in the compute dtype; the live
-    sequences sit in slots 0 .. live-1, so a forward reads views, never gathered copies."""
+    """The engine's KV cache (slots, Hkv, capacity, D) per layer; live sequences in slots 0 .. live-1 (views)."""
 
     def __init__(self, slots, capacity, dtype):
         self.slots, self.capacity, self.dtype, self.k, self.v = slots, capacity, dtype, {}, {}
@@ -583,8 +573,7 @@ _NAMES = {v: k for k, v in _DTYPES.items()}
 
 
 def _read_header(path):
-    """(header without __metadata__, byte offset where the data starts); ValueError naming the file when it is not a
-    safetensors file, or is shorter than its header says (an interrupted download or copy)."""
+    """(header, offset of the data); ValueError naming the file if it is not safetensors or is cut (a download?)."""
     size = os.path.getsize(path)
     with open(path, "rb") as f:
         n = struct.unpack("<Q", f.read(8))[0] if size >= 8 else 0
@@ -903,8 +892,7 @@ def resolve(path_or_id):
 
 
 def weight_tensors(path_or_hub_id):
-    """The checkpoint's tensors one at a time, (name, CPU tensor): a loader that shards (sft.py and ppo.py under
-    torchrun) keeps each rank's rows of one tensor and drops the rest, so no rank holds the full model."""
+    """The checkpoint's tensors one at a time, (name, CPU tensor): a sharding loader keeps only its rows of each."""
     for path in _weight_files(resolve(path_or_hub_id)):
         yield from _read_file(path)
 
@@ -964,16 +952,21 @@ def _write_json(path, obj, indent=2):
 
 def save(model, tokenizer, path, max_shard_bytes=5 * 2**30, dtype=None, weights=None):
     """Write a Hugging Face model folder: config, safetensors (sharded above max_shard_bytes), tokenizer, generation.
-    dtype: the stored dtype (e.g. torch.bfloat16 for a run trained in fp32 master weights); default: the model's.
-    weights: the state dict to write (default: the model's)."""
+    dtype: the stored one (default: the model's); weights: the state dict (default: the model's), LoRA merged in."""
     os.makedirs(path, exist_ok=True)
     for name in os.listdir(path):  # stale weights from an earlier save would confuse loaders
         if name.startswith("model") and name.endswith((".safetensors", ".safetensors.index.json")):
             os.remove(os.path.join(path, name))
     cfg, dtype = model.config, dtype or model.lm_head.weight.dtype
     _write_json(os.path.join(path, "config.json"), {**cfg.to_dict(), "torch_dtype": str(dtype).removeprefix("torch.")})
-    tensors = {k: v.to(dtype) for k, v in (weights or model.state_dict()).items()
-               if not (cfg.tie_word_embeddings and k == "lm_head.weight")}
+    weights = {k: v for k, v in (weights or model.state_dict()).items()
+               if ".A" not in k and ".B" not in k and ".base." not in k}  # (LoRA's parts)
+    for name, m in model.named_modules():
+        if isinstance(m, LoRALinear):  # W + scale * B A, a folder any loader reads
+            weights[name + ".weight"] = m.merged()
+            if m.base.bias is not None:
+                weights[name + ".bias"] = m.base.bias
+    tensors = {k: v.to(dtype) for k, v in weights.items() if not (cfg.tie_word_embeddings and k == "lm_head.weight")}
     shards = [{}]
     for k, v in tensors.items():  # a new shard when this tensor would take the last one past max_shard_bytes
         if shards[-1] and sum(t.nbytes for t in shards[-1].values()) + v.nbytes > max_shard_bytes:
@@ -1022,8 +1015,8 @@ def stop_strings(tokenizer, strings):
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# 6. On devices, for sft.py, ppo.py and orchestrator.py: torchrun, FSDP2 sharding and per-shard loading, bf16
-# autocast, saving and resuming a (sharded) model with its optimizer, the rollout copy, LoRA
+# 6. On devices, for sft.py, ppo.py and orchestrator.py: torchrun, FSDP2 and per-shard loading, bf16 autocast,
+# saving and resuming a (sharded) model with its optimizer, the rollout copy, LoRA
 
 
 def enable_grad_checkpointing(lm):
@@ -1034,8 +1027,7 @@ def enable_grad_checkpointing(lm):
         block.forward = fwd
 
 
-# NCCL's 10-minute collective timeout is shorter than a task script or a 7B trainer state's save (torchtitan and
-# OpenRLHF raise it too)
+# NCCL's 10-minute timeout is shorter than a task script or a 7B trainer state's save (torchtitan, OpenRLHF raise it)
 DIST_TIMEOUT = datetime.timedelta(hours=2)
 
 
@@ -1090,6 +1082,17 @@ def shard(net, blocks, world, device):
     for block in blocks:
         fully_shard(block, mesh=mesh, mp_policy=mp)
     return fully_shard(net, mesh=mesh, mp_policy=mp)
+
+
+def place(net, lm, tensors, device, world=0):
+    """net (holding lm), built on the meta device, on `device` (sharded over `world` ranks if world), lm's weights
+    read from `tensors` (name, full CPU tensor): a sharded rank keeps only its rows of each."""
+    if world:
+        net = shard(net, lm.model.layers, world, device)
+    net.to_empty(device=device)
+    lm.tie_weights()
+    fill(lm, tensors)
+    return net
 
 
 def reshard(*nets):
@@ -1148,8 +1151,7 @@ def is_sharded(net):
 
 
 def full_state(net):
-    """The model's full state dict: under FSDP gathered from the shards (a collective: every rank calls it; rank 0
-    gets the tensors, on CPU), else the state dict itself."""
+    """The full state dict: under FSDP gathered to rank 0, on CPU (a collective: every rank calls it)."""
     return get_model_state_dict(net, options=FULL) if is_sharded(net) else unwrap(net).state_dict()
 
 
@@ -1182,7 +1184,7 @@ def save_checkpoint_folder(lm, tokenizer, path, dtype, state):
     weights = {k.removeprefix("lm."): v for k, v in state.items()}
     tmp = path.rstrip("/") + ".tmp"
     shutil.rmtree(tmp, ignore_errors=True)
-    save_merged(lm, tokenizer, tmp, dtype, weights if is_sharded(lm) else None)  # sharded: the gathered weights
+    save(lm, tokenizer, tmp, dtype=dtype, weights=weights if is_sharded(lm) else None)  # sharded: the gathered ones
     lora = any(isinstance(m, LoRALinear) for m in lm.modules())
     return tmp, None if dtype == torch.float32 or lora else weights
 
@@ -1215,9 +1217,8 @@ def run_main(script, train, cfg, errors=(OSError, ValueError)):
 
 def rollout_copy(lm, device, dtype=None):
     """What generates the rollouts: through FSDP every token would all-gather every block again, so each rank gathers
-    one full copy of the policy (cast before its all-gather) and frees it before the update (VeRL's "hybrid engine").
-    On one GPU fp32 weights get a bf16 copy too; LoRA and CPU policies generate themselves. dtype: the copy's
-    (default bf16 on CUDA, fp32 on CPU)."""
+    one full copy of the policy (cast before its all-gather; dtype default bf16 on CUDA) and frees it before the
+    update (VeRL's "hybrid engine"). On one GPU fp32 weights get a bf16 copy too; LoRA and CPU policies do not."""
     lora = any(isinstance(m, LoRALinear) for m in lm.modules())
     if lora or not (is_sharded(lm) or (device.type == "cuda" and lm.lm_head.weight.dtype == torch.float32)):
         return lm
@@ -1243,7 +1244,7 @@ class LoRALinear(nn.Module):
         y = self.base(x)
         return y + self.scale * (x.to(self.A.dtype) @ self.A.T @ self.B.T).to(y.dtype) if self.enabled else y
 
-    def merged(self):  # W + scale * B A, for a checkpoint that any loader reads
+    def merged(self):  # W + scale * B A
         return self.base.weight + (self.scale * self.B @ self.A).to(self.base.weight.dtype)
 
 
@@ -1263,26 +1264,11 @@ def set_lora(lm, enabled):  # adapters off: the frozen base, which is the refere
             m.enabled = enabled
 
 
-def save_merged(lm, tokenizer, path, dtype=None, weights=None):
-    """`save` of lm (or of `weights`, its full state dict); with LoRA, of its base with the adapters merged in, a
-    folder any loader reads."""
-    weights = {k: v for k, v in (weights or lm.state_dict()).items()
-               if ".A" not in k and ".B" not in k and ".base." not in k}  # (LoRA's parts)
-    for name, m in lm.named_modules():
-        if isinstance(m, LoRALinear):
-            weights[name + ".weight"] = m.merged()
-            if m.base.bias is not None:
-                weights[name + ".bias"] = m.base.bias
-    save(lm, tokenizer, path, dtype=dtype, weights=weights)
-
-
 # ----------------------------------------------------------------------------------------------------------------
 # 7. Command line
 
 def bad_device(name):
     """Why `name` is not a device torch can use here (a one-line reason), or None: the CLIs check --device with it."""
-    if name is None:
-        return None
     try:
         dev = torch.device(name)
     except (RuntimeError, ValueError) as e:
@@ -1293,7 +1279,6 @@ def bad_device(name):
         return f"--device {name}: this machine has {torch.cuda.device_count()} GPU(s)"
     if dev.type not in ("cpu", "cuda", "mps"):
         return f"--device {name}: only cpu, cuda and mps are supported"
-    return None
 
 
 class _Parser(argparse.ArgumentParser):
@@ -1301,9 +1286,8 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
-def _checked(kind, why_not):
-    """An argparse type=: a `kind` against which why_not() has no one-line reason; argparse prints the reason (or its
-    "invalid int value" for a text kind() cannot read) naming the flag."""
+def refusing(kind, why_not):
+    """An argparse type= reading a `kind` and refusing a value with why_not(value)'s one-line reason, if any."""
     def read(text):
         value = kind(text)
         if why_not(value):
@@ -1317,13 +1301,13 @@ def main(argv=None):
     parser = _Parser(prog="model.py", description="Generate with a Qwen2/Qwen2.5/Qwen3 checkpoint.")
     p = parser.add_subparsers(dest="command", required=True).add_parser("generate")
     p.add_argument("--model", required=True, help="a local folder or a hub id such as Qwen/Qwen2.5-0.5B-Instruct")
-    p.add_argument("--device", type=_checked(str, bad_device))
+    p.add_argument("--device", type=refusing(str, bad_device))
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--prompt", required=True)
-    p.add_argument("--max-new-tokens", type=_checked(int, lambda v: v < 1 and "must be at least 1"), default=128)
-    p.add_argument("--temperature", type=_checked(float, lambda v: not 0 <= v < math.inf and "must be finite and >= 0"),
+    p.add_argument("--max-new-tokens", type=refusing(int, lambda v: v < 1 and "must be at least 1"), default=128)
+    p.add_argument("--temperature", type=refusing(float, lambda v: not 0 <= v < math.inf and "must be finite and >= 0"),
                    default=0.0)
-    p.add_argument("--top-p", type=_checked(float, lambda v: not 0 < v <= 1 and "must be in (0, 1]"), default=1.0)
+    p.add_argument("--top-p", type=refusing(float, lambda v: not 0 < v <= 1 and "must be in (0, 1]"), default=1.0)
     p.add_argument("--raw", action="store_true", help="no chat template around the prompt")
     args = parser.parse_args(argv)
     try:

@@ -102,9 +102,8 @@ class Config:
 
 
 PAPER = dict(actor_lr=1e-6, critic_lr=1e-5, critic_warmup=0, advantage="gae")  # ML-Agent's, for a pre-trained 7B
-# The offline miniature (under TINY_PARAMS) does not move at the paper's rates; its critic's advantages did not raise
-# J_step at any setting tried, the group baseline's did (tests/RESULTS.md, "PPO on the tiny model"). Our choice;
-# --advantage gae brings the critic back, alone at first (critic_warmup; OpenRLHF's --freezing_actor_steps).
+# The offline miniature (under TINY_PARAMS) does not move at the paper's rates, and only the group baseline raised
+# its J_step (tests/RESULTS.md, "PPO on the tiny model"; our choice); --advantage gae brings the critic back.
 TINY = dict(actor_lr=1e-4, critic_lr=3e-3, critic_warmup=2, advantage="group")
 TINY_PARAMS = 10_000_000
 LORA_LR_FACTOR = 10  # adapters from B = 0 need ~10x the full fine-tuning rate ("LoRA Without Regret", Schulman 2025)
@@ -147,7 +146,7 @@ class Critic(nn.Module):
         self.backbone = backbone
         C = backbone.config.hidden_size
         self.head = nn.Linear(C, 1, device=backbone.lm_head.weight.device, dtype=torch.float32)
-        if not self.head.weight.is_meta:  # on the meta device (FSDP2) the sharded head is filled by `build`
+        if not self.head.weight.is_meta:  # on the meta device `build` fills it
             model.fill(self.head, zip(("weight", "bias"), self.head_init(C, seed)))
 
     @staticmethod
@@ -291,16 +290,11 @@ def make_batch(prompts, responses, pad, device, group=1):
             torch.tensor(starts, device=device))
 
 
-def rows(ids, lengths, starts, idx, shared=1):
-    """The responses idx (whole groups) with their rows of ids, cut after the last column any uses."""
-    W = max(int(lengths[idx].max()), int(starts[idx].max()) + 1)
-    return ids[idx[::shared] // shared, :W], lengths[idx], starts[idx]
-
-
-def micro_batches(idx, lengths, cfg, shared=1, ranks=model.Ranks()):
-    """[(responses, weight)]: idx (whole rows of `shared`) sorted by length, cut into at most cfg.micro_batch rows and
-    cfg.micro_tokens tokens (rows x the longest), then row 0 with weight 0 up to the most any rank has (under FSDP
-    every forward is a collective)."""
+def micro_batches(ids, lengths, starts, idx, cfg, ranks=model.Ranks()):
+    """[(responses, weight, their rows: ids cut after the last column used, lengths, starts)]: the responses idx
+    (whole rows of ids) sorted by length, cut into at most cfg.micro_batch rows and cfg.micro_tokens tokens (rows x
+    the longest), then row 0 with weight 0 up to the most any rank has (under FSDP every forward is a collective)."""
+    shared = lengths.shape[0] // ids.shape[0]  # responses per row of ids: 1, or a state's `group` (make_batch)
     groups = idx.view(-1, shared)
     row_len = lengths[groups].max(1).values  # a row ends where its last response does
     out, cur = [], []
@@ -311,7 +305,11 @@ def micro_batches(idx, lengths, cfg, shared=1, ranks=model.Ranks()):
         cur.append(g)
     out = [groups[torch.tensor(c, device=idx.device)].reshape(-1) for c in out + ([cur] if cur else [])]
     n = int(ranks.max(len(out))) if ranks.world > 1 else len(out)
-    return [(g, 1.0) for g in out] + [(torch.arange(shared, device=idx.device), 0.0)] * (n - len(out))
+    batches = []
+    for r, weight in [(g, 1.0) for g in out] + [(torch.arange(shared, device=idx.device), 0.0)] * (n - len(out)):
+        W = max(int(lengths[r].max()), int(starts[r].max()) + 1)
+        batches.append((r, weight, (ids[r[::shared] // shared, :W], lengths[r], starts[r])))
+    return batches
 
 
 # ----------------------------------------------------- Acting: generation (step 2), execution in sandboxes (step 3)
@@ -339,9 +337,8 @@ def generate(lm, tokenizer, messages, cfg, device, seeds=None, n=1, on_done=None
 
 
 def execute(e, text, reward_config, finished=True, unfinished_invalid=True):
-    """Parse and run one action in env `e`, scored by agent.act as in collection and evaluation. A response cut at
-    max_new_tokens is invalid unless --no-unfinished-invalid: a policy paid for actions it never ends drifts toward
-    never ending (tests/RESULTS.md, "PPO on the tiny model")."""
+    """Parse and run one action in env `e`, scored by agent.act. A response cut at max_new_tokens is invalid unless
+    --no-unfinished-invalid: paid for, such actions grew (tests/RESULTS.md, "PPO on the tiny model")."""
     action = action_input = reason = None
     try:
         if not finished and unfinished_invalid:
@@ -423,10 +420,9 @@ def forward_scores(actor, critic, ref, ids, lengths, starts, R, cfg, device, ran
     out = [torch.zeros(lengths.shape[0], R, device=device) for _ in range(3)]
     if logprobs is not None:
         out[0] = logprobs
-    everyone, shared = torch.arange(lengths.shape[0], device=device), lengths.shape[0] // ids.shape[0]
+    everyone = torch.arange(lengths.shape[0], device=device)
     with torch.no_grad(), model.autocast(device):
-        for idx, weight in micro_batches(everyone, lengths, cfg, shared, ranks):
-            i, ln, st = rows(ids, lengths, starts, idx, shared)
+        for idx, weight, (i, ln, st) in micro_batches(ids, lengths, starts, everyone, cfg, ranks):
             lp = actor(i, ln, st) if logprobs is None else None
             model.set_lora(actor, ref is not None)  # LoRA: the reference is the actor with its adapters off
             ref_lp = (actor if ref is None else ref)(i, ln, st)
@@ -447,7 +443,6 @@ def ppo_update(actor, critic, opt_a, opt_c, data, cfg, device, gen, step_actor=T
     (critic warm-up): only the critic learns. Every rank draws the same permutation and divides by the minibatch's
     tokens on all ranks: the summed gradient is one process's (FSDP averages, hence the factor world)."""
     ids, lengths, starts, mask, group = data["ids"], data["lengths"], data["starts"], data["mask"], data.get("group", 1)
-    shared = lengths.shape[0] // ids.shape[0]  # responses per row of ids: 1, or a state's `group` (make_batch)
     places = data.get("rows") or [ranks.rank + k * ranks.world for k in range(lengths.shape[0])]
     local = {g: k for k, g in enumerate(places)}
     B = int(ranks.sum(torch.tensor(len(places), device=device)))
@@ -461,8 +456,7 @@ def ppo_update(actor, critic, opt_a, opt_c, data, cfg, device, gen, step_actor=T
             mine = torch.tensor([local[g] for g in mb.tolist() if g in local], dtype=torch.long, device=device)
             denom = ranks.sum(mask[mine].sum()).clamp(min=1)  # the masked mean over the whole minibatch
             s = torch.zeros(4, device=device)  # pg_loss, vf_loss, clipfrac, approx_kl
-            for idx, weight in micro_batches(mine, lengths, cfg, shared, ranks):
-                i, ln, st = rows(ids, lengths, starts, idx, shared)
+            for idx, weight, (i, ln, st) in micro_batches(ids, lengths, starts, mine, cfg, ranks):
                 with model.autocast(device):
                     lp = actor(i, ln, st)
                     n = lp.shape[1]
@@ -593,46 +587,32 @@ def pick_tasks(states, n, seed):
 def build(cfg, init, resume, st, ranks):
     """Actor (fp32 master weights), critic and frozen reference, or with LoRA a frozen base (bf16 on CUDA) with fp32
     adapters; over several ranks without LoRA, sharded by FSDP2 before each rank reads its shard of each tensor."""
-    device, W = ranks.device, ranks.world
+    device, lora = ranks.device, cfg.lora_rank
     low = torch.bfloat16 if device.type == "cuda" else torch.float32  # weights that are never updated
+    world = ranks.world if ranks.world > 1 and not lora else 0  # LoRA: whole models, the adapters' gradients summed
+    saved = st["critic"] if st else {}
+    part = lambda prefix: ((k.removeprefix(prefix), v) for k, v in saved.items() if k.startswith(prefix))  # noqa: E731
 
-    def make(kind, source, dtype, meta):
-        lm = model.load(source, device, dtype, meta=meta)[0]
+    def make(kind, dtype, tensors):
+        lm = model.load(init, device, dtype, meta=True)[0]
         if kind != "ref" and cfg.grad_checkpointing:
             model.enable_grad_checkpointing(lm)
-        if kind != "ref" and cfg.lora_rank:
-            model.add_lora(lm, cfg.lora_rank, cfg.lora_alpha)
-        return Critic(lm, cfg.seed) if kind == "critic" else Actor(lm, cfg.temperature, cfg.logits_chunk)
-
-    if cfg.lora_rank or W == 1:  # every rank holds the whole model (LoRA: all-reduce of the adapters' gradients)
-        base = low if cfg.lora_rank else torch.float32
-        actor = make("actor", init if cfg.lora_rank or not resume else resume, base, False)
-        critic = make("critic", init, base, False)
-        ref = None if cfg.lora_rank else make("ref", init, low, False).requires_grad_(False)
-        if st:
-            critic.load_state_dict(st["critic"], strict=not cfg.lora_rank)
-            if cfg.lora_rank:
-                actor.load_state_dict(st["actor_lora"], strict=False)
-            elif st.get("actor"):  # the fp32 master weights of a folder saved in bf16
-                actor.lm.load_state_dict(st["actor"])
-        return actor, critic, ref
-
-    def sharded(kind, dtype, tensors):
-        net = make(kind, init, dtype, True)
-        lm = net.backbone if kind == "critic" else net.lm
-        net = model.shard(net, lm.model.layers, W, device)
-        net.to_empty(device=device)
-        model.fill(lm, tensors)
+        net = Critic(lm, cfg.seed) if kind == "critic" else Actor(lm, cfg.temperature, cfg.logits_chunk)
+        net = model.place(net, lm, tensors, device, world)
+        if kind != "ref" and lora:
+            model.add_lora(lm, lora, cfg.lora_alpha)
         return net
 
-    actor = sharded("actor", torch.float32, st["actor"].items() if st and st.get("actor") else
-                    model.weight_tensors(resume or init))
-    critic = sharded("critic", torch.float32, model.weight_tensors(init) if not st else
-                     ((k.removeprefix("backbone."), v) for k, v in st["critic"].items() if k.startswith("backbone.")))
-    head = zip(("weight", "bias"), Critic.head_init(critic.backbone.config.hidden_size, cfg.seed)) if not st else \
-        ((k.removeprefix("head."), v) for k, v in st["critic"].items() if k.startswith("head."))
-    model.fill(critic.head, head)
-    ref = sharded("ref", low, model.weight_tensors(init)).requires_grad_(False)
+    base = low if lora else torch.float32
+    actor = make("actor", base, st["actor"].items() if st and st.get("actor") else  # master weights of a bf16 folder
+                 model.weight_tensors(init if lora else resume or init))
+    critic = make("critic", base, part("backbone.") if st and not lora else model.weight_tensors(init))
+    model.fill(critic.head, part("head.") if st else
+               zip(("weight", "bias"), Critic.head_init(critic.backbone.config.hidden_size, cfg.seed)))
+    if st and lora:  # the adapters
+        actor.load_state_dict(st["actor_lora"], strict=False)
+        critic.load_state_dict(saved, strict=False)
+    ref = None if lora else make("ref", low, model.weight_tensors(init)).requires_grad_(False)
     return actor, critic, ref
 
 
@@ -764,14 +744,12 @@ def score(run, prompts, tokens, gen_lp, outcomes):
                                             1 if cfg.grad_checkpointing or model.is_sharded(run.actor) else group)
     # the old log-probs: on CPU the generation's, from the actor's own fp32 weights (the first minibatch's logged
     # ratio shows the gap); on CUDA the rollout's bf16 weights differ, so they are recomputed (as VeRL, OpenRLHF)
-    kept = torch.zeros(mask.shape, device=device) if device.type == "cpu" else None
-    if kept is not None:
-        kept[mask.bool()] = torch.tensor([x for lps in gen_lp for x in lps], device=device)
+    generated = torch.zeros(mask.shape, device=device)
+    generated[mask.bool()] = torch.tensor([x for lps in gen_lp for x in lps], device=device)
+    kept = generated if device.type == "cpu" else None
     logprobs, ref_logprobs, values = (x * mask for x in forward_scores(
         run.actor, run.value_net, run.ref, ids, lengths, starts, mask.shape[1], cfg, device, ranks, logprobs=kept))
-    gen_gap = None if kept is not None else ranks.max(max(  # generate vs forward
-        (abs(a - b) for row, lps in enumerate(gen_lp) for a, b in zip(lps, logprobs[row, :len(lps)].tolist())),
-        default=0.0))
+    gen_gap = None if kept is not None else ranks.max((generated - logprobs).abs().max())  # generate vs forward
     scores = torch.tensor([o["reward"] for o in outcomes], device=device)
     rewards, kl = token_rewards(scores, logprobs, ref_logprobs, mask, cfg.kl_coef)
     return dict(ids=ids, lengths=lengths, starts=starts, mask=mask, logprobs=logprobs, values=values, group=group,
@@ -850,14 +828,10 @@ def train(cfg):
 
 # ------------------------------------- Command line: a flag per Config field, checked by its argparse type (exit 2)
 
-TYPES = {**dict.fromkeys(("batch_size", "samples_per_state", "num_minibatches", "micro_batch", "micro_tokens",
-                          "logits_chunk", "gen_batch", "update_epochs", "max_new_tokens", "max_prompt_len", "workers",
-                          "episode_steps", "save_every"), agent.POSITIVE_INT),
-         **dict.fromkeys(("tasks", "iterations", "critic_warmup", "lora_rank"), agent.COUNT),
-         **dict.fromkeys(("epochs", "actor_lr", "critic_lr", "adam_eps", "max_grad_norm", "temperature", "clip_coef",
-                          "vf_clip", "lora_alpha"), agent.POSITIVE),
-         **dict.fromkeys(("target_kl", "kl_coef"), agent.NONNEGATIVE),
-         **dict.fromkeys(("gamma", "lam"), agent.FRACTION), "seed": int}
+KINDS = {int: agent.POSITIVE_INT, float: agent.POSITIVE}  # a field's flag unless TYPES names another
+TYPES = {**dict.fromkeys(("tasks", "iterations", "critic_warmup", "lora_rank"), agent.COUNT), "seed": int,
+         **dict.fromkeys(("target_kl", "kl_coef"), agent.NONNEGATIVE), "gamma": agent.FRACTION, "lam": agent.FRACTION,
+         "device": model.refusing(str, model.bad_device)}
 CHOICES = {"advantage": ("gae", "group"), "save_dtype": ("auto", "float32")}
 
 
@@ -868,7 +842,8 @@ def parser():
         if f.type is bool:  # --flag / --no-flag
             p.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default)
         elif f.name != "reward":  # reward.py's own flags, below
-            p.add_argument(flag, type=TYPES.get(f.name, str), choices=CHOICES.get(f.name), default=f.default)
+            kind = KINDS.get(getattr(f.type, "__args__", (f.type,))[0], str)  # int | None: int
+            p.add_argument(flag, type=TYPES.get(f.name, kind), choices=CHOICES.get(f.name), default=f.default)
     add_reward_flags(p)
     return p
 
@@ -881,15 +856,11 @@ def main(argv=None):
                      reward=reward_from_flags(args))
     except ValueError as e:
         p.error(str(e))
-    if model.bad_device(cfg.device):
-        p.error(model.bad_device(cfg.device))
     if not find_resume(cfg.out) and not os.path.isdir(cfg.model):
-        if cfg.model == Config.model:
-            p.error(f"no model at {cfg.model}; run sft.py first or pass --model")
         try:
             model.resolve(cfg.model)
         except (OSError, ValueError) as e:
-            p.error(str(e))
+            p.error(f"{e}; run sft.py first or pass --model" if cfg.model == Config.model else str(e))
     model.run_main("ppo.py", train, cfg, (OSError, ValueError, env.TaskError))
 
 

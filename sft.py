@@ -272,12 +272,11 @@ def place(lm, source, master, prompt_weight, args, world, device):
     n_params = sum(p.numel() for p in lm.parameters())
     sharded = dist.is_initialized() and (args.fsdp or model.too_big_for_one_gpu(n_params, device))
     net = SFTModel(lm, prompt_weight, share_prefix=not (args.grad_checkpointing or sharded))
-    if sharded:
-        net = model.shard(net, lm.model.layers, world, device)
     if source:  # tensor by tensor into fp32 master weights (autocast computes in bf16); sharded, each rank its rows
-        net.to_empty(device=device)
-        lm.tie_weights()
-        model.fill(lm, master.items() if master else model.weight_tensors(source))
+        tensors = master.items() if master else model.weight_tensors(source)
+        net = model.place(net, lm, tensors, device, sharded and world)
+    elif sharded:
+        net = model.shard(net, lm.model.layers, world, device)
     return (net if sharded else model.wrap(net.to(device), world, device)).train(), sharded
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -566,6 +565,7 @@ TYPES = {**dict.fromkeys(("epochs", "batch_size", "micro_batch", "max_len", "max
          **dict.fromkeys(("eval_parse", "threads"), agent.COUNT), "lr": agent.POSITIVE, "seed": int,
          **dict.fromkeys(("weight_decay", "prompt_loss_weight", "grad_clip"), agent.NONNEGATIVE),
          **dict.fromkeys(("warmup_ratio", "heldout"), HALF_OPEN),
+         "device": model.refusing(str, model.bad_device),
          "data": agent.checked(str, os.path.exists, "an existing file (python collect.py writes it)"),
          "resume": agent.checked(str, lambda v: v == "auto" or os.path.isfile(os.path.join(v, "trainer_state.pt")),
                                  "a checkpoint-<step> folder (with trainer_state.pt)")}
@@ -594,8 +594,6 @@ def parse_args(argv=None):
     if args.scratch_hidden % (2 * args.scratch_heads):
         p.error(f"--scratch-hidden {args.scratch_hidden} does not split into --scratch-heads {args.scratch_heads} "
                 "heads of an even size")
-    if model.bad_device(args.device):
-        p.error(model.bad_device(args.device))
     if args.model and os.path.isdir(args.model):  # a hub id is checked when it is fetched
         try:
             agent.check_checkpoint(args.model)

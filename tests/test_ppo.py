@@ -427,7 +427,7 @@ def test_lora_starts_at_the_base_switches_off_to_it_and_saves_merged(tiny, tmp_p
         model.set_lora(lora, False)  # the reference policy under --lora-rank
         assert torch.equal(lora(ids), base)
         model.set_lora(lora, True)
-        model.save_merged(lora, tok, tmp_path / "merged")
+        model.save(lora, tok, tmp_path / "merged")
         loaded, _ = model.load(tmp_path / "merged", "cpu")
         assert torch.allclose(loaded(ids), moved, atol=1e-4)
 
