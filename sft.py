@@ -596,11 +596,7 @@ def parse_args(argv=None):
                 "heads of an even size")
     if model.bad_device(args.device):
         p.error(model.bad_device(args.device))
-    if args.model and os.path.isdir(args.model):  # a hub id is checked when it is fetched
-        try:
-            agent.check_checkpoint(args.model)
-        except ValueError as e:
-            p.error(f"--model {e}")
+    agent.check_checkpoint_flags(p, ("--model", args.model, None))  # a hub id: checked when fetched
     return args
 
 
