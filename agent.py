@@ -758,6 +758,17 @@ def check_checkpoint(folder):
         why = (str(e).splitlines() or [type(e).__name__])[0]
         raise ValueError(f"{folder} is not a loadable checkpoint: {why}") from None
 
+
+def check_checkpoint_flags(parser, *flags):
+    """parser.error (one line, exit 2) at the first (flag, name, url) whose name is a local folder
+    but no loadable checkpoint; with a url the endpoint serves it. Called after parsing."""
+    for flag, name, url in flags:
+        if name and os.path.isdir(name) and not url:
+            try:
+                check_checkpoint(name)
+            except ValueError as e:
+                parser.error(f"{flag} {e}")
+
 # ================================================================================================= command line
 
 

@@ -366,11 +366,10 @@ def main(argv=None):
     args = p.parse_args(argv)  # each value checked by its type: one line, exit status 2
     try:
         reward_config = reward.from_flags(args)
-        if os.path.isdir(args.expert) and not args.base_url:  # a local checkpoint: fail now, not in every rollout
-            agent.check_checkpoint(args.expert)
+        agent.check_checkpoint_flags(p, ("--expert", args.expert, args.base_url))  # now, not in every rollout
         env.load_tasks(args.tasks)  # built here, several at once, and checked
     except (ValueError, env.TaskError) as e:
-        p.error(f"--expert {e}" if "checkpoint" in str(e) else str(e))
+        p.error(str(e))
     try:
         print(collect(args.tasks, args.trajectories, args.workers, args.expert, args.base_url, args.out, args.seed,
                       args.k, args.candidates, args.max_steps, args.time_limit, tuple(args.price),

@@ -523,11 +523,7 @@ def main(argv=None):
         for name in names:
             if re.match(r"^(\.{0,2}/|runs/)", name) and not os.path.isdir(name):
                 p.error(f"{flag}: no checkpoint folder {name!r}")
-            if os.path.isdir(name) and not cfg.base_url:  # a broken checkpoint fails now, not as K failed runs
-                try:
-                    agent.check_checkpoint(name)
-                except ValueError as e:
-                    p.error(f"{flag} {e}")
+            agent.check_checkpoint_flags(p, (flag, name, cfg.base_url))  # now, not as K failed runs
     try:
         resolve_tasks(cfg)
         if cfg.plots and os.path.exists(cfg.ppo_log):  # read for a plot at the end: checked before the runs

@@ -1087,13 +1087,8 @@ def main(argv=None):
     if model_path and not os.path.isdir(model_path):
         p.error(f"--model {model_path!r} is not a folder; pass a local Qwen2/Qwen3 checkpoint folder "
                 "(config.json, *.safetensors, tokenizer.json), or no --model for a tiny model from scratch")
-    for flag, name, url in (("--orchestrator", args.orchestrator, args.orchestrator_url),
-                            ("--sub-agent", args.sub_agent, args.sub_agent_url), ("--model", model_path, None)):
-        if name and os.path.isdir(name) and not url:  # a broken checkpoint: one line now, before any work
-            try:
-                agent.check_checkpoint(name)
-            except ValueError as err:
-                p.error(f"{flag} {err}")
+    agent.check_checkpoint_flags(p, ("--orchestrator", args.orchestrator, args.orchestrator_url),
+                                 ("--sub-agent", args.sub_agent, args.sub_agent_url), ("--model", model_path, None))
     try:
         env.load_task(cfg.task)
         lock = agent.claim_folder(out)  # one command per --out: run.json, tree.json, train/, sft.jsonl resume

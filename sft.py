@@ -594,11 +594,7 @@ def parse_args(argv=None):
     if args.scratch_hidden % (2 * args.scratch_heads):
         p.error(f"--scratch-hidden {args.scratch_hidden} does not split into --scratch-heads {args.scratch_heads} "
                 "heads of an even size")
-    if args.model and os.path.isdir(args.model):  # a hub id is checked when it is fetched
-        try:
-            agent.check_checkpoint(args.model)
-        except ValueError as e:
-            p.error(f"--model {e}")
+    agent.check_checkpoint_flags(p, ("--model", args.model, None))  # a hub id: checked when fetched
     return args
 
 
