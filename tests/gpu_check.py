@@ -19,8 +19,9 @@ states and chats) and prints one block per check:
    split and peak memory next to tests/bench_memory.py's plan for the same configuration; then one with --lora-rank
    16 (frozen bf16 base), against the plan's ppo-lora;
 5. sft: sft.train for one epoch over synthetic chats, 4 micro-batches accumulated per step: tokens/s, peak memory
-   (next to the plan) and MFU (6 x params x tokens/s over the chip's dense bf16 peak, 989 TFLOP/s for an H200 SXM by
-   NVIDIA's datasheet; recomputation is not counted);
+   (next to the plan; a peak includes what was still allocated when its check started, start_gib; with
+   --memory-history, what was allocated at sft's peak) and MFU (6 x params x tokens/s over the chip's dense bf16
+   peak, 989 TFLOP/s for an H200 SXM by NVIDIA's datasheet; recomputation is not counted);
 6. fsdp: `torchrun --nproc_per_node 1 sft.py --fsdp` (FSDP2 over a mesh of one: sharding, per-shard loading, the
    gathered save), then a second run resuming from its first checkpoint;
 7. sandbox: a script run by env.run_script with set_script_gpu(0) starts CUDA under the data-segment limit and
@@ -64,6 +65,7 @@ SIZES = {  # Qwen2.5-0.5B's shape (its config.json), and a tiny one for a CPU dr
 }
 PEAK_BF16 = 989e12  # H200 SXM dense bf16 FLOP/s (NVIDIA datasheet)
 BANDWIDTH = 4.8e12  # H200 HBM3e bytes/s (NVIDIA datasheet)
+HISTORY = False  # --memory-history: record sft's allocations and print what was alive at its peak
 WORDS = "data model train score feature split learning rate forest boost tree linear target metric".split()
 
 
@@ -72,14 +74,62 @@ def sync(device):
         torch.cuda.synchronize()
 
 
-def peak_gib(device):
-    return torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else float("nan")
+def peak_gib(device, reserved=False):
+    if device.type != "cuda":
+        return float("nan")
+    return (torch.cuda.max_memory_reserved() if reserved else torch.cuda.max_memory_allocated()) / 2**30
 
 
-def reset_peak(device):
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats()
+def reset_peak(device, history=False):
+    """-> GiB still allocated when a check starts (earlier checks' leftovers count in its peak); history: record
+    allocations for peak_breakdown (sft only: with torch 2.11 a recorded PPO update's backward raised SystemError)."""
+    if device.type != "cuda":
+        return float("nan")
+    import gc
+    gc.collect()
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    if history:  # a fresh history per check: its peak is this check's
+        torch.cuda.memory._record_memory_history(max_entries=2_000_000, stacks="python")
+    return torch.cuda.memory_allocated() / 2**30
+
+
+def peak_breakdown(device, top=12):
+    """--memory-history: what was allocated at the check's peak, grouped by the innermost frame in this project's
+    files (allocations made before reset_peak are not in the history: the peak here counts only the check's own)."""
+    if not (HISTORY and device.type == "cuda"):  # only check_sft records
+        return None
+    try:
+        return _breakdown(torch.cuda.memory._snapshot()["device_traces"][0], top)
+    except Exception as e:  # the check's own numbers must survive a history this torch writes otherwise
+        return {"error": f"{type(e).__name__}: {e}"}
+    finally:
+        torch.cuda.memory._record_memory_history(None)
+
+
+def _breakdown(events, top):
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    now, best, at = 0, 0, 0
+    for i, e in enumerate(events):  # the peak's position, replaying allocations and frees
+        now += e["size"] if e["action"] == "alloc" else -e["size"] if e["action"] == "free_completed" else 0
+        if now > best:
+            best, at = now, i
+    alive = {}
+    for e in events[:at + 1]:
+        if e["action"] == "alloc":
+            alive[e["addr"]] = e
+        elif e["action"] == "free_completed":
+            alive.pop(e["addr"], None)
+    groups = {}
+    for e in alive.values():
+        mine = [f"{os.path.basename(f['filename'])}:{f['line']} {f['name']}" for f in e.get("frames", [])
+                if os.path.abspath(f["filename"]).startswith(root) and not f["filename"].endswith("gpu_check.py")]
+        key = " < ".join(mine[:2]) or "other"  # the allocating line, then its caller (innermost frame first)
+        n, b = groups.get(key, (0, 0))
+        groups[key] = (n + 1, b + e["size"])
+    rows = sorted(groups.items(), key=lambda kv: -kv[1][1])
+    return {"peak_gib": best / 2**30, "events": len(events),
+            "top": [f"{b / 2**30:.3f} GiB x{n} {k}" for k, (n, b) in rows[:top]]}
 
 
 def build(size, folder):
@@ -230,7 +280,7 @@ def check_ppo(folder, tok, device, report, work, prompt_words, new_tokens, size)
     ppo.execute = lambda e, text, *a: {"kind": "neutral", "reward": (hash(text) % 201 - 100) / 100, "m_prev": None,
                                        "m_new": None, "done": False, "observation": ""}
     for name, lora, iterations in (("ppo", 0, 3), ("ppo_lora16", 16, 1)):
-        reset_peak(device)
+        start_gib = reset_peak(device)
         out = os.path.join(work, name)
         t = time.perf_counter()
         cfg = ppo.Config(model=folder, states=path, out=out, log_file=out + ".jsonl", batch_size=16,
@@ -241,8 +291,8 @@ def check_ppo(folder, tok, device, report, work, prompt_words, new_tokens, size)
         prompt = max(len(tok.encode(tok.apply_chat_template(s["messages"]))) for s in states)
         plan = plan_gib(size, "ppo-lora" if lora else "ppo", max_prompt=prompt, max_new=new_tokens, gen_batch=16,
                         micro_tokens=cfg.micro_tokens, lora_rank=16)
-        report[name] = dict(iterations=iterations, wall_s=time.perf_counter() - t, peak_gib=peak_gib(device),
-                            plan_peak_gib=plan,
+        report[name] = dict(iterations=iterations, wall_s=time.perf_counter() - t, start_gib=start_gib,
+                            peak_gib=peak_gib(device), peak_reserved_gib=peak_gib(device, True), plan_peak_gib=plan,
                             **{k: log[k] for k in ("time_generate", "time_execute", "time_update", "time_total",
                                                    "response_tokens", "kl", "clipfrac", "explained_variance",
                                                    "generate_vs_forward_logprob_gap")},
@@ -258,14 +308,15 @@ def check_sft(folder, tok, device, report, work, n_params, words, size):
     path = os.path.join(work, "chats.jsonl")
     with open(path, "w") as f:
         f.writelines(json.dumps(c) + "\n" for c in chats)
-    reset_peak(device)
+    start_gib = reset_peak(device, HISTORY)
     summary, _ = sft.train(sft.Config(data=path, model=folder, out=os.path.join(work, "sft"), epochs=1, batch_size=16,
                                     micro_batch=4, eval_parse=0, heldout=0.0, grad_checkpointing=True,
                                     device=str(device)))
     tps = summary["tokens_per_s"]
     longest = max(len(sft.encode_chat(tok, c["messages"])[0]) for c in chats)
     report["sft"] = dict(tokens_per_s=tps, seconds=summary["seconds"], steps=summary["steps"],
-                         peak_gib=peak_gib(device), plan_peak_gib=plan_gib(size, "sft", sft_len=longest, micro=4),
+                         start_gib=start_gib, peak_gib=peak_gib(device), peak_reserved_gib=peak_gib(device, True),
+                         plan_peak_gib=plan_gib(size, "sft", sft_len=longest, micro=4), at_peak=peak_breakdown(device),
                          mfu=6 * n_params * tps / PEAK_BF16 if device.type == "cuda" else None)
 
 
@@ -312,7 +363,10 @@ def main(argv=None):
     p.add_argument("--size", choices=SIZES, default="0.5b")
     p.add_argument("--out", default=os.environ.get("OUT", "runs/gpu_check"))
     p.add_argument("--parts", default="parity,prefill,decode,ppo,sft,fsdp,sandbox")
+    p.add_argument("--memory-history", action="store_true", help="sft: what was allocated at the peak")
     a = p.parse_args(argv)
+    global HISTORY
+    HISTORY = a.memory_history
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     tiny = a.size == "tiny"
     report = {"size": a.size, "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
