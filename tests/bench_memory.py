@@ -154,11 +154,12 @@ FRAGMENTATION = 0.05  # assumed: the caching allocator's blocks that are reserve
 
 def plan(cfg, mode, world=8, max_prompt=15000, max_new=1024, gen_batch=16, micro_tokens=16384, sft_len=16384,
          micro=1, lora_rank=16, logits_chunk=1024, *, act, act_lora=None, prefill_chunk=2048, eval_rows=8,
-         eval_new=400):
+         eval_new=400, sft_trained=None):
     """The rows of one mode, as the code allocates: ppo.py (FSDP2 or LoRA) at --max-prompt-len max_prompt,
     --max-new-tokens max_new, --gen-batch gen_batch, --micro-tokens micro_tokens; sft.py at --max-len sft_len,
     --micro-batch micro, and its parse check of eval_rows rows (--eval-parse split over the ranks) at eval_new new
-    tokens. act / act_lora: the bytes one block (full / LoRA) saves per token, from measure_block."""
+    tokens; sft_trained: the trained (assistant) tokens of a micro-batch, None: all of them. act / act_lora: the bytes
+    one block (full / LoRA) saves per token, from measure_block."""
     n = count_params(cfg)
     P, L, C, V, I = n["total"], cfg.num_hidden_layers, cfg.hidden_size, cfg.vocab_size, cfg.intermediate_size
     N = 1 if mode == "ppo-lora" else world
@@ -228,11 +229,15 @@ def plan(cfg, mode, world=8, max_prompt=15000, max_new=1024, gen_batch=16, micro
         f"({L} layers x {C} + cos/sin 2 x {cfg.head_dim}) x 2 B x {tokens:,} tokens")
     add("update", "one block's saved activations", per_block * tokens,
         f"{per_block / 1024:.1f} KiB/token (measured{', LoRA block' if lora_block else ''}) x {tokens:,} tokens")
-    trained = max_new * max(tokens // row, 1) if mode != "sft" else tokens  # response tokens (ppo) / every token
-    chunk = min(logits_chunk, trained)
-    add("update", "logits chunk: fp32 logits, softmax, grad", 3 * chunk * V * 4,
-        f"3 x {chunk:,} tokens x {V:,} x 4 B (recomputed per chunk in backward"
-        f"{'; SFT: trained positions only' if mode == 'sft' else ''})")
+    if mode == "sft":  # sft.LinearCrossEntropy: one product over every trained position, no chunks
+        trained = tokens if sft_trained is None else sft_trained
+        add("update", "fused loss: fp32 softmax + 2 bf16 casts", 8 * trained * V,
+            f"{trained:,} trained tokens ({'at most every one' if sft_trained is None else 'given'}) x {V:,} x "
+            "(4 B kept for backward + 2 x 2 B, its bf16 casts for the two backward products)")
+    else:
+        chunk = min(logits_chunk, max_new * max(tokens // row, 1))  # response tokens
+        add("update", "logits chunk: fp32 logits, softmax, grad", 3 * chunk * V * 4,
+            f"3 x {chunk:,} tokens x {V:,} x 4 B (recomputed per chunk in backward)")
 
     # sft.py's end: the optimizer goes, the saved checkpoint comes back in bf16 and answers the held-out prompts
     if mode == "sft":

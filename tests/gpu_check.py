@@ -313,10 +313,12 @@ def check_sft(folder, tok, device, report, work, n_params, words, size):
                                     micro_batch=4, eval_parse=0, heldout=0.0, grad_checkpointing=True,
                                     device=str(device)))
     tps = summary["tokens_per_s"]
-    longest = max(len(sft.encode_chat(tok, c["messages"])[0]) for c in chats)
+    rows = [sft.encode_chat(tok, c["messages"]) for c in chats]
+    longest = max(len(ids) for ids, _ in rows)
+    trained = 4 * max(sum(y != sft.IGNORE for y in labels) for _, labels in rows)  # 4 rows a micro-batch at most
     report["sft"] = dict(tokens_per_s=tps, seconds=summary["seconds"], steps=summary["steps"],
                          start_gib=start_gib, peak_gib=peak_gib(device), peak_reserved_gib=peak_gib(device, True),
-                         plan_peak_gib=plan_gib(size, "sft", sft_len=longest, micro=4), at_peak=peak_breakdown(device),
+                         plan_peak_gib=plan_gib(size, "sft", sft_len=longest, micro=4, sft_trained=trained), at_peak=peak_breakdown(device),
                          mfu=6 * n_params * tps / PEAK_BF16 if device.type == "cuda" else None)
 
 

@@ -115,3 +115,14 @@ def test_bad_input_exits_2_with_one_line(argv, word, capsys):
     assert e.value.code == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("bench_memory.py: error:") and word in err
+
+
+def test_the_sft_loss_row_is_what_the_fused_loss_keeps():
+    """sft.py's fused loss keeps an fp32 softmax of every trained position, in no chunks: the plan's row is twice that
+    (with the two bf16 casts of its backward on CUDA), past ppo.py's 1,024-token logits chunk too."""
+    import sft
+    cfg, n = model.tiny_config(vocab_size=96), 3000
+    h, w = torch.randn(n, cfg.hidden_size, requires_grad=True), torch.randn(96, cfg.hidden_size, requires_grad=True)
+    kept = sft.LinearCrossEntropy.apply(h, w, torch.randint(0, 96, (n,))).grad_fn.saved_tensors[-1]
+    assert kept.shape == (n, 96) and kept.dtype == torch.float32
+    assert row(bench.plan(cfg, "sft", world=1, sft_len=n, micro=1, act=ACT), "fused loss") == 2 * kept.nbytes
