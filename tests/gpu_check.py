@@ -29,6 +29,7 @@ states and chats) and prints one block per check:
 
     python tests/gpu_check.py                      # on the GPU: Qwen2.5-0.5B shape, ~3 minutes
     python tests/gpu_check.py --size tiny          # anywhere: the same code on a tiny model, seconds on a CPU
+    python tests/gpu_check.py --size 7b --parts ppo_lora16  # the README's one-GPU LoRA line at Qwen2.5-7B's shape
 Everything it prints is also written to --out/gpu_check.json.
 """
 from __future__ import annotations
@@ -59,6 +60,9 @@ SIZES = {  # Qwen2.5-0.5B's shape (its config.json), and a tiny one for a CPU dr
     "1.5b": dict(model_type="qwen2", vocab_size=151936, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
                  num_attention_heads=12, num_key_value_heads=2, head_dim=128, max_position_embeddings=32768,
                  tie_word_embeddings=True, rope_theta=1000000.0, torch_dtype="bfloat16"),
+    "7b": dict(model_type="qwen2", vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
+               num_attention_heads=28, num_key_value_heads=4, head_dim=128, max_position_embeddings=32768,
+               tie_word_embeddings=False, rope_theta=1000000.0, torch_dtype="bfloat16"),  # for --parts ppo_lora16
     "tiny": dict(model_type="qwen2", vocab_size=1024, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                  num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=4096,
                  tie_word_embeddings=True, torch_dtype="bfloat16"),
@@ -138,10 +142,15 @@ def build(size, folder):
     text = [" ".join(rng.choice(WORDS) for _ in range(40)) for _ in range(200)]
     tok = model.train_tokenizer(text, 600)
     torch.manual_seed(0)
-    with torch.device("cpu"):
+    big = size == "7b" and torch.cuda.is_available()  # 7.6B parameters initialise in seconds on the GPU
+    with torch.device("cuda" if big else "cpu"):
         lm = model.Qwen(model.Config(**{**SIZES[size], "eos_token_id": tok.im_end_id}))
     model.save(lm, tok, folder, dtype=torch.bfloat16)
-    return sum(p.numel() for p in lm.parameters()), tok
+    n = sum(p.numel() for p in lm.parameters())
+    del lm
+    if big:
+        torch.cuda.empty_cache()
+    return n, tok
 
 
 def prompts_of(tok, n, length, seed):
@@ -261,7 +270,8 @@ def check_prefill(folder, tok, device, report):
     report["prefill"] = rows
 
 
-def check_ppo(folder, tok, device, report, work, prompt_words, new_tokens, size):
+def check_ppo(folder, tok, device, report, work, prompt_words, new_tokens, size, runs=(("ppo", 0, 3),
+                                                                                     ("ppo_lora16", 16, 1))):
     import ppo
     states = [{"task": "stub", "task_dir": "", "step": 0, "snapshot": None, "m_init": 0.0, "m_best": 1.0,
                "higher_is_better": True, "ideas": [],
@@ -279,7 +289,7 @@ def check_ppo(folder, tok, device, report, work, prompt_words, new_tokens, size)
     ppo.make_env = lambda task, task_dir, editor: StubEnv()
     ppo.execute = lambda e, text, *a: {"kind": "neutral", "reward": (hash(text) % 201 - 100) / 100, "m_prev": None,
                                        "m_new": None, "done": False, "observation": ""}
-    for name, lora, iterations in (("ppo", 0, 3), ("ppo_lora16", 16, 1)):
+    for name, lora, iterations in runs:
         start_gib = reset_peak(device)
         out = os.path.join(work, name)
         t = time.perf_counter()
@@ -384,6 +394,8 @@ def main(argv=None):
                                                  not tiny),
                   "ppo": lambda: check_ppo(folder, tok, device, report, work, 60 if tiny else 1500,
                                            16 if tiny else 256, a.size),
+                  "ppo_lora16": lambda: check_ppo(folder, tok, device, report, work, 60 if tiny else 1500,
+                                                16 if tiny else 256, a.size, (("ppo_lora16", 16, 1),)),
                   "sft": lambda: check_sft(folder, tok, device, report, work, n_params, 60 if tiny else 1800, a.size),
                   "fsdp": lambda: check_fsdp(folder, work, device, report),
                   "sandbox": lambda: check_sandbox(work, report)}
