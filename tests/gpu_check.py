@@ -18,9 +18,9 @@ states and chats) and prints one block per check:
    the sandbox replaced by a stub reward (the environment needs scikit-learn, which the GPU image may lack): time
    split and peak memory next to tests/bench_memory.py's plan for the same configuration; then one with --lora-rank
    16 (frozen bf16 base), against the plan's ppo-lora;
-5. sft: sft.train for one epoch over synthetic chats, 4 micro-batches accumulated per step: tokens/s, peak memory
-   (next to the plan; a peak includes what was still allocated when its check started, start_gib; with
-   --memory-history, what was allocated at sft's peak) and MFU (6 x params x tokens/s over the chip's dense bf16
+5. sft: sft.train for one epoch over synthetic chats, 4 micro-batches accumulated per step: tokens/s of the steps
+   (and with the checkpoint's save), peak memory (next to the plan; a peak includes what was still allocated when
+   its check started, start_gib; with --memory-history, what was allocated at sft's peak) and MFU (6 x params x tokens/s over the chip's dense bf16
    peak, 989 TFLOP/s for an H200 SXM by NVIDIA's datasheet; recomputation is not counted);
 6. fsdp: `torchrun --nproc_per_node 1 sft.py --fsdp` (FSDP2 over a mesh of one: sharding, per-shard loading, the
    gathered save), then a second run resuming from its first checkpoint;
@@ -322,11 +322,13 @@ def check_sft(folder, tok, device, report, work, n_params, words, size):
     summary, _ = sft.train(sft.Config(data=path, model=folder, out=os.path.join(work, "sft"), epochs=1, batch_size=16,
                                     micro_batch=4, eval_parse=0, heldout=0.0, grad_checkpointing=True,
                                     device=str(device)))
-    tps = summary["tokens_per_s"]
+    log = [json.loads(x) for x in open(os.path.join(work, "sft", "log.jsonl"))]
+    tps = log[-1]["tokens_per_s"]  # the training steps' rate; the summary's counts the checkpoint's save too
     rows = [sft.encode_chat(tok, c["messages"]) for c in chats]
     longest = max(len(ids) for ids, _ in rows)
     trained = 4 * max(sum(y != sft.IGNORE for y in labels) for _, labels in rows)  # 4 rows a micro-batch at most
-    report["sft"] = dict(tokens_per_s=tps, seconds=summary["seconds"], steps=summary["steps"],
+    report["sft"] = dict(tokens_per_s=tps, tokens_per_s_with_save=summary["tokens_per_s"], seconds=summary["seconds"],
+                         steps=summary["steps"],
                          start_gib=start_gib, peak_gib=peak_gib(device), peak_reserved_gib=peak_gib(device, True),
                          plan_peak_gib=plan_gib(size, "sft", sft_len=longest, micro=4, sft_trained=trained), at_peak=peak_breakdown(device),
                          mfu=6 * n_params * tps / PEAK_BF16 if device.type == "cuda" else None)
