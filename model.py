@@ -1,21 +1,21 @@
 """A Qwen2 / Qwen2.5 / Qwen3 dense transformer written by hand, with everything needed to use real checkpoints.
 
-The architecture follows the Qwen2 (arXiv:2407.10671) and Qwen3 (arXiv:2505.09388) tech reports; its numbered sections
-hold the config, the model with batched generation and response log-probs, safetensors, the BPE tokenizer, `load` and
-`save` (folders that `transformers`, vLLM and this file load; `vllm serve runs/ckpt/ppo` serves them), the device
-plumbing (torchrun, FSDP2, sharded checkpoints, the rollout copy, LoRA) and a command line.
+Architecture: the Qwen2 (arXiv:2407.10671) and Qwen3 (arXiv:2505.09388) tech reports. Sections: config; model with
+batched generation and response log-probs; safetensors; BPE tokenizer; `load` and `save` (folders that
+`transformers`, vLLM and this file load; `vllm serve runs/ckpt/ppo` serves them); device plumbing (torchrun, FSDP2,
+sharded checkpoints, the rollout copy, LoRA); command line.
 
-How it departs from Hugging Face `transformers`:
-  - Only the dense models with the default RoPE: no MoE, no sliding-window attention, no RoPE scaling (YaRN).
-  - The chat template is ChatML written in Python, not the checkpoint's Jinja template: no tools, and no Qwen3
-    `<think>` handling; no default system message.
-  - Downloads put plain files into `snapshots/<commit>/` of the hub cache instead of blobs plus symlinks.
-  - `forward` returns fp32 logits; positions come from the attention mask (cumsum - 1, as HF `generate` computes
-    them) in every call, so left-padded batches need no position_ids. No dropout (Qwen trains without it).
-  - The safetensors reader reads each tensor with readinto() straight into its parameter (built empty on the meta
-    device) instead of memory-mapping, so a load never holds a second copy of the weights.
+Departures from Hugging Face `transformers`:
+  - Dense models with the default RoPE only: no MoE, sliding-window attention or RoPE scaling (YaRN).
+  - The chat template is ChatML in Python, not the checkpoint's Jinja: no tools, no Qwen3 `<think>` handling, no
+    default system message.
+  - Downloads put plain files into `snapshots/<commit>/` of the hub cache, not blobs plus symlinks.
+  - `forward` returns fp32 logits; positions always come from the attention mask (cumsum - 1, as HF `generate`), so
+    left-padded batches need no position_ids. No dropout (Qwen trains without it).
+  - The safetensors reader readinto()s each tensor straight into its parameter (built on the meta device) instead of
+    memory-mapping: a load never holds a second copy of the weights.
 
-Run it:
+Run:
   python model.py generate --model Qwen/Qwen2.5-0.5B-Instruct --prompt "Write a haiku about GPUs"
 """
 import argparse
@@ -57,13 +57,13 @@ from tqdm import tqdm
 class Config:
     """The fields of a Qwen2 / Qwen3 `config.json` that the architecture needs (defaults: Qwen3-0.6B)."""
     model_type: str = "qwen3"             # "qwen2" (Qwen2 and Qwen2.5) or "qwen3"
-    vocab_size: int = 151936              # rows of the embedding, often padded beyond the tokenizer's size
-    hidden_size: int = 1024               # C, the residual stream width
-    intermediate_size: int = 3072         # width of the SwiGLU MLP
+    vocab_size: int = 151936              # embedding rows, often padded beyond the tokenizer's size
+    hidden_size: int = 1024               # C
+    intermediate_size: int = 3072         # SwiGLU width
     num_hidden_layers: int = 28
-    num_attention_heads: int = 16         # query heads H
-    num_key_value_heads: int = 8          # key/value heads, shared by H / Hkv query heads each (GQA)
-    head_dim: int | None = None           # D; None -> hidden_size // num_attention_heads (Qwen3 sets it explicitly)
+    num_attention_heads: int = 16         # H
+    num_key_value_heads: int = 8          # Hkv, each shared by H / Hkv query heads (GQA)
+    head_dim: int | None = None           # D; None -> hidden_size // num_attention_heads (Qwen3 sets it)
     rms_norm_eps: float = 1e-6
     rope_theta: float = 1000000.0         # RoPE base
     max_position_embeddings: int = 40960
@@ -71,8 +71,8 @@ class Config:
     attention_bias: bool | None = None    # None -> True for qwen2 (bias on q, k, v), False for qwen3
     bos_token_id: int | None = None
     eos_token_id: int | list[int] | None = None
-    torch_dtype: str = "bfloat16"         # the dtype the checkpoint was saved in
-    # not in config.json: `load` fills them, so that a model rebuilt as Qwen(lm.config) stops and samples the same
+    torch_dtype: str = "bfloat16"         # the checkpoint's
+    # not in config.json: `load` fills them, so that Qwen(lm.config) stops and samples the same
     stop_token_ids: list[int] | None = None  # generate's default stop ids; None -> eos_token_id
     sample_vocab_size: int | None = None     # the rows generate samples from; None -> vocab_size
 
@@ -87,7 +87,7 @@ class Config:
     def from_dict(cls, d):
         """From a Hugging Face config.json dict; unknown keys are ignored, unsupported features raise."""
         d = dict(d)
-        if "model_type" not in d:  # fall back on the architecture name
+        if "model_type" not in d:
             d["model_type"] = "qwen3" if "Qwen3ForCausalLM" in d.get("architectures", []) else "qwen2"
         rope = d.get("rope_parameters") or d.get("rope_scaling") or {}  # transformers 5 moves rope_theta here
         if rope.get("rope_type", rope.get("type", "default")) != "default":
@@ -107,7 +107,7 @@ class Config:
 
 
 def tiny_config(model_type="qwen3", vocab_size=512, **overrides):
-    """A few-hundred-thousand-parameter model for tests and CPU runs (GQA: 4 query heads share 2 kv heads)."""
+    """A tiny model for tests and CPU runs (GQA: 4 query heads, 2 kv heads)."""
     d = dict(model_type=model_type, vocab_size=vocab_size, hidden_size=64, intermediate_size=128,
              num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
              max_position_embeddings=2048, tie_word_embeddings=True, torch_dtype="float32")
@@ -128,7 +128,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x):
-        # computed in fp32 then cast back before the weight, as HF Qwen2RMSNorm does (matters in bf16/fp16)
+        # in fp32, cast back before the weight, as HF Qwen2RMSNorm (matters in bf16/fp16)
         h = x.float()
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * h.to(x.dtype)
@@ -151,9 +151,9 @@ class KVCache:
     """Keys and values per layer (B, Hkv, T, D), appended per call; a cached batch-1 prefix broadcasts to later rows."""
 
     def __init__(self):
-        self.k, self.v, self.length = {}, {}, 0  # length: positions already cached
+        self.k, self.v, self.length = {}, {}, 0  # length: positions cached
 
-    def update(self, layer, k, v):  # k, v (B, Hkv, T, D) -> all keys/values so far (B, Hkv, length + T, D)
+    def update(self, layer, k, v):  # -> all keys/values so far (B, Hkv, length + T, D)
         if layer in self.k:
             k = torch.cat((self.k[layer].expand(k.shape[0], -1, -1, -1), k), 2)
             v = torch.cat((self.v[layer].expand(v.shape[0], -1, -1, -1), v), 2)
@@ -162,13 +162,13 @@ class KVCache:
 
 
 class Linear(nn.Linear):
-    """nn.Linear whose product, while an Engine on CPU holds `weight_t` (an (in, out) copy of the weight), reads that
-    copy: it streams faster at batch 1 (tests/RESULTS.md, "model.py: transposed weight copies")."""
+    """nn.Linear that multiplies by `weight_t`, an (in, out) copy an Engine on CPU holds: faster at batch 1
+    (tests/RESULTS.md, "model.py: transposed weight copies")."""
     weight_t = None
 
     def forward(self, x):
         t = self.weight_t  # read once: another thread's engine may drop it meanwhile
-        if t is None or torch.is_grad_enabled():  # a forward that trains differentiates through the weight itself
+        if t is None or torch.is_grad_enabled():  # training differentiates through the weight itself
             return super().forward(x)
         return F.linear(x, t.t(), self.bias)
 
@@ -198,19 +198,18 @@ class Attention(nn.Module):
         k = apply_rope(k.transpose(1, 2), cos, sin)  # (B, Hkv, T, D)
         if cache is not None:
             k, v = cache.update(layer, k, v)  # (B, Hkv, Tk, D)
-        # mask (B, 1, T, Tk) bool, True = may attend; None = plain causal (or a single query over the whole cache)
+        # mask (B, 1, T, Tk) bool, True = may attend; None = causal (or one query over the whole cache)
         if T == 1 and self.n_kv != self.n_head:
-            # decode: key/value head h's G query heads (HF repeat_kv) as G query positions: fused kernels take a mask
+            # decode: kv head h's G query heads (HF repeat_kv) as G query positions: fused kernels take a mask
             G = self.n_head // self.n_kv
             y = F.scaled_dot_product_attention(q.reshape(B, self.n_kv, G, self.head_dim), k, v, attn_mask=mask)
             return self.o_proj(y.reshape(B, 1, -1))  # (B, Hkv, G, D) is (B, H, 1, D) in memory
         past = k.shape[2] - T
         if mask is None and T > 1 and past:
-            # causal with an offset: a boolean mask with GQA would leave CUDA only SDPA's math kernel; not these two
-            if past < T:  # is_causal lines the first query up with the first key: `past` zero queries go in front
-                q = F.pad(q, (0, 0, past, 0))  # and are dropped (tests/RESULTS.md, "model.py: causal attention over
-                # a cached prefix")
-            else:  # more cached than new: the lower-right causal bias, which flash attention takes as it is
+            # causal with an offset: a bool mask with GQA would leave CUDA only SDPA's math kernel, so one of these
+            if past < T:  # is_causal aligns the first query with the first key: pad `past` zero queries, drop them
+                q = F.pad(q, (0, 0, past, 0))  # (tests/RESULTS.md, "model.py: causal attention over a cached prefix")
+            else:  # more cached than new: the lower-right causal bias, which flash attention takes
                 mask = causal_lower_right(T, past + T)
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None and T > 1,
                                            enable_gqa=self.n_kv != self.n_head)[:, :, -T:]  # (B, H, T, D)
@@ -244,7 +243,7 @@ class Block(nn.Module):
 @dataclasses.dataclass
 class Generation:
     tokens: list[list[int]]       # new tokens per prompt, up to and including a stop token
-    logprobs: list[list[float]]   # log-prob of each new token under softmax(logits / temperature)
+    logprobs: list[list[float]]   # each under softmax(logits / temperature)
     finish_reasons: list[str]     # "stop" or "length"
 
 
@@ -252,14 +251,14 @@ class Qwen(nn.Module):
     def __init__(self, config):
         super().__init__()
         self.config = cfg = config
-        self.model = nn.ModuleDict(dict(  # parameter names match HF exactly, so state dicts load both ways
-            # from_pretrained skips nn.Embedding's own init (normal_ on the meta device pulls in heavy imports)
+        self.model = nn.ModuleDict(dict(  # HF's parameter names: state dicts load both ways
+            # from_pretrained skips nn.Embedding's init (normal_ on the meta device pulls in heavy imports)
             embed_tokens=nn.Embedding.from_pretrained(torch.empty(cfg.vocab_size, cfg.hidden_size), freeze=False),
             layers=nn.ModuleList(Block(cfg) for _ in range(cfg.num_hidden_layers)),
             norm=RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)))
         self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
-        if not self.lm_head.weight.is_meta:  # on the meta device `load` fills the weights from a checkpoint instead
-            for m in self.modules():  # HF init: normal(0, initializer_range=0.02), zero biases
+        if not self.lm_head.weight.is_meta:  # (meta: `load` fills the weights)
+            for m in self.modules():  # HF init: normal(0, 0.02), zero biases
                 if isinstance(m, (nn.Linear, nn.Embedding)):
                     nn.init.normal_(m.weight, std=0.02)
                 if isinstance(m, nn.Linear) and m.bias is not None:
@@ -273,17 +272,17 @@ class Qwen(nn.Module):
             self.lm_head.weight = self.model.embed_tokens.weight
 
     def hidden(self, input_ids, attention_mask=None, cache=None):
-        """Final-norm hidden states (B, T, C). attention_mask (B, T_past + T) is 1 for tokens, 0 for left padding."""
+        """Final-norm hidden states (B, T, C). attention_mask (B, T_past + T): 1 for tokens, 0 for left padding."""
         B, T = input_ids.shape
         dev, past = input_ids.device, cache.length if cache is not None else 0
         if attention_mask is not None and bool(attention_mask.all()):
-            attention_mask = None  # no padding: the plain causal path lets SDPA pick its fastest kernel
+            attention_mask = None  # no padding: the causal path lets SDPA pick its fastest kernel
         if attention_mask is None:
             positions = torch.arange(past, past + T, device=dev).expand(B, T)
-            mask = None  # plain causal, or causal with an offset past (Attention picks a mask-free form for it)
+            mask = None  # causal, offset by past (Attention picks a mask-free form)
         else:
             keep = attention_mask.bool()  # (B, Tk)
-            positions = (keep.long().cumsum(-1) - 1).clamp(min=0)[:, -T:]  # positions skip the padding (HF generate)
+            positions = (keep.long().cumsum(-1) - 1).clamp(min=0)[:, -T:]  # skipping the padding (HF generate)
             q_idx = torch.arange(past, past + T, device=dev)[:, None]  # (T, 1)
             k_idx = torch.arange(past + T, device=dev)[None]  # (1, Tk)
             # causal AND not padding; a padding query sees itself so no row of the softmax is empty
@@ -294,7 +293,7 @@ class Qwen(nn.Module):
         return x
 
     def blocks(self, input_ids, positions, mask, cache):
-        """Embeddings, every block, the final norm: (B, T) ids at (B, T) positions -> (B, T, C)."""
+        """Embeddings, the blocks, the final norm: (B, T) ids at (B, T) positions -> (B, T, C)."""
         x = self.model.embed_tokens(input_ids)  # (B, T, C)
         cos, sin = rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta, x.dtype)
         for i, layer in enumerate(self.model.layers):
@@ -307,15 +306,15 @@ class Qwen(nn.Module):
     @torch.inference_mode()
     def generate(self, prompts, max_new_tokens=128, temperature=0.0, top_p=1.0, stop_token_ids=None, generator=None,
                  stop_fn=None, seeds=None, prefill_chunk=2048, max_batch=None, n=1, on_done=None):
-        """Token-id prompts -> Generation, n rows per prompt (prompt-major), by the Engine: at most max_batch rows
-        (default: all) at a time. stop_fn(i, new_tokens) -> bool: row i stops after this token (stop strings);
-        on_done(i, tokens, reason) as soon as row i finishes (ppo.py executes its action then). seeds (one int per
-        prompt): each row samples from its own generator, so its tokens do not depend on which rows share its batch
-        (ppo.py under torchrun); else rows draw from `generator`. Prompts enter the cache prefill_chunk at a time."""
+        """Token-id prompts -> Generation, n rows per prompt (prompt-major), at most max_batch rows (default all) at
+        a time. stop_fn(i, new_tokens) -> True: row i stops here (stop strings); on_done(i, tokens, reason) when row
+        i finishes (ppo.py executes its action then). seeds (an int per prompt): each row has its own generator, so
+        its tokens do not depend on its batch (ppo.py under torchrun); else `generator`. Prefill: prefill_chunk
+        tokens a forward."""
         stops = set(self.stop_token_ids if stop_token_ids is None else stop_token_ids)
         dev, seqs = self.lm_head.weight.device, []
         for j, p in enumerate(prompts):
-            for k in range(n):  # the n samples of a seeded prompt draw distinct, reproducible streams
+            for k in range(n):  # a seeded prompt's n samples: distinct, reproducible streams
                 seed = None if seeds is None else (seeds[j] * 1000003 + k if k else seeds[j])
                 gen = None if seed is None else torch.Generator(dev).manual_seed(seed)
                 seqs.append(Sequence(list(p), max_new_tokens, temperature, top_p, stops, gen, index=j * n + k))
@@ -323,27 +322,28 @@ class Qwen(nn.Module):
         try:
             engine.run([seqs[j * n:(j + 1) * n] for j in range(len(prompts))])
         finally:
-            engine.close()  # the copies go: the weights may change (PPO) before the next call
+            engine.close()  # the weights may change (PPO) before the next call
+
         return Generation([s.tokens for s in seqs], [s.logprobs for s in seqs], [s.reason for s in seqs])
 
 
 @dataclasses.dataclass
 class Sequence:
-    """One sequence being generated: the request (prompt ids, limits, sampling, stops) and what came out of it."""
+    """One sequence being generated: the request and what came out of it."""
     prompt: list
     max_new_tokens: int
     temperature: float = 0.0
     top_p: float = 1.0
     stop_ids: set = dataclasses.field(default_factory=set)
-    generator: object = None       # this row's own torch.Generator (seeded requests)
+    generator: object = None       # its own torch.Generator (seeded requests)
     index: int = 0                 # its row in generate's output
     tokens: list = dataclasses.field(default_factory=list)
     logprobs: list = dataclasses.field(default_factory=list)
-    reason: str | None = None      # "stop" or "length" once finished
+    reason: str | None = None      # "stop" or "length"
 
 
 class SlotCache:
-    """The engine's KV cache (slots, Hkv, capacity, D) per layer; live sequences in slots 0 .. live-1 (views)."""
+    """The engine's KV cache (slots, Hkv, capacity, D) per layer; live sequences in slots 0 .. live-1."""
 
     def __init__(self, slots, capacity, dtype):
         self.slots, self.capacity, self.dtype, self.k, self.v = slots, capacity, dtype, {}, {}
@@ -353,7 +353,7 @@ class SlotCache:
         """The next forward: rows (a slice) write at start .. start + T, or (decode) each at its pos; read to end."""
         self.rows, self.start, self.pos, self.end = rows, start, pos, end
 
-    def update(self, layer, k, v):  # k, v (R, Hkv, T, D) -> keys/values of these rows so far (R, Hkv, Tk, D)
+    def update(self, layer, k, v):  # (R, Hkv, T, D) -> these rows' keys/values so far (R, Hkv, Tk, D)
         if layer not in self.k:
             shape = (self.slots, k.shape[1], self.capacity, k.shape[3])
             # zeros, not empty: a masked-out position still multiplies its value by 0, and 0 * NaN is NaN
@@ -369,24 +369,24 @@ class SlotCache:
             end = self.end
         return K[r, :, :end], V[r, :, :end]
 
-    def copy(self, src, dst, length):  # slot src's first `length` positions into slot dst
+    def copy(self, src, dst, length):
         for buf in (*self.k.values(), *self.v.values()):
             buf[dst, :, :length] = buf[src, :, :length]
 
 
-TRANSPOSED_COPY_BYTES = 1 << 30  # the most that an engine on CPU copies of the weights, transposed (Engine.__init__)
+TRANSPOSED_COPY_BYTES = 1 << 30  # the most weight an Engine on CPU copies transposed
 
 
 class Engine:
-    """Continuous batching (the scheduling idea of Orca, Yu et al. OSDI 2022, and vLLM; our slot layout, no paging): up
-    to max_batch sequences decode together; a finished one leaves its slot at once and waiting groups (the n samples
-    of a prompt, prefilled once and copied to n - 1 more slots) are prefilled into free slots. One host sync a step."""
+    """Continuous batching (Orca, Yu et al. OSDI 2022, and vLLM's scheduling; our slot layout, no paging): up to
+    max_batch sequences decode together; a finished one frees its slot at once for waiting groups (a prompt's n
+    samples, prefilled once and copied to n - 1 more slots). One host sync a step."""
 
     def __init__(self, model, max_batch=16, prefill_chunk=2048, generator=None, stop_fn=None, on_done=None):
         self.model, self.max_batch, self.prefill_chunk, self.generator = model, max_batch, prefill_chunk, generator
-        self.stop_fn, self.on_done = stop_fn, on_done  # generate's
+        self.stop_fn, self.on_done = stop_fn, on_done
         self.waiting, self.live, self.fresh, self.linears = [], [], None, []
-        # on CPU each linear layer reads a transposed copy of its weight until `close` (`Linear`), all or nothing
+        # on CPU every Linear reads a transposed copy of its weight until `close`, or none does
         layers = [m for m in model.modules() if isinstance(m, Linear)] if model is not None else []
         if layers and all(m.weight.device.type == "cpu" for m in layers) and \
                 sum(m.weight.nbytes for m in layers) <= TRANSPOSED_COPY_BYTES:
@@ -401,11 +401,11 @@ class Engine:
 
     @torch.inference_mode()
     def run(self, groups):
-        """Generate every group (Sequences of one prompt) to its end."""
+        """Generate every group (a prompt's Sequences) to its end."""
         self.waiting = [g[i:i + self.max_batch] for g in groups for i in range(0, len(g), self.max_batch)]
         w, B, dev = self.model.lm_head.weight, self.max_batch, self.model.lm_head.weight.device
         dtype = torch.get_autocast_dtype(dev.type) if torch.is_autocast_enabled(dev.type) else w.dtype
-        # sized once for the longest request: regrowing would hold two caches at once (vLLM too sizes it at start-up)
+        # sized once for the longest request: regrowing would hold two caches at once (vLLM sizes it at start-up)
         need = max((len(s.prompt) + s.max_new_tokens for g in groups for s in g), default=0) + 1
         self.cache = SlotCache(B, need, dtype)
         # per slot, on the device: cached positions, newest token, sampling settings
@@ -417,7 +417,7 @@ class Engine:
             if self.live:
                 self._decode()
 
-    def _logits(self, h):  # (R, C) -> fp32 logits over the rows generation samples from
+    def _logits(self, h):  # (R, C) -> fp32 logits over the sampled vocabulary
         return self.model.lm_head(h).float()[:, :self.model.sample_vocab_size]
 
     def _admit(self):
@@ -438,9 +438,9 @@ class Engine:
             T = x.shape[1]
             self.cache.at(slice(A, A + P), start=a)
             h = self.model.blocks(x, torch.arange(a, a + T, device=dev).expand(P, T), None, self.cache)  # (P, T, C)
-            pick = h[torch.arange(P, device=dev), (ends - a).clamp(0, T - 1)]  # a later chunk may overwrite it
+            pick = h[torch.arange(P, device=dev), (ends - a).clamp(0, T - 1)]
             h_last = pick if a == 0 else torch.where((ends >= a)[:, None], pick, h_last)
-        seqs, leaders = [g[0] for g in groups], list(range(P))  # the leaders in slots A .. A + P - 1, then the others
+        seqs, leaders = [g[0] for g in groups], list(range(P))  # leaders in slots A .. A + P - 1, then the others
         for b, g in enumerate(groups):
             for s in g[1:]:
                 self.cache.copy(A + b, A + len(seqs), lens[b])
@@ -455,12 +455,12 @@ class Engine:
         self.fresh = (seqs, tok, lp)  # reported with the next decode step's sync
 
     def _sample(self, logits, seqs, temp, top_p):
-        """One token per row under its temperature / top-p (device tensors (R,), so no host copy) and generator
-        -> tokens, log-probs (R,). Temperature 0 is greedy; log-probs are under softmax(logits / T)."""
+        """-> tokens, log-probs (R,): one token per row under its temperature / top-p (device tensors: no host copy)
+        and generator. Temperature 0 is greedy; log-probs are under softmax(logits / T)."""
         greedy = temp == 0
         logp = torch.log_softmax(logits / torch.where(greedy, 1.0, temp)[:, None], -1)
         tok = logits.argmax(-1)
-        if any(s.temperature for s in seqs):  # host-side knowledge: no sync
+        if any(s.temperature for s in seqs):  # known on the host: no sync
             probs, order = logp.exp(), None
             if any(s.temperature and s.top_p < 1 for s in seqs):
                 probs, order = probs.sort(-1, descending=True)  # nucleus: the smallest prefix reaching top_p
@@ -468,11 +468,11 @@ class Engine:
             # inverse CDF: one uniform per row, one batched search (torch.multinomial per seeded row was slow on CPU)
             u = torch.rand(len(seqs), generator=self.generator, device=probs.device)
             own = [j for j, s in enumerate(seqs) if s.temperature and s.generator is not None]
-            if own:  # a seeded sequence draws from its own stream
+            if own:
                 u[own] = torch.cat([torch.rand(1, generator=seqs[j].generator, device=probs.device) for j in own])
             cdf = probs.cumsum(-1)
             draw = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True).squeeze(-1)
-            draw = draw.clamp(max=probs.shape[-1] - 1)  # u * total < total: only rounding could pass the end
+            draw = draw.clamp(max=probs.shape[-1] - 1)  # only rounding could pass the end
             if order is not None:
                 draw = order.gather(-1, draw[:, None]).squeeze(-1)
             tok = torch.where(greedy, tok, draw)
@@ -480,10 +480,10 @@ class Engine:
 
     def _decode(self):
         A = len(self.live)
-        at = [len(s.prompt) + max(len(s.tokens) - 1, 0) for s in self.live]  # cached positions, known on the host
+        at = [len(s.prompt) + max(len(s.tokens) - 1, 0) for s in self.live]  # cached positions, on the host
         pos, end = self.lengths[:A], max(at) + 1
         self.cache.at(slice(0, A), pos=pos, end=end)
-        mask = None  # all at one position (batch 1, the n samples of a prompt): no mask
+        mask = None  # all at one position (batch 1, a prompt's n samples)
         if min(at) < max(at):
             mask = (torch.arange(end, device=pos.device) <= pos[:, None])[:, None, None]  # (A, 1, 1, end)
         h = self.model.blocks(self.last[:A, None], pos[:, None], mask, self.cache)[:, -1]
@@ -492,7 +492,7 @@ class Engine:
         fresh, toks, lps = self.fresh or ([], tok[:0], lp[:0])  # the last admission's first tokens
         self.fresh = None
         host = torch.stack([torch.cat([toks, tok]).double(), torch.cat([lps, lp]).double()]).tolist()  # the one sync
-        for s, t, l in zip([*fresh, *self.live], *host):  # a fresh sequence's first token comes before its second
+        for s, t, l in zip([*fresh, *self.live], *host):  # a fresh sequence's first token, then its second
             if s.reason is None:
                 self._append(s, int(t), l)
         self._compact()
@@ -508,7 +508,7 @@ class Engine:
             self.on_done(s.index, s.tokens, s.reason)
 
     def _compact(self):
-        """Finished sequences leave; the last live slot moves into each hole, so the live slots stay 0 .. live-1."""
+        """Finished sequences leave; the last live slot moves into each hole."""
         for hole in sorted((i for i, s in enumerate(self.live) if s.reason), reverse=True):
             last = len(self.live) - 1
             if hole != last:
@@ -521,18 +521,18 @@ class Engine:
 
 
 def response_hidden(lm, ids, lengths, starts):
-    """The final hidden states that predict each response token (the output at t - 1 predicts token t) and those
-    tokens: (B, R, C), (B, R), R = the longest response. Sample b's response is columns starts[b] .. lengths[b] - 1 of
-    row b // n of ids (G, W), n = B / G:
+    """The final hidden states predicting each response token (the output at t - 1 predicts t) and those tokens:
+    (B, R, C), (B, R), R = the longest response. Sample b's response is columns starts[b] .. lengths[b] - 1 of row
+    b // n of ids (G, W), n = B / G:
     - n = 1: each row is prompt + response, right-padded; no attention mask, so SDPA may take its causal kernel.
-    - n > 1: each row is one prompt then its n responses (ppo.py): the prompt is computed once, into a KV cache, and
-      its responses run as n rows over it (the same logits as n rows). Not with gradient checkpointing.
-    Columns past a response's end read padding or a clamped column: masked out by the caller."""
+    - n > 1: each row is a prompt then its n responses (ppo.py): the prompt goes once into a KV cache, its responses
+      run as n rows over it. Not with gradient checkpointing.
+    Columns past a response's end read padding or a clamped column: the caller masks them."""
     B, (G, W), dev = lengths.shape[0], ids.shape, ids.device
     n, R = B // G, max(int((lengths - starts).max()), 1)
     if n * G != B:
         raise ValueError(f"{B} responses do not split into the {G} rows of ids")
-    col = (starts[:, None] + torch.arange(R, device=dev)).clamp(max=W - 1)  # (B, R): where each token is
+    col = (starts[:, None] + torch.arange(R, device=dev)).clamp(max=W - 1)  # (B, R)
     tokens = ids.gather(0, (torch.arange(B, device=dev) // n)[:, None].expand(-1, W)).gather(1, col)
     if n == 1:
         h = lm.hidden(ids)  # (B, W, C)
@@ -541,15 +541,16 @@ def response_hidden(lm, ids, lengths, starts):
     for g in range(G):
         P, cache = int(starts[g * n]), KVCache()
         prompt = lm.hidden(ids[g:g + 1, :P], cache=cache)  # (1, P, C)
-        resp = lm.hidden(ids[g, col[g * n:(g + 1) * n]], cache=cache)  # (n, R, C): the prompt's cache, broadcast
-        out.append(torch.cat((prompt[:, -1:].expand(n, 1, -1), resp[:, :-1]), 1))  # token t: from the output at t - 1
+        resp = lm.hidden(ids[g, col[g * n:(g + 1) * n]], cache=cache)  # (n, R, C) over the broadcast prompt cache
+        out.append(torch.cat((prompt[:, -1:].expand(n, 1, -1), resp[:, :-1]), 1))
     return torch.cat(out), tokens
 
 
 def response_logprobs(lm, ids, lengths, starts, temperature=1.0, vocab=None, chunk=1024):
-    """log pi(token_t | tokens_<t) of the response tokens (B, R), rows as response_hidden's, under what `generate`
-    samples from: softmax(logits[:vocab] / T) (N-details: the temperature applies in training too). The lm_head runs
-    `chunk` tokens at a time, recomputed in backward, so only one chunk's fp32 logits ever exist."""
+    """log pi(token_t | tokens_<t) (B, R), rows as response_hidden's, under what `generate` samples from:
+    softmax(logits[:vocab] / T) (N-details: the temperature applies in training too). The lm_head runs `chunk`
+    tokens at a time, recomputed in backward: only one chunk's fp32 logits ever exist."""
+
     h, tokens = response_hidden(lm, ids, lengths, starts)
     B, R, C = h.shape
     h, tokens = h.reshape(B * R, C), tokens.reshape(B * R)
@@ -573,7 +574,7 @@ _NAMES = {v: k for k, v in _DTYPES.items()}
 
 
 def _read_header(path):
-    """(header, offset of the data); ValueError naming the file if it is not safetensors or is cut (a download?)."""
+    """(header, data offset); ValueError naming the file if it is not safetensors or is cut."""
     size = os.path.getsize(path)
     with open(path, "rb") as f:
         n = struct.unpack("<Q", f.read(8))[0] if size >= 8 else 0
@@ -594,8 +595,8 @@ def _read_header(path):
 
 
 def _read_file(path, params=None):
-    """The tensors of one .safetensors file, (name, CPU tensor), read one at a time with readinto(). A CPU parameter
-    in `params` of the same name, shape and dtype is read into directly: a load never holds a second copy of it."""
+    """(name, CPU tensor) of one .safetensors file, one at a time, by readinto(); straight into a CPU parameter in
+    `params` of that name, shape and dtype: a load never holds a second copy of it."""
     header, start = _read_header(path)
     with open(path, "rb", buffering=0) as f:
         for name, info in header.items():
@@ -609,14 +610,13 @@ def _read_file(path, params=None):
             done = 0
             while done < len(buf):  # one read() returns at most ~2 GiB on Linux
                 got = f.readinto(buf[done:])
-                if not got:  # the file was cut after its header was read (readinto returns 0 forever: no hang)
+                if not got:  # cut after its header was read (readinto returns 0 forever: no hang)
                     raise ValueError(f"{path}: truncated ({start + a + done} bytes, the header needs {start + b})")
                 done += got
             yield name, t
 
 
 def read_safetensors(path):
-    """All tensors of one .safetensors file as a dict."""
     return dict(_read_file(path))
 
 
@@ -627,7 +627,7 @@ def write_safetensors(path, tensors, metadata=None):
         header[k] = {"dtype": _NAMES[t.dtype], "shape": list(t.shape), "data_offsets": [off, off + t.nbytes]}
         off += t.nbytes
     raw = json.dumps(header, separators=(",", ":")).encode()
-    raw += b" " * (-len(raw) % 8)  # the data starts 8-byte aligned, as the safetensors library writes it
+    raw += b" " * (-len(raw) % 8)  # data 8-byte aligned, as the safetensors library writes it
     with open(path, "wb") as f:
         f.write(struct.pack("<Q", len(raw)) + raw)
         for t in tensors.values():
@@ -643,26 +643,26 @@ GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|
 
 
 def _split_pattern(pre):
-    """The word-splitting regex of a tokenizer.json pre_tokenizer (Qwen2: Split(regex) then ByteLevel)."""
+    """The word-splitting regex of a tokenizer.json pre_tokenizer (Qwen2: Split(regex), ByteLevel)."""
     for step in (pre or {}).get("pretokenizers", [pre] if pre else []):
         if step["type"] == "Split":
             return step["pattern"].get("Regex") or regex.escape(step["pattern"]["String"])
         if step["type"] == "ByteLevel" and step.get("use_regex", True):
             return GPT2_PATTERN
-    return r"(?s).+"  # no pre-tokenizer: the whole text is one word
+    return r"(?s).+"  # no pre-tokenizer: one word
 
 
 def bytes_to_unicode():
-    """GPT-2's map from the 256 bytes to printable characters (printable bytes themselves, the others 256 and up)."""
+    """GPT-2's map of the 256 bytes to printable characters (printable bytes to themselves, others from 256)."""
     keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
     shifted = iter(range(256, 512))
     return {b: chr(b) if b in keep else chr(next(shifted)) for b in range(256)}
 
 
 def _merge(parts, pair):
-    """parts with every adjacent occurrence of pair joined into one symbol, left to right."""
+    """parts with each adjacent occurrence of pair joined, left to right."""
     out = []
-    for p in parts:  # a joined symbol never equals pair[0], so occurrences never overlap
+    for p in parts:  # a joined symbol never equals pair[0]: no overlaps
         if out and (out[-1], p) == pair:
             out[-1] += p
         else:
@@ -672,17 +672,17 @@ def _merge(parts, pair):
 
 class Tokenizer:
     def __init__(self, data, config=None):
-        """data: the parsed tokenizer.json; config: the parsed tokenizer_config.json (optional)."""
+        """data: parsed tokenizer.json; config: parsed tokenizer_config.json (optional)."""
         self.data, self.config = data, config or {}
         m = data["model"]
-        self.vocab = dict(m["vocab"])  # byte-level token string -> id
+        self.vocab = dict(m["vocab"])  # byte-level string -> id
         merges = [tuple(x.split(" ")) if isinstance(x, str) else tuple(x) for x in m["merges"]]  # "a b" or ["a","b"]
         self.ranks = {pair: i for i, pair in enumerate(merges)}
         self.ignore_merges = m.get("ignore_merges", False)  # a word already in the vocab is one token
         self.added = {t["content"]: t["id"] for t in data.get("added_tokens", [])}
         self.special_ids = {t["id"] for t in data.get("added_tokens", []) if t.get("special")}
         self.id_to_token = {**{i: s for s, i in self.vocab.items()}, **{i: s for s, i in self.added.items()}}
-        # added tokens are split out before anything else, longest first (leftmost-longest like `tokenizers`)
+        # added tokens split out first, longest first (leftmost-longest like `tokenizers`)
         alts = "|".join(regex.escape(s) for s in sorted(self.added, key=len, reverse=True))
         self.added_re = regex.compile(f"({alts})") if alts else None
         norm = data.get("normalizer") or {}
@@ -692,7 +692,7 @@ class Tokenizer:
         self.byte_dec = {c: b for b, c in self.byte_enc.items()}
         self.cache = {}  # word -> ids
 
-        def token(key):  # tokenizer_config.json holds a token as a string or as {"content": ...}
+        def token(key):  # a string or {"content": ...}
             v = self.config.get(key, "<|endoftext|>")  # Qwen's eos and pad when the config is silent
             return v.get("content") if isinstance(v, dict) else v
         self.eos_token_id = self.added.get(token("eos_token"))
@@ -701,7 +701,7 @@ class Tokenizer:
 
     @classmethod
     def from_file(cls, path, config_path=None):
-        """tokenizer.json, plus tokenizer_config.json (eos / pad tokens) given or found next to it."""
+        """tokenizer.json, with tokenizer_config.json (eos / pad) given or beside it."""
         config_path = config_path or os.path.join(os.path.dirname(path), "tokenizer_config.json")
         return cls(read_json(path), read_json(config_path) if os.path.exists(config_path) else None)
 
@@ -709,14 +709,14 @@ class Tokenizer:
         return max(self.id_to_token) + 1
 
     def _bpe(self, word):
-        """ids of one pre-tokenized word: merge the adjacent pair of lowest rank until none is left."""
+        """ids of one pre-tokenized word: merge the adjacent pair of lowest rank while one has a rank."""
         if word in self.cache:
             return self.cache[word]
         parts = [self.byte_enc[b] for b in word.encode("utf-8")]
         if self.ignore_merges and "".join(parts) in self.vocab:
             parts = ["".join(parts)]
         while len(parts) > 1:
-            pair = min(zip(parts, parts[1:]), key=lambda p: self.ranks.get(p, math.inf))  # the lowest rank
+            pair = min(zip(parts, parts[1:]), key=lambda p: self.ranks.get(p, math.inf))
             if pair not in self.ranks:
                 break
             parts = _merge(parts, pair)
@@ -729,7 +729,7 @@ class Tokenizer:
         ids = []
         pieces = self.added_re.split(text) if self.added_re else [text]
         for i, piece in enumerate(pieces):
-            if i % 2:  # an added / special token written in the text
+            if i % 2:  # an added / special token
                 ids.append(self.added[piece])
             else:
                 words = self.pattern.findall(unicodedata.normalize("NFC", piece) if self.nfc else piece)
@@ -741,12 +741,12 @@ class Tokenizer:
         return b"".join(self._bytes.get(i, b"") for i in ids if i not in skip).decode("utf-8", errors="replace")
 
     @functools.cached_property
-    def _bytes(self):  # each token's bytes, built once (stop strings decode every sequence's tail at every step)
+    def _bytes(self):  # built once: stop strings decode every sequence's tail at every step
         ok = lambda tok: all(c in self.byte_dec for c in tok)  # else its own UTF-8 (tokenizers' ByteLevel decoder)
         return {i: bytes(self.byte_dec[c] for c in t) if ok(t) else t.encode() for i, t in self.id_to_token.items()}
 
     def apply_chat_template(self, messages, add_generation_prompt=True):
-        """ChatML as Qwen2.5 / Qwen3 instruct models use it: <|im_start|>role\\ncontent<|im_end|>\\n."""
+        """ChatML as Qwen2.5 / Qwen3 instruct: <|im_start|>role\\ncontent<|im_end|>\\n."""
         text = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)
         return text + ("<|im_start|>assistant\n" if add_generation_prompt else "")
 
@@ -756,19 +756,19 @@ class Tokenizer:
 
 CHATML_JINJA = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + "
                 "'<|im_end|>' + '\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}"
-                "{% endif %}")  # the same template for transformers / vLLM
+                "{% endif %}")  # the same, for transformers / vLLM
 
 
 def train_tokenizer(texts, vocab_size, special_tokens=("<|endoftext|>", "<|im_start|>", "<|im_end|>")):
-    """Byte-level BPE training (Sennrich et al. 2016): start from the 256 bytes, repeatedly merge the most
-    frequent adjacent pair within pre-tokenized words. Pair counts are updated incrementally, with a lazy heap."""
+    """Byte-level BPE training (Sennrich et al. 2016): from the 256 bytes, merge the most frequent adjacent pair
+    within pre-tokenized words, repeatedly. Pair counts update incrementally, with a lazy heap."""
     pattern, enc = regex.compile(QWEN2_PATTERN), bytes_to_unicode()
     counts = Counter(w for t in texts for w in pattern.findall(unicodedata.normalize("NFC", t)))
     words, freqs = [[] for _ in counts], list(counts.values())
-    vocab, merges, heap = {enc[b]: b for b in range(256)}, [], []  # heap: most frequent pair first, ties by its text
+    vocab, merges, heap = {enc[b]: b for b in range(256)}, [], []  # heap: most frequent pair first, ties by text
     pairs, where = Counter(), defaultdict(set)  # pair -> frequency; pair -> indices of words holding it
 
-    def rewrite(wi, new):  # word wi becomes `new`: its pairs' counts move and the changed pairs are queued again
+    def rewrite(wi, new):  # word wi becomes `new`; changed pairs are queued again
         old, words[wi] = words[wi], new
         for p in zip(old, old[1:]):
             pairs[p] -= freqs[wi]
@@ -784,7 +784,7 @@ def train_tokenizer(texts, vocab_size, special_tokens=("<|endoftext|>", "<|im_st
     while len(vocab) < vocab_size - len(special_tokens) and heap:
         n, pair = heapq.heappop(heap)
         if pairs.get(pair, 0) != -n:
-            continue  # a stale entry
+            continue  # stale
         merges.append(pair)
         vocab.setdefault(pair[0] + pair[1], len(vocab))
         for wi in where.pop(pair):
@@ -814,7 +814,7 @@ def _hub_cache():
 
 
 def _weight_files(folder):
-    """The safetensors files of a folder (sharded through model.safetensors.index.json or not); [] if incomplete."""
+    """A folder's safetensors files (sharded through model.safetensors.index.json or not); [] if incomplete."""
     index = os.path.join(folder, "model.safetensors.index.json")
     names = sorted(set(read_json(index)["weight_map"].values())) if os.path.exists(index) else ["model.safetensors"]
     files = [os.path.join(folder, n) for n in names]
@@ -822,11 +822,11 @@ def _weight_files(folder):
 
 
 def _download(repo_id, repo_dir):
-    """Fetch the files a model needs into the hub-cache layout, resumably, with a progress bar."""
+    """Fetch a model's files into the hub-cache layout, resumably."""
     endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co").rstrip("/")
     headers = {"Authorization": f"Bearer {os.environ['HF_TOKEN']}"} if os.environ.get("HF_TOKEN") else {}
 
-    def fetch(name, folder, rev, required=True):  # -> the file's path, or None for an absent optional file
+    def fetch(name, folder, rev, required=True):  # -> path, or None for an absent optional file
         dest = os.path.join(folder, name)
         if os.path.exists(dest):
             return dest
@@ -839,9 +839,9 @@ def _download(repo_id, repo_dir):
                 return None
             if r.status_code in (401, 403):
                 raise PermissionError(f"{repo_id}: access denied ({r.status_code}); set HF_TOKEN for gated models")
-            if r.status_code != 416:  # 416: the .incomplete file already holds everything
+            if r.status_code != 416:  # 416: the .incomplete file holds everything
                 r.raise_for_status()
-                have = have if r.status_code == 206 else 0  # the server ignored the range: start over
+                have = have if r.status_code == 206 else 0  # range ignored: start over
                 total = have + int(r.headers.get("Content-Length", 0))
                 with open(part, "ab" if have else "wb") as f, \
                         tqdm(total=total, initial=have, unit="B", unit_scale=True, desc=name) as bar:
@@ -855,7 +855,7 @@ def _download(repo_id, repo_dir):
             if r.status_code == 404:
                 raise FileNotFoundError(f"{repo_id}: no such model on {endpoint}")
             r.raise_for_status()
-            rev = r.headers.get("X-Repo-Commit", "main")  # pin every file to one commit
+            rev = r.headers.get("X-Repo-Commit", "main")  # every file from one commit
         folder = os.path.join(repo_dir, "snapshots", rev)
         os.makedirs(folder, exist_ok=True)
         os.makedirs(os.path.join(repo_dir, "refs"), exist_ok=True)
@@ -876,7 +876,7 @@ def _download(repo_id, repo_dir):
 
 
 def resolve(path_or_id):
-    """A local folder; else a hub id found in the HF cache (models--Org--Name/snapshots/<refs/main>); else a download."""
+    """A local folder; else a hub id in the HF cache (models--Org--Name/snapshots/<refs/main>); else a download."""
     if os.path.isdir(path_or_id):
         return path_or_id
     if path_or_id.count("/") != 1 or path_or_id.startswith((".", "/", "~")):
@@ -892,17 +892,17 @@ def resolve(path_or_id):
 
 
 def weight_tensors(path_or_hub_id):
-    """The checkpoint's tensors one at a time, (name, CPU tensor): a sharding loader keeps only its rows of each."""
+    """The checkpoint's (name, CPU tensor), one at a time: a sharding loader keeps only its rows of each."""
     for path in _weight_files(resolve(path_or_hub_id)):
         yield from _read_file(path)
 
 
 def read_json(path) -> dict:
-    """A JSON object file of a model folder; ValueError naming the file when it is not one (a cut download)."""
+    """A JSON object file; ValueError naming it when it is not one (a cut download)."""
     try:
         with open(path, encoding="utf-8") as f:
             obj = json.load(f)
-    except ValueError as e:  # invalid JSON or UTF-8
+    except ValueError as e:
         raise ValueError(f"{path}: not valid JSON ({type(e).__name__}: {str(e).splitlines()[0][:80]})") from None
     if not isinstance(obj, dict):
         raise ValueError(f"{path}: not a JSON object")
@@ -910,8 +910,8 @@ def read_json(path) -> dict:
 
 
 def _empty(config, dtype, device=None):
-    """A Qwen whose weights are allocated on `device` but not initialized (with no device: on the meta device)."""
-    with torch.device("meta"):  # no memory yet, no initialization
+    """A Qwen with uninitialized weights on `device` (None: the meta device)."""
+    with torch.device("meta"):
         model = Qwen(config)
     model = model.to(dtype)
     if device is not None:
@@ -921,8 +921,8 @@ def _empty(config, dtype, device=None):
 
 
 def load(path_or_hub_id, device=None, dtype=None, meta=False):
-    """-> (model, tokenizer). dtype default: the config's torch_dtype on CUDA, float32 on CPU. meta=True: the model
-    on the meta device, no weights read (to be sharded first, then filled from `weight_tensors`)."""
+    """-> (model, tokenizer). dtype default: the config's on CUDA, float32 on CPU. meta=True: on the meta device, no
+    weights read (to shard, then fill from `weight_tensors`)."""
     folder = resolve(path_or_hub_id)
     cfg = Config.from_dict(read_json(os.path.join(folder, "config.json")))
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -931,15 +931,15 @@ def load(path_or_hub_id, device=None, dtype=None, meta=False):
     files = _weight_files(folder)
     if not files:
         raise FileNotFoundError(f"{folder}: no model.safetensors (or incomplete shards)")
-    for path in files:  # a cut download or copy fails here, before any memory or sharding (meta=True reads nothing)
+    for path in files:  # a cut download fails here, before any memory or sharding
         _read_header(path)
     tokenizer = Tokenizer.from_file(os.path.join(folder, "tokenizer.json"))
     cfg.sample_vocab_size = min(len(tokenizer), cfg.vocab_size)
-    gen_path = os.path.join(folder, "generation_config.json")  # instruct models list <|im_end|> as an extra eos here
+    gen_path = os.path.join(folder, "generation_config.json")  # instruct models add <|im_end|> as eos here
     extra = _as_list(read_json(gen_path).get("eos_token_id")) if os.path.exists(gen_path) else []
     cfg.stop_token_ids = list(dict.fromkeys(_as_list(cfg.eos_token_id) + extra))
     model = _empty(cfg, dtype, None if meta else device)
-    if not meta:  # tensor by tensor, each read straight into its parameter where it can be
+    if not meta:
         params = dict(model.named_parameters())
         fill(model, (item for path in files for item in _read_file(path, params)))
     return model.eval(), tokenizer
@@ -951,8 +951,8 @@ def _write_json(path, obj, indent=2):
 
 
 def save(model, tokenizer, path, max_shard_bytes=5 * 2**30, dtype=None, weights=None):
-    """Write a Hugging Face model folder: config, safetensors (sharded above max_shard_bytes), tokenizer, generation.
-    dtype: the stored one (default: the model's); weights: the state dict (default: the model's), LoRA merged in."""
+    """Write a Hugging Face model folder (safetensors sharded above max_shard_bytes). dtype, weights (a state dict):
+    default the model's; LoRA merged in."""
     os.makedirs(path, exist_ok=True)
     for name in os.listdir(path):  # stale weights from an earlier save would confuse loaders
         if name.startswith("model") and name.endswith((".safetensors", ".safetensors.index.json")):
@@ -962,13 +962,13 @@ def save(model, tokenizer, path, max_shard_bytes=5 * 2**30, dtype=None, weights=
     weights = {k: v for k, v in (weights or model.state_dict()).items()
                if ".A" not in k and ".B" not in k and ".base." not in k}  # (LoRA's parts)
     for name, m in model.named_modules():
-        if isinstance(m, LoRALinear):  # W + scale * B A, a folder any loader reads
+        if isinstance(m, LoRALinear):  # a folder any loader reads
             weights[name + ".weight"] = m.merged()
             if m.base.bias is not None:
                 weights[name + ".bias"] = m.base.bias
     tensors = {k: v.to(dtype) for k, v in weights.items() if not (cfg.tie_word_embeddings and k == "lm_head.weight")}
     shards = [{}]
-    for k, v in tensors.items():  # a new shard when this tensor would take the last one past max_shard_bytes
+    for k, v in tensors.items():
         if shards[-1] and sum(t.nbytes for t in shards[-1].values()) + v.nbytes > max_shard_bytes:
             shards.append({})
         shards[-1][k] = v
@@ -986,7 +986,7 @@ def save(model, tokenizer, path, max_shard_bytes=5 * 2**30, dtype=None, weights=
                "eos_token": token(tokenizer.eos_token_id), "pad_token": token(tokenizer.pad_token_id),
                "bos_token": None, "errors": "replace", "model_max_length": cfg.max_position_embeddings,
                "clean_up_tokenization_spaces": False, "split_special_tokens": False}
-    tok_cfg.pop("added_tokens_decoder", None)  # tokenizer.json is the source of truth for added tokens
+    tok_cfg.pop("added_tokens_decoder", None)  # tokenizer.json rules the added tokens
     _write_json(os.path.join(path, "tokenizer_config.json"), tok_cfg)
     _write_json(os.path.join(path, "generation_config.json"), {
         "bos_token_id": cfg.bos_token_id, "eos_token_id": model.stop_token_ids or tokenizer.eos_token_id,
@@ -994,19 +994,20 @@ def save(model, tokenizer, path, max_shard_bytes=5 * 2**30, dtype=None, weights=
 
 
 def stop_ids(lm, tokenizer):
-    """The token ids a response ends at: the model's eos ids, the tokenizer's eos and <|im_end|> (a chat turn's)."""
+    """The ids a response ends at: the model's eos ids, the tokenizer's eos and <|im_end|>."""
     ends = [*lm.stop_token_ids, tokenizer.eos_token_id, tokenizer.im_end_id]
     return [i for i in dict.fromkeys(ends) if i is not None]
 
 
 def keep_end(ids, context, reserve):
-    """A prompt's ids cut to their end (at least one), so `reserve` more tokens fit in `context`: its latest steps."""
+    """A prompt's last ids (at least one), so that `reserve` more tokens fit in `context`."""
     return ids[-max(context - reserve, 1):]
 
 
 def stop_strings(tokenizer, strings):
-    """generate's stop_fn for stop strings (None if there are none): True once the decoded tail of a sequence holds
-    one, so generation ends at the token that completes it, as vLLM does; the caller cuts the text before it."""
+    """generate's stop_fn (None without strings): True once a sequence's decoded tail holds one, so generation ends
+    at the token completing it, as vLLM's; the caller cuts the text."""
+
     strings = [s for s in strings or [] if s]
     window = 4 * max(map(len, strings), default=0) + 4  # tokens a stop string can span
     if not strings:
@@ -1015,12 +1016,12 @@ def stop_strings(tokenizer, strings):
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# 6. On devices, for sft.py, ppo.py and orchestrator.py: torchrun, FSDP2 and per-shard loading, bf16 autocast,
-# saving and resuming a (sharded) model with its optimizer, the rollout copy, LoRA
+# 6. Devices, for sft.py, ppo.py and orchestrator.py: torchrun, FSDP2 and per-shard loading, bf16 autocast, saving
+# and resuming a (sharded) model with its optimizer, the rollout copy, LoRA
 
 
 def enable_grad_checkpointing(lm):
-    """Recompute each block's forward in backward (torch.utils.checkpoint, non-reentrant), wrapped from outside."""
+    """Recompute each block's forward in backward (non-reentrant torch.utils.checkpoint)."""
     for block in lm.model.layers:
         def fwd(*a, _f=block.forward):
             return checkpoint(_f, *a, use_reentrant=False) if torch.is_grad_enabled() else _f(*a)
@@ -1032,8 +1033,8 @@ DIST_TIMEOUT = datetime.timedelta(hours=2)
 
 
 def setup_distributed(args):
-    """(rank, world, device); torchrun sets RANK / WORLD_SIZE / LOCAL_RANK. On CUDA the device carries the rank's
-    index (torch.cuda.set_device refuses a bare "cuda"); --device cuda:N picks a GPU for a one-process run."""
+    """(rank, world, device) from torchrun's RANK / WORLD_SIZE / LOCAL_RANK. A CUDA device carries the rank's index
+    (torch.cuda.set_device refuses a bare "cuda"); --device cuda:N picks a one-process run's GPU."""
     world, local = int(os.environ.get("WORLD_SIZE", 1)), int(os.environ.get("LOCAL_RANK", 0))
     cuda = torch.cuda.is_available() and (args.device or "cuda").startswith("cuda")
     device = torch.device(args.device or "cpu") if not cuda else torch.device("cuda", local)
@@ -1048,24 +1049,24 @@ def setup_distributed(args):
 
 
 class Ranks:
-    """This process's place among the torchrun ranks, and a trainer's collectives (the identity in one process)."""
+    """This process's rank and a trainer's collectives (the identity in one process)."""
 
     def __init__(self, rank=0, world=1, device=torch.device("cpu")):
         self.rank, self.world, self.device = rank, world, device
 
-    def sum(self, t):  # a tensor summed over the ranks
+    def sum(self, t):
         if self.world > 1:
             t = t.clone()
             dist.all_reduce(t)
         return t
 
-    def max(self, x):  # a number, the largest over the ranks
+    def max(self, x):  # a number
         t = torch.tensor(float(x), device=self.device)
         if self.world > 1:
             dist.all_reduce(t, op=dist.ReduceOp.MAX)
         return t.item()
 
-    def gather(self, items):  # every rank's list, concatenated in rank order
+    def gather(self, items):  # every rank's list, in rank order
         if self.world == 1:
             return list(items)
         parts = [None] * self.world
@@ -1074,8 +1075,8 @@ class Ranks:
 
 
 def shard(net, blocks, world, device):
-    """FSDP2: each block one unit (gathered for its forward and backward, freed after), the root unit the rest; on CUDA
-    bf16 gathered copies, fp32 gradient reduction and fp32 master shards. Call it on the meta device, then `fill`."""
+    """FSDP2: each block a unit (gathered for its forward and backward, freed after), the root the rest; on CUDA bf16
+    gathered copies, fp32 gradient reduction and fp32 master shards. Call it on the meta device, then `fill`."""
     mesh = init_device_mesh(device.type, (world,))
     bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported()
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else MixedPrecisionPolicy()
@@ -1085,8 +1086,8 @@ def shard(net, blocks, world, device):
 
 
 def place(net, lm, tensors, device, world=0):
-    """net (holding lm), built on the meta device, on `device` (sharded over `world` ranks if world), lm's weights
-    read from `tensors` (name, full CPU tensor): a sharded rank keeps only its rows of each."""
+    """net (holding lm), built on the meta device, onto `device` (sharded over `world` ranks if world), lm's weights
+    from `tensors` (name, full CPU tensor)."""
     if world:
         net = shard(net, lm.model.layers, world, device)
     net.to_empty(device=device)
@@ -1096,16 +1097,16 @@ def place(net, lm, tensors, device, world=0):
 
 
 def reshard(*nets):
-    """Free the gathered root unit of FSDP2 modules after a forward under no_grad: FSDP2 keeps it for a backward that
-    does not come (the embeddings and lm_head: 2 GiB in bf16 at 7B). VeRL reshards its reference likewise."""
+    """Free FSDP2 modules' gathered root unit after a no_grad forward: FSDP2 keeps it for a backward that does not
+    come (the embeddings and lm_head: 2 GiB in bf16 at 7B). VeRL reshards its reference likewise."""
     for net in nets:
         if isinstance(net, FSDPModule):
             net.reshard()
 
 
 def fill(lm, tensors):
-    """Copy checkpoint tensors (name, full CPU tensor), one at a time, into the parameters of the same name; a sharded
-    one (a DTensor) keeps only this rank's rows. A ValueError names the missing and unexpected tensors."""
+    """Copy checkpoint tensors (name, full CPU tensor), one at a time, into the same-named parameters; a DTensor keeps
+    only this rank's rows. A ValueError names the missing and unexpected tensors."""
     params, seen, unexpected = dict(lm.named_parameters()), set(), []
     with torch.no_grad():
         for name, full in tensors:
@@ -1118,7 +1119,7 @@ def fill(lm, tensors):
             if isinstance(p, DTensor):  # each rank cuts its own shard from the full tensor: no communication
                 full = full.to(p.device_mesh.device_type, p.dtype)
                 p.copy_(distribute_tensor(full, p.device_mesh, p.placements, src_data_rank=None))
-            elif full.data_ptr() != p.data_ptr():  # (`load` reads a tensor straight into its parameter)
+            elif full.data_ptr() != p.data_ptr():  # (`load` may have read it in place)
                 p.copy_(full)
             seen.add(name)
     missing = sorted(set(params) - seen)
@@ -1129,7 +1130,7 @@ def fill(lm, tensors):
 
 
 def too_big_for_one_gpu(n_params, device):
-    """fp32 weights, gradients and AdamW moments (16 bytes a parameter) over half the GPU: then FSDP without --fsdp."""
+    """fp32 weights, gradients and AdamW moments (16 bytes a parameter) over half the GPU: FSDP without --fsdp."""
     return device.type == "cuda" and 16 * n_params > 0.5 * torch.cuda.get_device_properties(device).total_memory
 
 
@@ -1151,7 +1152,7 @@ def is_sharded(net):
 
 
 def full_state(net):
-    """The full state dict: under FSDP gathered to rank 0, on CPU (a collective: every rank calls it)."""
+    """The full state dict; under FSDP a collective every rank calls."""
     return get_model_state_dict(net, options=FULL) if is_sharded(net) else unwrap(net).state_dict()
 
 
@@ -1159,7 +1160,7 @@ def optim_state(net, optim):
     return get_optimizer_state_dict(net, optim, options=FULL) if is_sharded(net) else optim.state_dict()
 
 
-def set_optim_state(net, optim, state):  # optim_state's inverse: under FSDP each rank takes its shard of it
+def set_optim_state(net, optim, state):  # under FSDP each rank takes its shard
     if is_sharded(net):
         set_optimizer_state_dict(net, optim, state, options=StateDictOptions(full_state_dict=True))
     else:
@@ -1173,25 +1174,25 @@ def autocast(device):  # bf16 matmuls on CUDA over fp32 master weights (an lr of
 
 
 def save_dtype(name, device):
-    """The dtype of saved weights: bfloat16 from CUDA runs unless float32 is asked for; float32 on CPU."""
+    """Saved weights' dtype: bfloat16 from CUDA runs unless float32 is asked for; float32 on CPU."""
     return torch.float32 if name == "float32" or device.type != "cuda" else torch.bfloat16
 
 
 def save_checkpoint_folder(lm, tokenizer, path, dtype, state):
     """Rank 0's share of saving a (sharded) model: lm's Hugging Face folder (LoRA merged) in `dtype` at <path>.tmp,
-    where the caller adds its trainer state. state: full_state of the module holding lm as `.lm`. -> (the .tmp
-    folder, the fp32 master weights when dtype rounds them, else None)"""
+    for the caller's trainer state. state: full_state of the module holding lm as `.lm`. -> (the .tmp folder, the
+    fp32 master weights when dtype rounds them, else None)"""
     weights = {k.removeprefix("lm."): v for k, v in state.items()}
     tmp = path.rstrip("/") + ".tmp"
     shutil.rmtree(tmp, ignore_errors=True)
-    save(lm, tokenizer, tmp, dtype=dtype, weights=weights if is_sharded(lm) else None)  # sharded: the gathered ones
+    save(lm, tokenizer, tmp, dtype=dtype, weights=weights if is_sharded(lm) else None)
     lora = any(isinstance(m, LoRALinear) for m in lm.modules())
     return tmp, None if dtype == torch.float32 or lora else weights
 
 
 def load_trainer_state(path, need, script, advice):
-    """What a checkpoint saved for its resume (torch.save), memory-mapped: under torchrun every rank maps the same file
-    and reads only what it uses. A torn file, or one without the keys `need`, is a one-line ValueError naming it."""
+    """A checkpoint's trainer state (torch.save), memory-mapped: every rank maps the file and reads what it uses. A
+    torn file, or one without the keys `need`, is a one-line ValueError naming it."""
     try:
         st = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
     except (RuntimeError, EOFError, pickle.UnpicklingError) as e:
@@ -1202,8 +1203,8 @@ def load_trainer_state(path, need, script, advice):
 
 
 def run_main(script, train, cfg, errors=(OSError, ValueError)):
-    """train(cfg); an error of `errors` is one line naming the rank, exit status 2. The rank leaves its process group
-    on any way out (the C++ runtime aborts a process holding a gloo group, hiding the line and the exit status)."""
+    """train(cfg); an error of `errors` is one line naming the rank, exit status 2. The rank always leaves its process
+    group (the C++ runtime aborts a process holding a gloo group, hiding the line and the exit status)."""
     try:
         train(cfg)
     except errors as e:
@@ -1217,14 +1218,14 @@ def run_main(script, train, cfg, errors=(OSError, ValueError)):
 
 def rollout_copy(lm, device, dtype=None):
     """What generates the rollouts: through FSDP every token would all-gather every block again, so each rank gathers
-    one full copy of the policy (cast before its all-gather; dtype default bf16 on CUDA) and frees it before the
-    update (VeRL's "hybrid engine"). On one GPU fp32 weights get a bf16 copy too; LoRA and CPU policies do not."""
+    one full copy of the policy (cast before the all-gather; default bf16 on CUDA), freed before the update (VeRL's
+    "hybrid engine"). One GPU's fp32 weights get a bf16 copy too; LoRA and CPU policies none."""
     lora = any(isinstance(m, LoRALinear) for m in lm.modules())
     if lora or not (is_sharded(lm) or (device.type == "cuda" and lm.lm_head.weight.dtype == torch.float32)):
         return lm
     dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
     copy = _empty(lm.config, dtype, device)
-    params = lm.named_parameters()  # one all-gather per tensor, in the same order on every rank
+    params = lm.named_parameters()  # one all-gather a tensor, the same order on every rank
     fill(copy, ((n, p.to(dtype).full_tensor() if isinstance(p, DTensor) else p) for n, p in params))
     return copy.eval()
 
@@ -1232,7 +1233,7 @@ def rollout_copy(lm, device, dtype=None):
 # LoRA (Hu et al. 2021, arXiv:2106.09685): ppo.py's --lora-rank, a large Orchestrator's training
 
 class LoRALinear(nn.Module):
-    """y = W x + (alpha / r) B A x with W frozen, A ~ N(0, 1/r) and B = 0 so training starts at the base model."""
+    """y = W x + (alpha / r) B A x, W frozen, A ~ N(0, 1/r), B = 0: training starts at the base model."""
 
     def __init__(self, base, rank, alpha):
         super().__init__()
@@ -1249,7 +1250,7 @@ class LoRALinear(nn.Module):
 
 
 def add_lora(lm, rank, alpha):
-    """Freeze `lm` and wrap every linear layer of its blocks (attention and MLP) with an adapter."""
+    """Freeze `lm` and give every linear layer of its blocks an adapter."""
     lm.requires_grad_(False)
     for block in lm.model.layers:
         for parent in (block.self_attn, block.mlp):
@@ -1258,7 +1259,7 @@ def add_lora(lm, rank, alpha):
                     setattr(parent, name, LoRALinear(child, rank, alpha))
 
 
-def set_lora(lm, enabled):  # adapters off: the frozen base, which is the reference policy
+def set_lora(lm, enabled):  # off: the frozen base, the reference policy
     for m in lm.modules():
         if isinstance(m, LoRALinear):
             m.enabled = enabled
@@ -1268,7 +1269,7 @@ def set_lora(lm, enabled):  # adapters off: the frozen base, which is the refere
 # 7. Command line
 
 def bad_device(name):
-    """Why `name` is not a device torch can use here (a one-line reason), or None: the CLIs check --device with it."""
+    """Why `name` is not a device torch can use here (one line), or None: the CLIs' --device check."""
     try:
         dev = torch.device(name)
     except (RuntimeError, ValueError) as e:
@@ -1287,7 +1288,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def refusing(kind, why_not):
-    """An argparse type= reading a `kind` and refusing a value with why_not(value)'s one-line reason, if any."""
+    """An argparse type= reading a `kind`, refusing a value with why_not(value)'s one-line reason, if any."""
     def read(text):
         value = kind(text)
         if why_not(value):
@@ -1312,7 +1313,8 @@ def main(argv=None):
     args = parser.parse_args(argv)
     try:
         model, tokenizer = load(args.model, args.device, args.dtype)
-    except (OSError, ValueError) as e:  # missing folder, no network, bad checkpoint: one line, exit 2
+    except (OSError, ValueError) as e:  # missing folder, no network, bad checkpoint
+
         parser.exit(2, f"model.py: error: {e}\n")
     text = args.prompt if args.raw else tokenizer.apply_chat_template([{"role": "user", "content": args.prompt}])
     gen = model.generate([tokenizer.encode(text)], args.max_new_tokens, args.temperature, args.top_p,
