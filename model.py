@@ -1,9 +1,7 @@
 """A Qwen2 / Qwen2.5 / Qwen3 dense transformer written by hand, with everything needed to use real checkpoints.
 
-Architecture: the Qwen2 (arXiv:2407.10671) and Qwen3 (arXiv:2505.09388) tech reports. Sections: config; model with
-batched generation and response log-probs; safetensors; BPE tokenizer; `load` and `save` (folders that
-`transformers`, vLLM and this file load; `vllm serve runs/ckpt/ppo` serves them); device plumbing (torchrun, FSDP2,
-sharded checkpoints, the rollout copy, LoRA); command line.
+Architecture: the Qwen2 (arXiv:2407.10671) and Qwen3 (arXiv:2505.09388) tech reports. `save` writes folders that
+`transformers`, vLLM (`vllm serve runs/ckpt/ppo`) and `load` read.
 
 Departures from Hugging Face `transformers`:
   - Dense models with the default RoPE only: no MoE, sliding-window attention or RoPE scaling (YaRN).
@@ -55,7 +53,7 @@ from tqdm import tqdm
 
 @dataclasses.dataclass
 class Config:
-    """The fields of a Qwen2 / Qwen3 `config.json` that the architecture needs (defaults: Qwen3-0.6B)."""
+    """The `config.json` fields the architecture needs (defaults: Qwen3-0.6B)."""
     model_type: str = "qwen3"             # "qwen2" (Qwen2 and Qwen2.5) or "qwen3"
     vocab_size: int = 151936              # embedding rows, often padded beyond the tokenizer's size
     hidden_size: int = 1024               # C
@@ -67,14 +65,14 @@ class Config:
     rms_norm_eps: float = 1e-6
     rope_theta: float = 1000000.0         # RoPE base
     max_position_embeddings: int = 40960
-    tie_word_embeddings: bool = True      # lm_head shares the embedding matrix
-    attention_bias: bool | None = None    # None -> True for qwen2 (bias on q, k, v), False for qwen3
+    tie_word_embeddings: bool = True      # lm_head is the embedding matrix
+    attention_bias: bool | None = None    # None -> True for qwen2, False for qwen3
     bos_token_id: int | None = None
     eos_token_id: int | list[int] | None = None
-    torch_dtype: str = "bfloat16"         # the checkpoint's
+    torch_dtype: str = "bfloat16"
     # not in config.json: `load` fills them, so that Qwen(lm.config) stops and samples the same
-    stop_token_ids: list[int] | None = None  # generate's default stop ids; None -> eos_token_id
-    sample_vocab_size: int | None = None     # the rows generate samples from; None -> vocab_size
+    stop_token_ids: list[int] | None = None  # None -> eos_token_id
+    sample_vocab_size: int | None = None     # the rows generate samples; None -> vocab_size
 
     def __post_init__(self):
         if self.model_type not in ("qwen2", "qwen3"):
@@ -85,7 +83,7 @@ class Config:
 
     @classmethod
     def from_dict(cls, d):
-        """From a Hugging Face config.json dict; unknown keys are ignored, unsupported features raise."""
+        """From an HF config.json dict: unknown keys ignored, unsupported features raise."""
         d = dict(d)
         if "model_type" not in d:
             d["model_type"] = "qwen3" if "Qwen3ForCausalLM" in d.get("architectures", []) else "qwen2"
@@ -99,7 +97,6 @@ class Config:
         return cls(**{f.name: d[f.name] for f in dataclasses.fields(cls) if d.get(f.name) is not None})
 
     def to_dict(self):
-        """An HF-loadable config.json dict."""
         arch = "Qwen3ForCausalLM" if self.model_type == "qwen3" else "Qwen2ForCausalLM"
         saved = {k: v for k, v in dataclasses.asdict(self).items() if k not in ("stop_token_ids", "sample_vocab_size")}
         return {"architectures": [arch], **saved, "hidden_act": "silu",
@@ -110,7 +107,7 @@ def tiny_config(model_type="qwen3", vocab_size=512, **overrides):
     """A tiny model for tests and CPU runs (GQA: 4 query heads, 2 kv heads)."""
     d = dict(model_type=model_type, vocab_size=vocab_size, hidden_size=64, intermediate_size=128,
              num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-             max_position_embeddings=2048, tie_word_embeddings=True, torch_dtype="float32")
+             max_position_embeddings=2048, torch_dtype="float32")
     return Config(**{**d, **overrides})
 
 
@@ -128,17 +125,17 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x):
-        # in fp32, cast back before the weight, as HF Qwen2RMSNorm (matters in bf16/fp16)
+        # fp32, cast back before the weight, as HF Qwen2RMSNorm (matters in bf16/fp16)
         h = x.float()
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * h.to(x.dtype)
 
 
 def rope_cos_sin(positions, head_dim, theta, dtype):
-    """cos, sin (B, 1, T, D) for integer positions (B, T); computed in fp32 (RoFormer arXiv:2104.09864)."""
+    """cos, sin (B, 1, T, D) of positions (B, T), computed in fp32 (RoFormer arXiv:2104.09864)."""
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float) / head_dim))
     freqs = positions[..., None].float() * inv_freq  # (B, T, D/2)
-    emb = torch.cat((freqs, freqs), dim=-1)  # split-halves layout: dims i and i + D/2 share a frequency (HF)
+    emb = torch.cat((freqs, freqs), dim=-1)  # split halves (HF): dims i and i + D/2 share a frequency
     return emb.cos().to(dtype)[:, None], emb.sin().to(dtype)[:, None]
 
 
@@ -148,12 +145,12 @@ def apply_rope(x, cos, sin):  # x (B, H, T, D)
 
 
 class KVCache:
-    """Keys and values per layer (B, Hkv, T, D), appended per call; a cached batch-1 prefix broadcasts to later rows."""
+    """Keys and values (B, Hkv, T, D) per layer, appended; a cached batch-1 prefix broadcasts to later rows."""
 
     def __init__(self):
-        self.k, self.v, self.length = {}, {}, 0  # length: positions cached
+        self.k, self.v, self.length = {}, {}, 0
 
-    def update(self, layer, k, v):  # -> all keys/values so far (B, Hkv, length + T, D)
+    def update(self, layer, k, v):  # -> keys/values so far (B, Hkv, length + T, D)
         if layer in self.k:
             k = torch.cat((self.k[layer].expand(k.shape[0], -1, -1, -1), k), 2)
             v = torch.cat((self.v[layer].expand(v.shape[0], -1, -1, -1), v), 2)
@@ -162,8 +159,8 @@ class KVCache:
 
 
 class Linear(nn.Linear):
-    """nn.Linear that multiplies by `weight_t`, an (in, out) copy an Engine on CPU holds: faster at batch 1
-    (tests/RESULTS.md, "model.py: transposed weight copies")."""
+    """Reads `weight_t`, an Engine's (in, out) copy on CPU: faster at batch 1 (tests/RESULTS.md, "model.py:
+    transposed weight copies")."""
     weight_t = None
 
     def forward(self, x):
@@ -183,7 +180,7 @@ class Attention(nn.Module):
         self.v_proj = Linear(C, self.n_kv * D, bias=b)
         self.o_proj = Linear(self.n_head * D, C, bias=b and cfg.model_type == "qwen3")
         self.qk_norm = cfg.model_type == "qwen3"
-        if self.qk_norm:  # Qwen3: RMSNorm on q and k per head, before RoPE (Qwen3 tech report; HF modeling_qwen3)
+        if self.qk_norm:  # Qwen3: RMSNorm on q and k per head, before RoPE (Qwen3 tech report)
             self.q_norm = RMSNorm(D, cfg.rms_norm_eps)
             self.k_norm = RMSNorm(D, cfg.rms_norm_eps)
 
@@ -198,16 +195,16 @@ class Attention(nn.Module):
         k = apply_rope(k.transpose(1, 2), cos, sin)  # (B, Hkv, T, D)
         if cache is not None:
             k, v = cache.update(layer, k, v)  # (B, Hkv, Tk, D)
-        # mask (B, 1, T, Tk) bool, True = may attend; None = causal (or one query over the whole cache)
+        # mask (B, 1, T, Tk) bool, True = attend; None = causal (or one query over the whole cache)
         if T == 1 and self.n_kv != self.n_head:
-            # decode: kv head h's G query heads (HF repeat_kv) as G query positions: fused kernels take a mask
+            # decode: kv head h's G query heads (HF repeat_kv) as G positions: fused kernels take a mask
             G = self.n_head // self.n_kv
             y = F.scaled_dot_product_attention(q.reshape(B, self.n_kv, G, self.head_dim), k, v, attn_mask=mask)
             return self.o_proj(y.reshape(B, 1, -1))  # (B, Hkv, G, D) is (B, H, 1, D) in memory
         past = k.shape[2] - T
         if mask is None and T > 1 and past:
-            # causal with an offset: a bool mask with GQA would leave CUDA only SDPA's math kernel, so one of these
-            if past < T:  # is_causal aligns the first query with the first key: pad `past` zero queries, drop them
+            # causal with an offset: a bool mask with GQA leaves CUDA only SDPA's math kernel, so one of these
+            if past < T:  # is_causal aligns the first query and key: pad `past` zero queries, drop them
                 q = F.pad(q, (0, 0, past, 0))  # (tests/RESULTS.md, "model.py: causal attention over a cached prefix")
             else:  # more cached than new: the lower-right causal bias, which flash attention takes
                 mask = causal_lower_right(T, past + T)
@@ -235,15 +232,15 @@ class Block(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
 
-    def forward(self, x, cos, sin, mask, cache, layer):  # pre-norm residual block
+    def forward(self, x, cos, sin, mask, cache, layer):  # pre-norm
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask, cache, layer)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
 @dataclasses.dataclass
 class Generation:
-    tokens: list[list[int]]       # new tokens per prompt, up to and including a stop token
-    logprobs: list[list[float]]   # each under softmax(logits / temperature)
+    tokens: list[list[int]]       # new tokens per row, a stop token included
+    logprobs: list[list[float]]   # under softmax(logits / temperature)
     finish_reasons: list[str]     # "stop" or "length"
 
 
@@ -264,7 +261,7 @@ class Qwen(nn.Module):
                 if isinstance(m, nn.Linear) and m.bias is not None:
                     nn.init.zeros_(m.bias)
         self.tie_weights()
-        self.sample_vocab_size = cfg.sample_vocab_size or cfg.vocab_size  # `load`: the tokenizer's size
+        self.sample_vocab_size = cfg.sample_vocab_size or cfg.vocab_size
         self.stop_token_ids = _as_list(cfg.eos_token_id if cfg.stop_token_ids is None else cfg.stop_token_ids)
 
     def tie_weights(self):
@@ -272,7 +269,7 @@ class Qwen(nn.Module):
             self.lm_head.weight = self.model.embed_tokens.weight
 
     def hidden(self, input_ids, attention_mask=None, cache=None):
-        """Final-norm hidden states (B, T, C). attention_mask (B, T_past + T): 1 for tokens, 0 for left padding."""
+        """Final-norm hidden states (B, T, C). attention_mask (B, T_past + T): 1 tokens, 0 left padding."""
         B, T = input_ids.shape
         dev, past = input_ids.device, cache.length if cache is not None else 0
         if attention_mask is not None and bool(attention_mask.all()):
@@ -285,7 +282,7 @@ class Qwen(nn.Module):
             positions = (keep.long().cumsum(-1) - 1).clamp(min=0)[:, -T:]  # skipping the padding (HF generate)
             q_idx = torch.arange(past, past + T, device=dev)[:, None]  # (T, 1)
             k_idx = torch.arange(past + T, device=dev)[None]  # (1, Tk)
-            # causal AND not padding; a padding query sees itself so no row of the softmax is empty
+            # causal AND not padding; a padding query sees itself: no softmax row is empty
             mask = ((k_idx <= q_idx) & keep[:, None, None, :]) | (k_idx == q_idx)  # (B, 1, T, Tk)
         x = self.blocks(input_ids, positions, mask, cache)
         if cache is not None:
@@ -293,7 +290,7 @@ class Qwen(nn.Module):
         return x
 
     def blocks(self, input_ids, positions, mask, cache):
-        """Embeddings, the blocks, the final norm: (B, T) ids at (B, T) positions -> (B, T, C)."""
+        """Embeddings, blocks, final norm: ids at positions (B, T) -> (B, T, C)."""
         x = self.model.embed_tokens(input_ids)  # (B, T, C)
         cos, sin = rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta, x.dtype)
         for i, layer in enumerate(self.model.layers):
@@ -306,15 +303,13 @@ class Qwen(nn.Module):
     @torch.inference_mode()
     def generate(self, prompts, max_new_tokens=128, temperature=0.0, top_p=1.0, stop_token_ids=None, generator=None,
                  stop_fn=None, seeds=None, prefill_chunk=2048, max_batch=None, n=1, on_done=None):
-        """Token-id prompts -> Generation, n rows per prompt (prompt-major), at most max_batch rows (default all) at
-        a time. stop_fn(i, new_tokens) -> True: row i stops here (stop strings); on_done(i, tokens, reason) when row
-        i finishes (ppo.py executes its action then). seeds (an int per prompt): each row has its own generator, so
-        its tokens do not depend on its batch (ppo.py under torchrun); else `generator`. Prefill: prefill_chunk
-        tokens a forward."""
+        """Token-id prompts -> Generation, n rows a prompt, max_batch (default all) at a time. stop_fn(i, tokens):
+        row i stops (stop strings); on_done(i, tokens, reason) as row i ends (ppo.py acts then). seeds (one a
+        prompt): rows own generators, so tokens do not depend on the batch (torchrun); else `generator`."""
         stops = set(self.stop_token_ids if stop_token_ids is None else stop_token_ids)
         dev, seqs = self.lm_head.weight.device, []
         for j, p in enumerate(prompts):
-            for k in range(n):  # a seeded prompt's n samples: distinct, reproducible streams
+            for k in range(n):  # distinct, reproducible streams
                 seed = None if seeds is None else (seeds[j] * 1000003 + k if k else seeds[j])
                 gen = None if seed is None else torch.Generator(dev).manual_seed(seed)
                 seqs.append(Sequence(list(p), max_new_tokens, temperature, top_p, stops, gen, index=j * n + k))
@@ -323,19 +318,17 @@ class Qwen(nn.Module):
             engine.run([seqs[j * n:(j + 1) * n] for j in range(len(prompts))])
         finally:
             engine.close()  # the weights may change (PPO) before the next call
-
         return Generation([s.tokens for s in seqs], [s.logprobs for s in seqs], [s.reason for s in seqs])
 
 
 @dataclasses.dataclass
-class Sequence:
-    """One sequence being generated: the request and what came out of it."""
+class Sequence:  # one being generated: the request, then what came out
     prompt: list
     max_new_tokens: int
     temperature: float = 0.0
     top_p: float = 1.0
     stop_ids: set = dataclasses.field(default_factory=set)
-    generator: object = None       # its own torch.Generator (seeded requests)
+    generator: object = None       # its own (seeded requests)
     index: int = 0                 # its row in generate's output
     tokens: list = dataclasses.field(default_factory=list)
     logprobs: list = dataclasses.field(default_factory=list)
@@ -343,14 +336,14 @@ class Sequence:
 
 
 class SlotCache:
-    """The engine's KV cache (slots, Hkv, capacity, D) per layer; live sequences in slots 0 .. live-1."""
+    """The Engine's KV cache (slots, Hkv, capacity, D) a layer; live sequences in slots 0 .. live-1."""
 
     def __init__(self, slots, capacity, dtype):
         self.slots, self.capacity, self.dtype, self.k, self.v = slots, capacity, dtype, {}, {}
         self.at(slice(0, 0))
 
     def at(self, rows, start=0, pos=None, end=None):
-        """The next forward: rows (a slice) write at start .. start + T, or (decode) each at its pos; read to end."""
+        """Next forward: rows (a slice) write at start .. start + T, or (decode) each at pos; read to end."""
         self.rows, self.start, self.pos, self.end = rows, start, pos, end
 
     def update(self, layer, k, v):  # (R, Hkv, T, D) -> these rows' keys/values so far (R, Hkv, Tk, D)
@@ -374,19 +367,18 @@ class SlotCache:
             buf[dst, :, :length] = buf[src, :, :length]
 
 
-TRANSPOSED_COPY_BYTES = 1 << 30  # the most weight an Engine on CPU copies transposed
+TRANSPOSED_COPY_BYTES = 1 << 30  # the most an Engine on CPU copies transposed
 
 
 class Engine:
-    """Continuous batching (Orca, Yu et al. OSDI 2022, and vLLM's scheduling; our slot layout, no paging): up to
-    max_batch sequences decode together; a finished one frees its slot at once for waiting groups (a prompt's n
-    samples, prefilled once and copied to n - 1 more slots). One host sync a step."""
+    """Continuous batching (Orca, Yu et al. OSDI 2022; vLLM), our slots, no paging: a finished sequence frees its slot
+    for waiting groups (a prompt's n samples, prefilled once, copied to n - 1 slots). One host sync a step."""
 
     def __init__(self, model, max_batch=16, prefill_chunk=2048, generator=None, stop_fn=None, on_done=None):
         self.model, self.max_batch, self.prefill_chunk, self.generator = model, max_batch, prefill_chunk, generator
         self.stop_fn, self.on_done = stop_fn, on_done
         self.waiting, self.live, self.fresh, self.linears = [], [], None, []
-        # on CPU every Linear reads a transposed copy of its weight until `close`, or none does
+        # on CPU every Linear reads a transposed copy until `close`, or none does
         layers = [m for m in model.modules() if isinstance(m, Linear)] if model is not None else []
         if layers and all(m.weight.device.type == "cpu" for m in layers) and \
                 sum(m.weight.nbytes for m in layers) <= TRANSPOSED_COPY_BYTES:
@@ -401,14 +393,14 @@ class Engine:
 
     @torch.inference_mode()
     def run(self, groups):
-        """Generate every group (a prompt's Sequences) to its end."""
+        """Generate every group (a prompt's Sequences)."""
         self.waiting = [g[i:i + self.max_batch] for g in groups for i in range(0, len(g), self.max_batch)]
         w, B, dev = self.model.lm_head.weight, self.max_batch, self.model.lm_head.weight.device
         dtype = torch.get_autocast_dtype(dev.type) if torch.is_autocast_enabled(dev.type) else w.dtype
         # sized once for the longest request: regrowing would hold two caches at once (vLLM sizes it at start-up)
         need = max((len(s.prompt) + s.max_new_tokens for g in groups for s in g), default=0) + 1
         self.cache = SlotCache(B, need, dtype)
-        # per slot, on the device: cached positions, newest token, sampling settings
+        # per slot: cached positions, newest token, sampling settings
         self.lengths = torch.zeros(B, dtype=torch.long, device=dev)
         self.last = torch.zeros_like(self.lengths)
         self.temp, self.top_p = torch.zeros(B, device=dev), torch.ones(B, device=dev)
@@ -430,7 +422,7 @@ class Engine:
         dev, A, P = self.lengths.device, len(self.live), len(groups)
         lens = [len(g[0].prompt) for g in groups]
         ids = torch.zeros(P, max(lens), dtype=torch.long)
-        for b, g in enumerate(groups):  # right padding: a real token never attends to a later pad
+        for b, g in enumerate(groups):  # right padding: no token attends to a later pad
             ids[b, :lens[b]] = torch.tensor(g[0].prompt)
         ids, ends = ids.to(dev), torch.tensor(lens, device=dev) - 1
         for a in range(0, max(lens), self.prefill_chunk):
@@ -440,32 +432,32 @@ class Engine:
             h = self.model.blocks(x, torch.arange(a, a + T, device=dev).expand(P, T), None, self.cache)  # (P, T, C)
             pick = h[torch.arange(P, device=dev), (ends - a).clamp(0, T - 1)]
             h_last = pick if a == 0 else torch.where((ends >= a)[:, None], pick, h_last)
-        seqs, leaders = [g[0] for g in groups], list(range(P))  # leaders in slots A .. A + P - 1, then the others
+        seqs, leaders = [g[0] for g in groups], list(range(P))  # leaders in slots A .. A + P - 1, then the rest
         for b, g in enumerate(groups):
             for s in g[1:]:
                 self.cache.copy(A + b, A + len(seqs), lens[b])
                 seqs.append(s)
                 leaders.append(b)
-        new = slice(A, A + len(seqs))  # sequence i sits in slot A + i
+        new = slice(A, A + len(seqs))  # sequence i in slot A + i
         self.temp[new] = torch.tensor([float(s.temperature) for s in seqs], device=dev)
         self.top_p[new] = torch.tensor([float(s.top_p) for s in seqs], device=dev)
         tok, lp = self._sample(self._logits(h_last)[leaders], seqs, self.temp[new], self.top_p[new])
         self.last[new], self.lengths[new] = tok, torch.tensor([len(s.prompt) for s in seqs], device=dev)
         self.live += seqs
-        self.fresh = (seqs, tok, lp)  # reported with the next decode step's sync
+        self.fresh = (seqs, tok, lp)  # reported at the next decode's sync
 
     def _sample(self, logits, seqs, temp, top_p):
-        """-> tokens, log-probs (R,): one token per row under its temperature / top-p (device tensors: no host copy)
-        and generator. Temperature 0 is greedy; log-probs are under softmax(logits / T)."""
+        """-> tokens, log-probs (R,) under each row's temperature (0: greedy), top-p (device tensors: no host copy)
+        and generator; log-probs under softmax(logits / T)."""
         greedy = temp == 0
         logp = torch.log_softmax(logits / torch.where(greedy, 1.0, temp)[:, None], -1)
         tok = logits.argmax(-1)
         if any(s.temperature for s in seqs):  # known on the host: no sync
             probs, order = logp.exp(), None
             if any(s.temperature and s.top_p < 1 for s in seqs):
-                probs, order = probs.sort(-1, descending=True)  # nucleus: the smallest prefix reaching top_p
-                probs[(probs.cumsum(-1) - probs) > top_p[:, None]] = 0  # the first token is always kept
-            # inverse CDF: one uniform per row, one batched search (torch.multinomial per seeded row was slow on CPU)
+                probs, order = probs.sort(-1, descending=True)  # nucleus: the shortest prefix reaching top_p
+                probs[(probs.cumsum(-1) - probs) > top_p[:, None]] = 0  # (the first token stays)
+            # inverse CDF: a uniform per row, one batched search (torch.multinomial per seeded row was slow on CPU)
             u = torch.rand(len(seqs), generator=self.generator, device=probs.device)
             own = [j for j, s in enumerate(seqs) if s.temperature and s.generator is not None]
             if own:
@@ -480,7 +472,7 @@ class Engine:
 
     def _decode(self):
         A = len(self.live)
-        at = [len(s.prompt) + max(len(s.tokens) - 1, 0) for s in self.live]  # cached positions, on the host
+        at = [len(s.prompt) + max(len(s.tokens) - 1, 0) for s in self.live]  # cached positions
         pos, end = self.lengths[:A], max(at) + 1
         self.cache.at(slice(0, A), pos=pos, end=end)
         mask = None  # all at one position (batch 1, a prompt's n samples)
@@ -492,7 +484,7 @@ class Engine:
         fresh, toks, lps = self.fresh or ([], tok[:0], lp[:0])  # the last admission's first tokens
         self.fresh = None
         host = torch.stack([torch.cat([toks, tok]).double(), torch.cat([lps, lp]).double()]).tolist()  # the one sync
-        for s, t, l in zip([*fresh, *self.live], *host):  # a fresh sequence's first token, then its second
+        for s, t, l in zip([*fresh, *self.live], *host):  # a fresh sequence's first token before its second
             if s.reason is None:
                 self._append(s, int(t), l)
         self._compact()
@@ -521,13 +513,11 @@ class Engine:
 
 
 def response_hidden(lm, ids, lengths, starts):
-    """The final hidden states predicting each response token (the output at t - 1 predicts t) and those tokens:
-    (B, R, C), (B, R), R = the longest response. Sample b's response is columns starts[b] .. lengths[b] - 1 of row
-    b // n of ids (G, W), n = B / G:
-    - n = 1: each row is prompt + response, right-padded; no attention mask, so SDPA may take its causal kernel.
-    - n > 1: each row is a prompt then its n responses (ppo.py): the prompt goes once into a KV cache, its responses
-      run as n rows over it. Not with gradient checkpointing.
-    Columns past a response's end read padding or a clamped column: the caller masks them."""
+    """Hidden states predicting each response token (output t - 1 predicts t), and the tokens: (B, R, C), (B, R), R
+    the longest. Response b is columns starts[b] .. lengths[b] - 1 of row b // n of ids (G, W). n = 1: rows are
+    prompt + response, right-padded, no mask (SDPA's causal kernel). n > 1 (ppo.py): a row is a prompt, then its n
+    responses, run as n rows over its KV cache; not with gradient checkpointing. Columns past a response's end:
+    padding or clamped, for the caller to mask."""
     B, (G, W), dev = lengths.shape[0], ids.shape, ids.device
     n, R = B // G, max(int((lengths - starts).max()), 1)
     if n * G != B:
@@ -547,10 +537,8 @@ def response_hidden(lm, ids, lengths, starts):
 
 
 def response_logprobs(lm, ids, lengths, starts, temperature=1.0, vocab=None, chunk=1024):
-    """log pi(token_t | tokens_<t) (B, R), rows as response_hidden's, under what `generate` samples from:
-    softmax(logits[:vocab] / T) (N-details: the temperature applies in training too). The lm_head runs `chunk`
-    tokens at a time, recomputed in backward: only one chunk's fp32 logits ever exist."""
-
+    """log pi(token_t | tokens_<t) (B, R) under generate's softmax(logits[:vocab] / T) (N-details: in training too);
+    the lm_head runs `chunk` tokens at a time, recomputed in backward: one chunk's fp32 logits at most."""
     h, tokens = response_hidden(lm, ids, lengths, starts)
     B, R, C = h.shape
     h, tokens = h.reshape(B * R, C), tokens.reshape(B * R)
@@ -559,13 +547,12 @@ def response_logprobs(lm, ids, lengths, starts, temperature=1.0, vocab=None, chu
         logits = lm.lm_head(h_).float()[:, :vocab] / temperature  # (chunk, V')
         return logits.gather(-1, t_[:, None]).squeeze(-1) - torch.logsumexp(logits, -1)
 
-    out = [checkpoint(piece, h[a:a + chunk], tokens[a:a + chunk], use_reentrant=False) if torch.is_grad_enabled()
-           else piece(h[a:a + chunk], tokens[a:a + chunk]) for a in range(0, B * R, chunk)]
-    return torch.cat(out).view(B, R)
+    run = functools.partial(checkpoint, piece, use_reentrant=False) if torch.is_grad_enabled() else piece
+    return torch.cat([run(h[a:a + chunk], tokens[a:a + chunk]) for a in range(0, B * R, chunk)]).view(B, R)
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# 3. safetensors: 8-byte little-endian header length, a JSON header {name: {dtype, shape, data_offsets}}, raw data
+# 3. safetensors: 8-byte little-endian header length, JSON header {name: {dtype, shape, data_offsets}}, raw data
 
 _DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
            "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
@@ -595,8 +582,7 @@ def _read_header(path):
 
 
 def _read_file(path, params=None):
-    """(name, CPU tensor) of one .safetensors file, one at a time, by readinto(); straight into a CPU parameter in
-    `params` of that name, shape and dtype: a load never holds a second copy of it."""
+    """(name, CPU tensor) by readinto(), into the `params` CPU tensor of that name, shape and dtype if any."""
     header, start = _read_header(path)
     with open(path, "rb", buffering=0) as f:
         for name, info in header.items():
@@ -610,7 +596,7 @@ def _read_file(path, params=None):
             done = 0
             while done < len(buf):  # one read() returns at most ~2 GiB on Linux
                 got = f.readinto(buf[done:])
-                if not got:  # cut after its header was read (readinto returns 0 forever: no hang)
+                if not got:  # cut after the header was read (readinto returns 0 forever: no hang)
                     raise ValueError(f"{path}: truncated ({start + a + done} bytes, the header needs {start + b})")
                 done += got
             yield name, t
@@ -643,7 +629,7 @@ GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|
 
 
 def _split_pattern(pre):
-    """The word-splitting regex of a tokenizer.json pre_tokenizer (Qwen2: Split(regex), ByteLevel)."""
+    """A tokenizer.json pre_tokenizer's word-splitting regex (Qwen2: Split(regex), ByteLevel)."""
     for step in (pre or {}).get("pretokenizers", [pre] if pre else []):
         if step["type"] == "Split":
             return step["pattern"].get("Regex") or regex.escape(step["pattern"]["String"])
@@ -653,7 +639,7 @@ def _split_pattern(pre):
 
 
 def bytes_to_unicode():
-    """GPT-2's map of the 256 bytes to printable characters (printable bytes to themselves, others from 256)."""
+    """GPT-2's map of bytes to printable characters (printable bytes to themselves, others from 256)."""
     keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
     shifted = iter(range(256, 512))
     return {b: chr(b) if b in keep else chr(next(shifted)) for b in range(256)}
@@ -672,13 +658,13 @@ def _merge(parts, pair):
 
 class Tokenizer:
     def __init__(self, data, config=None):
-        """data: parsed tokenizer.json; config: parsed tokenizer_config.json (optional)."""
+        """data, config: parsed tokenizer.json, tokenizer_config.json (optional)."""
         self.data, self.config = data, config or {}
         m = data["model"]
         self.vocab = dict(m["vocab"])  # byte-level string -> id
-        merges = [tuple(x.split(" ")) if isinstance(x, str) else tuple(x) for x in m["merges"]]  # "a b" or ["a","b"]
+        merges = [tuple(x.split(" ")) if isinstance(x, str) else tuple(x) for x in m["merges"]]  # "a b" or [a, b]
         self.ranks = {pair: i for i, pair in enumerate(merges)}
-        self.ignore_merges = m.get("ignore_merges", False)  # a word already in the vocab is one token
+        self.ignore_merges = m.get("ignore_merges", False)  # a word in the vocab is one token
         self.added = {t["content"]: t["id"] for t in data.get("added_tokens", [])}
         self.special_ids = {t["id"] for t in data.get("added_tokens", []) if t.get("special")}
         self.id_to_token = {**{i: s for s, i in self.vocab.items()}, **{i: s for s, i in self.added.items()}}
@@ -690,7 +676,7 @@ class Tokenizer:
         self.pattern = regex.compile(_split_pattern(data.get("pre_tokenizer")))
         self.byte_enc = bytes_to_unicode()
         self.byte_dec = {c: b for b, c in self.byte_enc.items()}
-        self.cache = {}  # word -> ids
+        self.cache = {}
 
         def token(key):  # a string or {"content": ...}
             v = self.config.get(key, "<|endoftext|>")  # Qwen's eos and pad when the config is silent
@@ -701,7 +687,7 @@ class Tokenizer:
 
     @classmethod
     def from_file(cls, path, config_path=None):
-        """tokenizer.json, with tokenizer_config.json (eos / pad) given or beside it."""
+        """tokenizer.json, and tokenizer_config.json (eos / pad) given or beside it."""
         config_path = config_path or os.path.join(os.path.dirname(path), "tokenizer_config.json")
         return cls(read_json(path), read_json(config_path) if os.path.exists(config_path) else None)
 
@@ -709,7 +695,7 @@ class Tokenizer:
         return max(self.id_to_token) + 1
 
     def _bpe(self, word):
-        """ids of one pre-tokenized word: merge the adjacent pair of lowest rank while one has a rank."""
+        """ids of one pre-tokenized word: merge the adjacent pair of lowest rank while any has one."""
         if word in self.cache:
             return self.cache[word]
         parts = [self.byte_enc[b] for b in word.encode("utf-8")]
@@ -741,12 +727,12 @@ class Tokenizer:
         return b"".join(self._bytes.get(i, b"") for i in ids if i not in skip).decode("utf-8", errors="replace")
 
     @functools.cached_property
-    def _bytes(self):  # built once: stop strings decode every sequence's tail at every step
+    def _bytes(self):  # once: stop strings decode every sequence's tail every step
         ok = lambda tok: all(c in self.byte_dec for c in tok)  # else its own UTF-8 (tokenizers' ByteLevel decoder)
         return {i: bytes(self.byte_dec[c] for c in t) if ok(t) else t.encode() for i, t in self.id_to_token.items()}
 
     def apply_chat_template(self, messages, add_generation_prompt=True):
-        """ChatML as Qwen2.5 / Qwen3 instruct: <|im_start|>role\\ncontent<|im_end|>\\n."""
+        """ChatML (Qwen2.5 / Qwen3 instruct): <|im_start|>role\\ncontent<|im_end|>\\n."""
         text = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)
         return text + ("<|im_start|>assistant\n" if add_generation_prompt else "")
 
@@ -760,13 +746,13 @@ CHATML_JINJA = ("{% for message in messages %}{{ '<|im_start|>' + message['role'
 
 
 def train_tokenizer(texts, vocab_size, special_tokens=("<|endoftext|>", "<|im_start|>", "<|im_end|>")):
-    """Byte-level BPE training (Sennrich et al. 2016): from the 256 bytes, merge the most frequent adjacent pair
-    within pre-tokenized words, repeatedly. Pair counts update incrementally, with a lazy heap."""
+    """Byte-level BPE training (Sennrich et al. 2016): from the 256 bytes, merge the most frequent adjacent pair in
+    pre-tokenized words, repeatedly; pair counts update incrementally, with a lazy heap."""
     pattern, enc = regex.compile(QWEN2_PATTERN), bytes_to_unicode()
     counts = Counter(w for t in texts for w in pattern.findall(unicodedata.normalize("NFC", t)))
     words, freqs = [[] for _ in counts], list(counts.values())
     vocab, merges, heap = {enc[b]: b for b in range(256)}, [], []  # heap: most frequent pair first, ties by text
-    pairs, where = Counter(), defaultdict(set)  # pair -> frequency; pair -> indices of words holding it
+    pairs, where = Counter(), defaultdict(set)  # pair -> frequency; pair -> words (indices) holding it
 
     def rewrite(wi, new):  # word wi becomes `new`; changed pairs are queued again
         old, words[wi] = words[wi], new
@@ -793,15 +779,12 @@ def train_tokenizer(texts, vocab_size, special_tokens=("<|endoftext|>", "<|im_st
     added = [{"id": len(vocab) + i, "content": s, "single_word": False, "lstrip": False, "rstrip": False,
               "normalized": False, "special": True} for i, s in enumerate(special_tokens)]
     byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False}
-    data = {"version": "1.0", "truncation": None, "padding": None, "added_tokens": added,
-            "normalizer": {"type": "NFC"},
+    data = {"version": "1.0", "added_tokens": added, "normalizer": {"type": "NFC"},
             "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
                 {"type": "Split", "pattern": {"Regex": QWEN2_PATTERN}, "behavior": "Isolated", "invert": False},
                 byte_level]},
             "post_processor": byte_level, "decoder": byte_level,
-            "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
-                      "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False, "ignore_merges": False,
-                      "vocab": vocab, "merges": [list(p) for p in merges]}}
+            "model": {"type": "BPE", "vocab": vocab, "merges": [list(p) for p in merges]}}  # other keys: defaults
     return Tokenizer(data)
 
 
@@ -814,7 +797,7 @@ def _hub_cache():
 
 
 def _weight_files(folder):
-    """A folder's safetensors files (sharded through model.safetensors.index.json or not); [] if incomplete."""
+    """A folder's safetensors files (sharded or not); [] if one is missing."""
     index = os.path.join(folder, "model.safetensors.index.json")
     names = sorted(set(read_json(index)["weight_map"].values())) if os.path.exists(index) else ["model.safetensors"]
     files = [os.path.join(folder, n) for n in names]
@@ -826,7 +809,7 @@ def _download(repo_id, repo_dir):
     endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co").rstrip("/")
     headers = {"Authorization": f"Bearer {os.environ['HF_TOKEN']}"} if os.environ.get("HF_TOKEN") else {}
 
-    def fetch(name, folder, rev, required=True):  # -> path, or None for an absent optional file
+    def fetch(name, folder, rev, required=True):  # -> path, or None: an absent optional file
         dest = os.path.join(folder, name)
         if os.path.exists(dest):
             return dest
@@ -876,7 +859,7 @@ def _download(repo_id, repo_dir):
 
 
 def resolve(path_or_id):
-    """A local folder; else a hub id in the HF cache (models--Org--Name/snapshots/<refs/main>); else a download."""
+    """A local folder, else a hub id from the HF cache (models--Org--Name/snapshots/<refs/main>) or downloaded."""
     if os.path.isdir(path_or_id):
         return path_or_id
     if path_or_id.count("/") != 1 or path_or_id.startswith((".", "/", "~")):
@@ -892,13 +875,13 @@ def resolve(path_or_id):
 
 
 def weight_tensors(path_or_hub_id):
-    """The checkpoint's (name, CPU tensor), one at a time: a sharding loader keeps only its rows of each."""
+    """(name, CPU tensor), one at a time: a sharding loader keeps its rows of each."""
     for path in _weight_files(resolve(path_or_hub_id)):
         yield from _read_file(path)
 
 
 def read_json(path) -> dict:
-    """A JSON object file; ValueError naming it when it is not one (a cut download)."""
+    """A JSON object file; else a ValueError naming it."""
     try:
         with open(path, encoding="utf-8") as f:
             obj = json.load(f)
@@ -921,8 +904,7 @@ def _empty(config, dtype, device=None):
 
 
 def load(path_or_hub_id, device=None, dtype=None, meta=False):
-    """-> (model, tokenizer). dtype default: the config's on CUDA, float32 on CPU. meta=True: on the meta device, no
-    weights read (to shard, then fill from `weight_tensors`)."""
+    """dtype: the config's on CUDA, float32 on CPU. meta=True: no weights read (shard, then fill)."""
     folder = resolve(path_or_hub_id)
     cfg = Config.from_dict(read_json(os.path.join(folder, "config.json")))
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -951,10 +933,9 @@ def _write_json(path, obj, indent=2):
 
 
 def save(model, tokenizer, path, max_shard_bytes=5 * 2**30, dtype=None, weights=None):
-    """Write a Hugging Face model folder (safetensors sharded above max_shard_bytes). dtype, weights (a state dict):
-    default the model's; LoRA merged in."""
+    """An HF model folder; dtype and weights (a state dict) default to the model's; LoRA merged in."""
     os.makedirs(path, exist_ok=True)
-    for name in os.listdir(path):  # stale weights from an earlier save would confuse loaders
+    for name in os.listdir(path):  # an earlier save's weights would confuse loaders
         if name.startswith("model") and name.endswith((".safetensors", ".safetensors.index.json")):
             os.remove(os.path.join(path, name))
     cfg, dtype = model.config, dtype or model.lm_head.weight.dtype
@@ -981,7 +962,7 @@ def save(model, tokenizer, path, max_shard_bytes=5 * 2**30, dtype=None, weights=
         _write_json(os.path.join(path, "model.safetensors.index.json"),
                     {"metadata": {"total_size": sum(v.nbytes for v in tensors.values())}, "weight_map": weight_map})
     tokenizer.save(os.path.join(path, "tokenizer.json"))
-    token = lambda i: tokenizer.id_to_token.get(i) if i is not None else None
+    token = tokenizer.id_to_token.get
     tok_cfg = {"chat_template": CHATML_JINJA, **tokenizer.config, "tokenizer_class": "Qwen2Tokenizer",
                "eos_token": token(tokenizer.eos_token_id), "pad_token": token(tokenizer.pad_token_id),
                "bos_token": None, "errors": "replace", "model_max_length": cfg.max_position_embeddings,
@@ -993,48 +974,43 @@ def save(model, tokenizer, path, max_shard_bytes=5 * 2**30, dtype=None, weights=
         "pad_token_id": tokenizer.pad_token_id, "do_sample": False})
 
 
-def stop_ids(lm, tokenizer):
-    """The ids a response ends at: the model's eos ids, the tokenizer's eos and <|im_end|>."""
+def stop_ids(lm, tokenizer):  # where a response ends
     ends = [*lm.stop_token_ids, tokenizer.eos_token_id, tokenizer.im_end_id]
     return [i for i in dict.fromkeys(ends) if i is not None]
 
 
-def keep_end(ids, context, reserve):
-    """A prompt's last ids (at least one), so that `reserve` more tokens fit in `context`."""
+def keep_end(ids, context, reserve):  # a prompt's last ids, so `reserve` more tokens fit in `context`
     return ids[-max(context - reserve, 1):]
 
 
 def stop_strings(tokenizer, strings):
-    """generate's stop_fn (None without strings): True once a sequence's decoded tail holds one, so generation ends
-    at the token completing it, as vLLM's; the caller cuts the text."""
-
+    """generate's stop_fn (or None): True once a sequence's decoded tail holds a string, so generation ends at the
+    token completing it, as vLLM's; the caller cuts the text."""
     strings = [s for s in strings or [] if s]
-    window = 4 * max(map(len, strings), default=0) + 4  # tokens a stop string can span
+    window = 4 * max(map(len, strings), default=0) + 4  # tokens a string can span
     if not strings:
         return None
     return lambda i, toks: any(s in tokenizer.decode(toks[-window:], skip_special_tokens=True) for s in strings)
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# 6. Devices, for sft.py, ppo.py and orchestrator.py: torchrun, FSDP2 and per-shard loading, bf16 autocast, saving
-# and resuming a (sharded) model with its optimizer, the rollout copy, LoRA
+# 6. Devices (sft.py, ppo.py, orchestrator.py): torchrun, FSDP2, autocast, sharded checkpoints, rollout copy, LoRA
 
 
-def enable_grad_checkpointing(lm):
-    """Recompute each block's forward in backward (non-reentrant torch.utils.checkpoint)."""
+def enable_grad_checkpointing(lm):  # each block's forward recomputed in backward
     for block in lm.model.layers:
         def fwd(*a, _f=block.forward):
             return checkpoint(_f, *a, use_reentrant=False) if torch.is_grad_enabled() else _f(*a)
         block.forward = fwd
 
 
-# NCCL's 10-minute timeout is shorter than a task script or a 7B trainer state's save (torchtitan, OpenRLHF raise it)
+# NCCL's 10-minute timeout is shorter than a task script or saving a 7B trainer state (torchtitan, OpenRLHF raise it)
 DIST_TIMEOUT = datetime.timedelta(hours=2)
 
 
 def setup_distributed(args):
-    """(rank, world, device) from torchrun's RANK / WORLD_SIZE / LOCAL_RANK. A CUDA device carries the rank's index
-    (torch.cuda.set_device refuses a bare "cuda"); --device cuda:N picks a one-process run's GPU."""
+    """(rank, world, device) from torchrun's variables. A CUDA device carries the rank's index (set_device refuses a
+    bare "cuda"); --device cuda:N picks a one-process run's GPU."""
     world, local = int(os.environ.get("WORLD_SIZE", 1)), int(os.environ.get("LOCAL_RANK", 0))
     cuda = torch.cuda.is_available() and (args.device or "cuda").startswith("cuda")
     device = torch.device(args.device or "cpu") if not cuda else torch.device("cuda", local)
@@ -1049,7 +1025,7 @@ def setup_distributed(args):
 
 
 class Ranks:
-    """This process's rank and a trainer's collectives (the identity in one process)."""
+    """A trainer's rank and collectives (the identity in one process)."""
 
     def __init__(self, rank=0, world=1, device=torch.device("cpu")):
         self.rank, self.world, self.device = rank, world, device
@@ -1060,13 +1036,13 @@ class Ranks:
             dist.all_reduce(t)
         return t
 
-    def max(self, x):  # a number
+    def max(self, x):
         t = torch.tensor(float(x), device=self.device)
         if self.world > 1:
             dist.all_reduce(t, op=dist.ReduceOp.MAX)
         return t.item()
 
-    def gather(self, items):  # every rank's list, in rank order
+    def gather(self, items):  # every rank's list, rank order
         if self.world == 1:
             return list(items)
         parts = [None] * self.world
@@ -1075,8 +1051,8 @@ class Ranks:
 
 
 def shard(net, blocks, world, device):
-    """FSDP2: each block a unit (gathered for its forward and backward, freed after), the root the rest; on CUDA bf16
-    gathered copies, fp32 gradient reduction and fp32 master shards. Call it on the meta device, then `fill`."""
+    """FSDP2: each block a unit (gathered for forward and backward, freed after), the root the rest; on CUDA bf16
+    gathered copies, fp32 gradient reduction, fp32 master shards. Call it on the meta device, then `fill`."""
     mesh = init_device_mesh(device.type, (world,))
     bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported()
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else MixedPrecisionPolicy()
@@ -1086,8 +1062,7 @@ def shard(net, blocks, world, device):
 
 
 def place(net, lm, tensors, device, world=0):
-    """net (holding lm), built on the meta device, onto `device` (sharded over `world` ranks if world), lm's weights
-    from `tensors` (name, full CPU tensor)."""
+    """net (holding lm) from the meta device onto `device` (sharded if world), lm's weights from `tensors`."""
     if world:
         net = shard(net, lm.model.layers, world, device)
     net.to_empty(device=device)
@@ -1097,26 +1072,26 @@ def place(net, lm, tensors, device, world=0):
 
 
 def reshard(*nets):
-    """Free FSDP2 modules' gathered root unit after a no_grad forward: FSDP2 keeps it for a backward that does not
-    come (the embeddings and lm_head: 2 GiB in bf16 at 7B). VeRL reshards its reference likewise."""
+    """Free FSDP2 root units gathered by a no_grad forward, kept for a backward that does not come (embeddings and
+    lm_head: 2 GiB in bf16 at 7B). VeRL reshards its reference likewise."""
     for net in nets:
         if isinstance(net, FSDPModule):
             net.reshard()
 
 
 def fill(lm, tensors):
-    """Copy checkpoint tensors (name, full CPU tensor), one at a time, into the same-named parameters; a DTensor keeps
-    only this rank's rows. A ValueError names the missing and unexpected tensors."""
+    """Copy (name, full CPU tensor) one at a time into the parameter of that name (a DTensor: this rank's rows); a
+    ValueError names missing and unexpected tensors."""
     params, seen, unexpected = dict(lm.named_parameters()), set(), []
     with torch.no_grad():
         for name, full in tensors:
             p = params.get(name)
             if p is None and name.endswith(("lm_head.weight", "rotary_emb.inv_freq")):
-                continue  # a tied copy of the embedding; a recomputed buffer
+                continue  # the tied embedding; a recomputed buffer
             if p is None or tuple(p.shape) != tuple(full.shape):
                 unexpected.append(name if p is None else f"{name}{list(full.shape)}!={list(p.shape)}")
                 continue
-            if isinstance(p, DTensor):  # each rank cuts its own shard from the full tensor: no communication
+            if isinstance(p, DTensor):  # each rank cuts its shard from the full tensor: no communication
                 full = full.to(p.device_mesh.device_type, p.dtype)
                 p.copy_(distribute_tensor(full, p.device_mesh, p.placements, src_data_rank=None))
             elif full.data_ptr() != p.data_ptr():  # (`load` may have read it in place)
@@ -1130,11 +1105,11 @@ def fill(lm, tensors):
 
 
 def too_big_for_one_gpu(n_params, device):
-    """fp32 weights, gradients and AdamW moments (16 bytes a parameter) over half the GPU: FSDP without --fsdp."""
+    """fp32 weights, gradients, AdamW moments (16 bytes a parameter) over half the GPU: FSDP without --fsdp."""
     return device.type == "cuda" and 16 * n_params > 0.5 * torch.cuda.get_device_properties(device).total_memory
 
 
-def wrap(net, world, device):  # several ranks, each with the whole model: DDP
+def wrap(net, world, device):  # DDP: several ranks, each with the whole model
     if world == 1:
         return net
     return nn.parallel.DistributedDataParallel(net, device_ids=[device.index] if device.type == "cuda" else None)
@@ -1167,21 +1142,19 @@ def set_optim_state(net, optim, state):  # under FSDP each rank takes its shard
         optim.load_state_dict(state)
 
 
-def autocast(device):  # bf16 matmuls on CUDA over fp32 master weights (an lr of 1e-6 vanishes in bf16); fp32 on CPU
+def autocast(device):  # bf16 matmuls on CUDA, fp32 master weights (an lr of 1e-6 vanishes in bf16); fp32 on CPU
     if device.type == "cuda" and torch.cuda.is_bf16_supported():
         return torch.autocast("cuda", dtype=torch.bfloat16)
     return contextlib.nullcontext()
 
 
 def save_dtype(name, device):
-    """Saved weights' dtype: bfloat16 from CUDA runs unless float32 is asked for; float32 on CPU."""
     return torch.float32 if name == "float32" or device.type != "cuda" else torch.bfloat16
 
 
 def save_checkpoint_folder(lm, tokenizer, path, dtype, state):
-    """Rank 0's share of saving a (sharded) model: lm's Hugging Face folder (LoRA merged) in `dtype` at <path>.tmp,
-    for the caller's trainer state. state: full_state of the module holding lm as `.lm`. -> (the .tmp folder, the
-    fp32 master weights when dtype rounds them, else None)"""
+    """Rank 0: lm's HF folder (LoRA merged) in `dtype` at <path>.tmp, for the caller's trainer state, from `state`
+    (full_state of lm's holder, as `.lm`). -> (.tmp, fp32 master weights if dtype rounds them, else None)"""
     weights = {k.removeprefix("lm."): v for k, v in state.items()}
     tmp = path.rstrip("/") + ".tmp"
     shutil.rmtree(tmp, ignore_errors=True)
@@ -1191,8 +1164,7 @@ def save_checkpoint_folder(lm, tokenizer, path, dtype, state):
 
 
 def load_trainer_state(path, need, script, advice):
-    """A checkpoint's trainer state (torch.save), memory-mapped: every rank maps the file and reads what it uses. A
-    torn file, or one without the keys `need`, is a one-line ValueError naming it."""
+    """A trainer state (torch.save), memory-mapped: each rank reads what it uses; torn or without `need`: ValueError."""
     try:
         st = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
     except (RuntimeError, EOFError, pickle.UnpicklingError) as e:
@@ -1203,8 +1175,8 @@ def load_trainer_state(path, need, script, advice):
 
 
 def run_main(script, train, cfg, errors=(OSError, ValueError)):
-    """train(cfg); an error of `errors` is one line naming the rank, exit status 2. The rank always leaves its process
-    group (the C++ runtime aborts a process holding a gloo group, hiding the line and the exit status)."""
+    """train(cfg); an error of `errors`: one line naming the rank, exit status 2. The process group is always left
+    (the C++ runtime aborts a process holding a gloo group, hiding the line and the exit status)."""
     try:
         train(cfg)
     except errors as e:
@@ -1217,15 +1189,14 @@ def run_main(script, train, cfg, errors=(OSError, ValueError)):
 
 
 def rollout_copy(lm, device, dtype=None):
-    """What generates the rollouts: through FSDP every token would all-gather every block again, so each rank gathers
-    one full copy of the policy (cast before the all-gather; default bf16 on CUDA), freed before the update (VeRL's
-    "hybrid engine"). One GPU's fp32 weights get a bf16 copy too; LoRA and CPU policies none."""
+    """Through FSDP every token would all-gather every block: each rank gathers a full copy to roll out with (cast
+    first; bf16 on CUDA), freed before the update (VeRL's "hybrid engine"); one GPU's fp32 weights too, not LoRA."""
     lora = any(isinstance(m, LoRALinear) for m in lm.modules())
     if lora or not (is_sharded(lm) or (device.type == "cuda" and lm.lm_head.weight.dtype == torch.float32)):
         return lm
     dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
     copy = _empty(lm.config, dtype, device)
-    params = lm.named_parameters()  # one all-gather a tensor, the same order on every rank
+    params = lm.named_parameters()  # an all-gather a tensor, the same order on every rank
     fill(copy, ((n, p.to(dtype).full_tensor() if isinstance(p, DTensor) else p) for n, p in params))
     return copy.eval()
 
@@ -1233,7 +1204,7 @@ def rollout_copy(lm, device, dtype=None):
 # LoRA (Hu et al. 2021, arXiv:2106.09685): ppo.py's --lora-rank, a large Orchestrator's training
 
 class LoRALinear(nn.Module):
-    """y = W x + (alpha / r) B A x, W frozen, A ~ N(0, 1/r), B = 0: training starts at the base model."""
+    """y = W x + (alpha / r) B A x, W frozen, A ~ N(0, 1/r), B = 0 (starts at the base model)."""
 
     def __init__(self, base, rank, alpha):
         super().__init__()
@@ -1249,8 +1220,7 @@ class LoRALinear(nn.Module):
         return self.base.weight + (self.scale * self.B @ self.A).to(self.base.weight.dtype)
 
 
-def add_lora(lm, rank, alpha):
-    """Freeze `lm` and give every linear layer of its blocks an adapter."""
+def add_lora(lm, rank, alpha):  # freeze lm; adapters on its blocks' linear layers
     lm.requires_grad_(False)
     for block in lm.model.layers:
         for parent in (block.self_attn, block.mlp):
@@ -1269,7 +1239,7 @@ def set_lora(lm, enabled):  # off: the frozen base, the reference policy
 # 7. Command line
 
 def bad_device(name):
-    """Why `name` is not a device torch can use here (one line), or None: the CLIs' --device check."""
+    """Why `name` is not a usable device here (one line), or None."""
     try:
         dev = torch.device(name)
     except (RuntimeError, ValueError) as e:
@@ -1288,7 +1258,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def refusing(kind, why_not):
-    """An argparse type= reading a `kind`, refusing a value with why_not(value)'s one-line reason, if any."""
+    """An argparse type= reading a `kind`, refusing a value with why_not(value)'s reason."""
     def read(text):
         value = kind(text)
         if why_not(value):
@@ -1313,8 +1283,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     try:
         model, tokenizer = load(args.model, args.device, args.dtype)
-    except (OSError, ValueError) as e:  # missing folder, no network, bad checkpoint
-
+    except (OSError, ValueError) as e:
         parser.exit(2, f"model.py: error: {e}\n")
     text = args.prompt if args.raw else tokenizer.apply_chat_template([{"role": "user", "content": args.prompt}])
     gen = model.generate([tokenizer.encode(text)], args.max_new_tokens, args.temperature, args.top_p,
