@@ -197,7 +197,7 @@ class Attention(nn.Module):
             k, v = cache.update(layer, k, v)  # (B, Hkv, Tk, D)
         # mask (B, 1, T, Tk) bool, True = attend; None = causal (or one query over the whole cache)
         if T == 1 and self.n_kv != self.n_head:
-            # decode: kv head h's G query heads (HF repeat_kv) as G positions: fused kernels take a mask
+            # decode: kv head h's G query heads (HF repeat_kv) as G positions: fused kernels take the mask
             G = self.n_head // self.n_kv
             y = F.scaled_dot_product_attention(q.reshape(B, self.n_kv, G, self.head_dim), k, v, attn_mask=mask)
             return self.o_proj(y.reshape(B, 1, -1))  # (B, Hkv, G, D) is (B, H, 1, D) in memory
@@ -346,7 +346,7 @@ class SlotCache:
         """Next forward: rows (a slice) write at start .. start + T, or (decode) each at pos; read to end."""
         self.rows, self.start, self.pos, self.end = rows, start, pos, end
 
-    def update(self, layer, k, v):  # (R, Hkv, T, D) -> these rows' keys/values so far (R, Hkv, Tk, D)
+    def update(self, layer, k, v):  # (R, Hkv, T, D) -> the rows' keys/values so far (R, Hkv, Tk, D)
         if layer not in self.k:
             shape = (self.slots, k.shape[1], self.capacity, k.shape[3])
             # zeros, not empty: a masked-out position still multiplies its value by 0, and 0 * NaN is NaN
@@ -367,7 +367,7 @@ class SlotCache:
             buf[dst, :, :length] = buf[src, :, :length]
 
 
-TRANSPOSED_COPY_BYTES = 1 << 30  # the most an Engine on CPU copies transposed
+TRANSPOSED_COPY_BYTES = 1 << 30
 
 
 class Engine:
@@ -531,7 +531,7 @@ def response_hidden(lm, ids, lengths, starts):
     for g in range(G):
         P, cache = int(starts[g * n]), KVCache()
         prompt = lm.hidden(ids[g:g + 1, :P], cache=cache)  # (1, P, C)
-        resp = lm.hidden(ids[g, col[g * n:(g + 1) * n]], cache=cache)  # (n, R, C) over the broadcast prompt cache
+        resp = lm.hidden(ids[g, col[g * n:(g + 1) * n]], cache=cache)  # (n, R, C) over the broadcast prompt
         out.append(torch.cat((prompt[:, -1:].expand(n, 1, -1), resp[:, :-1]), 1))
     return torch.cat(out), tokens
 
@@ -582,7 +582,7 @@ def _read_header(path):
 
 
 def _read_file(path, params=None):
-    """(name, CPU tensor) by readinto(), into the `params` CPU tensor of that name, shape and dtype if any."""
+    """(name, CPU tensor) by readinto(), into the `params` tensor of that name, shape and dtype if any."""
     header, start = _read_header(path)
     with open(path, "rb", buffering=0) as f:
         for name, info in header.items():
@@ -639,7 +639,7 @@ def _split_pattern(pre):
 
 
 def bytes_to_unicode():
-    """GPT-2's map of bytes to printable characters (printable bytes to themselves, others from 256)."""
+    """GPT-2's map of bytes to printable characters (printable ones to themselves, others from 256)."""
     keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
     shifted = iter(range(256, 512))
     return {b: chr(b) if b in keep else chr(next(shifted)) for b in range(256)}
@@ -667,7 +667,7 @@ class Tokenizer:
         self.ignore_merges = m.get("ignore_merges", False)  # a word in the vocab is one token
         self.added = {t["content"]: t["id"] for t in data.get("added_tokens", [])}
         self.special_ids = {t["id"] for t in data.get("added_tokens", []) if t.get("special")}
-        self.id_to_token = {**{i: s for s, i in self.vocab.items()}, **{i: s for s, i in self.added.items()}}
+        self.id_to_token = {i: s for d in (self.vocab, self.added) for s, i in d.items()}
         # added tokens split out first, longest first (leftmost-longest like `tokenizers`)
         alts = "|".join(regex.escape(s) for s in sorted(self.added, key=len, reverse=True))
         self.added_re = regex.compile(f"({alts})") if alts else None
@@ -875,7 +875,7 @@ def resolve(path_or_id):
 
 
 def weight_tensors(path_or_hub_id):
-    """(name, CPU tensor), one at a time: a sharding loader keeps its rows of each."""
+    """(name, CPU tensor), one at a time."""
     for path in _weight_files(resolve(path_or_hub_id)):
         yield from _read_file(path)
 
@@ -987,9 +987,9 @@ def stop_strings(tokenizer, strings):
     """generate's stop_fn (or None): True once a sequence's decoded tail holds a string, so generation ends at the
     token completing it, as vLLM's; the caller cuts the text."""
     strings = [s for s in strings or [] if s]
-    window = 4 * max(map(len, strings), default=0) + 4  # tokens a string can span
     if not strings:
         return None
+    window = 4 * max(map(len, strings)) + 4  # tokens a string can span
     return lambda i, toks: any(s in tokenizer.decode(toks[-window:], skip_special_tokens=True) for s in strings)
 
 
