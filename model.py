@@ -5,13 +5,12 @@ Architecture: the Qwen2 (arXiv:2407.10671) and Qwen3 (arXiv:2505.09388) tech rep
 
 Departures from Hugging Face `transformers`:
   - Dense models with the default RoPE only: no MoE, sliding-window attention or RoPE scaling (YaRN).
-  - The chat template is ChatML in Python, not the checkpoint's Jinja: no tools, no Qwen3 `<think>` handling, no
-    default system message.
+  - The chat template is ChatML in Python, not the checkpoint's Jinja: no tools, Qwen3 `<think>` or system default.
   - Downloads put plain files into `snapshots/<commit>/` of the hub cache, not blobs plus symlinks.
   - `forward` returns fp32 logits; positions always come from the attention mask (cumsum - 1, as HF `generate`), so
     left-padded batches need no position_ids. No dropout (Qwen trains without it).
-  - The safetensors reader readinto()s each tensor straight into its parameter (built on the meta device) instead of
-    memory-mapping: a load never holds a second copy of the weights.
+  - safetensors are readinto() each parameter (built on the meta device), not memory-mapped: a load never holds a
+    second copy of the weights.
 
 Run:
   python model.py generate --model Qwen/Qwen2.5-0.5B-Instruct --prompt "Write a haiku about GPUs"
@@ -60,13 +59,13 @@ class Config:
     intermediate_size: int = 3072         # SwiGLU width
     num_hidden_layers: int = 28
     num_attention_heads: int = 16         # H
-    num_key_value_heads: int = 8          # Hkv, each shared by H / Hkv query heads (GQA)
-    head_dim: int | None = None           # D; None -> hidden_size // num_attention_heads (Qwen3 sets it)
+    num_key_value_heads: int = 8          # Hkv (GQA)
+    head_dim: int | None = None           # D; None -> C // H
     rms_norm_eps: float = 1e-6
     rope_theta: float = 1000000.0         # RoPE base
     max_position_embeddings: int = 40960
-    tie_word_embeddings: bool = True      # lm_head is the embedding matrix
-    attention_bias: bool | None = None    # None -> True for qwen2, False for qwen3
+    tie_word_embeddings: bool = True
+    attention_bias: bool | None = None    # None -> model_type == "qwen2"
     bos_token_id: int | None = None
     eos_token_id: int | list[int] | None = None
     torch_dtype: str = "bfloat16"
@@ -103,8 +102,7 @@ class Config:
                 "use_sliding_window": False, "attention_dropout": 0.0, "use_cache": True}
 
 
-def tiny_config(model_type="qwen3", vocab_size=512, **overrides):
-    """A tiny model for tests and CPU runs (GQA: 4 query heads, 2 kv heads)."""
+def tiny_config(model_type="qwen3", vocab_size=512, **overrides):  # for tests and CPU runs
     d = dict(model_type=model_type, vocab_size=vocab_size, hidden_size=64, intermediate_size=128,
              num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
              max_position_embeddings=2048, torch_dtype="float32")
@@ -216,9 +214,10 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, cfg):
         super().__init__()
-        self.gate_proj = Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
-        self.up_proj = Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
-        self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        C, I = cfg.hidden_size, cfg.intermediate_size
+        self.gate_proj = Linear(C, I, bias=False)
+        self.up_proj = Linear(C, I, bias=False)
+        self.down_proj = Linear(I, C, bias=False)
 
     def forward(self, x):  # SwiGLU (Shazeer, arXiv:2002.05202)
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
@@ -322,7 +321,7 @@ class Qwen(nn.Module):
 
 
 @dataclasses.dataclass
-class Sequence:  # one being generated: the request, then what came out
+class Sequence:
     prompt: list
     max_new_tokens: int
     temperature: float = 0.0
@@ -409,7 +408,7 @@ class Engine:
             if self.live:
                 self._decode()
 
-    def _logits(self, h):  # (R, C) -> fp32 logits over the sampled vocabulary
+    def _logits(self, h):  # (R, C) -> fp32 logits
         return self.model.lm_head(h).float()[:, :self.model.sample_vocab_size]
 
     def _admit(self):
@@ -809,7 +808,7 @@ def _download(repo_id, repo_dir):
     endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co").rstrip("/")
     headers = {"Authorization": f"Bearer {os.environ['HF_TOKEN']}"} if os.environ.get("HF_TOKEN") else {}
 
-    def fetch(name, folder, rev, required=True):  # -> path, or None: an absent optional file
+    def fetch(name, required=True):  # into `folder` at `rev` (set below) -> path, or None: absent and optional
         dest = os.path.join(folder, name)
         if os.path.exists(dest):
             return dest
@@ -845,11 +844,11 @@ def _download(repo_id, repo_dir):
         with open(os.path.join(repo_dir, "refs", "main"), "w") as f:
             f.write(rev)
         for name in ("config.json", "tokenizer.json", "tokenizer_config.json", "generation_config.json"):
-            fetch(name, folder, rev, required=name in ("config.json", "tokenizer.json"))
-        if fetch("model.safetensors", folder, rev, required=False) is None:
-            index = read_json(fetch("model.safetensors.index.json", folder, rev))
+            fetch(name, required=name in ("config.json", "tokenizer.json"))
+        if fetch("model.safetensors", required=False) is None:
+            index = read_json(fetch("model.safetensors.index.json"))
             for shard in sorted(set(index["weight_map"].values())):
-                fetch(shard, folder, rev)
+                fetch(shard)
     except (requests.ConnectionError, requests.Timeout) as e:
         raise ConnectionError(f"{repo_id} is not in the cache {_hub_cache()} and {endpoint} cannot be reached "
                               f"({type(e).__name__}); pass a local folder or connect to the network") from None
@@ -881,7 +880,6 @@ def weight_tensors(path_or_hub_id):
 
 
 def read_json(path) -> dict:
-    """A JSON object file; else a ValueError naming it."""
     try:
         with open(path, encoding="utf-8") as f:
             obj = json.load(f)
@@ -1009,8 +1007,7 @@ DIST_TIMEOUT = datetime.timedelta(hours=2)
 
 
 def setup_distributed(args):
-    """(rank, world, device) from torchrun's variables. A CUDA device carries the rank's index (set_device refuses a
-    bare "cuda"); --device cuda:N picks a one-process run's GPU."""
+    """(rank, world, device) from torchrun's variables; on CUDA with the rank's index (set_device refuses "cuda")."""
     world, local = int(os.environ.get("WORLD_SIZE", 1)), int(os.environ.get("LOCAL_RANK", 0))
     cuda = torch.cuda.is_available() and (args.device or "cuda").startswith("cuda")
     device = torch.device(args.device or "cpu") if not cuda else torch.device("cuda", local)
@@ -1080,8 +1077,7 @@ def reshard(*nets):
 
 
 def fill(lm, tensors):
-    """Copy (name, full CPU tensor) one at a time into the parameter of that name (a DTensor: this rank's rows); a
-    ValueError names missing and unexpected tensors."""
+    """Copy (name, full CPU tensor) one at a time into the same-named parameter (a DTensor: this rank's rows)."""
     params, seen, unexpected = dict(lm.named_parameters()), set(), []
     with torch.no_grad():
         for name, full in tensors:
@@ -1153,8 +1149,8 @@ def save_dtype(name, device):
 
 
 def save_checkpoint_folder(lm, tokenizer, path, dtype, state):
-    """Rank 0: lm's HF folder (LoRA merged) in `dtype` at <path>.tmp, for the caller's trainer state, from `state`
-    (full_state of lm's holder, as `.lm`). -> (.tmp, fp32 master weights if dtype rounds them, else None)"""
+    """Rank 0: lm's HF folder (LoRA merged) in `dtype` at <path>.tmp for the trainer state, from `state` (full_state of
+    lm's holder, as `.lm`). -> (.tmp, fp32 master weights if dtype rounds them, else None)"""
     weights = {k.removeprefix("lm."): v for k, v in state.items()}
     tmp = path.rstrip("/") + ".tmp"
     shutil.rmtree(tmp, ignore_errors=True)
