@@ -5,12 +5,12 @@ Architecture: the Qwen2 (arXiv:2407.10671) and Qwen3 (arXiv:2505.09388) tech rep
 
 Departures from Hugging Face `transformers`:
   - Dense models with the default RoPE only: no MoE, sliding-window attention or RoPE scaling (YaRN).
-  - The chat template is ChatML in Python, not the checkpoint's Jinja: no tools, Qwen3 `<think>` or system default.
+  - The chat template is ChatML in Python, not the checkpoint's Jinja: no tools, `<think>` or default system message.
   - Downloads put plain files into `snapshots/<commit>/` of the hub cache, not blobs plus symlinks.
   - `forward` returns fp32 logits; positions always come from the attention mask (cumsum - 1, as HF `generate`), so
     left-padded batches need no position_ids. No dropout (Qwen trains without it).
-  - safetensors are readinto() each parameter (built on the meta device), not memory-mapped: a load never holds a
-    second copy of the weights.
+  - safetensors tensors are readinto() their parameters (built on the meta device), not memory-mapped: a load never
+    holds a second copy of the weights.
 
 Run:
   python model.py generate --model Qwen/Qwen2.5-0.5B-Instruct --prompt "Write a haiku about GPUs"
@@ -304,7 +304,7 @@ class Qwen(nn.Module):
                  stop_fn=None, seeds=None, prefill_chunk=2048, max_batch=None, n=1, on_done=None):
         """Token-id prompts -> Generation, n rows a prompt, max_batch (default all) at a time. stop_fn(i, tokens):
         row i stops (stop strings); on_done(i, tokens, reason) as row i ends (ppo.py acts then). seeds (one a
-        prompt): rows own generators, so tokens do not depend on the batch (torchrun); else `generator`."""
+        prompt): a generator per row, so its tokens do not depend on its batch (torchrun); else `generator`."""
         stops = set(self.stop_token_ids if stop_token_ids is None else stop_token_ids)
         dev, seqs = self.lm_head.weight.device, []
         for j, p in enumerate(prompts):
@@ -902,7 +902,7 @@ def _empty(config, dtype, device=None):
 
 
 def load(path_or_hub_id, device=None, dtype=None, meta=False):
-    """dtype: the config's on CUDA, float32 on CPU. meta=True: no weights read (shard, then fill)."""
+    """-> (model, tokenizer); dtype: the config's on CUDA, float32 on CPU; meta=True: no weights read (shard, fill)."""
     folder = resolve(path_or_hub_id)
     cfg = Config.from_dict(read_json(os.path.join(folder, "config.json")))
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
