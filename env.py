@@ -1,24 +1,20 @@
 """What every task shares: task folders and their grading, the agent's actions (Env), the sandbox that runs agent code,
-and MLE-bench import. tasks/builtin.py builds the built-in tasks from tasks/; tasks/mlebench/prepare.py imports
-MLE-bench competitions.
+and MLE-bench import (tasks/builtin.py builds the built-in tasks; tasks/mlebench/prepare.py imports competitions).
 
-The actions, their JSON arguments and what each does follow MLAgentBench ("MLAgentBench: Evaluating Language Agents on
-Machine Learning Experimentation", arXiv:2310.03302; its high_level_actions.py, low_level_actions.py), the
-environment ML-Agent trains in (arXiv:2505.23723, §Experiments). A task folder is MLE-bench's prepared competition
-("MLE-bench", arXiv:2410.07095) in one folder: `public/` what the agent sees, `private/answers.csv` the test answers
-with a `part` column (the Kaggle public/private split). METRICS follow scikit-learn and MLE-bench's graders.
+The actions follow MLAgentBench ("MLAgentBench: Evaluating Language Agents on Machine Learning Experimentation",
+arXiv:2310.03302; its high_level_actions.py, low_level_actions.py), the environment ML-Agent trains in
+(arXiv:2505.23723, §Experiments). A task folder is an MLE-bench prepared competition ("MLE-bench", arXiv:2410.07095):
+`public/` what the agent sees, `private/answers.csv` the answers with a `part` column (Kaggle's public/private split).
 
 Departures from MLAgentBench:
 1. No LLM answers `Understand File`: it shows a CSV's shape, columns and first rows, or a script's first lines.
 2. The workspace is a dict of scripts in memory, so a state is snapshotted and restored exactly.
-3. An edited script is run: reward.py pays an edit by the change of train.py's metric (a better script saved
-   elsewhere is paid once it reaches train.py).
-4. `Execute Script` shows the run's one capped log, stdout and stderr as written (MLAB: stdout, or stderr on failure);
-   a note follows at a time or resource limit, for a train.py without a valid submission.csv, or the public score.
-5. `Edit Script (AI)` takes any editor `(instruction, code) -> code`; offline, recipe_editor applies the recipes of
-   tasks/recipes/ to the built-in starters.
-6. The built-in tasks' data ship with scikit-learn or are generated with fixed seeds; their leaderboard is a reference
-   panel of scikit-learn pipelines (tasks/builtin.py), not human Kaggle entries.
+3. An edited script is run: reward.py pays the change of train.py's metric (another file's once it reaches train.py).
+4. `Execute Script` shows the run's capped log, stdout and stderr as written (MLAB: stdout, or stderr on failure),
+   then a note at a time or resource limit, for a train.py without a valid submission.csv, or the public score.
+5. `Edit Script (AI)` takes any editor `(instruction, code) -> code`; offline, recipe_editor applies tasks/recipes/.
+6. The built-in tasks' data ship with scikit-learn or are seeded; their leaderboard is a reference panel of
+   scikit-learn pipelines (tasks/builtin.py), not human Kaggle entries.
 
 Run:  python env.py list | python env.py prepare [NAME ...] | python env.py run --task digits --script my_train.py
       python env.py import-mlebench --prepared ~/.cache/mle-bench/data/ID/prepared --out runs/tasks-mle/ID
@@ -71,7 +67,6 @@ DATA_DIR = ROOT / "tasks"  # the tasks' sources; runs/tasks holds the prepared f
 
 
 def _text(name: str) -> str:
-    """tasks/<name> as written: a description template or a script."""
     return (DATA_DIR / name).read_text()
 
 
@@ -100,8 +95,7 @@ def _f1_macro(y, p) -> float:
 
 
 def _roc_auc(y, p) -> float:
-    """Mann-Whitney form (ties count 1/2); several columns: their mean, not one pooled column (sklearn's
-    average="macro", as MLE-bench's competitions/jigsaw-toxic-comment-classification-challenge/grade.py)."""
+    """Mann-Whitney form; several columns: their mean (as jigsaw-toxic-comment-classification-challenge/grade.py)."""
     y, p = np.asarray(y, dtype=float), np.asarray(p, dtype=float)
     if y.ndim == 2:
         return float(np.mean([_roc_auc(y[:, j], p[:, j]) for j in range(y.shape[1])]))
@@ -382,9 +376,8 @@ class _Invalid(Exception):
 
 
 class Env:
-    """One task's workspace and the agent's actions on it. The metric is the public score of train.py, the
-    submission: an edit saved under another name changes nothing however it scores; Copy File onto train.py and Undo
-    Edit Script of train.py report the score they bring. `m_high`: train.py's best score in the episode."""
+    """One task's workspace and the agent's actions. The metric is train.py's public score: another file's changes
+    nothing; Copy File onto train.py and Undo Edit Script of train.py report the score they bring."""
 
     def __init__(self, task, editor: Callable[[str, str], str] | None = None, show_score=False, timeout=None,
                  cache=True):
@@ -395,8 +388,7 @@ class Env:
         self.history: list[dict] = []  # edits, newest last: {"script", "content" before, "metric"}
         self.step_count, self.done = 0, False
         self.metric = self.m_init = self.m_high = None
-        # m_best on the public rows, where m_t is measured; without it (MLE-bench): the leaderboard's top
-        self.m_best = self.task.info.get("best_public_score", self.task.best_score)
+        self.m_best = self.task.info.get("best_public_score", self.task.best_score)  # on the rows m_t is measured on
 
     def reset(self) -> str:
         """A fresh workspace with the starter train.py, run once for m_init; returns the task description."""
@@ -615,10 +607,9 @@ assert Env.HANDLERS.keys() == ACTIONS.keys(), "every action has its method"
 # - reading the answers: as root, the code runs as a dedicated unprivileged uid (one per run, 60000+), and `private/`,
 #   the cache and the logs are root-only (0700); that uid can neither read them nor signal the parent;
 # - leaking secrets: the environment is rebuilt from a short whitelist (no API keys or tokens);
-# - runaway processes: a new session/process group, stdin closed, a wall-clock limit (TERM to the group, a grace
-#   period, KILL), the group killed after every run, and as root every process of the run's uid killed as well, which
-#   also catches daemons that left the group with setsid; rlimits on CPU time, file size, open files, processes (per
-#   uid, as root), core dumps (0) and, for CPU-only runs, address space;
+# - runaway processes: a new session/process group, stdin closed, a wall-clock limit (TERM, a grace period, KILL),
+#   the group killed after every run and, as root, every process of the run's uid (daemons that left the group too);
+#   rlimits on CPU time, file size, open files, processes (per uid, as root), core dumps, address space (CPU-only runs);
 # - floods: output goes to a log file on disk capped by RLIMIT_FSIZE; the caller gets its head and tail;
 # - links planted for the root parent: the submission and the outputs a caller keeps (`keep`) must be plain files in
 #   the work folder, so neither the grader nor the copy follows a symlink to `private/`;
@@ -726,8 +717,7 @@ def _preexec(iso: _Isolation, uid: int | None, limits: list, stage: str):
 
 
 def _sweep_stale(where=None, pattern="mlenv-*-p*-*"):
-    """Remove the folders (default /tmp/mlenv-*) of dead processes (killed runs; multiprocessing workers skip atexit):
-    the name holds the maker's pid after "-p", before mkdtemp's part (no "-", but it may begin with "p")."""
+    """Remove the folders of dead processes (the name holds the pid after "-p"; mkdtemp's part has no "-")."""
     for path in Path(where or tempfile.gettempdir()).glob(pattern):
         pid = path.name.rsplit("-", 1)[0].rsplit("-p", 1)[-1]
         if pid.isdigit() and not Path(f"/proc/{pid}").exists():
@@ -750,13 +740,12 @@ def _isolation() -> tuple[_Isolation, str]:
                 os.mkdir(f"{stage}/{i}-{j}")
         for iso in (_Isolation(root, True, reveal), _Isolation(root, False, reveal), _Isolation(False, True, ()),
                     _Isolation(False, False, ())):
-            try:
+            ok = False
+            with contextlib.suppress(OSError, subprocess.SubprocessError):
                 ok = subprocess.run([sys.executable, "-c", "import encodings, site"], cwd="/", env={},
                                     stdin=subprocess.DEVNULL, capture_output=True, timeout=60,
                                     preexec_fn=_preexec(iso, UID_BASE + UID_COUNT if iso.uid else None, [], stage)
                                     ).returncode == 0
-            except (OSError, subprocess.SubprocessError):
-                ok = False
             if ok or not (iso.uid or iso.net):
                 _ISOLATION.append((iso, stage))
                 break
@@ -805,11 +794,8 @@ def _kill_uid(uid: int):
 
 # ---------------------------------------------------------------------------------------- the fork server
 # Importing numpy, pandas and scikit-learn is most of a short run (tests/RESULTS.md, "env.py: the fork server"), so a
-# run is a fork of an interpreter that imported them once (as multiprocessing's forkserver), started with the
-# sandbox's environment. The child applies all of the above as subprocess would and runs the script as `python -u`
-# would; what differs: the modules are already imported, and one server's runs share Python's hash seed (the random
-# generators are reseeded). The server holds no secrets and dies, killing its runs, with the process that started it.
-# Where it cannot start, or FORK_SERVER is False, every run is a new interpreter.
+# run is a fork of an interpreter that imported them once. What differs from `python -u`: the modules are imported,
+# and one server's runs share Python's hash seed. Where it cannot start, or FORK_SERVER is False: a new interpreter.
 
 FORK_SERVER = True
 PRELOAD = ("numpy", "pandas", "scipy.sparse", "sklearn.base", "sklearn.calibration", "sklearn.compose",
@@ -825,8 +811,7 @@ SCRIPT_GPU: str | None = None  # CUDA_VISIBLE_DEVICES of every sandboxed run; No
 
 
 def set_script_gpu(index: int | None):
-    """The GPU this process's scripts may use: under torchrun they would otherwise all land on GPU 0, beside rank 0's
-    model. A rank passes its local index (mapped through CUDA_VISIBLE_DEVICES), or None to hide every GPU."""
+    """The GPU this process's scripts may use (else all land on GPU 0): a rank's local index, or None for none."""
     global SCRIPT_GPU
     visible = [d for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
     SCRIPT_GPU = "" if index is None else (visible[index] if index < len(visible) else str(index))
@@ -852,10 +837,9 @@ class _ForkServer:
                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                 pass_fds=[theirs.fileno()])
         self.sock.settimeout(120)
-        try:
+        ready = False
+        with contextlib.suppress(OSError):
             ready = self.sock.recv(16) == b"ready"  # the imports done
-        except OSError:
-            ready = False
         self.sock.settimeout(None)
         if not ready:
             self.proc.kill()
@@ -930,10 +914,9 @@ def _serve(fd: int):
                 os.close(w)
         if not readable:
             continue
-        try:
+        msg, fds = b"", []
+        with contextlib.suppress(OSError):
             msg, fds, _, _ = socket.recv_fds(sock, 1 << 20, 1)
-        except OSError:
-            msg, fds = b"", []
         if not msg:
             for pid, (_, uid) in runs.items():
                 _kill_group(pid, signal.SIGKILL)
@@ -956,8 +939,7 @@ def _serve(fd: int):
 def _child(req: dict, log: int, setup: Callable):
     """One run in a fork server's child: what Popen(start_new_session=True, preexec_fn=setup), `python -u` would do."""
     try:
-        null = os.open(os.devnull, os.O_RDONLY)
-        os.dup2(null, 0)
+        os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
         os.dup2(log, 1)
         os.dup2(log, 2)
         os.closerange(3, resource.getrlimit(resource.RLIMIT_NOFILE)[0])
@@ -978,9 +960,7 @@ def _child(req: dict, log: int, setup: Callable):
     main.__file__, main.__builtins__ = path, builtins
     sys.modules["__main__"] = main
     try:
-        with open(path, "rb") as f:
-            code = compile(f.read(), path, "exec")
-        exec(code, main.__dict__)
+        exec(compile(Path(path).read_bytes(), path, "exec"), main.__dict__)
     except SystemExit:
         raise
     except BaseException as e:  # the traceback from the script's first frame
@@ -993,7 +973,7 @@ def _child(req: dict, log: int, setup: Callable):
 
 
 def _neutral_paths(text: str) -> str:
-    """Output with the interpreter's folders as <site-packages>, <stdlib>, <python>: the same wherever it is installed."""
+    """Output with the interpreter's folders as <site-packages>, <stdlib>, <python>: the same on every install."""
     paths = sysconfig.get_paths()
     names = {paths["purelib"]: "<site-packages>", paths["platlib"]: "<site-packages>", paths["stdlib"]: "<stdlib>",
              sys.prefix: "<python>", sys.base_prefix: "<python>"}
@@ -1038,8 +1018,7 @@ def _task_hash(task: Task) -> str:
 
 def run_script(task, code: str, timeout=None, cache=True, files: dict[str, str] | None = None, *,
                script="train.py", keep=()) -> RunResult:
-    """Run `code` as `script` in a fresh sandbox holding a copy of public/ and `files`. `keep` names outputs (e.g.
-    "submission.csv") copied out next to the log, or into the cache entry (a cache hit hands them back)."""
+    """Run `code` as `script` in a fresh sandbox with a copy of public/ and `files`; `keep`: outputs to copy out."""
     task = load_task(task)
     timeout = float(timeout or task.time_limit)
     files = {_workspace_path(k): v for k, v in {**(files or {}), script: code}.items()}
@@ -1092,12 +1071,10 @@ def _run(task: Task, files: dict[str, str], script: str, timeout: float, keep: l
         start = time.monotonic()
         proc = None
         if server is not None:
-            try:
+            with contextlib.suppress(OSError):  # it died: a new interpreter now, a new server next time
                 proc = server.start({"cwd": str(work), "script": script, "log": str(log_path), "env": env,
                                      "uid": uid, "limits": limits, "iso": [iso.uid, iso.net, iso.reveal],
                                      "stage": stage})
-            except OSError:  # it died: a new interpreter now, a new server next time
-                proc = None
         if proc is None:
             with open(log_path, "wb") as log:
                 proc = subprocess.Popen([sys.executable, "-u", script], cwd=work, env=env, stdin=subprocess.DEVNULL,
@@ -1158,8 +1135,7 @@ def _columns(columns) -> str:
 
 def _parts(n: int, public_fraction=0.5, seed=0) -> np.ndarray:
     """The seeded Kaggle split of n test rows: a random `public_fraction` "public", the rest "private"."""
-    rng = np.random.default_rng(seed)
-    return np.where(rng.permutation(n) < int(n * public_fraction), "public", "private")
+    return np.where(np.random.default_rng(seed).permutation(n) < int(n * public_fraction), "public", "private")
 
 
 def _write_task(folder: Path, files: dict):
@@ -1186,8 +1162,7 @@ def _write_task(folder: Path, files: dict):
         shutil.rmtree(tmp, ignore_errors=True)
 
 # ========================================================================================== built-in tasks
-# tasks/builtin.py reads the folders of tasks/ (tasks/README.md) into BUILTIN_TASKS; prepare() writes their task
-# folders under runs/tasks.
+# tasks/builtin.py reads tasks/ (tasks/README.md) into BUILTIN_TASKS; prepare() writes them under runs/tasks.
 _BUILTIN = runpy.run_path(str(DATA_DIR / "builtin.py"))
 BUILTIN_ORDER = _BUILTIN["ORDER"]  # the hand-made tasks, built first; then the others by name
 BUILTIN_TASKS = _BUILTIN["specs"](DATA_DIR)
@@ -1203,8 +1178,7 @@ def _build(name: str, root: Path, force: bool):
     _BUILTIN["build"](sys.modules[__name__], name, root, force)
 
 # ============================================================================ offline recipes for Edit Script (AI)
-# tasks/recipes/editor.py applies the recipes of tasks/recipes/ (one real code change each, in one of ML-Agent's
-# idea categories) to the built-in starter scripts.
+# tasks/recipes/: one real code change per recipe, in one of ML-Agent's idea categories, for the built-in starters.
 
 
 class EditError(Exception):
@@ -1220,16 +1194,14 @@ def recipes_for(task_name: str) -> list:
 
 
 def recipe_editor(instruction: str, code: str) -> str:
-    """Offline stand-in for the LLM editor: applies the recipe whose idea or name the instruction contains to a
-    built-in starter script; EditError, with the reason, when none fits."""
+    """Offline stand-in for the LLM editor: the recipe the instruction names, applied; EditError when none fits."""
     try:
         return _EDITOR["edit"](instruction, code, BUILTIN_TASKS, RECIPES)
     except ValueError as e:
         raise EditError(str(e)) from None
 
 # ================================================================================== MLE-bench competitions
-# tasks/mlebench/prepare.py makes a task folder of an MLE-bench prepared competition. Each part of its test rows is
-# graded by the competition's own grade.py (given a checkout, in a subprocess) or by one of METRICS.
+# tasks/mlebench/prepare.py: the task folder of an MLE-bench prepared competition, graded by its grade.py or METRICS.
 GRADE_TIMEOUT = 600.0  # seconds for one grading by a competition's grade.py
 _MLEBENCH = runpy.run_path(str(DATA_DIR / "mlebench" / "prepare.py"))
 
@@ -1255,8 +1227,7 @@ def _grade_mlebench(task: Task, path: Path) -> Grade:
 def import_mlebench(prepared, out, metric=None, leaderboard=None, id_column=None, higher_is_better=None,
                     starter=None, name=None, split="held-out", time_limit=600.0, public_fraction=0.5,
                     seed=0, mlebench=None, config=None, score_rows=None) -> Path:
-    """A task folder at `out` from an MLE-bench prepared competition, graded by its grade.py given a checkout
-    (`mlebench`), else by `metric`."""
+    """A task folder at `out` from an MLE-bench prepared competition, graded by its grade.py or by `metric`."""
     return _MLEBENCH["import_mlebench"](sys.modules[__name__], prepared, out, metric, leaderboard, id_column,
                                         higher_is_better, starter, name, split, time_limit, public_fraction, seed,
                                         mlebench, config, score_rows)
@@ -1271,13 +1242,10 @@ class _Parser(argparse.ArgumentParser):
 
 def _seconds(text: str) -> float:
     """argparse type= of a time limit: a finite number of seconds > 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"must be a finite number of seconds > 0, not {text}")
-    return value
+    with contextlib.suppress(ValueError):
+        if math.isfinite(value := float(text)) and value > 0:
+            return value
+    raise argparse.ArgumentTypeError(f"must be a finite number of seconds > 0, not {text}")
 
 
 def _script(path: str) -> Path:
@@ -1303,23 +1271,19 @@ def main(argv=None):
     run.add_argument("--timeout", type=_seconds, help="wall-clock limit in seconds (default: the task's)")
     run.add_argument("--no-cache", action="store_true", help="run even when an identical run is cached")
     imp = sub.add_parser("import-mlebench", help="make a task folder from an MLE-bench prepared competition")
-    imp.add_argument("--prepared", required=True, help="<data>/<competition id>/prepared, holding public/ and private/")
+    imp.add_argument("--prepared", required=True, help="<data>/<competition id>/prepared")
     imp.add_argument("--out", required=True, help="the task folder to write")
-    imp.add_argument("--metric", help=f"the competition's metric, one of: {', '.join(METRICS)} (with --mlebench: "
-                     "optional, its name for the agent)")
-    imp.add_argument("--mlebench", metavar="PATH", help="an MLE-bench checkout (its root): grade with the "
-                     "competition's own grade.py, config.yaml and leaderboard.csv")
-    imp.add_argument("--config", help="the competition's config.yaml, for its file names (default: the checkout's; "
-                     "without one, private/test.csv and public/sample_submission.csv)")
-    imp.add_argument("--score-rows", metavar="COLUMN=VALUE", help="score only the test rows whose answers have "
-                     "COLUMN == VALUE (e.g. u_out=0 for ventilator-pressure-prediction)")
+    imp.add_argument("--metric", help=f"one of: {', '.join(METRICS)} (with --mlebench: optional, a name)")
+    imp.add_argument("--mlebench", metavar="PATH", help="an MLE-bench checkout: grade with its grade.py")
+    imp.add_argument("--config", help="the competition's config.yaml, for its file names (default: the checkout's)")
+    imp.add_argument("--score-rows", metavar="COLUMN=VALUE",
+                     help="score only rows with COLUMN == VALUE (e.g. u_out=0)")
     imp.add_argument("--leaderboard", help="mlebench/competitions/<id>/leaderboard.csv (a `score` column)")
     imp.add_argument("--id-column", help="default: the first column of sample_submission.csv")
     imp.add_argument("--higher-is-better", dest="higher", action="store_const", const=True,
                      help="a check: must agree with the metric")
     imp.add_argument("--lower-is-better", dest="higher", action="store_const", const=False)
-    imp.add_argument("--starter", type=_script, help="the starting train.py (default: a generic baseline that copies "
-                     "sample_submission.csv)")
+    imp.add_argument("--starter", type=_script, help="the starting train.py (default: copy sample_submission.csv)")
     imp.add_argument("--name", help="the task name (default: the competition id)")
     imp.add_argument("--split", choices=("held-in", "held-out"), default="held-out")
     imp.add_argument("--time-limit", type=_seconds, default=600.0, help="seconds per run of the agent's script")
