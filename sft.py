@@ -59,18 +59,18 @@ class Config:
     prompt_loss_weight: float | None = None  # loss weight of non-assistant tokens; None: 0 (ML-Agent), 1 from scratch
     batch_size: int | None = None           # per optimizer step, all ranks; None: 64 (ML-Agent), 2 from scratch
     micro_batch: int | None = None          # per forward on one rank (accumulated); None: 1, 2 from scratch
-    max_len: int = 16384                    # per conversation, the oldest tokens cut (paper: 15k)
+    max_len: int = 16384                    # per conversation, oldest tokens cut (paper: 15k)
     grad_clip: float = 1.0                  # max gradient norm (HF Trainer default)
     heldout: float = 0.1                    # share of the conversations held out
-    eval_parse: int = 32                    # held-out prompts answered greedily for the parse rate (0: off)
+    eval_parse: int = 32                    # held-out prompts answered for the parse rate (0: off)
     max_new_tokens: int = 512               # their length limit
     grad_checkpointing: bool = False        # recompute each block in backward (less memory)
     fsdp: bool = False                      # torchrun: FSDP2, not DDP (anyway on CUDA if one GPU is short)
     save_dtype: str = "auto"                # auto: bfloat16 from CUDA (vLLM reads fp32 as fp16), float32 on CPU
     resume: str | None = None               # a checkpoint-<step> folder; None / "auto": the latest under --out
-    seed: int = 0                           # data order, held-out split, from-scratch init
+    seed: int = 0                           # data order, held-out split, scratch init
     device: str | None = None               # default: this rank's GPU if available, else cpu
-    threads: int = 0                        # torch.set_num_threads; 0: torch's default
+    threads: int = 0                        # torch.set_num_threads (0: its default)
     scratch_vocab: int = 8192               # from scratch: BPE vocabulary size (at most)
     scratch_hidden: int = 128               # from scratch: width (sizes tried: tests/RESULTS.md)
     scratch_layers: int = 2                 # from scratch: blocks (more no better: tests/RESULTS.md)
@@ -301,7 +301,8 @@ def recover_out(out):
     the latest checkpoint's if mixed."""
     for old in glob.glob(os.path.join(out, "checkpoint-*.old")):
         agent.recover_folder(old.removesuffix(".old"))
-    for tmp in glob.glob(os.path.join(out, "*.tmp")) + glob.glob(os.path.join(out, ".*.tmp")):  # checkpoints', publish's, write_atomic's
+    # checkpoint-<step>.tmp, publish's and write_atomic's temporaries
+    for tmp in glob.glob(os.path.join(out, "*.tmp")) + glob.glob(os.path.join(out, ".*.tmp")):
         shutil.rmtree(tmp) if os.path.isdir(tmp) else os.remove(tmp)
     if os.path.exists(os.path.join(out, ".publishing")):
         latest = latest_checkpoint(out)
@@ -424,7 +425,7 @@ def optimizer_step(net, optim, sched, batches, pad_id, device, args, world):
 
 
 def train(args):
-    """The whole run -> (summary dict, also printed; this rank's trained model.Qwen)."""
+    """The whole run -> (the summary, also printed; this rank's trained model.Qwen)."""
     if args.threads:  # a busy machine: 1 thread per process, no OpenMP oversubscription (README)
         torch.set_num_threads(args.threads)
     rank, world, device = model.setup_distributed(args)
@@ -449,7 +450,7 @@ def train(args):
     from_scratch = st.get("scratch", False) if resume else args.model is None
     epochs = args.epochs or (8 if from_scratch else 2)  # ML-Agent: 2 epochs
     lr = args.lr or (3e-3 if from_scratch else 2e-5)  # ML-Agent: 2e-5
-    batch_size = args.batch_size or (2 if from_scratch else 64)  # ML-Agent: effective batch 64
+    batch_size = args.batch_size or (2 if from_scratch else 64)  # ML-Agent's effective batch
     micro = args.micro_batch or (2 if from_scratch else 1)
     args = dataclasses.replace(args, micro_batch=micro)
     prompt_weight = args.prompt_loss_weight
