@@ -2,30 +2,29 @@
 trained on states from the expert's distribution d^{pi_e} (runs/data/states.jsonl, from collect.py).
 
 J_step(theta) = E_{s ~ d^{pi_e}, a ~ pi_theta(.|s)} [R(s, a)]: in each sampled expert state the policy takes ONE
-action, executed from the restored state and scored (agent.act); PPO updates (`train`'s six steps).
-PPO follows "The N Implementation Details of RLHF with PPO" (Huang et al. 2024) and CleanRL: left padding, log-probs
-of temperature-scaled logits, a per-token KL penalty to the reference in the reward, the score on the last token,
-GAE (gamma 1, lambda 0.95), whitened advantages, clipped policy and value losses, no dropout. Departures:
+action, executed from the restored state and scored (agent.act); PPO updates (`train`'s six steps). PPO as in "The N
+Implementation Details of RLHF with PPO" (Huang et al. 2024) and CleanRL: left padding, log-probs of temperature-scaled
+logits, a per-token KL penalty to the reference, the score on the last token, GAE (gamma 1, lambda 0.95), whitened
+advantages, clipped policy and value losses, no dropout. Departures:
 1. Rates: a pre-trained policy keeps the paper's (actor 1e-6, critic 1e-5); the offline tiny model gets TINY's and
-   the group baseline. Batch, temperature, KL and clip settings (the paper is silent) are the N-details' (`Config`).
+   the group baseline. Batch, temperature, KL and clip settings (the paper is silent): the N-details' (`Config`).
 2. `--samples-per-state n` (OpenRLHF's n_samples_per_prompt; the paper samples one) shares each prompt's prefill;
-   `--advantage group` replaces the critic by the other samples of the state (RLOO, arXiv:2402.14740).
-3. The critic is a copy of the policy with a scalar head (as OpenRLHF's), not initialised from a reward model.
-4. Masks come from lengths, so pad may equal EOS. Generation stops where agent.run_episode's does; each action runs
+   `--advantage group` replaces the critic by the state's other samples (RLOO, arXiv:2402.14740).
+3. The critic is the policy with a scalar head (as OpenRLHF's), not initialised from a reward model.
+4. Masks come from lengths (pad may equal EOS). Generation stops where agent.run_episode's does; each action runs
    once its response is complete; a response cut at --max-new-tokens is invalid.
 5. On CPU the old log-probs are the generation's (the rollout ran on the actor's fp32 weights); CUDA recomputes them.
-6. `--episodic` is the paper's episode-wise ablation; `--tasks N` trains on N tasks (ML-Agent Figure 5); `--lora-rank`
-   trains adapters (arXiv:2106.09685), the reference being the actor with them off; `Edit Script (AI)` runs env.py's
-   offline recipe editor unless --editor names an endpoint model.
-7. torchrun ranks share each batch (each state sampled with its own seed, so any world size samples alike); FSDP2
-   shards the three models; each rank generates from a gathered bf16 copy (VeRL's "hybrid engine").
+6. `--episodic`: the paper's episode-wise ablation; `--tasks N`: N tasks (ML-Agent Figure 5); `--lora-rank`: adapters
+   (arXiv:2106.09685), the reference the actor with them off; `Edit Script (AI)` by the recipe stand-in (--editor).
+7. torchrun ranks share each batch (each state with its own seed: any world size samples alike); FSDP2 shards the
+   three models; each rank generates from a gathered bf16 copy (VeRL's "hybrid engine").
 
 Run:  python collect.py && python sft.py && python ppo.py               (tiny model, offline, minutes)
       torchrun --nproc_per_node 8 ppo.py --model runs/ckpt/sft --batch-size 256 --max-new-tokens 1024   (GPU node)
       python ppo.py --model runs/ckpt/sft --lora-rank 16 --batch-size 256 --max-new-tokens 1024      (one GPU)
       python ppo.py --episodic;  python ppo.py --binary-performance     (ablations: episode-wise RL, ML-Agent Table 3)
-Outputs: runs/ckpt/ppo (the actor's Hugging Face folder, trainer_state/ to resume) and runs/ppo/log.jsonl, both with
-the reward flags: a resume with other flags stops rather than mix two rewards.
+Outputs: runs/ckpt/ppo (the actor's Hugging Face folder, trainer_state/ to resume), runs/ppo/log.jsonl; a resume
+with other reward flags stops rather than mix two rewards.
 """
 import argparse
 import dataclasses
@@ -52,47 +51,47 @@ ROOT = env.ROOT  # default paths: the project's runs/, wherever ppo.py is starte
 class Config:
     model: str = str(ROOT / "runs/ckpt/sft")  # the policy to start from, folder or hub id (ML-Agent: the SFT model)
     states: str = str(ROOT / "runs/data/states.jsonl")  # the states pool d^{pi_e} (collect.py)
-    out: str = str(ROOT / "runs/ckpt/ppo")    # the actor (Hugging Face folder) + trainer_state/; resume point
+    out: str = str(ROOT / "runs/ckpt/ppo")  # the actor (Hugging Face folder) + trainer_state/; resume point
     log_file: str = str(ROOT / "runs/ppo/log.jsonl")  # a JSON line per iteration (--log would clash with torchrun's)
-    seed: int = 0                            # the state order, sampling, the value head
-    tasks: int = 0                           # > 0: the states of this many tasks, a seeded draw (ML-Agent Figure 5)
-    epochs: float = 1.0                      # passes over the states pool (paper: 1 epoch)
-    iterations: int = 0                      # > 0: stop after this many iterations instead
-    batch_size: int = 16                     # states per iteration (paper ~256: 10k states / 39 steps)
-    samples_per_state: int | None = None     # actions per state (--episodic: episodes per start); None: 1, group: 4
-    num_minibatches: int = 2                 # PPO minibatches per iteration (N-details: 1)
-    micro_batch: int = 4                     # at most this many rows per forward pass (gradient accumulation)
-    micro_tokens: int = 16384                # and tokens (rows x the longest; a longer row alone)
-    logits_chunk: int = 1024                 # response tokens whose fp32 logits exist at once
-    gen_batch: int = 16                      # prompts per generate call (their KV cache bounds the memory)
-    grad_checkpointing: bool = False         # always on past TINY_PARAMS
-    update_epochs: int = 1                   # PPO epochs over each batch (OpenRLHF examples: 1; N-details: 4)
-    target_kl: float = 0.0                   # > 0: the actor stops for the iteration past 1.5 x this (Spinning Up)
-    actor_lr: float | None = None            # None: 1e-6 (ML-Agent §Experiments "Training"); the tiny model: TINY
-    critic_lr: float | None = None           # None: 1e-5 (ML-Agent §Experiments "Training"); the tiny model: TINY
-    critic_warmup: int | None = None         # first iterations that update only the critic; None: 0, tiny: TINY
-    adam_eps: float = 1e-5                   # N-details (TF Adam's)
-    max_grad_norm: float = 1.0               # OpenRLHF default
-    max_new_tokens: int = 400                # tokens per action (the scripted expert's longest fit)
-    max_prompt_len: int = 15000              # a longer prompt loses its oldest tokens (as sft.py --max-len)
-    temperature: float = 0.7                 # N-details
-    kl_coef: float = 0.05                    # N-details: per-token KL penalty
-    gamma: float = 1.0                       # N-details: no discount
-    lam: float = 0.95                        # GAE lambda (N-details)
-    advantage: str | None = None             # "gae" (the paper's critic) or "group" (RLOO); None: gae, tiny: TINY
-    clip_coef: float = 0.2                   # PPO ratio clip (Schulman et al. 2017; N-details)
-    vf_clip: float = 0.2                     # value clip around the rollout values (N-details cliprange_value)
-    unfinished_invalid: bool = True          # no stop token within max_new_tokens: invalid (N-details: score -1)
-    workers: int = 4                         # sandboxes executing actions in parallel
-    script_gpu: bool = True                  # on CUDA a rank's scripts see its GPU; --no-script-gpu hides them all
-    episodic: bool = False                   # the ablation: episodes from task starts
-    episode_steps: int = 4                   # steps per episode in --episodic (paper's trajectories: 15)
-    save_every: int = 5                      # checkpoint every N iterations (and at the end)
-    editor: str = "recipes"                  # "recipes" (offline stand-in) or an endpoint model for Edit Script (AI)
-    device: str | None = None                # default: cuda if available
-    lora_rank: int = 0                       # > 0: train rank-r adapters instead of all weights
-    lora_alpha: float = 16.0                 # adapter scale alpha / r (Hu et al. 2021)
-    save_dtype: str = "auto"                 # auto: bfloat16 from CUDA, float32 on CPU; or float32
+    seed: int = 0                         # the state order, sampling, the value head
+    tasks: int = 0                        # > 0: the states of this many tasks, a seeded draw (ML-Agent Figure 5)
+    epochs: float = 1.0                   # passes over the states pool (paper: 1)
+    iterations: int = 0                   # > 0: stop after this many iterations instead
+    batch_size: int = 16                  # states per iteration (paper ~256: 10k states / 39 steps)
+    samples_per_state: int | None = None  # actions per state (--episodic: per start); None: 1, group: 4
+    num_minibatches: int = 2              # per iteration (N-details: 1)
+    micro_batch: int = 4                  # at most this many rows per forward (gradient accumulation)
+    micro_tokens: int = 16384             # and tokens (rows x the longest; a longer row alone)
+    logits_chunk: int = 1024              # response tokens whose fp32 logits exist at once
+    gen_batch: int = 16                   # prompts per generate call (their KV cache bounds the memory)
+    grad_checkpointing: bool = False      # always on past TINY_PARAMS
+    update_epochs: int = 1                # PPO epochs over each batch (OpenRLHF examples: 1; N-details: 4)
+    target_kl: float = 0.0                # > 0: the actor stops for the iteration past 1.5 x this (Spinning Up)
+    actor_lr: float | None = None         # None: 1e-6 (ML-Agent §Experiments "Training"), tiny: TINY
+    critic_lr: float | None = None        # None: 1e-5 (ML-Agent §Experiments "Training"), tiny: TINY
+    critic_warmup: int | None = None      # first iterations that update only the critic; None: 0, tiny: TINY
+    adam_eps: float = 1e-5                # N-details (TF Adam's)
+    max_grad_norm: float = 1.0            # OpenRLHF default
+    max_new_tokens: int = 400             # tokens per action (the scripted expert's longest fit)
+    max_prompt_len: int = 15000           # a longer prompt loses its oldest tokens (as sft.py --max-len)
+    temperature: float = 0.7              # N-details
+    kl_coef: float = 0.05                 # N-details: per-token KL penalty
+    gamma: float = 1.0                    # N-details: no discount
+    lam: float = 0.95                     # GAE lambda (N-details)
+    advantage: str | None = None          # "gae" (the paper's critic) or "group" (RLOO); None: gae, tiny: TINY
+    clip_coef: float = 0.2                # PPO ratio clip (Schulman et al. 2017; N-details)
+    vf_clip: float = 0.2                  # value clip around the rollout values (N-details)
+    unfinished_invalid: bool = True       # no stop token within max_new_tokens: invalid (N-details: score -1)
+    workers: int = 4                      # sandboxes executing actions in parallel
+    script_gpu: bool = True               # on CUDA a rank's scripts see its GPU; --no-script-gpu: none
+    episodic: bool = False                # the ablation: episodes from task starts
+    episode_steps: int = 4                # steps per episode in --episodic (paper's trajectories: 15)
+    save_every: int = 5                   # checkpoint every N iterations (and at the end)
+    editor: str = "recipes"               # "recipes" (offline stand-in) or an endpoint model for Edit Script (AI)
+    device: str | None = None             # default: cuda if available
+    lora_rank: int = 0                    # > 0: train rank-r adapters instead of all weights
+    lora_alpha: float = 16.0              # adapter scale alpha / r (Hu et al. 2021)
+    save_dtype: str = "auto"              # auto: bfloat16 from CUDA, float32 on CPU; or float32
     reward: RewardConfig = dataclasses.field(default_factory=RewardConfig)  # reward.py's flags (ML-Agent Table 3)
 
     def __post_init__(self):
@@ -102,17 +101,16 @@ class Config:
 
 
 PAPER = dict(actor_lr=1e-6, critic_lr=1e-5, critic_warmup=0, advantage="gae")  # ML-Agent's, for a pre-trained 7B
-# The tiny model does not move at the paper's rates, and only the group baseline raised its J_step
-# (tests/RESULTS.md, "PPO on the tiny model"; our choice).
+# The tiny model does not move at the paper's rates; only the group baseline raised its J_step (tests/RESULTS.md,
+# "PPO on the tiny model"; our choice); --advantage gae brings the critic back.
 TINY = dict(actor_lr=1e-4, critic_lr=3e-3, critic_warmup=2, advantage="group")
 TINY_PARAMS = 10_000_000
-LORA_LR_FACTOR = 10  # adapters from B = 0 need ~10x the full fine-tuning rate ("LoRA Without Regret", Schulman 2025)
+LORA_LR_FACTOR = 10  # adapters need ~10x the full fine-tuning rate ("LoRA Without Regret", Schulman 2025)
 GROUP_SAMPLES = 4  # --advantage group's default --samples-per-state
 
 
 def resolve_defaults(cfg, n_params):
-    """cfg with its None fields filled: PAPER, or TINY under TINY_PARAMS (gradient checkpointing past it);
-    --samples-per-state 1 keeps the critic (the group baseline needs several)."""
+    """cfg's None fields from PAPER, or TINY under TINY_PARAMS (checkpointing past it); --samples-per-state 1: gae."""
     chosen = dict(TINY if n_params < TINY_PARAMS else PAPER)
     if cfg.lora_rank and n_params >= TINY_PARAMS:
         chosen["actor_lr"] *= LORA_LR_FACTOR
@@ -123,17 +121,16 @@ def resolve_defaults(cfg, n_params):
     return dataclasses.replace(cfg, **{k: v for k, v in chosen.items() if getattr(cfg, k) is None})
 
 
-# ---- Models: the actor a model.Qwen, the critic a Qwen with a value head
+# ---- Models
 
 class Actor(nn.Module):
-    """The policy (`.lm`) whose forward is the response tokens' log-probs, so FSDP2 gathers its root unit (embeddings,
-    final norm, lm_head) for exactly that call. The reference is one too."""
+    """The policy (`.lm`) whose forward is the response tokens' log-probs: FSDP2 gathers its root unit for that call."""
 
     def __init__(self, lm, temperature=1.0, logits_chunk=1024):
         super().__init__()
         self.lm, self.temperature, self.logits_chunk = lm, temperature, logits_chunk
 
-    def forward(self, ids, lengths, starts):  # right-padded rows (B, W) -> (B, R) log pi of the response tokens
+    def forward(self, ids, lengths, starts):  # rows (B, W) -> (B, R) log pi of the response tokens
         return model.response_logprobs(self.lm, ids, lengths, starts, self.temperature, self.lm.sample_vocab_size,
                                        self.logits_chunk).clone()  # FSDP2 hooks the output: no internal view
 
@@ -151,30 +148,29 @@ class Critic(nn.Module):
 
     @staticmethod
     def head_init(C, seed):
-        """N-details layer_init of the scalar head: weight ~ N(0, 1/(C + 1)) from its own seed, bias 0 (CPU)."""
+        """N-details layer_init: weight ~ N(0, 1/(C + 1)) from its own seed, bias 0 (CPU)."""
         g = torch.Generator().manual_seed(seed)
         return torch.randn(1, C, generator=g) / math.sqrt(C + 1), torch.zeros(1)
 
-    def forward(self, ids, lengths, starts):  # right-padded rows (B, W) -> (B, R) values before the response tokens
+    def forward(self, ids, lengths, starts):  # rows (B, W) -> (B, R) values before the response tokens
         h, _ = model.response_hidden(self.backbone, ids, lengths, starts)
         return self.head(h.to(self.head.weight.dtype)).squeeze(-1).clone()
 
 
-# ---- PPO arithmetic: pure functions, each checked against a hand computation in tests/test_ppo.py
+# ---- PPO arithmetic: pure functions, each checked by hand in tests/test_ppo.py
 
 def token_rewards(scores, logprobs, ref_logprobs, mask, kl_coef):
-    """The N-details reward: -kl_coef * (log pi - log pi_ref) on every token, the score (B,) added on the last one."""
+    """The N-details reward: -kl_coef * (log pi - log pi_ref) on every token, the score (B,) added on the last."""
     kl = (logprobs - ref_logprobs) * mask
     rewards = -kl_coef * kl
-    last = (mask.sum(1).long() - 1).clamp(min=0)  # index of each response's last token
+    last = (mask.sum(1).long() - 1).clamp(min=0)  # each response's last token
     rewards[torch.arange(len(scores), device=scores.device), last] += scores
     return rewards, kl
 
 
 def gae(rewards, values, mask, gamma, lam, next_value=None, next_adv=None):
-    """GAE (Schulman et al. 2016) along the response tokens, right to left; positions past a response's end carry
-    the bootstrap. rewards, values, mask (B, R); next_value, next_adv (B,): V and A after the response (0 at an
-    episode's end) -> advantages, returns (B, R)."""
+    """GAE (Schulman et al. 2016) along the response tokens, right to left, carrying the bootstrap past their end.
+    next_value, next_adv (B,): V and A after the response (0 at an episode's end) -> advantages, returns (B, R)."""
     B, R = rewards.shape
     nv = torch.zeros(B, device=rewards.device) if next_value is None else next_value.clone()
     last = torch.zeros(B, device=rewards.device) if next_adv is None else next_adv.clone()
@@ -268,11 +264,11 @@ def explained_variance(values, returns, mask, ranks=model.Ranks()):
     return float(1 - var(returns - values) / var(returns).clamp(min=1e-12))
 
 
-# ---- Batches: a right-padded row of ids per prompt (with its responses), a mask (B, R)
+# ---- Batches: a right-padded row per prompt and its responses
 
 def make_batch(prompts, responses, pad, device, group=1):
     """B responses (prompts in runs of `group` equal ones) -> ids (B / group, W), each prompt once and then its
-    responses (model.response_hidden); per response where it ends and begins; the mask (B, R)."""
+    responses (model.response_hidden); where each response ends and begins; the mask (B, R)."""
     B, R = len(prompts), max(max(map(len, responses)), 1)
     if B % group or any(prompts[b] != prompts[b - b % group] for b in range(B)):
         raise ValueError(f"the {B} prompts are not runs of {group} equal prompts")
@@ -291,12 +287,11 @@ def make_batch(prompts, responses, pad, device, group=1):
 
 
 def micro_batches(ids, lengths, starts, idx, cfg, ranks=model.Ranks()):
-    """[(responses, weight, their rows: ids cut after the last column used, lengths, starts)]: the responses idx
-    (whole rows of ids) by length, cut into at most cfg.micro_batch rows and cfg.micro_tokens tokens, then row 0 at
-    weight 0 up to the most any rank has (under FSDP every forward is a collective)."""
+    """[(responses, weight, (ids, lengths, starts) of their rows)]: idx by length in micro-batches of at most
+    cfg.micro_batch rows and cfg.micro_tokens tokens, then fillers (row 0, weight 0) up to any rank's most (FSDP)."""
     shared = lengths.shape[0] // ids.shape[0]  # responses per row of ids (make_batch's group)
     groups = idx.view(-1, shared)
-    row_len = lengths[groups].max(1).values  # a row ends where its last response does
+    row_len = lengths[groups].max(1).values
     out, cur = [], []
     for g in torch.argsort(row_len, stable=True).tolist():
         if cur and (len(cur) == cfg.micro_batch or (len(cur) + 1) * int(row_len[g]) > cfg.micro_tokens):
@@ -316,17 +311,17 @@ def micro_batches(ids, lengths, starts, idx, cfg, ranks=model.Ranks()):
 
 def generate(lm, tokenizer, messages, cfg, device, seeds=None, n=1, on_done=None):
     """n responses per prompt (one shared prefill) -> prompt ids, token ids, log-probs, texts, whether each ended with
-    a stop token. seeds: one generator per prompt; on_done(i, text, ended) as response i completes."""
+    a stop token. on_done(i, text, ended) as response i completes."""
     context = min(lm.config.max_position_embeddings, cfg.max_prompt_len + cfg.max_new_tokens)
     prompts = [model.keep_end(tokenizer.encode(tokenizer.apply_chat_template(m)), context, cfg.max_new_tokens)
                for m in messages]
     text = lambda t: agent.cut_at_stop(tokenizer.decode(t, skip_special_tokens=True), agent.STOP)  # noqa: E731
     done = None if on_done is None else lambda i, t, reason: on_done(i, text(t), reason == "stop")  # noqa: E731
     threads = torch.get_num_threads()
-    if device.type == "cpu":  # the sandboxes' scripts share the cores: OpenMP threads would crawl
+    if device.type == "cpu":  # the scripts share the cores: waiting OpenMP threads crawl
         torch.set_num_threads(1)  # (tests/RESULTS.md, "ppo.py: generation threads")
     try:
-        with model.autocast(device):  # continuous batching, at most gen_batch rows at a time
+        with model.autocast(device):  # continuous batching
             g = lm.generate(prompts, cfg.max_new_tokens, cfg.temperature, stop_token_ids=model.stop_ids(lm, tokenizer),
                             seeds=seeds, max_batch=cfg.gen_batch, n=n,
                             stop_fn=model.stop_strings(tokenizer, agent.STOP), on_done=done)
@@ -337,7 +332,7 @@ def generate(lm, tokenizer, messages, cfg, device, seeds=None, n=1, on_done=None
 
 
 def execute(e, text, reward_config, finished=True, unfinished_invalid=True):
-    """Parse, run and score (agent.act) one action in env `e`. A response cut at max_new_tokens is invalid unless
+    """Parse, run and score (agent.act) one action in env `e`. A cut response is invalid unless
     --no-unfinished-invalid: paid for, they grew (tests/RESULTS.md, "PPO on the tiny model")."""
     action = action_input = reason = None
     try:
@@ -348,7 +343,7 @@ def execute(e, text, reward_config, finished=True, unfinished_invalid=True):
         reason = str(err)
     result, r = agent.act(e, action, action_input, reason, reward_config)
     edit = action_input.get("edit_instruction") if action == "Edit Script (AI)" else None
-    edit = edit if edit is None or isinstance(edit, str) else json.dumps(edit)  # hashable, for C5
+    edit = edit if edit is None or isinstance(edit, str) else json.dumps(edit)  # hashable (C5)
     return {"kind": result.kind, "reward": r, "m_prev": result.metric_prev, "m_new": result.metric_new,
             "done": result.done, "observation": result.observation, "finished": finished, "action": action,
             "edit": edit}
@@ -371,12 +366,12 @@ def generate_and_run(lm, tokenizer, messages, cfg, pool, device, timer, run, see
     for i, (text, end) in enumerate(zip(texts, ended)):
         start(i, text, end)
     outcomes = [running[i].result() for i in range(len(texts))]
-    timer("execute")  # the wait after the last response
+    timer("execute")
     return prompts, tokens, gen_lp, texts, outcomes
 
 
 def step_rollout(states, lm, tokenizer, cfg, pool, editor, device, timer, seeds=None, n=1):
-    """Steps 2-3, step-wise: n actions per expert state (rows state-major), each run from the restored state."""
+    """Steps 2-3: n actions per expert state (rows state-major), each run from the restored state."""
     def run(i, text, ended):
         s = states[i // n]
         e = make_env(s["task"], s["task_dir"], editor)
@@ -389,8 +384,8 @@ def step_rollout(states, lm, tokenizer, cfg, pool, editor, device, timer, seeds=
 
 
 def episode_rollout(starts, lm, tokenizer, cfg, pool, editor, device, timer, seeds=None):
-    """Steps 2-3, --episodic: episodes from task starts (with the expert's ideas), a batch per step -> rows in step
-    order, nxt: the row of the episode's next step (-1: none)."""
+    """Steps 2-3, --episodic: episodes from task starts (the expert's ideas), a batch per step -> rows in step order,
+    nxt: the row of the episode's next step (-1: none)."""
     envs = [make_env(s["task"], s["task_dir"], editor) for s in starts]
     problems = list(pool.map(lambda e: e.reset(), envs))  # runs the starter script (cached)
     timer("execute")
@@ -413,7 +408,7 @@ def episode_rollout(starts, lm, tokenizer, cfg, pool, editor, device, timer, see
     return prompts, tokens, gen_lp, outcomes, nxt
 
 
-# ---- Scoring (step 4) and the update (step 6): micro-batches of rows of similar lengths
+# ---- Scoring (step 4) and the update (step 6), in micro-batches of similar lengths
 
 def forward_scores(actor, critic, ref, ids, lengths, starts, R, cfg, device, ranks=model.Ranks(), logprobs=None):
     """No-grad forwards -> logprobs, ref_logprobs, values (B, R); given logprobs, no actor forward."""
@@ -438,10 +433,9 @@ def forward_scores(actor, critic, ref, ids, lengths, starts, R, cfg, device, ran
 
 
 def ppo_update(actor, critic, opt_a, opt_c, data, cfg, device, gen, step_actor=True, ranks=model.Ranks()):
-    """Clipped policy and value losses over minibatches and epochs. data: this rank's rows from `score`, "rows" their
-    places in the batch, "group" samples per state (one minibatch). step_actor=False: only the critic learns. Every
-    rank draws the same permutation and divides by the minibatch's tokens on all ranks: the summed gradient is one
-    process's (FSDP averages, hence the factor world)."""
+    """Clipped losses over minibatches and epochs on this rank's rows of `score`'s data ("rows": their places; a
+    state's "group" in one minibatch). Every rank draws the same permutation and divides by the minibatch's tokens
+    on all ranks: the summed gradient is one process's (FSDP averages: hence * world)."""
     ids, lengths, starts, mask, group = data["ids"], data["lengths"], data["starts"], data["mask"], data.get("group", 1)
     places = data.get("rows") or [ranks.rank + k * ranks.world for k in range(lengths.shape[0])]
     local = {g: k for k, g in enumerate(places)}
@@ -451,10 +445,10 @@ def ppo_update(actor, critic, opt_a, opt_c, data, cfg, device, gen, step_actor=T
     stats, first_ratio, actor_steps = [], 0.0, 0
     for _ in range(cfg.update_epochs):
         perm = torch.randperm(B // group, generator=gen)
-        for mb in perm.split(max(B // group // cfg.num_minibatches, 1)):  # minibatches of states
-            mb = (mb[:, None] * group + torch.arange(group)).view(-1)  # the states' responses
+        for mb in perm.split(max(B // group // cfg.num_minibatches, 1)):  # of states
+            mb = (mb[:, None] * group + torch.arange(group)).view(-1)  # their responses
             mine = torch.tensor([local[g] for g in mb.tolist() if g in local], dtype=torch.long, device=device)
-            denom = ranks.sum(mask[mine].sum()).clamp(min=1)  # the masked mean over the whole minibatch
+            denom = ranks.sum(mask[mine].sum()).clamp(min=1)  # the whole minibatch's
             s = torch.zeros(4, device=device)  # pg_loss, vf_loss, clipfrac, approx_kl
             for idx, weight, (i, ln, st) in micro_batches(ids, lengths, starts, mine, cfg, ranks):
                 with model.autocast(device):
@@ -465,7 +459,7 @@ def ppo_update(actor, critic, opt_a, opt_c, data, cfg, device, gen, step_actor=T
                     if step_actor:
                         (pg * scale).backward()
                     vf = torch.zeros(())
-                    if critic is not None:  # --advantage group has no critic
+                    if critic is not None:  # --advantage group
                         v = critic(i, ln, st).float()
                         vf = value_loss(v, data["values"][idx, :n], data["returns"][idx, :n], m, cfg.vf_clip, denom)
                         (vf * scale).backward()
@@ -473,7 +467,7 @@ def ppo_update(actor, critic, opt_a, opt_c, data, cfg, device, gen, step_actor=T
                     first_ratio = max(first_ratio, float(((ratio.detach() - 1).abs() * m).max()))
                 kl = (0.5 * (lp.detach() - old) ** 2 * m).sum() / denom
                 s += torch.tensor([float(pg.detach()), float(vf.detach()), float(cf), float(kl)], device=device)
-            s = ranks.sum(s)  # this minibatch, every rank's rows
+            s = ranks.sum(s)  # every rank's rows
             if step_actor and cfg.target_kl and s[3] > 1.5 * cfg.target_kl:  # early stop (Spinning Up, CleanRL)
                 step_actor = False  # the critic goes on
                 actor.zero_grad(set_to_none=True)
@@ -492,11 +486,11 @@ def ppo_update(actor, critic, opt_a, opt_c, data, cfg, device, gen, step_actor=T
     return {**mean, "ratio_first_minibatch_max_dev": ranks.max(first_ratio), "actor_steps": actor_steps}
 
 
-# ---- Checkpoints: the actor's Hugging Face folder with trainer_state/ in it, swapped in whole
+# ---- Checkpoints: the actor's Hugging Face folder with trainer_state/ in it
 
 def save_checkpoint(run):
-    """Every rank calls this (FSDP gathers to rank 0); rank 0 writes <out>.tmp and swaps it in: the actor folder
-    (bf16 from CUDA runs), trainer_state/ the master weights, critic and optimizers."""
+    """Every rank calls this (FSDP gathers); rank 0 writes <out>.tmp (the actor folder, trainer_state/ the master
+    weights, critic, optimizers) and swaps it in."""
     cfg, actor, critic = run.cfg, run.actor, run.critic
     adapters = lambda net: {k: v for k, v in model.full_state(net).items()  # noqa: E731
                             if not cfg.lora_rank or k.startswith("head.") or ".A" in k or ".B" in k}
@@ -519,15 +513,11 @@ def save_checkpoint(run):
 
 def find_resume(out):
     """The folder of the last complete checkpoint (a kill between the two renames leaves it at <out>.old)."""
-    for folder in (out, out + ".old"):
-        if os.path.exists(os.path.join(folder, "trainer_state", "state.pt")):
-            return folder
-    return None
+    return next((f for f in (out, out + ".old") if os.path.exists(os.path.join(f, "trainer_state", "state.pt"))), None)
 
 
 def claim_out(cfg, model_path):
-    """Refuse an --out this run does not own (a file, the model, a folder that is not a ppo.py checkpoint: saving
-    replaces it), and lock it against a second ppo.py -> the open lock file."""
+    """Refuse an --out this run does not own (saving replaces it); lock it against a second ppo.py."""
     out = os.path.abspath(cfg.out)
     if os.path.isfile(out):
         raise ValueError(f"--out {cfg.out} is a file; give a folder")
@@ -542,8 +532,7 @@ def claim_out(cfg, model_path):
 
 
 def check_resume_reward(folder, cfg):
-    """ValueError when the checkpoint in `folder` was trained with another reward (reward.py's flags,
-    --unfinished-invalid) than cfg: one run, one reward. One that recorded none is accepted."""
+    """ValueError when `folder`'s checkpoint recorded another reward than cfg (reward.py's, --unfinished-invalid)."""
     path = os.path.join(folder, "trainer_state", "progress.json")
     recorded = model.read_json(path).get("config", {}) if os.path.exists(path) else {}
     theirs = {"reward": from_record(recorded["reward"]) if recorded.get("reward") is not None else cfg.reward,
@@ -566,7 +555,7 @@ def resume_point(cfg, say):
     return resume, st, dict(st["progress"])
 
 
-# ---- Training: `setup` once (with the resume point), then per iteration the six steps
+# ---- Training: `setup` once, then per iteration the six steps
 
 def load_states(path):
     """The states pool (collect.py's states.jsonl); a bad line is an error naming it."""
@@ -585,10 +574,10 @@ def pick_tasks(states, n, seed):
 
 
 def build(cfg, init, resume, st, ranks):
-    """Actor (fp32 master weights), critic and frozen reference, or with LoRA a frozen base (bf16 on CUDA) with fp32
-    adapters; over several ranks without LoRA, sharded by FSDP2, each rank reading its shard."""
+    """Actor (fp32), critic and frozen reference, or with LoRA a frozen base (bf16 on CUDA) with fp32 adapters;
+    over several ranks without LoRA, FSDP2 shards, each rank reading its shard."""
     device, lora = ranks.device, cfg.lora_rank
-    low = torch.bfloat16 if device.type == "cuda" else torch.float32  # for weights never updated
+    low = torch.bfloat16 if device.type == "cuda" else torch.float32  # weights never updated
     world = ranks.world if ranks.world > 1 and not lora else 0  # LoRA: whole models
     saved = st["critic"] if st else {}
     part = lambda prefix: ((k.removeprefix(prefix), v) for k, v in saved.items() if k.startswith(prefix))  # noqa: E731
@@ -618,21 +607,21 @@ def build(cfg, init, resume, st, ranks):
 
 @dataclasses.dataclass
 class Run:
-    """What `setup` makes once for every iteration."""
-    cfg: Config                 # resolve_defaults'
+    """What `setup` makes for every iteration."""
+    cfg: Config                 # resolved (resolve_defaults)
     ranks: model.Ranks
-    states: list                # the states pool (of the --tasks drawn)
+    states: list                # of the --tasks drawn
     actor: Actor
-    critic: Critic              # built with either advantage: checkpoints keep one layout
-    ref: Actor | None           # None with LoRA: the actor with its adapters off
+    critic: Critic              # with either advantage: one checkpoint layout
+    ref: Actor | None           # None with LoRA (the actor, adapters off)
     tokenizer: object
     opt_a: torch.optim.Optimizer
     opt_c: torch.optim.Optimizer
-    progress: dict              # iterations done and the starting model
-    editor: object              # what executes `Edit Script (AI)`
-    total: int                  # the run's iterations
+    progress: dict              # iteration, init_model
+    editor: object              # for `Edit Script (AI)`
+    total: int
     lock: object                # rank 0's lock on --out
-    say: object                 # print, on rank 0
+    say: object                 # print on rank 0
 
     @property
     def value_net(self):  # --advantage group neither runs nor trains the critic
@@ -640,12 +629,12 @@ class Run:
 
 
 def setup(cfg):
-    """This rank, the states, --out (rank 0 claims it), the resume point, the models, the optimizers -> Run."""
+    """This rank, the states, --out, the resume point, models and optimizers -> Run."""
     rank, world, device = model.setup_distributed(cfg)
-    if device.type == "cuda":  # each rank's scripts on its own GPU (not all on GPU 0), or on none
+    if device.type == "cuda":  # each rank's scripts on its own GPU, or on none
         env.set_script_gpu(device.index if cfg.script_gpu else None)
     say = (lambda *a: print(*a, flush=True)) if rank == 0 else (lambda *a: None)
-    torch.manual_seed(cfg.seed)  # the adapters' initialisation
+    torch.manual_seed(cfg.seed)  # the adapters' init
     states = load_states(cfg.states)
     if cfg.tasks:
         states = pick_tasks(states, cfg.tasks, cfg.seed)
@@ -674,7 +663,7 @@ def setup(cfg):
                                       weight_decay=0.0) for net, lr in ((actor, cfg.actor_lr), (critic, cfg.critic_lr)))
     for net, opt, key in ((actor, opt_a, "opt_actor"), (critic, opt_c, "opt_critic")) if st else ():
         model.set_optim_state(net, opt, st[key])
-    if rank == 0:  # built-in tasks prepared here, not racing in threads or ranks; the log trimmed to the checkpoint
+    if rank == 0:  # built-in tasks prepared once, not racing; the log trimmed to the checkpoint
         for s in {s["task"]: s for s in states}.values():
             make_env(s["task"], s["task_dir"], None)
         os.makedirs(os.path.dirname(cfg.log_file) or ".", exist_ok=True)
@@ -699,8 +688,8 @@ class Timer:
 
 
 def sample_states(run, it):
-    """Step 1: the next batch_size states, shuffled per epoch (seeded: a resumed run agrees), or in --episodic
-    batch_size / episode_steps task starts -> this rank's share, their seeds and places in the batch."""
+    """Step 1: the next batch_size states, shuffled per epoch (seeded), or --episodic's batch_size / episode_steps
+    task starts -> this rank's share, their seeds and places."""
     cfg, states, ranks = run.cfg, run.states, run.ranks
     epoch, k = divmod(it, max(len(states) // cfg.batch_size, 1))
     if cfg.episodic:
@@ -734,15 +723,14 @@ def rollout(run, batch, seeds, index, pool, timer):
 
 
 def score(run, prompts, tokens, gen_lp, outcomes):
-    """Step 4: the rollout as one batch with old log-probs, the reference's, the critic's values, reward.py's score
-    on the last token and the KL penalty on every token -> the batch as ppo_update reads it."""
+    """Step 4: the rollout as one batch with old and reference log-probs, values, token rewards -> ppo_update's data."""
     cfg, ranks, device = run.cfg, run.ranks, run.ranks.device
-    # a state's samples share its prompt's row, unless gradient checkpointing (the KV cache written twice) or FSDP
+    # a state's samples share a row, unless gradient checkpointing (the KV cache written twice) or FSDP
     group = 1 if cfg.episodic else cfg.samples_per_state
     ids, lengths, mask, starts = make_batch(prompts, tokens, run.tokenizer.pad_token_id, device,
                                             1 if cfg.grad_checkpointing or model.is_sharded(run.actor) else group)
-    # old log-probs: on CPU the generation's, from the actor's fp32 weights (the logged first ratio shows the gap);
-    # on CUDA the rollout's bf16 weights differ: recomputed (as VeRL, OpenRLHF)
+    # old log-probs: on CPU the generation's, from the actor's fp32 weights; on CUDA the rollout's bf16 weights
+    # differ: recomputed (as VeRL, OpenRLHF)
     generated = torch.zeros(mask.shape, device=device)
     generated[mask.bool()] = torch.tensor([x for lps in gen_lp for x in lps], device=device)
     kept = generated if device.type == "cpu" else None
@@ -756,8 +744,8 @@ def score(run, prompts, tokens, gen_lp, outcomes):
 
 
 def estimate_advantages(run, data, nxt):
-    """Step 5: GAE over the critic's values (--episodic: across an episode's steps), whitened over the whole batch;
-    or --advantage group's baseline, not whitened -> advantages, returns, explained variance."""
+    """Step 5: GAE (--episodic: across an episode's steps), whitened over the whole batch, or --advantage group's
+    baseline, not whitened -> advantages, returns, explained variance."""
     cfg, mask = run.cfg, data["mask"]
     if run.value_net is None:
         adv = episode_group_advantages(data["scores"], data["kl"], mask, nxt, cfg.samples_per_state, cfg.kl_coef) \
@@ -768,7 +756,7 @@ def estimate_advantages(run, data, nxt):
 
 
 def log_iteration(run, it, outcomes, places, data, ev, upd, timer):
-    """The whole batch's log line (rank 0's times), printed and appended to --log-file by rank 0."""
+    """The whole batch's log line (rank 0's times), printed and appended to --log-file."""
     ranks, times = run.ranks, timer.times
     outcomes = [o for _, o in sorted(zip(ranks.gather(places), ranks.gather(outcomes)), key=lambda x: x[0])]
     kinds, n = [o["kind"] for o in outcomes], len(outcomes)
@@ -794,21 +782,21 @@ def log_iteration(run, it, outcomes, places, data, ev, upd, timer):
 
 
 def train(cfg):
-    """The whole run -> its progress: setup, then per iteration the six steps, a log line, a checkpoint."""
+    """The whole run -> its progress."""
     run = setup(cfg)
     cfg, pool = run.cfg, ThreadPoolExecutor(run.cfg.workers)
     for it in range(run.progress["iteration"], run.total):
         timer = Timer()
-        # 1. sample a batch of states from d^{pi_e}; this rank takes every world-th, each with its own seed
+        # 1. sample a batch of states from d^{pi_e}; this rank takes every world-th, each with its seed
         batch, seeds, index = sample_states(run, it)
         # 2. the policy generates actions (batched, left-padded, KV cache, log-probs kept)
-        # 3. each environment restores its state and executes its action, several sandboxes in parallel
+        # 3. each environment restores its state and executes its action, sandboxes in parallel
         prompts, tokens, gen_lp, outcomes, nxt, places = rollout(run, batch, seeds, index, pool, timer)
         # 4. reward.py's score on the last token, the KL penalty to the frozen reference on every token
         data = score(run, prompts, tokens, gen_lp, outcomes)
         # 5. advantages: the critic's GAE, whitened, or the group baseline
         data["advantages"], data["returns"], ev = estimate_advantages(run, data, nxt)
-        # 6. clipped policy and value losses over minibatches and epochs (in the warm-up the critic's only)
+        # 6. clipped policy and value losses over minibatches and epochs (in the warm-up the critic's)
         upd = ppo_update(run.actor, run.value_net, run.opt_a, run.opt_c, {**data, "rows": places}, cfg,
                          run.ranks.device, torch.Generator().manual_seed(cfg.seed * 100003 + it),
                          step_actor=it >= cfg.critic_warmup, ranks=run.ranks)
@@ -819,13 +807,13 @@ def train(cfg):
             save_checkpoint(run)
     pool.shutdown()
     if dist.is_initialized():
-        dist.barrier()  # rank 0 has saved; run_main ends the process group
+        dist.barrier()  # rank 0 has saved
     if run.lock:
         run.lock.close()
     return run.progress
 
 
-# ---- Command line: a flag per Config field, checked by its argparse type (exit 2)
+# ---- Command line: a flag per Config field, checked by its type (exit 2)
 
 KINDS = {int: agent.POSITIVE_INT, float: agent.POSITIVE}  # unless TYPES names another
 TYPES = {**dict.fromkeys(("tasks", "iterations", "critic_warmup", "lora_rank"), agent.COUNT), "seed": int,
