@@ -163,7 +163,7 @@ def token_rewards(scores, logprobs, ref_logprobs, mask, kl_coef):
     """The N-details reward: -kl_coef * (log pi - log pi_ref) on every token, the score (B,) added on the last."""
     kl = (logprobs - ref_logprobs) * mask
     rewards = -kl_coef * kl
-    last = (mask.sum(1).long() - 1).clamp(min=0)  # each response's last token
+    last = (mask.sum(1).long() - 1).clamp(min=0)
     rewards[torch.arange(len(scores), device=scores.device), last] += scores
     return rewards, kl
 
@@ -544,7 +544,6 @@ def check_resume_reward(folder, cfg):
 
 
 def resume_point(cfg, say):
-    """The last checkpoint under --out, its trainer state and progress, or a fresh start."""
     resume = find_resume(cfg.out)
     if not resume:
         return None, None, {"iteration": 0, "init_model": cfg.model}
@@ -558,7 +557,6 @@ def resume_point(cfg, say):
 # ---- Training: `setup` once, then per iteration the six steps
 
 def load_states(path):
-    """The states pool (collect.py's states.jsonl); a bad line is an error naming it."""
     need = ("task", "task_dir", "step", "messages", "snapshot", "m_init", "m_best", "higher_is_better")
     states = agent.read_jsonl(path, need, "a state of collect.py")
     if not states:
@@ -567,7 +565,6 @@ def load_states(path):
 
 
 def pick_tasks(states, n, seed):
-    """The states of n of the pool's tasks, a seeded draw."""
     names = sorted({s["task"] for s in states})
     chosen = set(random.Random(f"tasks:{seed}").sample(names, min(n, len(names))))
     return [s for s in states if s["task"] in chosen]
@@ -782,7 +779,6 @@ def log_iteration(run, it, outcomes, places, data, ev, upd, timer):
 
 
 def train(cfg):
-    """The whole run -> its progress."""
     run = setup(cfg)
     cfg, pool = run.cfg, ThreadPoolExecutor(run.cfg.workers)
     for it in range(run.progress["iteration"], run.total):
