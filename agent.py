@@ -22,8 +22,6 @@ Run one episode:  python agent.py --task digits                          (script
                   OPENAI_BASE_URL=... OPENAI_API_KEY=... python agent.py --task digits --model gpt-4o-mini
                   python agent.py --task digits --model runs/ckpt/sft   (a local checkpoint through model.py)
 """
-from __future__ import annotations
-
 import argparse
 import fcntl
 import json
@@ -108,7 +106,7 @@ class OpenAIBackend:
                 why = f"cannot reach {url} ({type(e).__name__}); check OPENAI_BASE_URL"
             except (TimeoutError, requests.Timeout, urllib3.exceptions.ReadTimeoutError):
                 why = f"{url} did not answer within {self.timeout:g} s (OPENAI_TIMEOUT sets the limit)"
-            except urllib3.exceptions.HTTPError as e:  # a body broken off (urllib3 wraps socket errors)
+            except urllib3.exceptions.HTTPError as e:  # a body broken off (socket errors, wrapped)
                 why = f"{url} broke off its answer ({type(e).__name__})"
             except requests.RequestException as e:  # a malformed URL
                 raise BackendError(f"bad endpoint URL {url!r}: {e}") from None
@@ -139,7 +137,7 @@ class OpenAIBackend:
             time.sleep(min(delay, 60.0))
 
     def _send(self, method, url, payload, headers):
-        """One HTTP exchange within self.timeout seconds in all (a server trickling a byte a second times out too)."""
+        """One HTTP exchange within self.timeout seconds in all (a server trickling bytes times out too)."""
         deadline = time.monotonic() + self.timeout
         r = requests.request(method, url, json=payload, headers=headers, timeout=self.timeout, stream=True)
         read, body = getattr(r.raw, "read1", r.raw.read), bytearray()  # urllib3 2's read1: what has arrived
@@ -148,7 +146,7 @@ class OpenAIBackend:
                 body += piece
                 if time.monotonic() > deadline:
                     raise TimeoutError
-        r._content = bytes(body)  # requests' slot for a read body: .json() and .text work
+        r._content = bytes(body)  # requests' slot: .json() and .text work
         return r
 
     def chat(self, messages, n=1, temperature=0.0, max_tokens=1024, stop=None) -> Completion:
@@ -310,8 +308,8 @@ def shown_response(text: str) -> str:
     entries["Research Plan and Status"] = entries["Research Plan and Status"].replace("**", "")
     return "".join(f"{k}:{v}" for k, v in entries.items()).strip()
 
-# ==== Parsing: MLAB's parser (agents/agent.py:168-231); re-asked as MLAB (agent_research.py:111-170), but not
-# for a bad Action Input
+# ==== Parsing: MLAB's parser (agents/agent.py:168-231); as its agent (agent_research.py:111-170), missing entries
+# or an Action that is no tool are asked again, an unreadable Action Input is not
 
 
 class ParseError(ValueError):
@@ -632,7 +630,7 @@ def lock_file(path, what):
 
 
 def claim_folder(path, flag="--out"):
-    """This run's output folder, made and locked (folder/.lock) -> the lock file, a context manager."""
+    """This run's output folder, made and locked (folder/.lock) -> the lock file (a context manager)."""
     if os.path.exists(path) and not os.path.isdir(path):
         raise ValueError(f"{flag} {path} is a file; give a folder")
     os.makedirs(path, exist_ok=True)
@@ -687,7 +685,7 @@ def read_jsonl(path, need=(), what="a JSON object", complete_only=False, repair=
 
 
 def trim_log(path, key, last, out=None):
-    """A JSONL log as its checkpoint knows it: lines with `key` past `last` and a torn line go; out: this run's."""
+    """A JSONL log as its checkpoint knows it: lines with `key` past `last` and a torn line go; out: must be ours."""
     if not os.path.exists(path):
         return
     keep = []
