@@ -136,7 +136,7 @@ class Actor(nn.Module):
 
 
 class Critic(nn.Module):
-    """V(s_t) for every response token: a Qwen backbone (the policy's copy) and a linear value head."""
+    """V(s_t) for every response token: a Qwen backbone (the policy's copy) and a linear head."""
 
     def __init__(self, backbone, seed=0):
         super().__init__()
@@ -185,9 +185,9 @@ def gae(rewards, values, mask, gamma, lam, next_value=None, next_adv=None):
 
 
 def gae_rows(rewards, values, mask, nxt, gamma, lam):
-    """GAE where row r continues in row nxt[r] (its episode's next step; -1: none), rows taken by steps to go."""
+    """GAE where row r continues in row nxt[r] (its episode's next step; -1: none)."""
     depth = [0] * len(nxt)
-    for r in reversed(range(len(nxt))):  # a successor always comes later
+    for r in reversed(range(len(nxt))):  # a successor comes later; rows by steps to go
         depth[r] = 0 if nxt[r] < 0 else depth[nxt[r]] + 1
     adv, ret = torch.zeros_like(rewards), torch.zeros_like(rewards)
     for d in range(max(depth) + 1):
@@ -268,7 +268,7 @@ def explained_variance(values, returns, mask, ranks=model.Ranks()):
 
 def make_batch(prompts, responses, pad, device, group=1):
     """B responses (prompts in runs of `group` equal ones) -> ids (B / group, W), each prompt once and then its
-    responses (model.response_hidden); where each response ends and begins; the mask (B, R)."""
+    responses (model.response_hidden); where each ends and begins; the mask (B, R)."""
     B, R = len(prompts), max(max(map(len, responses)), 1)
     if B % group or any(prompts[b] != prompts[b - b % group] for b in range(B)):
         raise ValueError(f"the {B} prompts are not runs of {group} equal prompts")
@@ -287,8 +287,8 @@ def make_batch(prompts, responses, pad, device, group=1):
 
 
 def micro_batches(ids, lengths, starts, idx, cfg, ranks=model.Ranks()):
-    """[(responses, weight, (ids, lengths, starts) of their rows)]: idx by length in micro-batches of at most
-    cfg.micro_batch rows and cfg.micro_tokens tokens, then fillers (row 0, weight 0) up to any rank's most (FSDP)."""
+    """[(responses, weight, (ids, lengths, starts) of their rows)]: idx by length, at most cfg.micro_batch rows and
+    cfg.micro_tokens tokens each, then fillers (row 0, weight 0) up to any rank's most (FSDP)."""
     shared = lengths.shape[0] // ids.shape[0]  # responses per row of ids (make_batch's group)
     groups = idx.view(-1, shared)
     row_len = lengths[groups].max(1).values
@@ -310,8 +310,8 @@ def micro_batches(ids, lengths, starts, idx, cfg, ranks=model.Ranks()):
 # ---- Acting: generation (step 2), execution in sandboxes (step 3)
 
 def generate(lm, tokenizer, messages, cfg, device, seeds=None, n=1, on_done=None):
-    """n responses per prompt (one shared prefill) -> prompt ids, token ids, log-probs, texts, whether each ended with
-    a stop token. on_done(i, text, ended) as response i completes."""
+    """n responses per prompt (one prefill) -> prompt ids, token ids, log-probs, texts, whether each ended with a stop
+    token; on_done(i, text, ended) as response i completes."""
     context = min(lm.config.max_position_embeddings, cfg.max_prompt_len + cfg.max_new_tokens)
     prompts = [model.keep_end(tokenizer.encode(tokenizer.apply_chat_template(m)), context, cfg.max_new_tokens)
                for m in messages]
@@ -433,9 +433,9 @@ def forward_scores(actor, critic, ref, ids, lengths, starts, R, cfg, device, ran
 
 
 def ppo_update(actor, critic, opt_a, opt_c, data, cfg, device, gen, step_actor=True, ranks=model.Ranks()):
-    """Clipped losses over minibatches and epochs on this rank's rows of `score`'s data ("rows": their places; a
-    state's "group" in one minibatch). Every rank draws the same permutation and divides by the minibatch's tokens
-    on all ranks: the summed gradient is one process's (FSDP averages: hence * world)."""
+    """Clipped losses over minibatches (a state's "group" in one) and epochs on this rank's rows of `score`'s data.
+    Every rank draws the same permutation and divides by the minibatch's tokens on all ranks: the summed gradient
+    is one process's (FSDP averages: hence * world)."""
     ids, lengths, starts, mask, group = data["ids"], data["lengths"], data["starts"], data["mask"], data.get("group", 1)
     places = data.get("rows") or [ranks.rank + k * ranks.world for k in range(lengths.shape[0])]
     local = {g: k for k, g in enumerate(places)}
@@ -489,7 +489,7 @@ def ppo_update(actor, critic, opt_a, opt_c, data, cfg, device, gen, step_actor=T
 # ---- Checkpoints: the actor's Hugging Face folder with trainer_state/ in it
 
 def save_checkpoint(run):
-    """Every rank calls this (FSDP gathers); rank 0 writes <out>.tmp (the actor folder, trainer_state/ the master
+    """Every rank calls this (FSDP gathers); rank 0 writes <out>.tmp (the actor folder; trainer_state/: master
     weights, critic, optimizers) and swaps it in."""
     cfg, actor, critic = run.cfg, run.actor, run.critic
     adapters = lambda net: {k: v for k, v in model.full_state(net).items()  # noqa: E731
@@ -572,7 +572,7 @@ def pick_tasks(states, n, seed):
 
 def build(cfg, init, resume, st, ranks):
     """Actor (fp32), critic and frozen reference, or with LoRA a frozen base (bf16 on CUDA) with fp32 adapters;
-    over several ranks without LoRA, FSDP2 shards, each rank reading its shard."""
+    without LoRA over several ranks, FSDP2 shards."""
     device, lora = ranks.device, cfg.lora_rank
     low = torch.bfloat16 if device.type == "cuda" else torch.float32  # weights never updated
     world = ranks.world if ranks.world > 1 and not lora else 0  # LoRA: whole models
@@ -685,8 +685,8 @@ class Timer:
 
 
 def sample_states(run, it):
-    """Step 1: the next batch_size states, shuffled per epoch (seeded), or --episodic's batch_size / episode_steps
-    task starts -> this rank's share, their seeds and places."""
+    """Step 1: the next batch_size states, shuffled per epoch (seeded), or batch_size / episode_steps task starts
+    -> this rank's share, their seeds and places."""
     cfg, states, ranks = run.cfg, run.states, run.ranks
     epoch, k = divmod(it, max(len(states) // cfg.batch_size, 1))
     if cfg.episodic:
@@ -741,8 +741,8 @@ def score(run, prompts, tokens, gen_lp, outcomes):
 
 
 def estimate_advantages(run, data, nxt):
-    """Step 5: GAE (--episodic: across an episode's steps), whitened over the whole batch, or --advantage group's
-    baseline, not whitened -> advantages, returns, explained variance."""
+    """Step 5: GAE (--episodic: across an episode's steps) whitened over the whole batch, or the group baseline
+    -> advantages, returns, explained variance."""
     cfg, mask = run.cfg, data["mask"]
     if run.value_net is None:
         adv = episode_group_advantages(data["scores"], data["kl"], mask, nxt, cfg.samples_per_state, cfg.kl_coef) \
