@@ -1,29 +1,27 @@
 """The agents: chat backends (an OpenAI-compatible endpoint; a `model.py` checkpoint in-process), the MLAgentBench
-research agent, the LLM editor and the offline scripted expert, driven by `run_episode`, whose `act` is the one place a
-step is scored; then the run-folder plumbing every command line shares (locks, atomic writes, JSONL, folder swaps).
+research agent, the LLM editor and the offline scripted expert, driven by `run_episode`, whose `act` scores every step;
+then the run-folder plumbing every command line shares (locks, atomic writes, JSONL, folder swaps).
 
 ML-Agent (arXiv:2505.23723, §Experiments "Training") collects its expert trajectories with a GPT-4o-mini agent in the
 MLAgentBench (MLAB) scaffold (Huang et al., 2023, `MLAgentBench/agents/agent_research.py`), 15 steps and 30 minutes per
-trajectory. This file rebuilds that agent in its own words: which responses run, which are asked again and what the
-prompt shows are MLAB's (section "parsing" says how), with these departures:
-1. The prompt is chat-shaped: one system message (tools, research problem, instructions, response format) and one user
-   message (the last three steps with their observations, as MLAB keeps them; or, at the first step, "let's start"
-   plus the injected ideas). A single user turn keeps each SFT row to exactly one assistant turn, the expert's answer.
-2. MLAB summarises an observation longer than 5,000 characters with another LLM call; we keep its first and last
-   2,500 characters (as Matryoshka does with its 5k-token limit), so a prompt is a pure function of the history.
-3. MLAB stops the run after `max_retries` (5) unreadable responses; here, after 2 re-asks, the step is "invalid"
-   (reward -1, ML-Agent's format term) and the episode goes on, so a weak policy still yields a full trajectory.
-   A step whose Action Input cannot be read counts as one of the 15 steps (MLAB's environment never sees it); MLAB's
-   fallback reads the values after JSON-escaping them (a path's / gains a backslash), ours as written.
-4. `ScriptedExpert` is an offline STAND-IN for the LLM expert (GPT-4o-mini in the paper), used when no endpoint is
-   configured: a rule-based policy that follows the idea plan of its first prompt, not a model of GPT-4o-mini.
+trajectory. This file rebuilds that agent in its own words (what runs, is asked again, is shown: section "parsing"),
+with these departures:
+1. The prompt is chat-shaped: a system message (tools, research problem, instructions, response format) and a user
+   message (the last three steps with their observations, as MLAB; at the first step "let's start" and the injected
+   ideas), so each SFT row has exactly one assistant turn, the expert's answer.
+2. MLAB summarises an observation over 5,000 characters with another LLM call; we keep its first and last 2,500 (as
+   Matryoshka with its 5k-token limit), so a prompt is a pure function of the history.
+3. MLAB stops after `max_retries` (5) unreadable responses; here, after 2 re-asks, the step is "invalid" (reward -1,
+   ML-Agent's format term) and the episode goes on, so a weak policy still yields a full trajectory. An unreadable
+   Action Input counts as one of the 15 steps (MLAB's environment never sees it); MLAB's fallback reads values after
+   JSON-escaping them, ours as written.
+4. `ScriptedExpert` is an offline STAND-IN for the LLM expert (GPT-4o-mini in the paper) when no endpoint is
+   configured: a rule-based policy following the idea plan of its first prompt, not a model of GPT-4o-mini.
 
 Run one episode:  python agent.py --task digits                          (scripted expert, offline)
                   OPENAI_BASE_URL=... OPENAI_API_KEY=... python agent.py --task digits --model gpt-4o-mini
                   python agent.py --task digits --model runs/ckpt/sft   (a local checkpoint through model.py)
 """
-from __future__ import annotations
-
 import argparse
 import fcntl
 import json
@@ -42,8 +40,7 @@ import urllib3
 import env
 from reward import RewardConfig, reward
 
-# ============================================================================================== chat backends
-# One interface: backend.chat(messages, n, temperature, max_tokens, stop) -> Completion, and backend.usage.
+# ==== Chat backends: backend.chat(messages, n, temperature, max_tokens, stop) -> Completion; backend.usage
 
 
 @dataclass
@@ -55,7 +52,7 @@ class Completion:
 
 @dataclass
 class Usage:
-    """Running token counts of a backend; the cost uses optional prices in dollars per million tokens."""
+    """A backend's running token counts; prices in dollars per million tokens."""
     calls: int = 0
     prompt_tokens: int = 0
     completion_tokens: int = 0
@@ -63,7 +60,7 @@ class Usage:
     price_in: float = 0.0
     price_out: float = 0.0
 
-    def add(self, c: Completion, seconds: float) -> Completion:  # counts c, returns it
+    def add(self, c: Completion, seconds: float) -> Completion:
         self.calls, self.seconds = self.calls + 1, self.seconds + seconds
         self.prompt_tokens += c.prompt_tokens
         self.completion_tokens += c.completion_tokens
@@ -75,10 +72,10 @@ class Usage:
 
 
 class BackendError(RuntimeError):
-    """The endpoint cannot serve us (bad key, wrong URL or model, unreachable after retries): one line says why."""
+    """The endpoint cannot serve us (bad key, wrong URL or model, unreachable): one line says why."""
 
 
-RETRY_STATUS = (408, 409, 429, 500, 502, 503, 504)  # rate limits and server trouble: worth another try
+RETRY_STATUS = (408, 409, 429, 500, 502, 503, 504)  # rate limits and server trouble
 HINTS = {401: " (check OPENAI_API_KEY)", 403: " (check OPENAI_API_KEY and the model's access)",
          404: " (check OPENAI_BASE_URL and the model name)"}
 
@@ -89,30 +86,29 @@ class OpenAIBackend:
     def __init__(self, model=None, base_url=None, api_key=None, timeout=None, max_retries=5, backoff=1.0,
                  price_in=0.0, price_out=0.0):
         url = (base_url or os.environ.get("OPENAI_BASE_URL") or "https://api.openai.com/v1").rstrip("/")
-        self.base_url = url if re.search(r"/v\d+$", url) else url + "/v1"  # "http://host:8000" means ".../v1"
+        self.base_url = url if re.search(r"/v\d+$", url) else url + "/v1"  # "http://host:8000": ".../v1"
         self.api_key = api_key if api_key is not None else os.environ.get("OPENAI_API_KEY", "")
-        self.model = model or os.environ.get("OPENAI_MODEL")  # None: the first model the endpoint lists
+        self.model = model or os.environ.get("OPENAI_MODEL")  # None: the endpoint's first
         self.embedding_model = os.environ.get("OPENAI_EMBEDDING_MODEL", "text-embedding-3-small")
-        self.timeout = float(timeout or os.environ.get("OPENAI_TIMEOUT") or 600.0)  # for a whole answer (_send)
+        self.timeout = float(timeout or os.environ.get("OPENAI_TIMEOUT") or 600.0)  # a whole answer's
         self.max_retries, self.backoff = max_retries, backoff
         self.usage = Usage(price_in=price_in, price_out=price_out)
 
     def _request(self, method: str, path: str, payload=None, read=lambda out: out):
-        """read(the answer's JSON object); an answer it finds empty (None), rate limits, server trouble and broken
-        answers are retried with backoff, anything else is a BackendError at once."""
+        """read(the answer's JSON); its None, rate limits, server trouble, broken answers: retried with backoff."""
         url = self.base_url + path
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
         for attempt in range(self.max_retries + 1):
             retry_after = None
             try:
                 r = self._send(method, url, payload, headers)
-            except requests.ConnectionError as e:  # refused, dropped or not connected in time: retry
+            except requests.ConnectionError as e:  # refused, dropped or not connected in time
                 why = f"cannot reach {url} ({type(e).__name__}); check OPENAI_BASE_URL"
             except (TimeoutError, requests.Timeout, urllib3.exceptions.ReadTimeoutError):
                 why = f"{url} did not answer within {self.timeout:g} s (OPENAI_TIMEOUT sets the limit)"
-            except urllib3.exceptions.HTTPError as e:  # a body broken off (urllib3 wraps socket errors): retry
+            except urllib3.exceptions.HTTPError as e:  # a body broken off (socket errors, wrapped)
                 why = f"{url} broke off its answer ({type(e).__name__})"
-            except requests.RequestException as e:  # a malformed URL: no point retrying
+            except requests.RequestException as e:  # a malformed URL
                 raise BackendError(f"bad endpoint URL {url!r}: {e}") from None
             else:
                 try:
@@ -134,15 +130,14 @@ class OpenAIBackend:
                 retry_after = r.headers.get("Retry-After")
             if attempt == self.max_retries:
                 raise BackendError(f"{why} (gave up after {self.max_retries} retries)")
-            # exponential backoff with full jitter (the AWS architecture blog's advice; the openai client does alike)
+            # exponential backoff with jitter (AWS architecture blog; the openai client alike)
             delay = self.backoff * 2 ** attempt * random.uniform(0.5, 1.5)
             if retry_after and retry_after.replace(".", "", 1).isdigit():
                 delay = max(delay, float(retry_after))
             time.sleep(min(delay, 60.0))
 
     def _send(self, method, url, payload, headers):
-        """One HTTP exchange within self.timeout seconds in all, the body read in pieces against a deadline (a server
-        trickling a byte a second times out too)."""
+        """One HTTP exchange within self.timeout seconds in all (a server trickling bytes times out too)."""
         deadline = time.monotonic() + self.timeout
         r = requests.request(method, url, json=payload, headers=headers, timeout=self.timeout, stream=True)
         read, body = getattr(r.raw, "read1", r.raw.read), bytearray()  # urllib3 2's read1: what has arrived
@@ -151,12 +146,11 @@ class OpenAIBackend:
                 body += piece
                 if time.monotonic() > deadline:
                     raise TimeoutError
-        r._content = bytes(body)  # requests' own slot for a read body: .json() and .text work as usual
+        r._content = bytes(body)  # requests' slot: .json() and .text work
         return r
 
     def chat(self, messages, n=1, temperature=0.0, max_tokens=1024, stop=None) -> Completion:
-        """n completions. A server that returns fewer choices than asked (transformers serve ignores n) is asked
-        again for the rest; an answer without choices is retried like a server error."""
+        """n completions; a server returning fewer (transformers serve ignores n) is asked again for the rest."""
         start, c = time.time(), Completion([])
         if self.model is None:
             try:
@@ -175,7 +169,7 @@ class OpenAIBackend:
         return self.usage.add(c, time.time() - start)
 
     def embeddings(self, texts: list[str], batch=256):
-        """(N, D) numpy array of the endpoint's `/v1/embeddings` for `texts`."""
+        """(N, D) numpy array of the endpoint's `/v1/embeddings`."""
         import numpy as np
         rows = []
         for i in range(0, len(texts), batch):
@@ -193,8 +187,7 @@ class OpenAIBackend:
 
 
 def read_choices(out: dict):
-    """(texts, usage) of a chat answer: each chat choice's message content, or legacy completion choice's text, in
-    the order of their index; None when it holds none."""
+    """(texts, usage) of a chat answer: the choices' message content (or legacy text) by index; None if none."""
     choices = out.get("choices") if isinstance(out.get("choices"), list) else []
     texts = [(c["message"].get("content") or "") if isinstance(c.get("message"), dict) else c.get("text")
              for c in sorted((c for c in choices if isinstance(c, dict)), key=lambda c: c.get("index", 0))]
@@ -202,7 +195,7 @@ def read_choices(out: dict):
     return (texts, out.get("usage") if isinstance(out.get("usage"), dict) else {}) if texts else None
 
 
-def cut_at_stop(text: str, stop) -> str:  # the text before the first stop string, as an endpoint returns it
+def cut_at_stop(text: str, stop) -> str:  # before the first stop string, as an endpoint returns it
     cuts = [i for i in (text.find(s) for s in (stop or []) if s) if i >= 0]
     return text[:min(cuts)] if cuts else text
 
@@ -211,7 +204,7 @@ class LocalBackend:
     """A checkpoint run in this process through model.py: chat template, batched KV-cache generation."""
 
     def __init__(self, path_or_id=None, lm=None, tokenizer=None):
-        import model  # torch loads only when a local model is used
+        import model  # torch only when used
         if lm is None:
             lm, tokenizer = model.load(path_or_id)
         self.lm, self.tokenizer, self.model = lm, tokenizer, model
@@ -220,18 +213,17 @@ class LocalBackend:
     def chat(self, messages, n=1, temperature=0.0, max_tokens=1024, stop=None) -> Completion:
         start, tok, model = time.time(), self.tokenizer, self.model
         ids = model.keep_end(tok.encode(tok.apply_chat_template(messages)), self.lm.config.max_position_embeddings,
-                             max_tokens)  # the latest steps
-        # n samples share one prefill of the prompt; stop strings end generation as soon as one is complete
+                             max_tokens)
+        # n samples share one prefill; a stop string ends generation at once
         gen = self.lm.generate([ids], max_new_tokens=max_tokens, temperature=temperature, n=n,
                                stop_token_ids=model.stop_ids(self.lm, tok), stop_fn=model.stop_strings(tok, stop))
         texts = [cut_at_stop(tok.decode(t, skip_special_tokens=True), stop) for t in gen.tokens]
         return self.usage.add(Completion(texts, len(ids) * n, sum(map(len, gen.tokens))), time.time() - start)
 
-# ================================================================================================== the prompt
-# MLAgentBench's research agent (agent_research.py: initial_prompt, format_prompt_dict), reworded.
+# ==== The prompt: MLAB's research agent (agent_research.py: initial_prompt, format_prompt_dict), reworded
 
 
-FORMAT = {  # the six entries of every response, in order, with what each must hold
+FORMAT = {  # the six entries of every response, in order
     "Reflection": "What the last observation means; if it shows an error, what caused it and how to fix it.",
     "Research Plan and Status": "The whole high-level plan, each step marked with its status and, when done, its "
                                 "confirmed result. Keep the plan from your previous response unless you revise it "
@@ -243,8 +235,7 @@ FORMAT = {  # the six entries of every response, in order, with what each must h
     "Action": "The name of one tool.",
     "Action Input": "The tool's arguments as one valid JSON object.",
 }
-STOP = ["Observation:"]  # a response ends where the environment's observation would begin (MLAB's stop string,
-#                          MLAgentBench/LLM.py complete_text: "Observation:" anywhere, not only at a line start)
+STOP = ["Observation:"]  # MLAB's stop string (MLAgentBench/LLM.py complete_text), anywhere in a line
 
 SYSTEM = """You are a research assistant who improves machine-learning code. You can use these tools:
 
@@ -272,12 +263,11 @@ Observation:
 what the tool returned
 ```"""
 
-MAX_OBSERVATION = 5000  # characters of an observation kept in the prompt: its first and last halves
+MAX_OBSERVATION = 5000  # characters of an observation shown: its first and last halves
 
 
 def tools_block() -> str:
-    """Each action with its description and a usage example that ends with what it returns (MLAB's tools prompt,
-    agents/agent.py:127-153, in our words)."""
+    """Each action, its description and a usage example (MLAB's tools prompt, agents/agent.py:127-153, reworded)."""
     return "\n".join(f"- {s.name}: {s.description}\n  Usage:\n  Action: {s.name}\n  Action Input: "
                      + s.usage().replace("\n", "\n  ") + f"\n  Observation: [{s.returns}]"
                      for s in env.ACTIONS.values())
@@ -290,11 +280,9 @@ def _clip(text: str, limit=MAX_OBSERVATION) -> str:
 
 
 def build_messages(problem: str, history=(), ideas=(), last_k=3) -> list[dict]:
-    """The prompt for the next step; pure, so ppo.py rebuilds the exact prompt of a state. history: (response,
-    observation) of each earlier step, oldest first; ideas: (category, idea) pairs injected into the first prompt only
-    (ML-Agent, Appendix B.1), which the agent's plan then carries on. As MLAB's research agent (agent_research.py:
-    91-100, 184-188): a step whose Action Input could not be read is dropped once a later step's could, then the last
-    `last_k` steps are shown (max_steps_in_context = 3), each response as `shown_response` writes it."""
+    """The next step's prompt, pure (ppo.py rebuilds a state's). history: (response, observation) per step, oldest
+    first; ideas: (category, idea) pairs, first prompt only (ML-Agent, Appendix B.1). As MLAB (agent_research.py:
+    91-100, 184-188): unreadable-input steps go once a later one is read; the last `last_k` steps are shown."""
     system = SYSTEM.format(tools=tools_block(), problem=problem.strip(),
                            format="\n".join(f"{k}: {v}" for k, v in FORMAT.items()))
     if not history:
@@ -313,25 +301,23 @@ def build_messages(problem: str, history=(), ideas=(), last_k=3) -> list[dict]:
 
 
 def shown_response(text: str) -> str:
-    """An earlier response as the prompt shows it: its entries as parsed (words before the first dropped), the plan's
-    **update marks** removed, as MLAB prints past steps (agent_research.py:133-139); as written if it does not parse."""
+    """A past response as MLAB shows it (agent_research.py:133-139): parsed, the plan's **marks** removed, or as is."""
     entries = parse_entries(text)
     if not entries:
         return text.strip()
     entries["Research Plan and Status"] = entries["Research Plan and Status"].replace("**", "")
     return "".join(f"{k}:{v}" for k, v in entries.items()).strip()
 
-# =============================================================================================== parsing
-# MLAB's parser (agents/agent.py:168-231) and what its research agent does with each failure (agent_research.py:
-# 111-170): entries it cannot find or an Action that is not a tool are asked again, an unreadable Action Input is not.
+# ==== Parsing: MLAB's parser (agents/agent.py:168-231); as its agent (agent_research.py:111-170), missing entries
+# or an Action that is no tool are asked again, an unreadable Action Input is not
 
 
 class ParseError(ValueError):
-    """A response not in its format (here, or orchestrator.py's decisions and summaries); the message says why."""
+    """A response not in its format (also orchestrator.py's); the message says why."""
 
 
 class InputError(ParseError):
-    """The Action names a tool but the Action Input is not that tool's arguments (not asked again: see above)."""
+    """The Action names a tool but the Action Input is not its arguments (not asked again)."""
 
     def __init__(self, action: str, why: str):
         super().__init__(why)
@@ -339,13 +325,12 @@ class InputError(ParseError):
 
 
 def parse_entries(text: str) -> dict[str, str]:
-    """The entries of a response as MLAB's regex finds them (agents/agent.py:218-231): each `Name:` of FORMAT, in
-    order, anywhere (a `# Name:` header works, `**Name**:` does not), each running to the next; of a repeated name the
-    greedy groups take the last occurrence that keeps the order (the first entry: its first). {} when one is missing
-    or out of order. Text from the first "Observation:" on is dropped, as the stop string would have. Not stripped."""
+    """A response's entries as MLAB's regex finds them (agents/agent.py:218-231): each `Name:` of FORMAT in order,
+    anywhere (`# Name:` works, `**Name**:` not), running to the next; of a repeated name the last occurrence keeping
+    the order (the first entry: its first); {} if one is missing or out of order. Cut at "Observation:", unstripped."""
     text = cut_at_stop(text or "", STOP)
     names, starts, end = list(FORMAT), [], len(text)
-    for i, name in reversed(list(enumerate(names))):  # from the last entry back, so no regex can backtrack for long
+    for i, name in reversed(list(enumerate(names))):  # from the last back: no regex backtracking
         at = (text.find if i == 0 else text.rfind)(name + ":", 0, end)
         if at < 0:
             return {}
@@ -356,24 +341,22 @@ def parse_entries(text: str) -> dict[str, str]:
 
 
 def parse_response(text: str) -> tuple[str, dict]:
-    """(action, action_input) of a response in the format above. ParseError with the reason otherwise; InputError
-    (a ParseError) when only the Action Input cannot be read."""
+    """(action, action_input) of a response; ParseError with the reason, InputError if only the input is bad."""
     entries = parse_entries(text)
     if not entries:
         absent = [k for k in FORMAT if k + ":" not in cut_at_stop(text or "", STOP)]
         raise ParseError(f"missing entries: {', '.join(absent)}" if absent else
                          f"the entries are not in this order: {', '.join(FORMAT)}")
-    action = entries["Action"].strip()  # MLAB compares the name after strip() only (agent_research.py:117)
+    action = entries["Action"].strip()  # as MLAB (agent_research.py:117)
     if action not in env.ACTIONS:
         raise ParseError(f"unknown action {action!r}; the actions are: {', '.join(env.ACTIONS)}")
     return action, read_action_input(entries["Action Input"], env.ACTIONS[action])
 
 
 def read_action_input(text: str, spec) -> dict:
-    """The arguments of the tool `spec`, as MLAB reads them (agents/agent.py:168-209): a JSON object with exactly the
-    tool's keys; failing that, each value after its `"key":`, the keys in the tool's order, each running to the
-    `, "next key":` (greedy, as the regex) and stripped of spaces and quotes, so a trailing comma (kept on the last
-    value, as there) or triple quotes still run. InputError when neither reads (MLAB's fallback JSON-escapes first)."""
+    """The tool `spec`'s arguments as MLAB reads them (agents/agent.py:168-209): a JSON object with exactly its keys;
+    failing that, each value after its `"key":`, in the tool's order, running to the `, "next key":` (greedy, as
+    the regex), stripped of spaces and quotes (a trailing comma stays on the last value, as there). Else InputError."""
     keys = list(spec.args)
     try:
         obj = json_object(text, "the Action Input")
@@ -384,10 +367,10 @@ def read_action_input(text: str, spec) -> dict:
                f"{', '.join(map(str, (k for k in obj if k not in keys))) or 'none'}")
     except ParseError as e:
         why = str(e)
-    body = text[text.find("{") + 1:]  # from the first { to the last } (the whole text without them)
+    body = text[text.find("{") + 1:]  # from the first { to the last }
     body = body[:body.rfind("}")] if "}" in body else body
     values, end = {}, len(body)
-    for i, key in reversed(list(enumerate(keys))):  # a later key: the last `, "key":` before the next key's value
+    for i, key in reversed(list(enumerate(keys))):  # the last `, "key":` before the next key's value
         found = list(re.finditer((r",\s*" if i else "") + re.escape(f'"{key}":'), body[:end]))  # the first: its first
         if not found:
             raise InputError(spec.name, why)
@@ -397,8 +380,7 @@ def read_action_input(text: str, spec) -> dict:
 
 
 def json_object(text: str, what="the answer") -> dict:
-    """The JSON object in `text` (a ```json fence and words around the braces dropped; strict=False: raw newlines
-    inside strings); ParseError naming `what` otherwise. orchestrator.py parses its answers with it too."""
+    """The JSON object in `text` (fence and words around it dropped, raw newlines allowed), else a ParseError."""
     raw = re.sub(r"^```\w*|```$", "", (text or "").strip(), flags=re.M).strip()
     start, end = raw.find("{"), raw.rfind("}")
     if start < 0 or end < start:
@@ -411,7 +393,7 @@ def json_object(text: str, what="the answer") -> dict:
         raise ParseError(f"{what} must be a JSON object")
     return obj
 
-# ============================================================================================== the LLM editor
+# ==== The LLM editor
 
 
 EDIT_PROMPT = """Here is a Python script:
@@ -425,7 +407,7 @@ Answer with the whole edited script in one ```python block."""
 
 
 class LLMEditor:
-    """`Edit Script (AI)` on an LLM (MLAB's edit action): the whole file rewritten; env.py makes the diff."""
+    """`Edit Script (AI)` on an LLM (MLAB's edit action): the whole file rewritten; env.py diffs it."""
 
     def __init__(self, backend, max_tokens=4096):
         self.backend, self.max_tokens = backend, max_tokens
@@ -436,11 +418,9 @@ class LLMEditor:
         blocks = re.findall(r"```(?:python|py)?[ \t]*\n(.*?)```", text, re.S)
         if not blocks:
             raise env.EditError("the editor's answer holds no ```python block")
-        return max(blocks, key=len)  # the script, not a short snippet around it
+        return max(blocks, key=len)  # the script, not a snippet
 
-# ========================================================================================== the scripted expert
-# An offline STAND-IN for the LLM expert (GPT-4o-mini in ML-Agent). Like a chat backend it sees only the messages:
-# the ideas of the first prompt, then its own last response (whose plan carries the state) and the observation.
+# ==== The scripted expert: an offline STAND-IN for the LLM expert; it sees only the messages (its plan is its state)
 
 
 PLAN_LINE = re.compile(r"^(\d+)\. (.*?) \[(pending|in progress|done|kept|undone|failed)(?:: ([^\]]*))?\]$", re.M)
@@ -457,7 +437,7 @@ class ScriptedExpert:
     def chat(self, messages, n=1, temperature=0.0, max_tokens=1024, stop=None) -> Completion:
         user, higher = messages[-1]["content"], "lower is better" not in messages[0]["content"]
         steps = re.split(r"^Step \d+:\n", user, flags=re.M)
-        if len(steps) == 1:  # the first step: the plan comes from the injected ideas
+        if len(steps) == 1:  # the plan from the injected ideas
             ideas = re.findall(r"^\d+\. (\[\w+\] .+)$", user, re.M)
             plan = [["Run train.py to measure the baseline.", "pending", ""],
                     ["Read train.py to see where each change goes.", "pending", ""],
@@ -477,8 +457,7 @@ class ScriptedExpert:
 
     @staticmethod
     def _observe(step: str, higher: bool):
-        """The last step read back: (plan, best score, reflection, fact, then), then the next (thought, action,
-        input) when this step decides it (run an applied edit, undo a change that did not help), else None."""
+        """The last step read back: (plan, best, reflection, fact, then: the next step if this one decides it)."""
         response, _, observation = step.partition("\nObservation:\n```\n")
         observation = observation.rsplit("\n```", 1)[0]
         entries = parse_entries(response)
@@ -542,25 +521,25 @@ class ScriptedExpert:
         return (f"Apply the next idea: {idea}", "Edit Script (AI)",
                 {"script_name": "train.py", "edit_instruction": idea, "save_name": "train.py"})
 
-# ============================================================================================== the episode loop
+# ==== The episode loop
 
 
 @dataclass
 class Step:
     """One step s_t -> a_t -> (o_t, r_t), with the state as it was before the action."""
     index: int
-    messages: list[dict]  # the prompt
-    response: str  # the raw response that was acted on (the last one after re-asks)
+    messages: list[dict]
+    response: str  # the one acted on (the last after re-asks)
     action: str | None
     action_input: dict | None
     observation: str
-    kind: str  # reward.py outcome: invalid | error | corner | neutral | edit | final
-    metric: float | None  # m_t after the step (the public score of train.py)
+    kind: str  # invalid | error | corner | neutral | edit | final
+    metric: float | None  # m_t after the step (public score)
     metric_prev: float | None
     metric_new: float | None
     reward: float
-    retries: int  # re-asks spent on malformed responses
-    snapshot: dict  # env.snapshot() before the action: restores s_t
+    retries: int  # re-asks
+    snapshot: dict  # env.snapshot(): restores s_t
     llm_seconds: float
     env_seconds: float
 
@@ -568,27 +547,25 @@ class Step:
 @dataclass
 class Trajectory:
     task: str
-    ideas: list  # (category, idea) pairs injected into the first prompt
+    ideas: list  # (category, idea) pairs
     m_init: float | None
     m_best: float | None
     higher_is_better: bool
     steps: list[Step] = field(default_factory=list)
     stopped: str = "max_steps"  # | "final" | "time"
-    seconds: float = 0.0  # the whole episode
-    reset_seconds: float = 0.0  # env.reset(): the starter script's run
+    seconds: float = 0.0
+    reset_seconds: float = 0.0  # env.reset(): the starter script
 
 
 REMINDER = ("Respond with all of these entries: " + ", ".join(FORMAT) + "; Action must be one of the tool names and "
             "Action Input one JSON object.")
 REASK = "Your response was not in the right format ({reason}). " + REMINDER
-INPUT_ERROR = "Action Input not understood:"  # starts the observation of a step whose Action Input could not be read
+INPUT_ERROR = "Action Input not understood:"  # opens an unreadable Action Input's observation
 
 
 def act(env_, action, action_input, reason=None, reward_config=RewardConfig()) -> tuple[env.StepResult, float]:
-    """One parsed action executed in env_ and scored: (StepResult, reward), the same in collection, evaluation and RL
-    (run_episode and ppo.execute both end here). action None: the response was no action (`reason` says why), an
-    invalid step (R_format) that does nothing. action_input an InputError: as in MLAB the step happens, its
-    observation the error and the tool's usage (agent_research.py:160-170), and it is invalid too."""
+    """One parsed action executed in env_ and scored -> (StepResult, reward), alike in collection, evaluation and RL.
+    action None (`reason` says why) or an InputError input (as MLAB, agent_research.py:160-170): invalid, R_format."""
     if action is None or isinstance(action_input, InputError):
         text = (f"Invalid response ({reason}); nothing was done. {REMINDER}" if action is None else
                 f"{INPUT_ERROR} {action_input}. Nothing was done. Give {action} one valid JSON object (double quotes, "
@@ -602,8 +579,7 @@ def act(env_, action, action_input, reason=None, reward_config=RewardConfig()) -
 
 def run_episode(env_, backend, ideas=(), max_steps=15, time_limit=1800.0, max_retries=2, temperature=0.0,
                 max_tokens=1024, reward_config=RewardConfig()) -> Trajectory:
-    """Reset `env_` and let the agent on `backend` act until Final Answer, `max_steps` or `time_limit` seconds
-    (ML-Agent: 15 steps, 30 minutes per trajectory)."""
+    """Reset `env_`; the agent acts until Final Answer, `max_steps` or `time_limit` (ML-Agent: 15 steps, 30 min)."""
     start = time.time()
     problem = env_.reset()
     reset_seconds = time.time() - start
@@ -614,12 +590,12 @@ def run_episode(env_, backend, ideas=(), max_steps=15, time_limit=1800.0, max_re
             break
         messages = build_messages(problem, [(s.response, s.observation) for s in traj.steps], ideas)
         snapshot, llm_start, ask, reason = env_.snapshot(), time.time(), list(messages), None
-        for retries in range(max_retries + 1):  # asked again only when no action can be read (see "parsing")
+        for retries in range(max_retries + 1):  # asked again only when no action can be read
             response = backend.chat(ask, temperature=temperature, max_tokens=max_tokens, stop=STOP).texts[0]
             try:
                 action, action_input = parse_response(response)
                 break
-            except InputError as e:  # a tool with unreadable arguments: the step happens, invalid
+            except InputError as e:  # the step happens, invalid
                 action, action_input = e.action, e
                 break
             except ParseError as e:
@@ -628,7 +604,7 @@ def run_episode(env_, backend, ideas=(), max_steps=15, time_limit=1800.0, max_re
                 ask = ask[:-1] + [{"role": "user", "content": ask[-1]["content"] + "\n\n"
                                    + REASK.format(reason=reason)}]
         llm_seconds, env_start = time.time() - llm_start, time.time()
-        result, r = act(env_, action, action_input, reason, reward_config)  # still malformed: invalid, goes on
+        result, r = act(env_, action, action_input, reason, reward_config)
         traj.steps.append(Step(len(traj.steps), messages, response, action,
                                action_input if isinstance(action_input, dict) else None, result.observation,
                                result.kind, env_.metric, result.metric_prev, result.metric_new, r, retries, snapshot,
@@ -639,12 +615,11 @@ def run_episode(env_, backend, ideas=(), max_steps=15, time_limit=1800.0, max_re
     traj.seconds, traj.reset_seconds = time.time() - start, reset_seconds
     return traj
 
-# ========================================================================== the run folders every command line shares
-# Written once here for collect.py, sft.py, ppo.py, orchestrator.py and eval.py; torch-free, so they start fast.
+# ==== Run folders, shared by every command line; torch-free (fast start)
 
 
 def lock_file(path, what):
-    """An flock on `path` while the returned file is open (never stale: dies with the process); ValueError if taken."""
+    """An flock on `path` while the returned file is open (dies with the process); ValueError if taken."""
     lock = open(path, "w")
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -655,7 +630,7 @@ def lock_file(path, what):
 
 
 def claim_folder(path, flag="--out"):
-    """This run's output folder, made and locked (folder/.lock; not a file) -> the lock file, a context manager."""
+    """This run's output folder, made and locked (folder/.lock) -> the lock file (a context manager)."""
     if os.path.exists(path) and not os.path.isdir(path):
         raise ValueError(f"{flag} {path} is a file; give a folder")
     os.makedirs(path, exist_ok=True)
@@ -663,7 +638,7 @@ def claim_folder(path, flag="--out"):
 
 
 def write_atomic(path, text):
-    """text (a str or str lines) to a hidden file beside path, renamed over it: a reader never sees half a file."""
+    """text (a str or lines) to a hidden file beside path, renamed over it: never half a file."""
     path = str(path)
     tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.{os.getpid()}.tmp")
     with open(tmp, "w", encoding="utf-8") as f:
@@ -672,7 +647,7 @@ def write_atomic(path, text):
 
 
 def append_jsonl(path, obj):
-    """One whole line per write, flushed to disk, so a kill leaves at most one torn last line (read_jsonl)."""
+    """One whole line per write, flushed to disk: a kill leaves at most a torn last line."""
     with open(path, "a", encoding="utf-8") as f:
         f.write(json.dumps(obj) + "\n")
         f.flush()
@@ -680,8 +655,7 @@ def append_jsonl(path, obj):
 
 
 def jsonl_rows(path, complete_only=False):
-    """(line number, object) of each non-empty line, else a ValueError naming the line; complete_only: a torn last
-    line (a kill mid-write) is skipped."""
+    """(line number, object) of each non-empty line, else a ValueError naming it; complete_only: no torn last line."""
     with open(path, "rb") as f:
         for n, raw in enumerate(f, 1):
             if complete_only and not raw.endswith(b"\n"):
@@ -696,13 +670,12 @@ def jsonl_rows(path, complete_only=False):
 
 
 def read_jsonl(path, need=(), what="a JSON object", complete_only=False, repair=False) -> list[dict]:
-    """The objects of a JSONL file ([] when there is none), each a dict with the keys `need`, else a ValueError naming
-    the line. complete_only: a line torn by a kill mid-write is skipped; repair: it is also cut off the file."""
+    """A JSONL file's dicts with the keys `need` ([] if no file); complete_only: no torn last line; repair: cut it."""
     if not os.path.exists(path):
         return []
     if repair:
         with open(path, "r+b") as f:
-            f.truncate(f.read().rfind(b"\n") + 1)  # to the end of the last whole line
+            f.truncate(f.read().rfind(b"\n") + 1)
     rows = []
     for n, row in jsonl_rows(path, complete_only or repair):
         if not isinstance(row, dict) or any(k not in row for k in need):
@@ -712,8 +685,7 @@ def read_jsonl(path, need=(), what="a JSON object", complete_only=False, repair=
 
 
 def trim_log(path, key, last, out=None):
-    """A JSONL log as its run's checkpoint knows it: lines whose `key` is past `last` (written before a kill, after
-    the checkpoint) and a torn line are dropped. out: each line must name this --out; another run's log is refused."""
+    """A JSONL log as its checkpoint knows it: lines with `key` past `last` and a torn line go; out: must be ours."""
     if not os.path.exists(path):
         return
     keep = []
@@ -729,8 +701,7 @@ def trim_log(path, key, last, out=None):
 
 
 def swap_folder(tmp, path):
-    """The folder `tmp` becomes `path`, never neither: path goes aside to path.old, tmp is renamed in, path.old is
-    deleted (recover_folder undoes a kill in between)."""
+    """`tmp` becomes `path`, never neither: path goes to path.old, tmp is renamed in, path.old deleted."""
     old = f"{path}.old"
     shutil.rmtree(old, ignore_errors=True)
     if os.path.exists(path):
@@ -740,7 +711,7 @@ def swap_folder(tmp, path):
 
 
 def recover_folder(path, tmp=None):
-    """After a kill inside swap_folder: path.old is renamed back when path is missing, else deleted; so is tmp."""
+    """After a kill inside swap_folder: path.old back when path is missing, else deleted; so is tmp."""
     old = f"{path}.old"
     if os.path.isdir(old):
         shutil.rmtree(old) if os.path.exists(path) else os.replace(old, path)
@@ -749,19 +720,17 @@ def recover_folder(path, tmp=None):
 
 
 def check_checkpoint(folder):
-    """ValueError (one line naming it) when the checkpoint `folder` cannot be loaded, weights truncated included; reads
-    no weights, so a command checks before any work."""
+    """ValueError naming `folder` when it is no loadable checkpoint (truncated weights too); reads no weights."""
     import model
     try:
         model.load(folder, "cpu", meta=True)
-    except Exception as e:  # noqa: BLE001 - whatever the loader meets (JSON, missing files, tokenizer), it is unusable
+    except Exception as e:  # noqa: BLE001 - whatever the loader meets, it is unusable
         why = (str(e).splitlines() or [type(e).__name__])[0]
         raise ValueError(f"{folder} is not a loadable checkpoint: {why}") from None
 
 
 def check_checkpoint_flags(parser, *flags):
-    """parser.error (one line, exit 2) at the first (flag, name, url) whose name is a local folder
-    but no loadable checkpoint; with a url the endpoint serves it. Called after parsing."""
+    """parser.error at the first (flag, name, url): a local folder, no url, that is no loadable checkpoint."""
     for flag, name, url in flags:
         if name and os.path.isdir(name) and not url:
             try:
@@ -769,20 +738,18 @@ def check_checkpoint_flags(parser, *flags):
             except ValueError as e:
                 parser.error(f"{flag} {e}")
 
-# ================================================================================================= command line
+# ==== Command line
 
 
 def make_backend(model_name: str | None, base_url: str | None = None, price_in=0.0, price_out=0.0,
                  stand_in=ScriptedExpert):
-    """"scripted" (or None) -> stand_in() (orchestrator.py passes its own); with base_url or a name that is no path ->
-    an endpoint (prices: dollars per million tokens in / out); a checkpoint folder -> LocalBackend (broken: ValueError);
-    a path that does not exist -> BackendError."""
+    """"scripted"/None: stand_in(); base_url or no path: an endpoint; a folder: LocalBackend; else BackendError."""
     if model_name in (None, "scripted"):
         return stand_in()
-    if base_url:  # an endpoint was named: it serves the model, even one named by a path (transformers serve does)
+    if base_url:  # it serves the model, even one named by a path
         return OpenAIBackend(model=model_name, base_url=base_url, price_in=price_in, price_out=price_out)
     if os.path.isdir(model_name):
-        check_checkpoint(model_name)  # one line, before torch reads its weights
+        check_checkpoint(model_name)  # before torch reads its weights
         return LocalBackend(model_name)
     if model_name.startswith((".", "/", "~")) or os.sep in model_name.rstrip(os.sep) and model_name.count("/") != 1:
         raise BackendError(f"no model folder {model_name!r}; for an endpoint's model pass --base-url")
@@ -790,16 +757,14 @@ def make_backend(model_name: str | None, base_url: str | None = None, price_in=0
 
 
 class Parser(argparse.ArgumentParser):
-    """The command-line parser of every script from agent.py up (collect, sft, ppo, orchestrator, eval): a usage
-    error is one line and exit status 2. env.py and model.py, which import nothing of the project, have their own."""
+    """Every script's parser from agent.py up: a usage error is one line, exit status 2."""
 
     def error(self, message):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
 def checked(kind, ok=None, says="finite"):
-    """An argparse `type=` that reads a `kind` and refuses a value ok() rejects, and any float that is not finite:
-    argparse then prints its one line naming the flag (Parser: exit status 2), as for a value it cannot read."""
+    """An argparse `type=` reading a `kind`, refusing what ok() rejects and floats not finite (one line, exit 2)."""
     def read(text):
         try:
             v = kind(text)
@@ -831,7 +796,7 @@ def main(argv=None):
         e = env.Env(args.task, editor=env.recipe_editor if isinstance(backend, ScriptedExpert) else LLMEditor(backend))
     except (env.TaskError, OSError) as err:
         p.error(str(err))
-    except (BackendError, ValueError) as err:  # no such model folder, a checkpoint that cannot be loaded
+    except (BackendError, ValueError) as err:  # no such model folder, a broken checkpoint
         p.error(f"--model: {err}")
     ideas = [tuple(i.split(":", 1)) if ":" in i else ("idea", i) for i in args.idea]
     if not ideas and isinstance(backend, ScriptedExpert):

@@ -1,27 +1,20 @@
 """What every task shares: task folders and their grading, the agent's actions (Env), the sandbox that runs agent code,
-and MLE-bench import; the built-in tasks are the folders of tasks/, built by tasks/builtin.py, and an MLE-bench
-competition is made a task folder by tasks/mlebench/prepare.py.
+and MLE-bench import (tasks/builtin.py builds the built-in tasks; tasks/mlebench/prepare.py imports competitions).
 
-The actions, their JSON arguments and what each does follow MLAgentBench ("MLAgentBench: Evaluating Language Agents on
-Machine Learning Experimentation", arXiv:2310.03302; its high_level_actions.py, low_level_actions.py), the
-environment ML-Agent trains in (arXiv:2505.23723, §Experiments). A task folder is MLE-bench's prepared competition
-("MLE-bench", arXiv:2410.07095) in one folder: `public/` what the agent sees, `private/answers.csv` the test answers
-with a `part` column, the Kaggle public/private split of the test rows; load_task reads a built-in task's and an
-imported competition's alike. METRICS follow scikit-learn and MLE-bench's graders (sklearn's log-loss with rows that
-sum to 1, macro-averaged multi-column AUC, extra submission columns ignored).
+The actions follow MLAgentBench ("MLAgentBench: Evaluating Language Agents on Machine Learning Experimentation",
+arXiv:2310.03302; its high_level_actions.py, low_level_actions.py), the environment ML-Agent trains in
+(arXiv:2505.23723, §Experiments). A task folder is an MLE-bench prepared competition ("MLE-bench", arXiv:2410.07095):
+`public/` what the agent sees, `private/answers.csv` the answers with a `part` column (Kaggle's public/private split).
 
 Departures from MLAgentBench:
 1. No LLM answers `Understand File`: it shows a CSV's shape, columns and first rows, or a script's first lines.
 2. The workspace is a dict of scripts in memory, so a state is snapshotted and restored exactly.
-3. An edited script is run, as reward.py pays an edit by the change of train.py's metric (the submission's: a better
-   script saved elsewhere is paid once it reaches train.py).
-4. `Execute Script` shows the run's one log, stdout and stderr as written (MLAB: stdout, or stderr on failure), the
-   capped log the sandbox caches and orchestrator.py reads; a note follows at a time or resource limit, for a train.py
-   without a valid submission.csv (reward.py's error), or the public score.
-5. `Edit Script (AI)` takes any editor `(instruction, code) -> code`; offline, recipe_editor applies the recipes of
-   tasks/recipes/ to the built-in starters (agent.py's LLM editor replaces it when configured).
-6. The built-in tasks' data ship with scikit-learn or are generated with fixed seeds; their leaderboard is a reference
-   panel of scikit-learn pipelines (tasks/builtin.py), not human Kaggle entries.
+3. An edited script is run: reward.py pays the change of train.py's metric (another file's once it reaches train.py).
+4. `Execute Script` shows the run's capped log, stdout and stderr as written (MLAB: stdout, or stderr on failure),
+   then a note at a time or resource limit, for a train.py without a valid submission.csv, or the public score.
+5. `Edit Script (AI)` takes any editor `(instruction, code) -> code`; offline, recipe_editor applies tasks/recipes/.
+6. The built-in tasks' data ship with scikit-learn or are seeded; their leaderboard is a reference panel of
+   scikit-learn pipelines (tasks/builtin.py), not human Kaggle entries.
 
 Run:  python env.py list | python env.py prepare [NAME ...] | python env.py run --task digits --script my_train.py
       python env.py import-mlebench --prepared ~/.cache/mle-bench/data/ID/prepared --out runs/tasks-mle/ID
@@ -32,6 +25,7 @@ from __future__ import annotations
 import argparse
 import atexit
 import builtins
+import contextlib
 import ctypes
 import difflib
 import fcntl
@@ -69,17 +63,15 @@ ROOT = Path(__file__).parent
 TASKS_DIR = ROOT / "runs" / "tasks"
 CACHE_DIR = ROOT / "runs" / "cache"
 LOG_DIR = ROOT / "runs" / "logs"
-DATA_DIR = ROOT / "tasks"  # the tasks' own folders, descriptions, recipes (not runs/tasks, the prepared folders)
+DATA_DIR = ROOT / "tasks"  # the tasks' sources; runs/tasks holds the prepared folders
 
 
 def _text(name: str) -> str:
-    """tasks/<name> as written: a description template or a script."""
     return (DATA_DIR / name).read_text()
 
 
 def _fill(template: str, **values) -> str:
-    """The one templating system of tasks/: string.Template, `$name` filled in, `$$` a dollar; a name left unfilled
-    raises KeyError (values are not read as templates again)."""
+    """tasks/'s one templating: string.Template (`$name`, `$$` a dollar); an unfilled name raises KeyError."""
     return string.Template(template).substitute(values)
 
 # ================================================================================================== metrics
@@ -103,9 +95,7 @@ def _f1_macro(y, p) -> float:
 
 
 def _roc_auc(y, p) -> float:
-    """Mann-Whitney form: the chance that a random positive is scored above a random negative (ties count 1/2); with
-    several columns, their mean (sklearn's roc_auc_score average="macro", as in MLE-bench's
-    mlebench/competitions/jigsaw-toxic-comment-classification-challenge/grade.py), not one pooled column."""
+    """Mann-Whitney form; several columns: their mean (as jigsaw-toxic-comment-classification-challenge/grade.py)."""
     y, p = np.asarray(y, dtype=float), np.asarray(p, dtype=float)
     if y.ndim == 2:
         return float(np.mean([_roc_auc(y[:, j], p[:, j]) for j in range(y.shape[1])]))
@@ -116,8 +106,7 @@ def _roc_auc(y, p) -> float:
 
 
 def _log_loss(y, p) -> float:
-    """Log-loss as sklearn.metrics.log_loss (>= 1.5) computes it, which MLE-bench's grade.py files call: clip to
-    [eps, 1 - eps], eps the float64 machine epsilon, and no rescaling of rows (rows must sum to 1: _check_submission)."""
+    """As sklearn.metrics.log_loss (>= 1.5), which MLE-bench's graders call: clipped to float64 eps, rows unscaled."""
     y, p = np.asarray(y, dtype=float), np.asarray(p, dtype=float)
     if y.ndim == 1:  # one probability column: the positive class of a binary task
         y, p = np.column_stack([1 - y, y]), np.column_stack([1 - p, p])
@@ -133,7 +122,7 @@ class Metric:
     kind: str  # "label" (class labels), "probability" (values in [0, 1]) or "value" (any finite number)
 
 
-METRICS = {  # how scikit-learn spells each one (a starter's, a recipe's) is in tasks/builtin.py and tasks/recipes/
+METRICS = {  # scikit-learn's spelling of each: tasks/builtin.py, tasks/recipes/
     "accuracy": Metric(lambda y, p: float(np.mean(y == p)), True, "label"),
     "f1_macro": Metric(_f1_macro, True, "label"),
     "roc_auc": Metric(_roc_auc, True, "probability"),
@@ -145,7 +134,7 @@ METRICS = {  # how scikit-learn spells each one (a starter's, a recipe's) is in 
 
 
 class TaskError(ValueError):
-    """A task folder is missing something or holds something wrong (the message is one line)."""
+    """A task folder is missing something or holds something wrong (one-line message)."""
 
 
 @dataclass
@@ -158,7 +147,7 @@ class Task:
     target_columns: list[str]
     best_score: float
     time_limit: float
-    split: str  # "held-in" (tasks to train on) or "held-out" (evaluation only)
+    split: str  # "held-in" (to train on) or "held-out" (evaluation only)
     description: str
     info: dict = field(default_factory=dict, repr=False)  # task.json as read
 
@@ -171,7 +160,7 @@ class Task:
         return self.dir / "private"
 
     def leaderboard(self) -> list[tuple[str, float]]:
-        """The reference leaderboard, best first (empty when the task has none)."""
+        """The reference leaderboard, best first (empty if none)."""
         path = self.private_dir / "leaderboard.csv"
         if not path.exists():
             return []
@@ -220,12 +209,12 @@ def load_task(name_or_path) -> Task:
              if k in info and info[k] is not None and not ok(info[k])]
     if wrong:
         raise TaskError(f"{folder / 'task.json'}: {'; '.join(wrong)}")
-    grade_py = info.get("mlebench", {}).get("grade_fn")  # graded by the competition's own grade.py (import_mlebench)
+    grade_py = info.get("mlebench", {}).get("grade_fn")  # graded by the competition's grade.py
     if info["metric"] not in METRICS and not grade_py:
         raise TaskError(f"{folder / 'task.json'}: unknown metric {info['metric']!r} (known: {', '.join(METRICS)})")
     optional = ("public/train.csv", "public/test.csv") if "mlebench" in info else ()
     missing = [f for f in REQUIRED_FILES if not (folder / f).is_file() and f not in optional]
-    if missing:  # an MLE-bench competition need not have train.csv and test.csv (e.g. public/labels.csv)
+    if missing:
         raise TaskError(f"{folder}: missing {', '.join(missing)}")
     with open(folder / "private" / "answers.csv") as f:
         header = f.readline().strip().split(",")
@@ -239,7 +228,7 @@ def load_task(name_or_path) -> Task:
                 target_columns=list(info["target_columns"]), best_score=info.get("best_score"),
                 time_limit=float(info.get("time_limit", 600)), split=info.get("split", "held-out"),
                 description=(folder / "description.md").read_text(), info=info)
-    if task.best_score is None:  # e.g. an MLE-bench task: its leaderboard brings the best score
+    if task.best_score is None:  # e.g. MLE-bench: the leaderboard's top
         board = task.leaderboard()
         if not board:
             raise TaskError(f"{folder}: task.json has no best_score and private/leaderboard.csv is missing")
@@ -248,8 +237,7 @@ def load_task(name_or_path) -> Task:
 
 
 def load_tasks(names) -> list[Task]:
-    """load_task of each name or folder; the built-in tasks among them that are not built yet are built first, several
-    at once (prepare), where load_task alone would build them one after another."""
+    """load_task of each; the built-in ones are prepared first, in parallel (load_task alone builds one at a time)."""
     names = list(names)
     builtin = [str(n) for n in names if not isinstance(n, Task) and str(n) in BUILTIN_TASKS]
     if builtin:
@@ -258,7 +246,6 @@ def load_tasks(names) -> list[Task]:
 
 
 def list_tasks() -> list[Task]:
-    """The built-in tasks (prepared on first use)."""
     return load_tasks(BUILTIN_TASKS)
 
 
@@ -271,15 +258,15 @@ class Grade:
 
 
 def _check_submission(task: Task, path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(truth, prediction, is_public) aligned by id; raises ValueError with the reason a submission is rejected."""
+    """(truth, prediction, is_public) aligned by id; ValueError with the reason a submission is rejected."""
     try:
         sub = pd.read_csv(path)
     except Exception as e:  # noqa: BLE001 - any parse failure is the submission's fault
         raise ValueError(f"{path.name} cannot be read as CSV: {str(e).splitlines()[0]}") from None
     ans = pd.read_csv(task.private_dir / "answers.csv")
     want = [task.id_column, *task.target_columns]
-    missing = [c for c in want if c not in sub.columns]  # other columns are ignored, as MLE-bench's graders do
-    if missing:  # (mlebench/competitions/utils.py, one_hot_dfs_to_log_loss_inputs: "only include columns ...")
+    missing = [c for c in want if c not in sub.columns]  # others ignored, as MLE-bench's graders do
+    if missing:  # (mlebench/competitions/utils.py, one_hot_dfs_to_log_loss_inputs)
         raise ValueError(f"wrong columns in {path.name}: missing {missing}; expected {want} (others are ignored)")
     if len(sub) != len(ans):
         raise ValueError(f"{path.name} has {len(sub)} rows, expected {len(ans)} (one per row of test.csv)")
@@ -304,22 +291,21 @@ def _check_submission(task: Task, path: Path) -> tuple[np.ndarray, np.ndarray, n
         pred = values.to_numpy(dtype=float)
         if metric.kind == "probability" and ((pred < 0) | (pred > 1)).any():
             raise ValueError(f"probabilities outside [0, 1] in {path.name}")
-        # rows of probabilities must sum to 1: np.isclose(..., atol=1e-6) as in MLE-bench's log-loss graders
-        # (mlebench/competitions/dog-breed-identification/grade.py, leaf-classification/grade.py)
+        # rows sum to 1 within atol=1e-6, as MLE-bench's dog-breed-identification/grade.py, leaf-classification/grade.py
         if task.metric == "log_loss" and pred.shape[1] > 1 and not np.isclose(pred.sum(axis=1), 1, atol=1e-6).all():
             raise ValueError(f"rows of probabilities that do not sum to 1 in {path.name}")
         truth = ans[task.target_columns].to_numpy(dtype=float)
         if len(task.target_columns) == 1:
             truth, pred = truth.ravel(), pred.ravel()
-    rule = task.info.get("score_rows")  # e.g. ventilator scores only u_out == 0 (its grade.py, prepare_for_metric)
+    rule = task.info.get("score_rows")  # e.g. ventilator scores only u_out == 0 (its grade.py)
     scored = _labels(ans[rule["column"]]) == _labels([rule["value"]])[0] if rule else np.ones(len(ans), bool)
     return truth[scored], pred[scored], (ans["part"] == "public").to_numpy()[scored]
 
 
 def grade(task, submission_path) -> Grade:
-    """Score a submission on the public and the private part of the test rows, or say why it is rejected."""
+    """Score a submission on the public and private test rows, or say why it is rejected."""
     task, path = load_task(task), Path(submission_path)
-    if path.is_symlink() or not path.is_file():  # the grader runs as root: a link could lead it to private/
+    if path.is_symlink() or not path.is_file():  # the grader runs as root: a link could reach private/
         return Grade(False, None, None, f"no submission: {path.name} does not exist or is not a plain file (the "
                                         f"script must write submission.csv)")
     if task.info.get("mlebench", {}).get("grade_fn"):
@@ -332,7 +318,6 @@ def grade(task, submission_path) -> Grade:
     return Grade(True, fn(truth[public], pred[public]), fn(truth[~public], pred[~public]), None)
 
 # ====================================================================================== the agent's actions and Env
-# MLAgentBench low_level_actions.py / high_level_actions.py: the action names and their JSON arguments.
 
 
 @dataclass(frozen=True)
@@ -340,10 +325,10 @@ class ActionSpec:
     name: str
     description: str
     args: dict[str, str]  # argument name -> what to give
-    returns: str  # what the observation holds (MLAB's return_value, shown in the agent's tools prompt; errors aside)
+    returns: str  # MLAB's return_value: what the observation holds
 
     def usage(self) -> str:
-        """The arguments as a JSON-shaped example, as the tools prompt and the input errors show them."""
+        """The arguments as a JSON example, for the tools prompt and input errors."""
         return json.dumps({k: f"[{v}]" for k, v in self.args.items()}, indent=4)
 
 
@@ -378,38 +363,32 @@ ACTIONS = {a.name: a for a in [
 @dataclass
 class StepResult:
     observation: str
-    kind: str  # invalid | error | corner | neutral | edit | final: the outcome names of reward.py
-    metric_prev: float | None  # the submission's (train.py's) public score before the step
-    metric_new: float | None  # ... and after it: a side file's score never enters here (reward.py's rule)
+    kind: str  # invalid | error | corner | neutral | edit | final: reward.py's outcomes
+    metric_prev: float | None  # train.py's public score before the step
+    metric_new: float | None  # ... and after it (a side file's score never enters)
     run: RunResult | None = None
     done: bool = False
-    metric_high: float | None = None  # the submission's best score in the episode before the step (binary reward)
+    metric_high: float | None = None  # train.py's best score in the episode before the step (binary reward)
 
 
 class _Invalid(Exception):
-    """An action input that breaks the action's contract (the step is "invalid")."""
+    """An action input that breaks the action's contract: an "invalid" step."""
 
 
 class Env:
-    """One task's workspace and the agent's actions on it; the metric is the public score of train.py.
-
-    train.py is the submission (Final Answer submits it as it is), so the metric a step reports, and reward.py pays
-    for, is always train.py's: an edit saved under another name, however well that file scores, changes nothing
-    (`metric_new == metric_prev`); Copy File onto train.py runs it and reports its score; Undo Edit Script of
-    train.py reports the score it restores. `m_high` is the best score train.py has had in the episode (the binary
-    reward pays only for a new one)."""
+    """One task's workspace and the agent's actions. The metric is train.py's public score: another file's changes
+    nothing; Copy File onto train.py and Undo Edit Script of train.py report the score they bring."""
 
     def __init__(self, task, editor: Callable[[str, str], str] | None = None, show_score=False, timeout=None,
                  cache=True):
         self.task = load_task(task)
-        self.editor = recipe_editor if editor is None else editor  # (instruction, code) -> code; default: offline
+        self.editor = recipe_editor if editor is None else editor  # (instruction, code) -> code
         self.show_score, self.timeout, self.cache = show_score, timeout, cache
         self.files: dict[str, str] = {}  # the workspace's scripts; data files are read from public/
-        self.history: list[dict] = []  # edits, newest last: {"script", "content" before (None: new), "metric"}
+        self.history: list[dict] = []  # edits, newest last: {"script", "content" before, "metric"}
         self.step_count, self.done = 0, False
         self.metric = self.m_init = self.m_high = None
-        # m_best on the rows m_t is measured on (the public part); a task without it (MLE-bench) uses its leaderboard top
-        self.m_best = self.task.info.get("best_public_score", self.task.best_score)
+        self.m_best = self.task.info.get("best_public_score", self.task.best_score)  # on the rows m_t is measured on
 
     def reset(self) -> str:
         """A fresh workspace with the starter train.py, run once for m_init; returns the task description."""
@@ -443,7 +422,7 @@ class Env:
         try:
             if spec is None:
                 raise _Invalid(f"EnvError: unknown action {action!r}; the actions are: {', '.join(ACTIONS)}")
-            if not isinstance(action_input, dict):  # as MLAB's environment.py:306-336, with the tool's usage
+            if not isinstance(action_input, dict):  # as MLAB's environment.py:306-336
                 raise _Invalid(f"EnvError: the input of {action} must be a JSON object with the keys "
                                f"{', '.join(spec.args)}:\n{spec.usage()}")
             missing = [a for a in spec.args if a not in action_input]
@@ -461,13 +440,13 @@ class Env:
         return StepResult(observation, kind, self.metric, self.metric, run, done, self.m_high)
 
     def _better(self, a, b):
-        """The better of two scores in the task's direction; None counts as missing."""
+        """The better of two scores in the task's direction; None is missing."""
         if a is None or b is None:
             return b if a is None else a
         return max(a, b) if self.task.higher_is_better else min(a, b)
 
     def _submission(self, observation, score, run=None) -> StepResult:
-        """A step that set train.py to a script scoring `score`: an "edit" from the old metric to the new one."""
+        """A step that set train.py to a script scoring `score`: an "edit"."""
         prev, high = self.metric, self.m_high
         self.metric, self.m_high = score, self._better(high, score)
         return StepResult(observation, "edit", prev, score, run, metric_high=high)
@@ -482,7 +461,7 @@ class Env:
                 from None
 
     def _read(self, name) -> str | None:
-        """A workspace file's text: a script, or a public data file; None when there is no such file."""
+        """A workspace script's or public data file's text; None if there is none."""
         path = self._path(name)
         if path in self.files:
             return self.files[path]
@@ -495,7 +474,7 @@ class Env:
                           script=script)
 
     def _outcome(self, run: RunResult, script: str) -> tuple[str, str]:
-        """(kind, note for the observation) of a run: success, error, corner case."""
+        """(kind, note for the observation) of a run."""
         if run.status == "success":
             return "success", f"\nPublic score ({self.task.metric}): {run.score:.4f}" if self.show_score else ""
         if run.status in ("timeout", "resource"):
@@ -506,7 +485,7 @@ class Env:
             return ("neutral" if helper else "error"), ("" if helper else f"\nEnvError: {run.error}")
         return "error", ""
 
-    # --- the actions (MLAgentBench names; observations worded like MLAgentBench's)
+    # --- the actions (observations worded like MLAgentBench's)
 
     def _list_files(self, dir_path):
         folder = "" if str(dir_path).strip() in ("", ".", "./") else self._path(dir_path)
@@ -550,14 +529,13 @@ class Env:
     def _edit_script(self, script_name, edit_instruction, save_name):
         source, save = self._path(script_name), self._path(save_name)
         old = self._read(source)
-        if old is None:  # MLAB writes an empty script_name first (high_level_actions.py:80-84)
+        if old is None:  # MLAB creates an empty script_name (high_level_actions.py:80-84)
             old = self.files[source] = ""
         try:
             new = self.editor(str(edit_instruction), old)
         except Exception as e:  # noqa: BLE001 - any editor failure is an edit that cannot be applied
             return self._result(f"EnvError: the edit could not be applied: {e}", "error")
-        # MLAB backs up script_name, not save_name (high_level_actions.py:100-104): Undo of script_name brings it back
-        # as it was before this edit, and Undo of save_name has nothing of this edit to undo
+        # MLAB backs up script_name, not save_name (high_level_actions.py:100-104): Undo of script_name reverts this
         self.history.append({"script": source, "content": old, "metric": self.metric})
         self.files[save] = new
         diff = "".join(difflib.unified_diff(old.splitlines(True), new.splitlines(True), source, save))
@@ -566,8 +544,7 @@ class Env:
         return self._scored(observation, save) if save.endswith(".py") else self._result(observation, "neutral")
 
     def _scored(self, observation, script) -> StepResult:
-        """Run a script just edited or copied: a new train.py is a new submission (an "edit" to its score); a side
-        file leaves the submission, and so the metric, as it is (reward 0)."""
+        """Run a script just edited or copied: a new train.py is a new submission; a side file leaves the metric."""
         run = self._run(script)
         kind, note = self._outcome(run, script)
         if kind != "success":
@@ -582,12 +559,12 @@ class Env:
         if at is None:
             return self._result(f"EnvError: there is no change to undo in {script}", "error")
         entry = self.history.pop(at)
-        if entry["content"] is None:  # an edit recorded by an older version: the script did not exist before it
+        if entry["content"] is None:  # an older version's record of a new script
             self.files.pop(script, None)
         else:
             self.files[script] = entry["content"]
         observation = f"Content of {script} after undo the most recent edit:\n{entry['content'] or ''}"
-        if script == "train.py" and entry["metric"] is not None:  # the submission goes back to its earlier score
+        if script == "train.py" and entry["metric"] is not None:
             return self._submission(observation, entry["metric"])
         return self._result(observation, "neutral")
 
@@ -606,17 +583,17 @@ class Env:
         src, dst = self._path(source), self._path(destination)
         if src not in self.files:
             return self._result(f"EnvError: cannot copy {source}: only scripts of the workspace can be copied", "error")
-        self.files[dst] = self.files[src]  # no backup, as MLAB's copy_file: Undo Edit Script does not revert a copy
+        self.files[dst] = self.files[src]  # no backup, as MLAB's copy_file
         observation = f"File {src} copied to {dst}"
         if dst != "train.py" or src == dst:
             return self._result(observation, "neutral")
-        return self._scored(observation, dst)  # the submission changed: score it, as an edit of train.py would be
+        return self._scored(observation, dst)  # a new submission
 
     def _final_answer(self, final_answer):
         self.done = True
         return self._result("end", "final", done=True)
 
-    HANDLERS = {"List Files": _list_files, "Understand File": _understand_file,  # action name -> its method
+    HANDLERS = {"List Files": _list_files, "Understand File": _understand_file,
                 "Inspect Script Lines": _inspect_script_lines, "Edit Script (AI)": _edit_script,
                 "Undo Edit Script": _undo_edit_script, "Execute Script": _execute_script, "Copy File": _copy_file,
                 "Final Answer": _final_answer}
@@ -630,10 +607,9 @@ assert Env.HANDLERS.keys() == ACTIONS.keys(), "every action has its method"
 # - reading the answers: as root, the code runs as a dedicated unprivileged uid (one per run, 60000+), and `private/`,
 #   the cache and the logs are root-only (0700); that uid can neither read them nor signal the parent;
 # - leaking secrets: the environment is rebuilt from a short whitelist (no API keys or tokens);
-# - runaway processes: a new session/process group, stdin closed, a wall-clock limit (TERM to the group, a grace
-#   period, KILL), the group killed after every run, and as root every process of the run's uid killed as well, which
-#   also catches daemons that left the group with setsid; rlimits on CPU time, file size, open files, processes (per
-#   uid, as root), core dumps (0) and, for CPU-only runs, address space;
+# - runaway processes: a new session/process group, stdin closed, a wall-clock limit (TERM, a grace period, KILL),
+#   the group killed after every run and, as root, every process of the run's uid (daemons that left the group too);
+#   rlimits on CPU time, file size, open files, processes (per uid, as root), core dumps, address space (CPU-only runs);
 # - floods: output goes to a log file on disk capped by RLIMIT_FSIZE; the caller gets its head and tail;
 # - links planted for the root parent: the submission and the outputs a caller keeps (`keep`) must be plain files in
 #   the work folder, so neither the grader nor the copy follows a symlink to `private/`;
@@ -643,39 +619,36 @@ assert Env.HANDLERS.keys() == ACTIONS.keys(), "every action has its method"
 # (set_script_gpu: a torchrun rank's own, or none; not isolated from the trainer's memory) or all CPU cores; without
 # root there is no separate uid, so `private/` is readable and a daemon that calls setsid escapes the group kill.
 # Where `unshare` fails the network stays reachable (RunResult.isolation says what applied).
-# When the Python interpreter lives under a folder the sandbox uid cannot enter (e.g. /root/.pyenv), the run gets a
-# private mount namespace in which that folder is covered by an empty tmpfs with only the interpreter bound back in.
-# Each run is forked from a fork server that imported numpy, pandas and scikit-learn once (see its section): all of
-# the above is applied in the fork, as subprocess would before starting a new interpreter.
+# An interpreter under a folder the sandbox uid cannot enter (e.g. /root/.pyenv) is bound back into an empty tmpfs
+# over that folder, in a private mount namespace.
 
-MEMORY_LIMIT = 4 << 30  # RLIMIT_AS of CPU-only runs: numpy/torch imports reserve GBs of virtual memory, so not lower
-GPU_MEMORY_LIMIT = 32 << 30  # RLIMIT_DATA of runs that see a GPU (set_script_gpu): CUDA reserves far more address
-                             # space than any limit on it would allow, so the limit is on writable private memory
-FILE_SIZE_LIMIT = 128 << 20  # RLIMIT_FSIZE: the largest file a run may write, its output log included
+MEMORY_LIMIT = 4 << 30  # RLIMIT_AS of CPU-only runs: numpy/torch imports reserve GBs of virtual memory
+GPU_MEMORY_LIMIT = 32 << 30  # RLIMIT_DATA of runs that see a GPU: CUDA cannot start under an address-space limit
+FILE_SIZE_LIMIT = 128 << 20  # RLIMIT_FSIZE, the output log included
 OPEN_FILES_LIMIT = 1024
-PROCESS_LIMIT = 256  # RLIMIT_NPROC counts per uid, so it only applies with a dedicated uid (root parent)
-GRACE = 1.0  # seconds between TERM and KILL at the wall-clock limit
-OUTPUT_HEAD = OUTPUT_TAIL = 4096  # bytes of the log returned to the caller (head and tail)
+PROCESS_LIMIT = 256  # RLIMIT_NPROC counts per uid: only with a dedicated uid
+GRACE = 1.0  # seconds between TERM and KILL
+OUTPUT_HEAD = OUTPUT_TAIL = 4096  # bytes of the log returned to the caller
 UID_BASE, UID_COUNT = 60000, 1000  # dedicated uids, one per concurrent run
-ENV_KEEP = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "CUDA_VISIBLE_DEVICES")  # a whitelist: secrets never pass
-THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")  # one core per run: parallel runs share
+ENV_KEEP = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "CUDA_VISIBLE_DEVICES")
+THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")  # one core per run
 RESOURCE_MARKERS = ("MemoryError", "Cannot allocate memory", "std::bad_alloc", "File too large", "out of memory")
-CACHE_SKIP = ("timeout", "resource")  # outcomes that depend on machine load are not cached
+CACHE_SKIP = ("timeout", "resource")  # depend on machine load: not cached
 
 _libc = ctypes.CDLL(None, use_errno=True)
 CLONE_NEWNS, CLONE_NEWUSER, CLONE_NEWNET = 0x00020000, 0x10000000, 0x40000000  # <sched.h>
-PR_SET_PDEATHSIG = 1  # <linux/prctl.h>: a signal the kernel sends this process when its parent dies
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 MS_BIND, MS_REC, MS_PRIVATE = 0x1000, 0x4000, 0x40000  # <sys/mount.h>
 
 
 @dataclass
 class RunResult:
     status: str  # success | error | timeout | resource | invalid_submission
-    score: float | None  # public part of the test rows
-    test_score: float | None  # private part
+    score: float | None  # on the public test rows
+    test_score: float | None  # on the private ones
     seconds: float
-    output: str  # head and tail of the output
-    log_path: str  # the full output (up to FILE_SIZE_LIMIT)
+    output: str  # head and tail of the log
+    log_path: str
     returncode: int | None
     cached: bool = False
     error: str | None = None  # the grader's message for invalid_submission
@@ -691,10 +664,10 @@ def _os_call(ret: int, what: str):
 
 @dataclass(frozen=True)
 class _Isolation:
-    """What this machine allows; found once per process by probing (see _isolation)."""
-    uid: bool  # run as a dedicated unprivileged uid (needs root)
+    """What this machine allows, probed once per process (_isolation)."""
+    uid: bool  # a dedicated unprivileged uid (needs root)
     net: bool  # a new, empty network namespace
-    reveal: tuple  # ((folder the uid cannot enter, (interpreter paths to bind back into it), ...), ...)
+    reveal: tuple  # ((folder the uid cannot enter, (interpreter paths to bind back into it)), ...)
 
     def describe(self, uid) -> str:
         parts = [f"uid {uid}" if self.uid else "same uid as the parent",
@@ -704,7 +677,7 @@ class _Isolation:
 
 
 def _reveal_plan() -> tuple:
-    """Interpreter folders the sandbox uid could not reach, grouped by the first folder on the way without o+x."""
+    """Interpreter folders the sandbox uid cannot reach, by the first folder on the way without o+x."""
     plan: dict[str, list[str]] = {}
     for path in {Path(sys.base_prefix).resolve(), Path(sys.prefix).resolve()}:
         blocked = next((p for p in reversed(path.parents) if not p.stat().st_mode & stat.S_IXOTH), None)
@@ -714,15 +687,14 @@ def _reveal_plan() -> tuple:
 
 
 def _preexec(iso: _Isolation, uid: int | None, limits: list, stage: str):
-    """Runs in the child between fork and exec. Order matters: namespaces and mounts need root, then drop it; the
-    parent-death signal last (a change of uid clears it), so the script dies with the process that runs it."""
+    """Runs in the child between fork and exec; the parent-death signal last, as a change of uid clears it."""
     parent = os.getpid()
 
     def child():
         flags = (CLONE_NEWNET if iso.net else 0) | (CLONE_NEWNS if iso.reveal else 0)
         if flags:
             _os_call(_libc.unshare(flags | (0 if os.geteuid() == 0 else CLONE_NEWUSER)), "unshare")
-        if iso.reveal:  # private mounts first, or the tmpfs would propagate back to the host
+        if iso.reveal:  # private mounts first, or the tmpfs would reach the host
             _os_call(_libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None), "mount --make-rprivate /")
             for i, (blocked, paths) in enumerate(iso.reveal):
                 kept = [f"{stage}/{i}-{j}".encode() for j in range(len(paths))]
@@ -734,49 +706,46 @@ def _preexec(iso: _Isolation, uid: int | None, limits: list, stage: str):
                     _os_call(_libc.mount(keep, path.encode(), None, MS_BIND | MS_REC, None), f"bind back {path}")
         for res, soft_hard in limits:
             resource.setrlimit(res, soft_hard)
-        if uid is not None:  # setgroups before setgid before setuid: each needs the privilege the next drops
+        if uid is not None:  # each needs the privilege the next drops
             os.setgroups([])
             os.setgid(uid)
             os.setuid(uid)
         _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        if os.getppid() != parent:  # the parent died before the line above: nobody would stop this run
+        if os.getppid() != parent:  # the parent died before the line above
             os._exit(1)
     return child
 
 
 def _sweep_stale(where=None, pattern="mlenv-*-p*-*"):
-    """Remove the folders (default /tmp/mlenv-*) of processes that no longer exist (killed runs; multiprocessing
-    workers, whose atexit never runs): each folder's name carries the pid that made it, after "-p" and before
-    mkdtemp's random part (which has no "-", but may itself begin with "p")."""
+    """Remove the folders of dead processes (the name holds the pid after "-p"; mkdtemp's part has no "-")."""
     for path in Path(where or tempfile.gettempdir()).glob(pattern):
         pid = path.name.rsplit("-", 1)[0].rsplit("-p", 1)[-1]
         if pid.isdigit() and not Path(f"/proc/{pid}").exists():
             shutil.rmtree(path, ignore_errors=True)
 
 
-_ISOLATION: list = []  # [(_Isolation, stage folder)] once probed
+_ISOLATION: list = []  # [(_Isolation, stage folder)]
 
 
 def _isolation() -> tuple[_Isolation, str]:
-    """The strongest isolation that starts the interpreter here: try, and fall back step by step."""
+    """The strongest isolation that starts the interpreter here, falling back step by step."""
     if not _ISOLATION:
         root = os.geteuid() == 0
         reveal = _reveal_plan() if root else ()
         _sweep_stale()
-        stage = tempfile.mkdtemp(prefix=f"mlenv-stage-p{os.getpid()}-")  # empty mount points for each run
+        stage = tempfile.mkdtemp(prefix=f"mlenv-stage-p{os.getpid()}-")  # empty mount points
         atexit.register(shutil.rmtree, stage, True)
         for i, (_, paths) in enumerate(reveal):
             for j in range(len(paths)):
                 os.mkdir(f"{stage}/{i}-{j}")
         for iso in (_Isolation(root, True, reveal), _Isolation(root, False, reveal), _Isolation(False, True, ()),
                     _Isolation(False, False, ())):
-            try:
+            ok = False
+            with contextlib.suppress(OSError, subprocess.SubprocessError):
                 ok = subprocess.run([sys.executable, "-c", "import encodings, site"], cwd="/", env={},
                                     stdin=subprocess.DEVNULL, capture_output=True, timeout=60,
                                     preexec_fn=_preexec(iso, UID_BASE + UID_COUNT if iso.uid else None, [], stage)
                                     ).returncode == 0
-            except (OSError, subprocess.SubprocessError):
-                ok = False
             if ok or not (iso.uid or iso.net):
                 _ISOLATION.append((iso, stage))
                 break
@@ -784,7 +753,7 @@ def _isolation() -> tuple[_Isolation, str]:
 
 
 def _claim_uid() -> tuple[int, int]:
-    """A uid that no other run holds: an flock on /tmp/mlenv-uids/<uid>, released when its file is closed."""
+    """A uid that no other run holds: an flock on /tmp/mlenv-uids/<uid>, held until its file is closed."""
     locks = Path(tempfile.gettempdir()) / "mlenv-uids"
     locks.mkdir(mode=0o700, exist_ok=True)
     start = secrets.randbelow(UID_COUNT)
@@ -800,14 +769,12 @@ def _claim_uid() -> tuple[int, int]:
 
 
 def _kill_group(pgid: int, sig: int):
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def _kill_uid(uid: int):
-    """SIGKILL every live process of the run's uid, found in /proc: also daemons that left the group with setsid."""
+    """SIGKILL every live process of the uid, from /proc: also daemons that left the group with setsid."""
     for _ in range(100):
         pids = []
         for pid in filter(str.isdigit, os.listdir("/proc")):
@@ -820,23 +787,15 @@ def _kill_uid(uid: int):
         if not pids:
             return
         for pid in pids:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
         time.sleep(0.005)
 
 
 # ---------------------------------------------------------------------------------------- the fork server
 # Importing numpy, pandas and scikit-learn is most of a short run (tests/RESULTS.md, "env.py: the fork server"), so a
-# run is a fork of an interpreter that imported them once (as multiprocessing's forkserver and Android's zygote),
-# started with the sandbox's environment on a process's first run. Its child applies what subprocess would (files,
-# output, session, namespaces, rlimits, uid, parent-death signal, scrubbed environment, in that order) and runs the
-# script as `python -u script` would (sys.argv, sys.path[0], exit status, traceback, atexit handlers, non-daemon
-# threads). What differs: the modules are already imported, and one server's runs share Python's hash seed (numpy's
-# and Python's generators are reseeded in every child). The server holds no secrets and dies with the process that
-# started it (end of file on its socket), killing its runs; a run dies with it (parent-death signal). Where it cannot
-# start, or FORK_SERVER is False, every run is a new interpreter.
+# run is a fork of an interpreter that imported them once. What differs from `python -u`: the modules are imported,
+# and one server's runs share Python's hash seed. Where it cannot start, or FORK_SERVER is False: a new interpreter.
 
 FORK_SERVER = True
 PRELOAD = ("numpy", "pandas", "scipy.sparse", "sklearn.base", "sklearn.calibration", "sklearn.compose",
@@ -844,7 +803,7 @@ PRELOAD = ("numpy", "pandas", "scipy.sparse", "sklearn.base", "sklearn.calibrati
            "sklearn.impute", "sklearn.linear_model", "sklearn.metrics", "sklearn.model_selection",
            "sklearn.naive_bayes", "sklearn.neighbors", "sklearn.neural_network", "sklearn.pipeline",
            "sklearn.preprocessing", "sklearn.svm", "sklearn.tree")  # what the starters and recipes import
-_SERVER: list = []  # [_ForkServer] once started in this process; [None] when it could not start
+_SERVER: list = []  # [_ForkServer], or [None] when it could not start
 _SERVER_LOCK = threading.Lock()
 
 
@@ -852,17 +811,14 @@ SCRIPT_GPU: str | None = None  # CUDA_VISIBLE_DEVICES of every sandboxed run; No
 
 
 def set_script_gpu(index: int | None):
-    """Which GPU the scripts that this process runs may use. Under torchrun every rank's scripts would otherwise see
-    the parent's GPUs and land on GPU 0, beside rank 0's model: a rank passes its own local index (mapped through the
-    parent's CUDA_VISIBLE_DEVICES), or None to hide every GPU (CUDA_VISIBLE_DEVICES=""). Runs that see a GPU get
-    GPU_MEMORY_LIMIT on their data segment instead of the address-space limit, which CUDA cannot start under."""
+    """The GPU this process's scripts may use (else all land on GPU 0): a rank's local index, or None for none."""
     global SCRIPT_GPU
     visible = [d for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
     SCRIPT_GPU = "" if index is None else (visible[index] if index < len(visible) else str(index))
 
 
 def _sandbox_env(work) -> dict:
-    """The whole environment of a sandboxed run: the whitelist, HOME and TMPDIR in its folder, one thread per run."""
+    """A sandboxed run's whole environment: the whitelist (no secrets), HOME and TMPDIR in its folder, one thread."""
     env = {k: os.environ[k] for k in ENV_KEEP if k in os.environ}
     env.update({"HOME": str(work), "TMPDIR": str(work), "PYTHONDONTWRITEBYTECODE": "1", "MPLBACKEND": "Agg"},
                **dict.fromkeys(THREAD_VARS, "1"))
@@ -874,17 +830,16 @@ def _sandbox_env(work) -> dict:
 class _ForkServer:
     def __init__(self, stage: str):
         self.sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        with theirs:  # `-u` as every run has it; the server's own stdin, stdout and stderr are /dev/null
+        with theirs:  # `-u` as every run has it
             self.proc = subprocess.Popen(
                 [sys.executable, "-u", "-c", f"import sys; sys.path[0] = {str(ROOT)!r}; import env  # mlenv fork "
                  f"server\nenv._serve({theirs.fileno()})"], cwd="/", env=_sandbox_env(stage),
                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                 pass_fds=[theirs.fileno()])
         self.sock.settimeout(120)
-        try:
+        ready = False
+        with contextlib.suppress(OSError):
             ready = self.sock.recv(16) == b"ready"  # the imports done
-        except OSError:
-            ready = False
         self.sock.settimeout(None)
         if not ready:
             self.proc.kill()
@@ -900,9 +855,7 @@ class _ForkServer:
 
 
 class _ForkedRun:
-    """A run started by the fork server, with what _run uses of subprocess.Popen: pid, wait(timeout), returncode. The
-    server writes two numbers into the pipe, 4 bytes each (a write that small is atomic): the run's pid, then its exit
-    status (as Popen's: -N when killed by signal N)."""
+    """A fork server's run as Popen to _run; the server writes two 4-byte numbers to the pipe: pid, exit status."""
 
     def __init__(self, r: int):
         self.r, self.returncode = r, None
@@ -929,7 +882,7 @@ class _ForkedRun:
 
 
 def _fork_server(stage: str) -> "_ForkServer | None":
-    """This process's server: started on first use, started again if it died; None where it cannot start."""
+    """This process's server, (re)started when needed; None where it cannot start."""
     with _SERVER_LOCK:
         if _SERVER and _SERVER[0] is not None and _SERVER[0].proc.poll() is not None:
             _SERVER.clear()
@@ -942,13 +895,10 @@ def _fork_server(stage: str) -> "_ForkServer | None":
 
 
 def _serve(fd: int):
-    """The fork server's loop (its own process): import PRELOAD, then fork one child per request and report each
-    child's pid and exit status on the pipe that came with the request. End of file: the caller died; so do its runs."""
+    """The fork server's loop: fork a child per request. End of file: the caller died; so do its runs."""
     for name in PRELOAD:
-        try:
+        with contextlib.suppress(ImportError):
             importlib.import_module(name)
-        except ImportError:  # a library the scripts would fail to import anyway
-            pass
     sock = socket.socket(fileno=fd)
     sock.sendall(b"ready")
     runs: dict[int, tuple] = {}  # child pid -> (the pipe its caller reads, the run's uid)
@@ -964,10 +914,9 @@ def _serve(fd: int):
                 os.close(w)
         if not readable:
             continue
-        try:
+        msg, fds = b"", []
+        with contextlib.suppress(OSError):
             msg, fds, _, _ = socket.recv_fds(sock, 1 << 20, 1)
-        except OSError:
-            msg, fds = b"", []
         if not msg:
             for pid, (_, uid) in runs.items():
                 _kill_group(pid, signal.SIGKILL)
@@ -980,7 +929,7 @@ def _serve(fd: int):
         log = os.open(req["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
         pid = os.fork()
         if pid == 0:
-            sock.detach()  # its descriptor is closed below with the others
+            sock.detach()  # closed with the others
             _child(req, log, setup)  # never returns
         os.close(log)
         runs[pid] = (fds[0], req["uid"])
@@ -988,12 +937,9 @@ def _serve(fd: int):
 
 
 def _child(req: dict, log: int, setup: Callable):
-    """One run in a child of the fork server: what subprocess.Popen(start_new_session=True, preexec_fn=setup) and a
-    new `python -u script` would do, then SystemExit with the script's exit status (atexit handlers and non-daemon
-    threads are waited for by the interpreter's own exit)."""
+    """One run in a fork server's child: what Popen(start_new_session=True, preexec_fn=setup), `python -u` would do."""
     try:
-        null = os.open(os.devnull, os.O_RDONLY)
-        os.dup2(null, 0)
+        os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
         os.dup2(log, 1)
         os.dup2(log, 2)
         os.closerange(3, resource.getrlimit(resource.RLIMIT_NOFILE)[0])
@@ -1001,25 +947,23 @@ def _child(req: dict, log: int, setup: Callable):
         os.setsid()
         setup()
     except BaseException:
-        os._exit(255)  # as a failed exec: the run is an error with nothing in its log
+        os._exit(255)  # as a failed exec
     atexit._clear()  # the server's exit handlers are not the script's
     os.environ.clear()
     os.environ.update(req["env"])
     tempfile.tempdir = None  # read again from TMPDIR
     np.random.seed()  # Python's own generator reseeds itself after a fork (random.py's register_at_fork)
-    sys.modules.pop("env", None)  # a workspace's own env.py imports as it would in a fresh interpreter
+    sys.modules.pop("env", None)  # a workspace's own env.py imports
     path = os.path.join(req["cwd"], req["script"])
     sys.argv, sys.path[0] = [req["script"]], os.path.dirname(path)
     main = types.ModuleType("__main__")  # what `python script` runs the file in
     main.__file__, main.__builtins__ = path, builtins
     sys.modules["__main__"] = main
     try:
-        with open(path, "rb") as f:
-            code = compile(f.read(), path, "exec")
-        exec(code, main.__dict__)
+        exec(compile(Path(path).read_bytes(), path, "exec"), main.__dict__)
     except SystemExit:
         raise
-    except BaseException as e:  # the interpreter's message, from the script's first frame on
+    except BaseException as e:  # the traceback from the script's first frame
         tb = e.__traceback__
         while tb is not None and tb.tb_frame.f_code.co_filename != path:
             tb = tb.tb_next
@@ -1029,13 +973,11 @@ def _child(req: dict, log: int, setup: Callable):
 
 
 def _neutral_paths(text: str) -> str:
-    """A script's output with the interpreter's own folders (a warning's or a traceback's file names) written as
-    <site-packages>, <stdlib> and <python>: the same run reads the same wherever Python and the project are
-    installed, so trajectories, the SFT data made of them and the model trained on that do not depend on it."""
+    """Output with the interpreter's folders as <site-packages>, <stdlib>, <python>: the same on every install."""
     paths = sysconfig.get_paths()
     names = {paths["purelib"]: "<site-packages>", paths["platlib"]: "<site-packages>", paths["stdlib"]: "<stdlib>",
              sys.prefix: "<python>", sys.base_prefix: "<python>"}
-    for folder in sorted(names, key=len, reverse=True):  # the longest first: site-packages lies inside the prefix
+    for folder in sorted(names, key=len, reverse=True):  # site-packages lies inside the prefix
         text = text.replace(folder.rstrip("/") + "/", names[folder] + "/")
     return text
 
@@ -1052,7 +994,7 @@ def _head_tail(path: Path) -> str:
 
 
 def _workspace_path(name: str) -> str:
-    """A relative path inside the workspace, normalised; ValueError for anything that leaves it."""
+    """A relative path inside the workspace, normalised; ValueError if it leaves it."""
     norm = posixpath.normpath(str(name).strip()) if str(name).strip() else ""
     if not norm or norm.startswith(("/", "..")) or "\\" in norm or "\0" in norm:
         raise ValueError(f"{name!r} is not a path inside the workspace")
@@ -1063,7 +1005,7 @@ _TASK_HASHES: dict = {}
 
 
 def _task_hash(task: Task) -> str:
-    """sha256 of the task's files (memoised on their names, sizes and times)."""
+    """sha256 of the task's files, memoised on their names, sizes and times."""
     files = sorted(p for p in task.dir.rglob("*") if p.is_file())
     stamp = tuple((str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in files)
     if stamp not in _TASK_HASHES:
@@ -1076,31 +1018,29 @@ def _task_hash(task: Task) -> str:
 
 def run_script(task, code: str, timeout=None, cache=True, files: dict[str, str] | None = None, *,
                script="train.py", keep=()) -> RunResult:
-    """Run `code` as `script` (train.py) in a fresh sandbox holding a copy of public/ and the extra `files`.
-    `keep` names outputs of the run (e.g. "submission.csv") to copy out of the work folder before it is deleted:
-    next to the log, or into the cache entry when the result is cached (a cache hit hands back those copies)."""
+    """Run `code` as `script` in a fresh sandbox with a copy of public/ and `files`; `keep`: outputs to copy out."""
     task = load_task(task)
     timeout = float(timeout or task.time_limit)
     files = {_workspace_path(k): v for k, v in {**(files or {}), script: code}.items()}
     keep = sorted({_workspace_path(k) for k in keep})
     key = hashlib.sha256(json.dumps([task.name, _task_hash(task), _workspace_path(script), sorted(files.items()),
                                      timeout, MEMORY_LIMIT, FILE_SIZE_LIMIT, *([keep] if keep else [])]).encode()
-                         ).hexdigest()  # `keep` joins the key only when given: runs without it share the old entries
+                         ).hexdigest()  # `keep` joins the key only when given: old entries stay valid
     cached = CACHE_DIR / f"{key}.json"
     if cache and cached.exists():
-        entry = json.loads(cached.read_text())  # entries written before _neutral_paths hold this install's paths
+        entry = json.loads(cached.read_text())  # older entries hold this install's paths
         return RunResult(**{**entry, "output": _neutral_paths(entry["output"]), "cached": True})
     result = _run(task, files, _workspace_path(script), timeout, keep)
     if cache and result.status not in CACHE_SKIP:
         CACHE_DIR.mkdir(parents=True, exist_ok=True)
         os.chmod(CACHE_DIR, 0o700)  # results hold private scores: root-only, like private/
-        if result.kept:  # one folder per run, renamed whole: a reader sees all kept files of an entry or none
+        if result.kept:  # renamed whole: a reader sees all kept files or none
             folder = CACHE_DIR / f"{key}.{Path(result.log_path).stem}.kept"
             shutil.move(Path(result.log_path).with_suffix(".kept"), folder)
             result.kept = {name: str(folder / name) for name in result.kept}
         tmp = CACHE_DIR / f".{key}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
         tmp.write_text(json.dumps(asdict(result)))
-        os.replace(tmp, cached)  # atomic: a reader sees no file or the whole file
+        os.replace(tmp, cached)
     return result
 
 
@@ -1112,16 +1052,16 @@ def _run(task: Task, files: dict[str, str], script: str, timeout: float, keep: l
     work = Path(tempfile.mkdtemp(prefix=f"mlenv-{task.name}-p{os.getpid()}-"))
     log_path = LOG_DIR / f"{work.name}.log"
     try:
-        shutil.copytree(task.public_dir, work, dirs_exist_ok=True)  # copies: the task's own files stay intact
+        shutil.copytree(task.public_dir, work, dirs_exist_ok=True)
         for name, text in files.items():
             (work / name).parent.mkdir(parents=True, exist_ok=True)
             (work / name).write_text(text)
         if uid is not None:
-            _kill_uid(uid)  # leftovers of a crashed parent that held this uid
+            _kill_uid(uid)  # a crashed parent's leftovers
             for p in [work, *work.rglob("*")]:
                 os.chown(p, uid, uid)
         env = _sandbox_env(work)
-        cpu = int(timeout * (os.cpu_count() or 1)) + 1  # a backstop: the wall clock is the real limit
+        cpu = int(timeout * (os.cpu_count() or 1)) + 1  # a backstop to the wall clock
         limits = [(resource.RLIMIT_CPU, (cpu, cpu + 5)), (resource.RLIMIT_FSIZE, (FILE_SIZE_LIMIT,) * 2),
                   (resource.RLIMIT_NOFILE, (OPEN_FILES_LIMIT,) * 2), (resource.RLIMIT_CORE, (0, 0))]
         limits.append((resource.RLIMIT_DATA, (GPU_MEMORY_LIMIT,) * 2) if SCRIPT_GPU else  # the run sees a GPU
@@ -1130,13 +1070,11 @@ def _run(task: Task, files: dict[str, str], script: str, timeout: float, keep: l
         server = _fork_server(stage) if FORK_SERVER else None
         start = time.monotonic()
         proc = None
-        if server is not None:  # a fork of an interpreter that imported numpy, pandas and scikit-learn already
-            try:
+        if server is not None:
+            with contextlib.suppress(OSError):  # it died: a new interpreter now, a new server next time
                 proc = server.start({"cwd": str(work), "script": script, "log": str(log_path), "env": env,
                                      "uid": uid, "limits": limits, "iso": [iso.uid, iso.net, iso.reveal],
                                      "stage": stage})
-            except OSError:  # it died: this run gets a new interpreter, the next run a new server
-                proc = None
         if proc is None:
             with open(log_path, "wb") as log:
                 proc = subprocess.Popen([sys.executable, "-u", script], cwd=work, env=env, stdin=subprocess.DEVNULL,
@@ -1154,7 +1092,7 @@ def _run(task: Task, files: dict[str, str], script: str, timeout: float, keep: l
                 _kill_group(proc.pid, signal.SIGKILL)
                 proc.wait()
         seconds = time.monotonic() - start
-        _kill_group(proc.pid, signal.SIGKILL)  # after every run, also a normal one: no grandchild survives
+        _kill_group(proc.pid, signal.SIGKILL)  # after every run: no grandchild survives
         if uid is not None:
             _kill_uid(uid)
         rc, output = proc.returncode, _neutral_paths(_head_tail(log_path))
@@ -1163,12 +1101,12 @@ def _run(task: Task, files: dict[str, str], script: str, timeout: float, keep: l
             result.status = "timeout"
         elif rc in (-signal.SIGKILL, -signal.SIGXCPU, -signal.SIGXFSZ) or (rc != 0 and (
                 any(m in output for m in RESOURCE_MARKERS) or log_path.stat().st_size >= FILE_SIZE_LIMIT)):
-            result.status = "resource"  # out of memory (MemoryError, OOM kill), CPU limit, file too large
+            result.status = "resource"
         elif rc == 0:
             g = grade(task, work / "submission.csv")
             result.status = "success" if g.valid else "invalid_submission"
             result.score, result.test_score, result.error = g.public, g.private, g.error
-        for name in keep:  # plain files inside the work folder only: the copy runs as root, so no links followed
+        for name in keep:  # plain files inside the work folder only: the copy runs as root
             path = work / name
             if not path.is_symlink() and path.is_file() and path.resolve().is_relative_to(work.resolve()):
                 copy = log_path.with_suffix(".kept") / name
@@ -1185,8 +1123,7 @@ def _run(task: Task, files: dict[str, str], script: str, timeout: float, keep: l
 
 
 def _description(template: str, time_limit: float, **values) -> str:
-    """description.md: tasks/description/<template>.md (the problem and the files), then the evaluation and rules that
-    every task shares (tasks/description/evaluation.md)."""
+    """description.md: tasks/description/<template>.md, then the shared tasks/description/evaluation.md."""
     return _fill(_text(f"description/{template}.md") + _text("description/evaluation.md"),
                  time_limit=format(time_limit, "g"), **values)
 
@@ -1197,15 +1134,13 @@ def _columns(columns) -> str:
 
 
 def _parts(n: int, public_fraction=0.5, seed=0) -> np.ndarray:
-    """The Kaggle split of n test rows, seeded: a random `public_fraction` of them is "public", the rest "private"."""
-    rng = np.random.default_rng(seed)
-    return np.where(rng.permutation(n) < int(n * public_fraction), "public", "private")
+    """The seeded Kaggle split of n test rows: a random `public_fraction` "public", the rest "private"."""
+    return np.where(np.random.default_rng(seed).permutation(n) < int(n * public_fraction), "public", "private")
 
 
 def _write_task(folder: Path, files: dict):
-    """Write a task folder from {relative path: DataFrame (CSV) | dict (JSON) | text | folder to copy}, private/
-    root-only; it is built next to `folder` and swapped in by two renames, so no reader sees half a folder."""
-    _sweep_stale(folder.parent, f".{folder.name}-p*-*")  # what a killed writer left (answers included)
+    """Write a task folder from {path: DataFrame | dict (JSON) | text | folder}; swapped in whole by two renames."""
+    _sweep_stale(folder.parent, f".{folder.name}-p*-*")  # a killed writer's (answers included)
     tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}-p{os.getpid()}-", dir=folder.parent))
     try:
         (tmp / "task" / "private").mkdir(parents=True, mode=0o700)
@@ -1227,27 +1162,23 @@ def _write_task(folder: Path, files: dict):
         shutil.rmtree(tmp, ignore_errors=True)
 
 # ========================================================================================== built-in tasks
-# tasks/builtin.py reads the folders of tasks/ (tasks/README.md) into BUILTIN_TASKS and makes a task folder's files
-# from one; prepare() writes them under runs/tasks, where load_task reads them as any task folder (an imported
-# MLE-bench competition's included).
+# tasks/builtin.py reads tasks/ (tasks/README.md) into BUILTIN_TASKS; prepare() writes them under runs/tasks.
 _BUILTIN = runpy.run_path(str(DATA_DIR / "builtin.py"))
 BUILTIN_ORDER = _BUILTIN["ORDER"]  # the hand-made tasks, built first; then the others by name
 BUILTIN_TASKS = _BUILTIN["specs"](DATA_DIR)
 
 
 def prepare(names=None, root=TASKS_DIR, force=False, workers=None) -> list[Path]:
-    """Make the built-in task folders under root (deterministic; a folder of the current version is kept as is), the
-    missing ones `workers` at a time (default: one process per CPU core): tasks/builtin.py's prepare."""
+    """Make the built-in task folders under root (up-to-date ones kept), `workers` at a time (default: one a core)."""
     return _BUILTIN["prepare"](sys.modules[__name__], names, Path(root), force, workers)
 
 
 def _build(name: str, root: Path, force: bool):
-    """One task folder (tasks/builtin.py's build): the worker of prepare's processes."""
+    """prepare's worker."""
     _BUILTIN["build"](sys.modules[__name__], name, root, force)
 
 # ============================================================================ offline recipes for Edit Script (AI)
-# The stand-in for the LLM editor (no network, no API key): tasks/recipes/editor.py applies the recipes of
-# tasks/recipes/ (one real code change each, in one of ML-Agent's idea categories) to the built-in starter scripts.
+# tasks/recipes/: one real code change per recipe, in one of ML-Agent's idea categories, for the built-in starters.
 
 
 class EditError(Exception):
@@ -1263,25 +1194,20 @@ def recipes_for(task_name: str) -> list:
 
 
 def recipe_editor(instruction: str, code: str) -> str:
-    """Offline stand-in for the LLM editor: applies the recipe whose idea or name the instruction contains to a
-    built-in starter script; EditError, with the reason, when none fits."""
+    """Offline stand-in for the LLM editor: the recipe the instruction names, applied; EditError when none fits."""
     try:
         return _EDITOR["edit"](instruction, code, BUILTIN_TASKS, RECIPES)
     except ValueError as e:
         raise EditError(str(e)) from None
 
 # ================================================================================== MLE-bench competitions
-# tasks/mlebench/prepare.py makes a task folder of an MLE-bench prepared competition, run with runpy as tasks/builtin.py
-# is: the competitions are a task family, and each family's preparation lives in tasks/, in MLAgentBench's per-task
-# layout. Each part of its test rows is graded by the competition's own grade.py (given a checkout: exactly MLE-bench's
-# grading, in a subprocess) or by one of METRICS, which follow MLE-bench's conventions (sklearn's log-loss, macro AUC,
-# extra columns ignored, `score_rows`).
+# tasks/mlebench/prepare.py: the task folder of an MLE-bench prepared competition, graded by its grade.py or METRICS.
 GRADE_TIMEOUT = 600.0  # seconds for one grading by a competition's grade.py
 _MLEBENCH = runpy.run_path(str(DATA_DIR / "mlebench" / "prepare.py"))
 
 
 def _grade_mlebench(task: Task, path: Path) -> Grade:
-    """Grade with the competition's grade.py (task.json `mlebench`), the checkout on PYTHONPATH; TaskError if it fails."""
+    """Grade with the competition's grade.py, the checkout on PYTHONPATH; TaskError if it fails."""
     m = task.info["mlebench"]
     script = _fill(_text("mlebench/grade_parts.py"), labels=inspect.getsource(_labels))
     env_ = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [m["checkout"], os.environ.get("PYTHONPATH")]))}
@@ -1301,8 +1227,7 @@ def _grade_mlebench(task: Task, path: Path) -> Grade:
 def import_mlebench(prepared, out, metric=None, leaderboard=None, id_column=None, higher_is_better=None,
                     starter=None, name=None, split="held-out", time_limit=600.0, public_fraction=0.5,
                     seed=0, mlebench=None, config=None, score_rows=None) -> Path:
-    """Write a task folder at `out` from an MLE-bench prepared competition (`<data>/<id>/prepared`, or its parent),
-    graded by its grade.py when `mlebench` (a checkout) is given, else by `metric` (one of METRICS)."""
+    """A task folder at `out` from an MLE-bench prepared competition, graded by its grade.py or by `metric`."""
     return _MLEBENCH["import_mlebench"](sys.modules[__name__], prepared, out, metric, leaderboard, id_column,
                                         higher_is_better, starter, name, split, time_limit, public_fraction, seed,
                                         mlebench, config, score_rows)
@@ -1311,23 +1236,20 @@ def import_mlebench(prepared, out, metric=None, leaderboard=None, id_column=None
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # usage errors: exit 2 with one line
+    def error(self, message):
         self.exit(2, f"env.py: error: {message}\n")
 
 
 def _seconds(text: str) -> float:
     """argparse type= of a time limit: a finite number of seconds > 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"must be a finite number of seconds > 0, not {text}")
-    return value
+    with contextlib.suppress(ValueError):
+        if math.isfinite(value := float(text)) and value > 0:
+            return value
+    raise argparse.ArgumentTypeError(f"must be a finite number of seconds > 0, not {text}")
 
 
 def _script(path: str) -> Path:
-    """argparse type= of a script to read: a UTF-8 text file that exists."""
+    """argparse type= of a script: an existing UTF-8 text file."""
     try:
         Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
@@ -1349,23 +1271,19 @@ def main(argv=None):
     run.add_argument("--timeout", type=_seconds, help="wall-clock limit in seconds (default: the task's)")
     run.add_argument("--no-cache", action="store_true", help="run even when an identical run is cached")
     imp = sub.add_parser("import-mlebench", help="make a task folder from an MLE-bench prepared competition")
-    imp.add_argument("--prepared", required=True, help="<data>/<competition id>/prepared, holding public/ and private/")
+    imp.add_argument("--prepared", required=True, help="<data>/<competition id>/prepared")
     imp.add_argument("--out", required=True, help="the task folder to write")
-    imp.add_argument("--metric", help=f"the competition's metric, one of: {', '.join(METRICS)} (with --mlebench: "
-                     "optional, its name for the agent)")
-    imp.add_argument("--mlebench", metavar="PATH", help="an MLE-bench checkout (its root): grade with the "
-                     "competition's own grade.py, config.yaml and leaderboard.csv")
-    imp.add_argument("--config", help="the competition's config.yaml, for its file names (default: the checkout's; "
-                     "without one, private/test.csv and public/sample_submission.csv)")
-    imp.add_argument("--score-rows", metavar="COLUMN=VALUE", help="score only the test rows whose answers have "
-                     "COLUMN == VALUE (e.g. u_out=0 for ventilator-pressure-prediction)")
+    imp.add_argument("--metric", help=f"one of: {', '.join(METRICS)} (with --mlebench: optional, a name)")
+    imp.add_argument("--mlebench", metavar="PATH", help="an MLE-bench checkout: grade with its grade.py")
+    imp.add_argument("--config", help="the competition's config.yaml, for its file names (default: the checkout's)")
+    imp.add_argument("--score-rows", metavar="COLUMN=VALUE",
+                     help="score only rows with COLUMN == VALUE (e.g. u_out=0)")
     imp.add_argument("--leaderboard", help="mlebench/competitions/<id>/leaderboard.csv (a `score` column)")
     imp.add_argument("--id-column", help="default: the first column of sample_submission.csv")
     imp.add_argument("--higher-is-better", dest="higher", action="store_const", const=True,
                      help="a check: must agree with the metric")
     imp.add_argument("--lower-is-better", dest="higher", action="store_const", const=False)
-    imp.add_argument("--starter", type=_script, help="the starting train.py (default: a generic baseline that copies "
-                     "sample_submission.csv)")
+    imp.add_argument("--starter", type=_script, help="the starting train.py (default: copy sample_submission.csv)")
     imp.add_argument("--name", help="the task name (default: the competition id)")
     imp.add_argument("--split", choices=("held-in", "held-out"), default="held-out")
     imp.add_argument("--time-limit", type=_seconds, default=600.0, help="seconds per run of the agent's script")

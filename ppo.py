@@ -1,31 +1,30 @@
 """Step-wise PPO of ML-Agent (arXiv:2505.23723, §"Step-wise RL paradigm"): an actor, a critic and a frozen reference,
 trained on states from the expert's distribution d^{pi_e} (runs/data/states.jsonl, from collect.py).
 
-J_step(theta) = E_{s ~ d^{pi_e}, a ~ pi_theta(.|s)} [R(s, a)]: each iteration samples expert states, the policy takes
-ONE action in each, executed from the restored state and scored (agent.act), and PPO updates (`train`'s six steps).
-PPO follows "The N Implementation Details of RLHF with PPO" (Huang et al. 2024) and CleanRL: left padding, log-probs
-of temperature-scaled logits, a per-token KL penalty to the reference in the reward, the score on the last token,
-GAE (gamma 1, lambda 0.95), whitened advantages, clipped policy and value losses, no dropout. Departures:
+J_step(theta) = E_{s ~ d^{pi_e}, a ~ pi_theta(.|s)} [R(s, a)]: in each sampled expert state the policy takes ONE
+action, executed from the restored state and scored (agent.act); PPO updates (`train`'s six steps). PPO as in "The N
+Implementation Details of RLHF with PPO" (Huang et al. 2024) and CleanRL: left padding, log-probs of temperature-scaled
+logits, a per-token KL penalty to the reference, the score on the last token, GAE (gamma 1, lambda 0.95), whitened
+advantages, clipped policy and value losses, no dropout. Departures:
 1. Rates: a pre-trained policy keeps the paper's (actor 1e-6, critic 1e-5); the offline tiny model gets TINY's and
-   the group baseline. Batch, temperature, KL and clip settings (the paper is silent) are the N-details' (`Config`).
+   the group baseline. Batch, temperature, KL and clip settings (the paper is silent): the N-details' (`Config`).
 2. `--samples-per-state n` (OpenRLHF's n_samples_per_prompt; the paper samples one) shares each prompt's prefill;
-   `--advantage group` replaces the critic by the other samples of the state (RLOO, arXiv:2402.14740).
-3. The critic is a copy of the policy with a scalar head (as OpenRLHF's), not initialised from a reward model.
-4. Masks come from lengths, so pad may equal EOS. Generation stops where agent.run_episode's does; each action runs
-   as soon as its response is complete (`generate_and_run`); a response cut at --max-new-tokens is invalid.
+   `--advantage group` replaces the critic by the state's other samples (RLOO, arXiv:2402.14740).
+3. The critic is the policy with a scalar head (as OpenRLHF's), not initialised from a reward model.
+4. Masks come from lengths (pad may equal EOS). Generation stops where agent.run_episode's does; each action runs
+   once its response is complete; a response cut at --max-new-tokens is invalid.
 5. On CPU the old log-probs are the generation's (the rollout ran on the actor's fp32 weights); CUDA recomputes them.
-6. `--episodic` is the paper's episode-wise ablation; `--tasks N` trains on N tasks (ML-Agent Figure 5); `--lora-rank`
-   trains adapters (arXiv:2106.09685), the reference being the actor with them off; `Edit Script (AI)` runs env.py's
-   offline recipe editor unless --editor names an endpoint model.
-7. torchrun ranks share each batch (each state sampled with its own seed, so any world size samples alike); FSDP2
-   shards the three models; each rank generates from a gathered bf16 copy (VeRL's "hybrid engine").
+6. `--episodic`: the paper's episode-wise ablation; `--tasks N`: N tasks (ML-Agent Figure 5); `--lora-rank`: adapters
+   (arXiv:2106.09685), the reference the actor with them off; `Edit Script (AI)` by the recipe stand-in (--editor).
+7. torchrun ranks share each batch (each state with its own seed: any world size samples alike); FSDP2 shards the
+   three models; each rank generates from a gathered bf16 copy (VeRL's "hybrid engine").
 
 Run:  python collect.py && python sft.py && python ppo.py               (tiny model, offline, minutes)
       torchrun --nproc_per_node 8 ppo.py --model runs/ckpt/sft --batch-size 256 --max-new-tokens 1024   (GPU node)
       python ppo.py --model runs/ckpt/sft --lora-rank 16 --batch-size 256 --max-new-tokens 1024      (one GPU)
       python ppo.py --episodic;  python ppo.py --binary-performance     (ablations: episode-wise RL, ML-Agent Table 3)
-Outputs: runs/ckpt/ppo (the actor's Hugging Face folder, trainer_state/ to resume) and runs/ppo/log.jsonl; both record
-the reward flags, and a resume with other flags stops rather than mix two rewards.
+Outputs: runs/ckpt/ppo (the actor's Hugging Face folder, trainer_state/ to resume), runs/ppo/log.jsonl; a resume
+with other reward flags stops rather than mix two rewards.
 """
 import argparse
 import dataclasses
@@ -45,136 +44,133 @@ import env
 import model
 from reward import RewardConfig, add_flags as add_reward_flags, from_flags as reward_from_flags, from_record
 
-ROOT = env.ROOT  # default paths live under the project's runs/, wherever ppo.py is started from
+ROOT = env.ROOT  # default paths: the project's runs/, wherever ppo.py is started from
 
 
 @dataclasses.dataclass
 class Config:
     model: str = str(ROOT / "runs/ckpt/sft")  # the policy to start from, folder or hub id (ML-Agent: the SFT model)
     states: str = str(ROOT / "runs/data/states.jsonl")  # the states pool d^{pi_e} (collect.py)
-    out: str = str(ROOT / "runs/ckpt/ppo")    # the actor (Hugging Face folder) + trainer_state/; resume point
+    out: str = str(ROOT / "runs/ckpt/ppo")  # the actor (Hugging Face folder) + trainer_state/; resume point
     log_file: str = str(ROOT / "runs/ppo/log.jsonl")  # a JSON line per iteration (--log would clash with torchrun's)
-    seed: int = 0                            # seeds the state order, sampling and the value head
-    tasks: int = 0                           # > 0: the states of this many tasks, a seeded draw (ML-Agent Figure 5)
-    epochs: float = 1.0                      # passes over the states pool (paper: 1 epoch)
-    iterations: int = 0                      # if > 0, stop after this many iterations instead
-    batch_size: int = 16                     # states per iteration (paper ~256: 10k states / 39 steps)
-    samples_per_state: int | None = None     # actions per state (--episodic: episodes per start); None: 1, group: 4
-    num_minibatches: int = 2                 # PPO minibatches per iteration (N-details: 1)
-    micro_batch: int = 4                     # at most this many rows per forward pass (gradient accumulation)
-    micro_tokens: int = 16384                # and at most this many tokens (rows x the longest; a longer row alone)
-    logits_chunk: int = 1024                 # response tokens whose logits (tokens x vocab, fp32) exist at once
-    gen_batch: int = 16                      # prompts per generate call: their KV cache bounds the rollout's memory
-    grad_checkpointing: bool = False         # recompute each block in backward; always on for models past TINY_PARAMS
-    update_epochs: int = 1                   # PPO epochs over each batch (OpenRLHF examples: 1; N-details: 4)
-    target_kl: float = 0.0                   # > 0: the actor stops for the iteration past 1.5 x this (Spinning Up)
-    actor_lr: float | None = None            # None: 1e-6 (ML-Agent §Experiments "Training"); the tiny model: TINY
-    critic_lr: float | None = None           # None: 1e-5 (ML-Agent §Experiments "Training"); the tiny model: TINY
-    critic_warmup: int | None = None         # first iterations that update only the critic; None: 0, tiny: TINY
-    adam_eps: float = 1e-5                   # N-details (TF Adam's 1e-5)
-    max_grad_norm: float = 1.0               # OpenRLHF default
-    max_new_tokens: int = 400                # tokens per action (the scripted expert's longest responses fit)
-    max_prompt_len: int = 15000              # a longer prompt loses its oldest tokens (as sft.py --max-len; ML-Agent)
-    temperature: float = 0.7                 # N-details (summarize_from_feedback_details): 0.7
-    kl_coef: float = 0.05                    # N-details: per-token KL penalty coefficient 0.05
-    gamma: float = 1.0                       # N-details: no discount
-    lam: float = 0.95                        # GAE lambda (N-details)
-    advantage: str | None = None             # "gae" (the paper's critic) or "group" (RLOO); None: gae, tiny: TINY
-    clip_coef: float = 0.2                   # PPO ratio clip (Schulman et al. 2017; N-details)
-    vf_clip: float = 0.2                     # value clip around the rollout values (N-details cliprange_value)
-    unfinished_invalid: bool = True          # no stop token within max_new_tokens: invalid (N-details: score -1)
-    workers: int = 4                         # sandboxes executing actions in parallel (threads over subprocesses)
-    script_gpu: bool = True                  # on CUDA a rank's scripts see its GPU; --no-script-gpu hides them all
-    episodic: bool = False                   # the ablation: whole episodes from task starts
-    episode_steps: int = 4                   # steps per episode in --episodic (paper's trajectories: 15)
-    save_every: int = 5                      # checkpoint every N iterations (and at the end)
-    editor: str = "recipes"                  # "recipes" (offline stand-in) or an endpoint model for Edit Script (AI)
-    device: str | None = None                # default: cuda if available
-    lora_rank: int = 0                       # > 0: train rank-r adapters instead of all weights
-    lora_alpha: float = 16.0                 # adapter scale alpha / r (Hu et al. 2021)
-    save_dtype: str = "auto"                 # the actor folder's: auto = bfloat16 from CUDA, float32 on CPU; or float32
+    seed: int = 0                         # the state order, sampling, the value head
+    tasks: int = 0                        # > 0: the states of this many tasks, a seeded draw (ML-Agent Figure 5)
+    epochs: float = 1.0                   # passes over the states pool (paper: 1)
+    iterations: int = 0                   # > 0: stop after this many iterations instead
+    batch_size: int = 16                  # states per iteration (paper ~256: 10k states / 39 steps)
+    samples_per_state: int | None = None  # actions per state (--episodic: per start); None: 1, group: 4
+    num_minibatches: int = 2              # per iteration (N-details: 1)
+    micro_batch: int = 4                  # at most this many rows per forward (gradient accumulation)
+    micro_tokens: int = 16384             # and tokens (rows x the longest; a longer row alone)
+    logits_chunk: int = 1024              # response tokens whose fp32 logits exist at once
+    gen_batch: int = 16                   # prompts per generate call (their KV cache bounds the memory)
+    grad_checkpointing: bool = False      # always on past TINY_PARAMS
+    update_epochs: int = 1                # PPO epochs over each batch (OpenRLHF examples: 1; N-details: 4)
+    target_kl: float = 0.0                # > 0: the actor stops for the iteration past 1.5 x this (Spinning Up)
+    actor_lr: float | None = None         # None: 1e-6 (ML-Agent §Experiments "Training"), tiny: TINY
+    critic_lr: float | None = None        # None: 1e-5 (ML-Agent §Experiments "Training"), tiny: TINY
+    critic_warmup: int | None = None      # first iterations that update only the critic; None: 0, tiny: TINY
+    adam_eps: float = 1e-5                # N-details (TF Adam's)
+    max_grad_norm: float = 1.0            # OpenRLHF default
+    max_new_tokens: int = 400             # tokens per action (the scripted expert's longest fit)
+    max_prompt_len: int = 15000           # a longer prompt loses its oldest tokens (as sft.py --max-len)
+    temperature: float = 0.7              # N-details
+    kl_coef: float = 0.05                 # N-details: per-token KL penalty
+    gamma: float = 1.0                    # N-details: no discount
+    lam: float = 0.95                     # GAE lambda (N-details)
+    advantage: str | None = None          # "gae" (the paper's critic) or "group" (RLOO); None: gae, tiny: TINY
+    clip_coef: float = 0.2                # PPO ratio clip (Schulman et al. 2017; N-details)
+    vf_clip: float = 0.2                  # value clip around the rollout values (N-details)
+    unfinished_invalid: bool = True       # no stop token within max_new_tokens: invalid (N-details: score -1)
+    workers: int = 4                      # sandboxes executing actions in parallel
+    script_gpu: bool = True               # on CUDA a rank's scripts see its GPU; --no-script-gpu: none
+    episodic: bool = False                # the ablation: episodes from task starts
+    episode_steps: int = 4                # steps per episode in --episodic (paper's trajectories: 15)
+    save_every: int = 5                   # checkpoint every N iterations (and at the end)
+    editor: str = "recipes"               # "recipes" (offline stand-in) or an endpoint model for Edit Script (AI)
+    device: str | None = None             # default: cuda if available
+    lora_rank: int = 0                    # > 0: train rank-r adapters instead of all weights
+    lora_alpha: float = 16.0              # adapter scale alpha / r (Hu et al. 2021)
+    save_dtype: str = "auto"              # auto: bfloat16 from CUDA, float32 on CPU; or float32
     reward: RewardConfig = dataclasses.field(default_factory=RewardConfig)  # reward.py's flags (ML-Agent Table 3)
 
-    def __post_init__(self):  # the group baseline is the other samples, and it has no critic to warm up
+    def __post_init__(self):
         if self.advantage == "group" and ((self.samples_per_state or 2) < 2 or self.critic_warmup):
             raise ValueError("--advantage group needs --samples-per-state >= 2 (its baseline is the other samples, or "
                              "the other episodes in --episodic) and has no critic to warm up (--critic-warmup)")
 
 
 PAPER = dict(actor_lr=1e-6, critic_lr=1e-5, critic_warmup=0, advantage="gae")  # ML-Agent's, for a pre-trained 7B
-# The offline miniature (under TINY_PARAMS) does not move at the paper's rates, and only the group baseline raised
-# its J_step (tests/RESULTS.md, "PPO on the tiny model"; our choice); --advantage gae brings the critic back.
+# The tiny model does not move at the paper's rates; only the group baseline raised its J_step (tests/RESULTS.md,
+# "PPO on the tiny model"; our choice); --advantage gae brings the critic back.
 TINY = dict(actor_lr=1e-4, critic_lr=3e-3, critic_warmup=2, advantage="group")
 TINY_PARAMS = 10_000_000
-LORA_LR_FACTOR = 10  # adapters from B = 0 need ~10x the full fine-tuning rate ("LoRA Without Regret", Schulman 2025)
-GROUP_SAMPLES = 4  # samples per state of --advantage group unless --samples-per-state says otherwise
+LORA_LR_FACTOR = 10  # adapters need ~10x the full fine-tuning rate ("LoRA Without Regret", Schulman 2025)
+GROUP_SAMPLES = 4  # --advantage group's default --samples-per-state
 
 
 def resolve_defaults(cfg, n_params):
-    """cfg with its None fields filled in: the paper's values, or TINY for a policy under TINY_PARAMS; gradient
-    checkpointing past it. The group baseline needs several samples, so --samples-per-state 1 keeps the critic."""
+    """cfg's None fields from PAPER, or TINY under TINY_PARAMS (checkpointing past it); --samples-per-state 1: gae."""
     chosen = dict(TINY if n_params < TINY_PARAMS else PAPER)
     if cfg.lora_rank and n_params >= TINY_PARAMS:
         chosen["actor_lr"] *= LORA_LR_FACTOR
     group = (cfg.advantage or ("gae" if cfg.samples_per_state == 1 else chosen["advantage"])) == "group"
     chosen.update(advantage="group" if group else "gae", samples_per_state=GROUP_SAMPLES if group else 1,
-                  critic_warmup=0 if group else chosen["critic_warmup"])  # the group baseline has no critic
+                  critic_warmup=0 if group else chosen["critic_warmup"])
     cfg = dataclasses.replace(cfg, grad_checkpointing=cfg.grad_checkpointing or n_params >= TINY_PARAMS)
     return dataclasses.replace(cfg, **{k: v for k, v in chosen.items() if getattr(cfg, k) is None})
 
 
-# ----------------------------------------------- Models: the actor a model.Qwen, the critic a Qwen with a value head
+# ---- Models
 
 class Actor(nn.Module):
-    """The policy (`.lm`) as a module whose forward is the response tokens' log-probs, so that FSDP2 gathers its root
-    unit (embeddings, final norm, lm_head) for exactly that call. The reference is one too."""
+    """The policy (`.lm`) whose forward is the response tokens' log-probs: FSDP2 gathers its root unit for that call."""
 
     def __init__(self, lm, temperature=1.0, logits_chunk=1024):
         super().__init__()
         self.lm, self.temperature, self.logits_chunk = lm, temperature, logits_chunk
 
-    def forward(self, ids, lengths, starts):  # right-padded rows (B, W) -> log pi of each response token (B, R)
+    def forward(self, ids, lengths, starts):  # rows (B, W) -> (B, R) log pi of the response tokens
         return model.response_logprobs(self.lm, ids, lengths, starts, self.temperature, self.lm.sample_vocab_size,
                                        self.logits_chunk).clone()  # FSDP2 hooks the output: no internal view
 
 
 class Critic(nn.Module):
-    """V(s_t) for every response token: a Qwen backbone (initialised from the policy) and a linear value head."""
+    """V(s_t) for every response token: a Qwen backbone (the policy's copy) and a linear head."""
 
     def __init__(self, backbone, seed=0):
         super().__init__()
         self.backbone = backbone
         C = backbone.config.hidden_size
         self.head = nn.Linear(C, 1, device=backbone.lm_head.weight.device, dtype=torch.float32)
-        if not self.head.weight.is_meta:  # on the meta device `build` fills it
+        if not self.head.weight.is_meta:  # else `build` fills it
             model.fill(self.head, zip(("weight", "bias"), self.head_init(C, seed)))
 
     @staticmethod
     def head_init(C, seed):
-        """N-details layer_init of the scalar head: weight ~ N(0, 1/(C + 1)) from its own seed, bias 0 (CPU)."""
+        """N-details layer_init: weight ~ N(0, 1/(C + 1)) from its own seed, bias 0 (CPU)."""
         g = torch.Generator().manual_seed(seed)
         return torch.randn(1, C, generator=g) / math.sqrt(C + 1), torch.zeros(1)
 
-    def forward(self, ids, lengths, starts):  # right-padded rows (B, W) -> the value before each response token (B, R)
+    def forward(self, ids, lengths, starts):  # rows (B, W) -> (B, R) values before the response tokens
         h, _ = model.response_hidden(self.backbone, ids, lengths, starts)
         return self.head(h.to(self.head.weight.dtype)).squeeze(-1).clone()
 
 
-# ------------------------- PPO arithmetic: pure functions, tests/test_ppo.py checks each against a hand computation
+# ---- PPO arithmetic: pure functions, each checked by hand in tests/test_ppo.py
 
 def token_rewards(scores, logprobs, ref_logprobs, mask, kl_coef):
-    """The N-details reward: -kl_coef * (log pi - log pi_ref) on every token, the score (B,) added on the last one."""
+    """The N-details reward: -kl_coef * (log pi - log pi_ref) on every token, the score (B,) added on the last."""
     kl = (logprobs - ref_logprobs) * mask
     rewards = -kl_coef * kl
-    last = (mask.sum(1).long() - 1).clamp(min=0)  # index of each response's last token
+    last = (mask.sum(1).long() - 1).clamp(min=0)
     rewards[torch.arange(len(scores), device=scores.device), last] += scores
     return rewards, kl
 
 
 def gae(rewards, values, mask, gamma, lam, next_value=None, next_adv=None):
-    """Generalised advantage estimation (Schulman et al. 2016) along the response tokens, right to left; positions
-    past a response's end carry the bootstrap through. rewards, values, mask (B, R); next_value, next_adv (B,): V
-    and A after the response (0 at an episode's end) -> advantages, returns (B, R)."""
+    """GAE (Schulman et al. 2016) along the response tokens, right to left, carrying the bootstrap past their end.
+    next_value, next_adv (B,): V and A after the response (0 at an episode's end) -> advantages, returns (B, R)."""
     B, R = rewards.shape
     nv = torch.zeros(B, device=rewards.device) if next_value is None else next_value.clone()
     last = torch.zeros(B, device=rewards.device) if next_adv is None else next_adv.clone()
@@ -189,9 +185,9 @@ def gae(rewards, values, mask, gamma, lam, next_value=None, next_adv=None):
 
 
 def gae_rows(rewards, values, mask, nxt, gamma, lam):
-    """GAE where row r continues in row nxt[r] (its episode's next step; -1: none), rows taken by their steps to go."""
+    """GAE where row r continues in row nxt[r] (its episode's next step; -1: none)."""
     depth = [0] * len(nxt)
-    for r in reversed(range(len(nxt))):  # a successor always comes later in the batch
+    for r in reversed(range(len(nxt))):  # a successor comes later; rows by steps to go
         depth[r] = 0 if nxt[r] < 0 else depth[nxt[r]] + 1
     adv, ret = torch.zeros_like(rewards), torch.zeros_like(rewards)
     for d in range(max(depth) + 1):
@@ -214,12 +210,12 @@ def group_advantages(scores, kl, mask, n, kl_coef):
 
 def episode_group_advantages(scores, kl, mask, nxt, n, kl_coef):
     """--advantage group in --episodic: a step's return-to-go (gamma 1) minus the mean return-to-go of the other
-    n - 1 episodes of its task start at that step (0 past an end); they do not depend on this one's actions: no bias."""
+    n - 1 episodes of its task start at that step (0 past an end), which do not depend on its actions: no bias."""
     togo = (scores - kl_coef * kl.sum(1)).tolist()  # each step's score, then plus the later ones
-    for r in reversed(range(len(nxt))):  # a successor always comes later in the batch
+    for r in reversed(range(len(nxt))):
         if nxt[r] >= 0:
             togo[r] += togo[nxt[r]]
-    chains = []  # each episode's rows in step order; the first steps are the rows no row links to, in episode order
+    chains = []  # each episode's rows in step order, from the rows no row links to
     for r in sorted(set(range(len(nxt))) - set(nxt)):
         chains.append([])
         while r >= 0:
@@ -268,11 +264,11 @@ def explained_variance(values, returns, mask, ranks=model.Ranks()):
     return float(1 - var(returns - values) / var(returns).clamp(min=1e-12))
 
 
-# ----------------------------- Batches: a right-padded row of ids per prompt (with its responses), a mask (B, R)
+# ---- Batches: a right-padded row per prompt and its responses
 
 def make_batch(prompts, responses, pad, device, group=1):
-    """B responses (prompts in runs of `group` equal ones) -> ids (B / group, W), each prompt once followed by its
-    responses (model.response_hidden); per response the columns where it ends and begins; the mask (B, R)."""
+    """B responses (prompts in runs of `group` equal ones) -> ids (B / group, W), each prompt once and then its
+    responses (model.response_hidden); where each ends and begins; the mask (B, R)."""
     B, R = len(prompts), max(max(map(len, responses)), 1)
     if B % group or any(prompts[b] != prompts[b - b % group] for b in range(B)):
         raise ValueError(f"the {B} prompts are not runs of {group} equal prompts")
@@ -291,12 +287,11 @@ def make_batch(prompts, responses, pad, device, group=1):
 
 
 def micro_batches(ids, lengths, starts, idx, cfg, ranks=model.Ranks()):
-    """[(responses, weight, their rows: ids cut after the last column used, lengths, starts)]: the responses idx
-    (whole rows of ids) sorted by length, cut into at most cfg.micro_batch rows and cfg.micro_tokens tokens (rows x
-    the longest), then row 0 with weight 0 up to the most any rank has (under FSDP every forward is a collective)."""
-    shared = lengths.shape[0] // ids.shape[0]  # responses per row of ids: 1, or a state's `group` (make_batch)
+    """[(responses, weight, (ids, lengths, starts) of their rows)]: idx by length, at most cfg.micro_batch rows and
+    cfg.micro_tokens tokens each, then fillers (row 0, weight 0) up to any rank's most (FSDP)."""
+    shared = lengths.shape[0] // ids.shape[0]  # responses per row of ids (make_batch's group)
     groups = idx.view(-1, shared)
-    row_len = lengths[groups].max(1).values  # a row ends where its last response does
+    row_len = lengths[groups].max(1).values
     out, cur = [], []
     for g in torch.argsort(row_len, stable=True).tolist():
         if cur and (len(cur) == cfg.micro_batch or (len(cur) + 1) * int(row_len[g]) > cfg.micro_tokens):
@@ -312,43 +307,43 @@ def micro_batches(ids, lengths, starts, idx, cfg, ranks=model.Ranks()):
     return batches
 
 
-# ----------------------------------------------------- Acting: generation (step 2), execution in sandboxes (step 3)
+# ---- Acting: generation (step 2), execution in sandboxes (step 3)
 
 def generate(lm, tokenizer, messages, cfg, device, seeds=None, n=1, on_done=None):
-    """n responses per prompt (one shared prefill) -> prompt ids, token ids, log-probs, texts, whether each ended with
-    a stop token. seeds: one generator per prompt, whatever the rank holds; on_done(i, text, ended) as i completes."""
+    """n responses per prompt (one prefill) -> prompt ids, token ids, log-probs, texts, whether each ended with a stop
+    token; on_done(i, text, ended) as response i completes."""
     context = min(lm.config.max_position_embeddings, cfg.max_prompt_len + cfg.max_new_tokens)
     prompts = [model.keep_end(tokenizer.encode(tokenizer.apply_chat_template(m)), context, cfg.max_new_tokens)
                for m in messages]
     text = lambda t: agent.cut_at_stop(tokenizer.decode(t, skip_special_tokens=True), agent.STOP)  # noqa: E731
     done = None if on_done is None else lambda i, t, reason: on_done(i, text(t), reason == "stop")  # noqa: E731
     threads = torch.get_num_threads()
-    if device.type == "cpu":  # one thread: the sandboxes run scripts on the same cores meanwhile, and OpenMP threads
-        torch.set_num_threads(1)  # that wait on each other then crawl (tests/RESULTS.md, "ppo.py: generation threads")
+    if device.type == "cpu":  # the scripts share the cores: waiting OpenMP threads crawl
+        torch.set_num_threads(1)  # (tests/RESULTS.md, "ppo.py: generation threads")
     try:
-        with model.autocast(device):  # continuous batching: at most gen_batch rows (and their KV cache) at a time
+        with model.autocast(device):  # continuous batching
             g = lm.generate(prompts, cfg.max_new_tokens, cfg.temperature, stop_token_ids=model.stop_ids(lm, tokenizer),
                             seeds=seeds, max_batch=cfg.gen_batch, n=n,
                             stop_fn=model.stop_strings(tokenizer, agent.STOP), on_done=done)
     finally:
         torch.set_num_threads(threads)
     return ([p for p in prompts for _ in range(n)], g.tokens, g.logprobs, [text(t) for t in g.tokens],
-            [r == "stop" for r in g.finish_reasons])  # a stop string's tokens stay in the action: the policy chose
+            [r == "stop" for r in g.finish_reasons])  # a stop string's tokens stay: the policy chose them
 
 
 def execute(e, text, reward_config, finished=True, unfinished_invalid=True):
-    """Parse and run one action in env `e`, scored by agent.act. A response cut at max_new_tokens is invalid unless
-    --no-unfinished-invalid: paid for, such actions grew (tests/RESULTS.md, "PPO on the tiny model")."""
+    """Parse, run and score (agent.act) one action in env `e`. A cut response is invalid unless
+    --no-unfinished-invalid: paid for, they grew (tests/RESULTS.md, "PPO on the tiny model")."""
     action = action_input = reason = None
     try:
         if not finished and unfinished_invalid:
             raise agent.ParseError("it did not end within max_new_tokens")
         action, action_input = agent.parse_response(text)
-    except agent.ParseError as err:  # unparsable, unknown action or bad JSON: invalid (R_format)
+    except agent.ParseError as err:  # invalid (R_format)
         reason = str(err)
     result, r = agent.act(e, action, action_input, reason, reward_config)
     edit = action_input.get("edit_instruction") if action == "Edit Script (AI)" else None
-    edit = edit if edit is None or isinstance(edit, str) else json.dumps(edit)  # hashable, for C5
+    edit = edit if edit is None or isinstance(edit, str) else json.dumps(edit)  # hashable (C5)
     return {"kind": result.kind, "reward": r, "m_prev": result.metric_prev, "m_new": result.metric_new,
             "done": result.done, "observation": result.observation, "finished": finished, "action": action,
             "edit": edit}
@@ -359,28 +354,28 @@ def make_env(task, task_dir, editor):
 
 
 def generate_and_run(lm, tokenizer, messages, cfg, pool, device, timer, run, seeds=None, n=1):
-    """generate; each action runs in the pool (run(row, text, ended)) as soon as its response is complete."""
+    """generate; each action runs in the pool (run(row, text, ended)) once its response is complete."""
     running = {}
 
     def start(i, text, ended):
-        if i not in running:  # each row runs once
+        if i not in running:
             running[i] = pool.submit(run, i, text, ended)
 
     prompts, tokens, gen_lp, texts, ended = generate(lm, tokenizer, messages, cfg, device, seeds, n, start)
-    timer("generate")  # including the executions under way
+    timer("generate")  # with the executions under way
     for i, (text, end) in enumerate(zip(texts, ended)):
         start(i, text, end)
     outcomes = [running[i].result() for i in range(len(texts))]
-    timer("execute")  # the wait after the last response
+    timer("execute")
     return prompts, tokens, gen_lp, texts, outcomes
 
 
 def step_rollout(states, lm, tokenizer, cfg, pool, editor, device, timer, seeds=None, n=1):
-    """Steps 2-3, step-wise: n actions per expert state (rows state-major), each run from the restored state."""
+    """Steps 2-3: n actions per expert state (rows state-major), each run from the restored state."""
     def run(i, text, ended):
         s = states[i // n]
         e = make_env(s["task"], s["task_dir"], editor)
-        e.restore(s["snapshot"])  # the environment exactly as the expert found it at s_t
+        e.restore(s["snapshot"])  # as the expert found it at s_t
         return execute(e, text, cfg.reward, ended, cfg.unfinished_invalid)
 
     prompts, tokens, gen_lp, _, outcomes = generate_and_run(lm, tokenizer, [s["messages"] for s in states], cfg,
@@ -389,10 +384,10 @@ def step_rollout(states, lm, tokenizer, cfg, pool, editor, device, timer, seeds=
 
 
 def episode_rollout(starts, lm, tokenizer, cfg, pool, editor, device, timer, seeds=None):
-    """Steps 2-3, --episodic: episodes from task starts (with the expert's first ideas), one batch per step -> rows in
-    step order, nxt: the row of the episode's next step (-1: none)."""
+    """Steps 2-3, --episodic: episodes from task starts (the expert's ideas), a batch per step -> rows in step order,
+    nxt: the row of the episode's next step (-1: none)."""
     envs = [make_env(s["task"], s["task_dir"], editor) for s in starts]
-    problems = list(pool.map(lambda e: e.reset(), envs))  # reset runs the starter script (cached)
+    problems = list(pool.map(lambda e: e.reset(), envs))  # runs the starter script (cached)
     timer("execute")
     histories, alive = [[] for _ in starts], list(range(len(starts)))
     prompts, tokens, gen_lp, outcomes, episode = [], [], [], [], []
@@ -413,10 +408,10 @@ def episode_rollout(starts, lm, tokenizer, cfg, pool, editor, device, timer, see
     return prompts, tokens, gen_lp, outcomes, nxt
 
 
-# ------------------------------ Scoring (step 4) and the update (step 6): micro-batches of rows of similar lengths
+# ---- Scoring (step 4) and the update (step 6), in micro-batches of similar lengths
 
 def forward_scores(actor, critic, ref, ids, lengths, starts, R, cfg, device, ranks=model.Ranks(), logprobs=None):
-    """No-grad forwards in micro-batches -> logprobs, ref_logprobs, values (B, R); given logprobs skip the actor."""
+    """No-grad forwards -> logprobs, ref_logprobs, values (B, R); given logprobs, no actor forward."""
     out = [torch.zeros(lengths.shape[0], R, device=device) for _ in range(3)]
     if logprobs is not None:
         out[0] = logprobs
@@ -424,24 +419,23 @@ def forward_scores(actor, critic, ref, ids, lengths, starts, R, cfg, device, ran
     with torch.no_grad(), model.autocast(device):
         for idx, weight, (i, ln, st) in micro_batches(ids, lengths, starts, everyone, cfg, ranks):
             lp = actor(i, ln, st) if logprobs is None else None
-            model.set_lora(actor, ref is not None)  # LoRA: the reference is the actor with its adapters off
+            model.set_lora(actor, ref is not None)  # LoRA: the reference is the actor, adapters off
             ref_lp = (actor if ref is None else ref)(i, ln, st)
             model.set_lora(actor, True)
             v = critic(i, ln, st).float() if critic is not None else torch.zeros_like(ref_lp)
-            if weight:  # a filler micro-batch (FSDP: as many forwards as the other ranks) is not kept
+            if weight:  # not a filler (micro_batches)
                 n = ref_lp.shape[1]
                 out[1][idx, :n], out[2][idx, :n] = ref_lp, v
                 if lp is not None:
                     out[0][idx, :n] = lp
-    model.reshard(actor, critic, ref)  # no backward follows these forwards: FSDP2's gathered roots are freed now
+    model.reshard(actor, critic, ref)  # no backward follows: FSDP2's gathered roots are freed now
     return out
 
 
 def ppo_update(actor, critic, opt_a, opt_c, data, cfg, device, gen, step_actor=True, ranks=model.Ranks()):
-    """Clipped policy and value losses over minibatches and epochs. data: this rank's rows as `score` makes them;
-    "rows": their places in the whole batch; "group": samples per state, kept in one minibatch. step_actor=False
-    (critic warm-up): only the critic learns. Every rank draws the same permutation and divides by the minibatch's
-    tokens on all ranks: the summed gradient is one process's (FSDP averages, hence the factor world)."""
+    """Clipped losses over minibatches (a state's "group" in one) and epochs on this rank's rows of `score`'s data.
+    Every rank draws the same permutation and divides by the minibatch's tokens on all ranks: the summed gradient
+    is one process's (FSDP averages: hence * world)."""
     ids, lengths, starts, mask, group = data["ids"], data["lengths"], data["starts"], data["mask"], data.get("group", 1)
     places = data.get("rows") or [ranks.rank + k * ranks.world for k in range(lengths.shape[0])]
     local = {g: k for k, g in enumerate(places)}
@@ -451,10 +445,10 @@ def ppo_update(actor, critic, opt_a, opt_c, data, cfg, device, gen, step_actor=T
     stats, first_ratio, actor_steps = [], 0.0, 0
     for _ in range(cfg.update_epochs):
         perm = torch.randperm(B // group, generator=gen)
-        for mb in perm.split(max(B // group // cfg.num_minibatches, 1)):  # minibatches of states
-            mb = (mb[:, None] * group + torch.arange(group)).view(-1)  # the states' responses
+        for mb in perm.split(max(B // group // cfg.num_minibatches, 1)):  # of states
+            mb = (mb[:, None] * group + torch.arange(group)).view(-1)  # their responses
             mine = torch.tensor([local[g] for g in mb.tolist() if g in local], dtype=torch.long, device=device)
-            denom = ranks.sum(mask[mine].sum()).clamp(min=1)  # the masked mean over the whole minibatch
+            denom = ranks.sum(mask[mine].sum()).clamp(min=1)  # the whole minibatch's
             s = torch.zeros(4, device=device)  # pg_loss, vf_loss, clipfrac, approx_kl
             for idx, weight, (i, ln, st) in micro_batches(ids, lengths, starts, mine, cfg, ranks):
                 with model.autocast(device):
@@ -462,26 +456,26 @@ def ppo_update(actor, critic, opt_a, opt_c, data, cfg, device, gen, step_actor=T
                     n = lp.shape[1]
                     m, old = mask[idx, :n] * weight, data["logprobs"][idx, :n]
                     pg, cf, ratio = policy_loss(lp, old, data["advantages"][idx, :n], m, cfg.clip_coef, denom)
-                    if step_actor:  # in the warm-up the policy's backward would be thrown away
+                    if step_actor:
                         (pg * scale).backward()
                     vf = torch.zeros(())
-                    if critic is not None:  # --advantage group has no critic
+                    if critic is not None:  # --advantage group
                         v = critic(i, ln, st).float()
                         vf = value_loss(v, data["values"][idx, :n], data["returns"][idx, :n], m, cfg.vf_clip, denom)
                         (vf * scale).backward()
-                if not stats and weight:  # the first minibatch of the first epoch: the policy has not moved yet
+                if not stats and weight:  # the first minibatch: the policy has not moved yet
                     first_ratio = max(first_ratio, float(((ratio.detach() - 1).abs() * m).max()))
                 kl = (0.5 * (lp.detach() - old) ** 2 * m).sum() / denom
                 s += torch.tensor([float(pg.detach()), float(vf.detach()), float(cf), float(kl)], device=device)
-            s = ranks.sum(s)  # this minibatch, every rank's rows
-            if step_actor and cfg.target_kl and s[3] > 1.5 * cfg.target_kl:  # early stop (Spinning Up's PPO, CleanRL
-                step_actor = False  # --target-kl): the policy has moved far enough this iteration; the critic goes on
+            s = ranks.sum(s)  # every rank's rows
+            if step_actor and cfg.target_kl and s[3] > 1.5 * cfg.target_kl:  # early stop (Spinning Up, CleanRL)
+                step_actor = False  # the critic goes on
                 actor.zero_grad(set_to_none=True)
             actor_steps += step_actor
             for net, opt in [(net, opt) for net, opt in ((actor, opt_a), (critic, opt_c))[0 if step_actor else 1:]
                              if net is not None]:
                 trained = [q for q in net.parameters() if q.requires_grad]
-                if ranks.world > 1 and not sharded:  # LoRA over several ranks: sum the adapters' gradients
+                if ranks.world > 1 and not sharded:  # LoRA: sum the adapters' gradients
                     for q in trained:
                         q.grad = ranks.sum(q.grad if q.grad is not None else torch.zeros_like(q))
                 nn.utils.clip_grad_norm_(trained, cfg.max_grad_norm)
@@ -492,11 +486,11 @@ def ppo_update(actor, critic, opt_a, opt_c, data, cfg, device, gen, step_actor=T
     return {**mean, "ratio_first_minibatch_max_dev": ranks.max(first_ratio), "actor_steps": actor_steps}
 
 
-# ----------------------------- Checkpoints: the actor's Hugging Face folder with trainer_state/ in it, swapped in whole
+# ---- Checkpoints: the actor's Hugging Face folder with trainer_state/ in it
 
 def save_checkpoint(run):
-    """Every rank calls this (under FSDP the full states are gathered to rank 0); rank 0 writes <out>.tmp and swaps
-    it in: the actor folder (bf16 from CUDA runs), trainer_state/ the master weights, critic and optimizers."""
+    """Every rank calls this (FSDP gathers); rank 0 writes <out>.tmp (the actor folder; trainer_state/: master
+    weights, critic, optimizers) and swaps it in."""
     cfg, actor, critic = run.cfg, run.actor, run.critic
     adapters = lambda net: {k: v for k, v in model.full_state(net).items()  # noqa: E731
                             if not cfg.lora_rank or k.startswith("head.") or ".A" in k or ".B" in k}
@@ -508,26 +502,22 @@ def save_checkpoint(run):
         return
     dtype = model.save_dtype(cfg.save_dtype, run.ranks.device)
     tmp, master = model.save_checkpoint_folder(actor.lm, run.tokenizer, cfg.out, dtype, actor_state)
-    if master:  # the master weights, which the bf16 folder rounds
+    if master:  # the bf16 folder rounds them
         state["actor"] = master
     os.makedirs(os.path.join(tmp, "trainer_state"))
     torch.save(state, os.path.join(tmp, "trainer_state", "state.pt"))
     agent.write_atomic(os.path.join(tmp, "trainer_state", "progress.json"), json.dumps(
         {**run.progress, "config": dataclasses.asdict(cfg), "world_size": run.ranks.world}, indent=1))
-    agent.swap_folder(tmp, cfg.out)  # no moment without a checkpoint; a kill inside is repaired by claim_out
+    agent.swap_folder(tmp, cfg.out)  # claim_out repairs a kill inside
 
 
 def find_resume(out):
     """The folder of the last complete checkpoint (a kill between the two renames leaves it at <out>.old)."""
-    for folder in (out, out + ".old"):
-        if os.path.exists(os.path.join(folder, "trainer_state", "state.pt")):
-            return folder
-    return None
+    return next((f for f in (out, out + ".old") if os.path.exists(os.path.join(f, "trainer_state", "state.pt"))), None)
 
 
 def claim_out(cfg, model_path):
-    """Refuse an --out this run does not own (a file, the model, or a folder that is not a ppo.py checkpoint: saving
-    replaces the folder), and lock it against a second ppo.py on the same --out. -> the open lock file."""
+    """Refuse an --out this run does not own (saving replaces it); lock it against a second ppo.py."""
     out = os.path.abspath(cfg.out)
     if os.path.isfile(out):
         raise ValueError(f"--out {cfg.out} is a file; give a folder")
@@ -536,14 +526,13 @@ def claim_out(cfg, model_path):
     if os.path.isdir(out) and os.listdir(out) and not find_resume(out):
         raise ValueError(f"--out {cfg.out} holds something that is not a ppo.py checkpoint; give another folder")
     os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
-    lock = agent.lock_file(out + ".lock", f"--out {cfg.out}")  # beside the folder: saving replaces the folder
-    agent.recover_folder(out, out + ".tmp")  # what a kill while saving left: <out>.old back in place, no .tmp
+    lock = agent.lock_file(out + ".lock", f"--out {cfg.out}")  # beside the folder, which saving replaces
+    agent.recover_folder(out, out + ".tmp")  # what a kill while saving left
     return lock
 
 
 def check_resume_reward(folder, cfg):
-    """ValueError (one line) when the checkpoint in `folder` was trained with another reward (reward.py's flags,
-    --unfinished-invalid) than cfg: one run, one reward. A checkpoint that recorded none is accepted."""
+    """ValueError when `folder`'s checkpoint recorded another reward than cfg (reward.py's, --unfinished-invalid)."""
     path = os.path.join(folder, "trainer_state", "progress.json")
     recorded = model.read_json(path).get("config", {}) if os.path.exists(path) else {}
     theirs = {"reward": from_record(recorded["reward"]) if recorded.get("reward") is not None else cfg.reward,
@@ -555,7 +544,6 @@ def check_resume_reward(folder, cfg):
 
 
 def resume_point(cfg, say):
-    """The last checkpoint under --out (trained with this reward), its trainer state and progress, or a fresh start."""
     resume = find_resume(cfg.out)
     if not resume:
         return None, None, {"iteration": 0, "init_model": cfg.model}
@@ -566,10 +554,9 @@ def resume_point(cfg, say):
     return resume, st, dict(st["progress"])
 
 
-# ------------------------------- Training: `setup` once (with the resume point), then per iteration the six steps
+# ---- Training: `setup` once, then per iteration the six steps
 
 def load_states(path):
-    """The states pool (collect.py's states.jsonl); a bad line is a one-line error naming the file and line."""
     need = ("task", "task_dir", "step", "messages", "snapshot", "m_init", "m_best", "higher_is_better")
     states = agent.read_jsonl(path, need, "a state of collect.py")
     if not states:
@@ -578,18 +565,17 @@ def load_states(path):
 
 
 def pick_tasks(states, n, seed):
-    """The states of n of the pool's tasks, a seeded draw (the same n tasks for every run with this seed)."""
     names = sorted({s["task"] for s in states})
     chosen = set(random.Random(f"tasks:{seed}").sample(names, min(n, len(names))))
     return [s for s in states if s["task"] in chosen]
 
 
 def build(cfg, init, resume, st, ranks):
-    """Actor (fp32 master weights), critic and frozen reference, or with LoRA a frozen base (bf16 on CUDA) with fp32
-    adapters; over several ranks without LoRA, sharded by FSDP2 before each rank reads its shard of each tensor."""
+    """Actor (fp32), critic and frozen reference, or with LoRA a frozen base (bf16 on CUDA) with fp32 adapters;
+    without LoRA over several ranks, FSDP2 shards."""
     device, lora = ranks.device, cfg.lora_rank
-    low = torch.bfloat16 if device.type == "cuda" else torch.float32  # weights that are never updated
-    world = ranks.world if ranks.world > 1 and not lora else 0  # LoRA: whole models, the adapters' gradients summed
+    low = torch.bfloat16 if device.type == "cuda" else torch.float32  # weights never updated
+    world = ranks.world if ranks.world > 1 and not lora else 0  # LoRA: whole models
     saved = st["critic"] if st else {}
     part = lambda prefix: ((k.removeprefix(prefix), v) for k, v in saved.items() if k.startswith(prefix))  # noqa: E731
 
@@ -604,12 +590,12 @@ def build(cfg, init, resume, st, ranks):
         return net
 
     base = low if lora else torch.float32
-    actor = make("actor", base, st["actor"].items() if st and st.get("actor") else  # master weights of a bf16 folder
+    actor = make("actor", base, st["actor"].items() if st and st.get("actor") else  # a bf16 folder's master weights
                  model.weight_tensors(init if lora else resume or init))
     critic = make("critic", base, part("backbone.") if st and not lora else model.weight_tensors(init))
     model.fill(critic.head, part("head.") if st else
                zip(("weight", "bias"), Critic.head_init(critic.backbone.config.hidden_size, cfg.seed)))
-    if st and lora:  # the adapters
+    if st and lora:
         actor.load_state_dict(st["actor_lora"], strict=False)
         critic.load_state_dict(saved, strict=False)
     ref = None if lora else make("ref", low, model.weight_tensors(init)).requires_grad_(False)
@@ -618,21 +604,21 @@ def build(cfg, init, resume, st, ranks):
 
 @dataclasses.dataclass
 class Run:
-    """What `setup` makes once for every iteration."""
-    cfg: Config                 # its None fields resolved for the policy's size
+    """What `setup` makes for every iteration."""
+    cfg: Config                 # resolved (resolve_defaults)
     ranks: model.Ranks
-    states: list                # the states pool (of the --tasks drawn)
+    states: list                # of the --tasks drawn
     actor: Actor
-    critic: Critic              # built and saved with either advantage: checkpoints keep one layout
-    ref: Actor | None           # None with LoRA: the actor with its adapters off
+    critic: Critic              # with either advantage: one checkpoint layout
+    ref: Actor | None           # None with LoRA (the actor, adapters off)
     tokenizer: object
     opt_a: torch.optim.Optimizer
     opt_c: torch.optim.Optimizer
-    progress: dict              # iterations done and the starting model, saved in each checkpoint
-    editor: object              # what executes `Edit Script (AI)`
-    total: int                  # the run's iterations
+    progress: dict              # iteration, init_model
+    editor: object              # for `Edit Script (AI)`
+    total: int
     lock: object                # rank 0's lock on --out
-    say: object                 # print, on rank 0
+    say: object                 # print on rank 0
 
     @property
     def value_net(self):  # --advantage group neither runs nor trains the critic
@@ -640,12 +626,12 @@ class Run:
 
 
 def setup(cfg):
-    """This rank, the states, --out (claimed by rank 0), the resume point, the models and their optimizers -> Run."""
+    """This rank, the states, --out, the resume point, models and optimizers -> Run."""
     rank, world, device = model.setup_distributed(cfg)
-    if device.type == "cuda":  # each rank's sandboxed scripts on its own GPU (not all on GPU 0), or on none
+    if device.type == "cuda":  # each rank's scripts on its own GPU, or on none
         env.set_script_gpu(device.index if cfg.script_gpu else None)
     say = (lambda *a: print(*a, flush=True)) if rank == 0 else (lambda *a: None)
-    torch.manual_seed(cfg.seed)  # the adapters' initialisation
+    torch.manual_seed(cfg.seed)  # the adapters' init
     states = load_states(cfg.states)
     if cfg.tasks:
         states = pick_tasks(states, cfg.tasks, cfg.seed)
@@ -654,12 +640,12 @@ def setup(cfg):
     if (max(cfg.batch_size // cfg.episode_steps, 1) if cfg.episodic else cfg.batch_size) < world:
         raise ValueError(f"--batch-size {cfg.batch_size} gives {'task starts' if cfg.episodic else 'states'} to fewer "
                          f"than the {world} ranks")
-    if not cfg.episodic and len(states) < world:  # every rank decides alike, before any collective: none waits
+    if not cfg.episodic and len(states) < world:  # every rank alike, before any collective
         raise ValueError(f"{cfg.states}: {len(states)} state(s){' of the chosen tasks' if cfg.tasks else ''} for "
                          f"{world} ranks; every rank needs at least one state per batch")
     lock = claim_out(cfg, cfg.model) if rank == 0 else None  # rank 0 owns --out and the log
     if world > 1:
-        dist.barrier()  # the other ranks look for the checkpoint once rank 0 has repaired --out
+        dist.barrier()  # rank 0 has repaired --out
     resume, st, progress = resume_point(cfg, say)
     lm, tokenizer = model.load(progress["init_model"], device, torch.float32, meta=True)
     cfg = resolve_defaults(cfg, sum(p.numel() for p in lm.parameters()))
@@ -674,7 +660,7 @@ def setup(cfg):
                                       weight_decay=0.0) for net, lr in ((actor, cfg.actor_lr), (critic, cfg.critic_lr)))
     for net, opt, key in ((actor, opt_a, "opt_actor"), (critic, opt_c, "opt_critic")) if st else ():
         model.set_optim_state(net, opt, st[key])
-    if rank == 0:  # built-in tasks are prepared here, not racing in threads or ranks; the log trimmed to the checkpoint
+    if rank == 0:  # built-in tasks prepared once, not racing; the log trimmed to the checkpoint
         for s in {s["task"]: s for s in states}.values():
             make_env(s["task"], s["task_dir"], None)
         os.makedirs(os.path.dirname(cfg.log_file) or ".", exist_ok=True)
@@ -699,8 +685,8 @@ class Timer:
 
 
 def sample_states(run, it):
-    """Step 1: the next batch_size states of the pool shuffled per epoch (seeded: a resumed run agrees), or in
-    --episodic batch_size / episode_steps task starts -> this rank's share, their seeds and places in the batch."""
+    """Step 1: the next batch_size states, shuffled per epoch (seeded), or batch_size / episode_steps task starts
+    -> this rank's share, their seeds and places."""
     cfg, states, ranks = run.cfg, run.states, run.ranks
     epoch, k = divmod(it, max(len(states) // cfg.batch_size, 1))
     if cfg.episodic:
@@ -716,13 +702,13 @@ def sample_states(run, it):
 
 
 def rollout(run, batch, seeds, index, pool, timer):
-    """Steps 2-3 on this rank's states (in --episodic, episodes from each start), and each row's place in the batch."""
+    """Steps 2-3 on this rank's states (--episodic: episodes from each), and each row's place in the batch."""
     cfg, ranks, n = run.cfg, run.ranks, run.cfg.samples_per_state
-    policy = model.rollout_copy(run.actor.lm, ranks.device)  # under FSDP a gathered (bf16 on CUDA) copy, freed after
+    policy = model.rollout_copy(run.actor.lm, ranks.device)  # FSDP: a gathered copy (bf16 on CUDA)
     if cfg.episodic:
         out = episode_rollout([s for s in batch for _ in range(n)], policy, run.tokenizer, cfg, pool, run.editor,
                               ranks.device, timer, seeds=[s * n + j for s in seeds for j in range(n)])
-        sizes = ranks.gather([len(out[3])])  # episodes end at different steps: the rows rank by rank
+        sizes = ranks.gather([len(out[3])])  # episodes end at different steps
         places = [sum(sizes[:ranks.rank]) + j for j in range(len(out[3]))]
     else:
         out = step_rollout(batch, policy, run.tokenizer, cfg, pool, run.editor, ranks.device, timer, seeds=seeds, n=n)
@@ -734,22 +720,20 @@ def rollout(run, batch, seeds, index, pool, timer):
 
 
 def score(run, prompts, tokens, gen_lp, outcomes):
-    """Step 4: the rollout as one batch with its old log-probs, the reference's and the critic's values, reward.py's
-    score on the last token and the KL penalty on every token -> the batch as ppo_update reads it."""
+    """Step 4: the rollout as one batch with old and reference log-probs, values, token rewards -> ppo_update's data."""
     cfg, ranks, device = run.cfg, run.ranks, run.ranks.device
-    # a state's samples share its prompt's row, unless gradient checkpointing would write the prompt's KV cache
-    # twice or FSDP needs as many block calls on every rank
+    # a state's samples share a row, unless gradient checkpointing (the KV cache written twice) or FSDP
     group = 1 if cfg.episodic else cfg.samples_per_state
     ids, lengths, mask, starts = make_batch(prompts, tokens, run.tokenizer.pad_token_id, device,
                                             1 if cfg.grad_checkpointing or model.is_sharded(run.actor) else group)
-    # the old log-probs: on CPU the generation's, from the actor's own fp32 weights (the first minibatch's logged
-    # ratio shows the gap); on CUDA the rollout's bf16 weights differ, so they are recomputed (as VeRL, OpenRLHF)
+    # old log-probs: on CPU the generation's, from the actor's fp32 weights; on CUDA the rollout's bf16 weights
+    # differ: recomputed (as VeRL, OpenRLHF)
     generated = torch.zeros(mask.shape, device=device)
     generated[mask.bool()] = torch.tensor([x for lps in gen_lp for x in lps], device=device)
     kept = generated if device.type == "cpu" else None
     logprobs, ref_logprobs, values = (x * mask for x in forward_scores(
         run.actor, run.value_net, run.ref, ids, lengths, starts, mask.shape[1], cfg, device, ranks, logprobs=kept))
-    gen_gap = None if kept is not None else ranks.max((generated - logprobs).abs().max())  # generate vs forward
+    gen_gap = None if kept is not None else ranks.max((generated - logprobs).abs().max())
     scores = torch.tensor([o["reward"] for o in outcomes], device=device)
     rewards, kl = token_rewards(scores, logprobs, ref_logprobs, mask, cfg.kl_coef)
     return dict(ids=ids, lengths=lengths, starts=starts, mask=mask, logprobs=logprobs, values=values, group=group,
@@ -757,8 +741,8 @@ def score(run, prompts, tokens, gen_lp, outcomes):
 
 
 def estimate_advantages(run, data, nxt):
-    """Step 5: GAE over the critic's values (in --episodic across an episode's steps), whitened over the valid tokens
-    of the whole batch; or --advantage group's baseline, not whitened -> advantages, returns, explained variance."""
+    """Step 5: GAE (--episodic: across an episode's steps) whitened over the whole batch, or the group baseline
+    -> advantages, returns, explained variance."""
     cfg, mask = run.cfg, data["mask"]
     if run.value_net is None:
         adv = episode_group_advantages(data["scores"], data["kl"], mask, nxt, cfg.samples_per_state, cfg.kl_coef) \
@@ -769,7 +753,7 @@ def estimate_advantages(run, data, nxt):
 
 
 def log_iteration(run, it, outcomes, places, data, ev, upd, timer):
-    """The whole batch's log line (the times rank 0's), printed and appended to --log-file by rank 0."""
+    """The whole batch's log line (rank 0's times), printed and appended to --log-file."""
     ranks, times = run.ranks, timer.times
     outcomes = [o for _, o in sorted(zip(ranks.gather(places), ranks.gather(outcomes)), key=lambda x: x[0])]
     kinds, n = [o["kind"] for o in outcomes], len(outcomes)
@@ -777,7 +761,7 @@ def log_iteration(run, it, outcomes, places, data, ev, upd, timer):
     log = {"iteration": it + 1, "states": n, "reward": sum(o["reward"] for o in outcomes) / n,
            "rewards": [o["reward"] for o in outcomes],
            **{f"frac_{k}": kinds.count(k) / n for k in ("invalid", "error", "corner", "neutral", "edit", "final")},
-           "frac_unfinished": sum(not o.get("finished", True) for o in outcomes) / n,  # cut responses
+           "frac_unfinished": sum(not o.get("finished", True) for o in outcomes) / n,
            "frac_improved": sum(o["reward"] > 0 for o in edits) / n,
            "metric_change": sum(o["m_new"] - o["m_prev"] for o in edits) / len(edits) if edits else 0.0,
            "kl": float(ranks.sum(data["kl"].sum())) / n, "response_tokens": float(ranks.sum(data["mask"].sum())) / n,
@@ -795,21 +779,20 @@ def log_iteration(run, it, outcomes, places, data, ev, upd, timer):
 
 
 def train(cfg):
-    """The whole run -> its progress: setup once, then per iteration the six steps, a log line, a checkpoint."""
     run = setup(cfg)
     cfg, pool = run.cfg, ThreadPoolExecutor(run.cfg.workers)
     for it in range(run.progress["iteration"], run.total):
         timer = Timer()
-        # 1. sample a batch of states from d^{pi_e}; this rank takes every world-th, each with its own seed
+        # 1. sample a batch of states from d^{pi_e}; this rank takes every world-th, each with its seed
         batch, seeds, index = sample_states(run, it)
         # 2. the policy generates actions (batched, left-padded, KV cache, log-probs kept)
-        # 3. each environment restores its state and executes its action, several sandboxes in parallel
+        # 3. each environment restores its state and executes its action, sandboxes in parallel
         prompts, tokens, gen_lp, outcomes, nxt, places = rollout(run, batch, seeds, index, pool, timer)
         # 4. reward.py's score on the last token, the KL penalty to the frozen reference on every token
         data = score(run, prompts, tokens, gen_lp, outcomes)
         # 5. advantages: the critic's GAE, whitened, or the group baseline
         data["advantages"], data["returns"], ev = estimate_advantages(run, data, nxt)
-        # 6. clipped policy and value losses over minibatches and epochs (in the warm-up the critic's only)
+        # 6. clipped policy and value losses over minibatches and epochs (in the warm-up the critic's)
         upd = ppo_update(run.actor, run.value_net, run.opt_a, run.opt_c, {**data, "rows": places}, cfg,
                          run.ranks.device, torch.Generator().manual_seed(cfg.seed * 100003 + it),
                          step_actor=it >= cfg.critic_warmup, ranks=run.ranks)
@@ -820,15 +803,15 @@ def train(cfg):
             save_checkpoint(run)
     pool.shutdown()
     if dist.is_initialized():
-        dist.barrier()  # no rank leaves before rank 0 has saved; run_main ends the process group
+        dist.barrier()  # rank 0 has saved
     if run.lock:
         run.lock.close()
     return run.progress
 
 
-# ------------------------------------- Command line: a flag per Config field, checked by its argparse type (exit 2)
+# ---- Command line: a flag per Config field, checked by its type (exit 2)
 
-KINDS = {int: agent.POSITIVE_INT, float: agent.POSITIVE}  # a field's flag unless TYPES names another
+KINDS = {int: agent.POSITIVE_INT, float: agent.POSITIVE}  # unless TYPES names another
 TYPES = {**dict.fromkeys(("tasks", "iterations", "critic_warmup", "lora_rank"), agent.COUNT), "seed": int,
          **dict.fromkeys(("target_kl", "kl_coef"), agent.NONNEGATIVE), "gamma": agent.FRACTION, "lam": agent.FRACTION,
          "device": model.refusing(str, model.bad_device)}
@@ -851,7 +834,7 @@ def parser():
 def main(argv=None):
     p = parser()
     args = p.parse_args(argv)
-    try:  # reward.py's flags and the combinations Config refuses
+    try:  # reward.py's flags, what Config refuses
         cfg = Config(**{f.name: getattr(args, f.name) for f in dataclasses.fields(Config) if f.name != "reward"},
                      reward=reward_from_flags(args))
     except ValueError as e:

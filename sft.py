@@ -1,31 +1,29 @@
 """Supervised fine-tuning with the loss on assistant tokens only: ML-Agent's exploration-enriched fine-tuning stage.
 
 ML-Agent (arXiv:2505.23723, §"Exploration-enriched fine-tuning"; §Experiments "Training") fine-tunes Qwen2.5-7B on the
-expert trajectories, 2 epochs at lr 2e-5 on 8 A100s. This file trains on runs/data/sft.jsonl (collect.py): each line
-{"messages": [...]} rendered with ChatML (model.py), the cross-entropy on the assistant turns' content and their closing
-<|im_end|>. Reading order: config -> data (render + mask, held-out split, length-bucketed micro-batches) -> the loss ->
-the model -> checkpoints and resume -> evaluation (held-out loss, parse rate) -> the learning rate and the loop.
+expert trajectories, 2 epochs at lr 2e-5 on 8 A100s. Here: runs/data/sft.jsonl (collect.py), each {"messages": [...]}
+rendered with ChatML (model.py), the cross-entropy on the assistant turns' content and their closing <|im_end|>.
 Where the paper is silent, the Hugging Face Trainer / TRL defaults: AdamW (0.9, 0.999, no weight decay), linear warmup
 over 3% of the steps then cosine to 0, gradient norm 1.0, the loss averaged over every trained token of an optimizer
 step (across micro-batches and ranks), fp32 master weights with bf16 autocast on CUDA. Departures:
-1. No --model: a tiny Qwen3 (width 128, 2 blocks, 4 heads) with a byte-level BPE trained on the training split is
-   trained from scratch, so `python collect.py && python sft.py` runs offline on a CPU; random weights need far more
-   than the paper's fine-tuning: lr 3e-3, 8 epochs, 2 conversations per step (our choice; tests/RESULTS.md).
-2. From scratch the loss also covers the prompt tokens at weight 1 (--prompt-loss-weight; a pre-trained model gets 0,
-   the paper's): Instruction Modelling (Shi et al. 2024) helps most with long prompts, short outputs, few examples.
-3. Sequences of similar length share a micro-batch, right-padded, no packing; the prefix the rows share (the tools'
-   descriptions open every prompt) is computed once (SFTModel); logits only at trained positions.
-4. Imports agent.py (beyond the house table's model.py) for the run-folder plumbing and the command-line checkers, and
-   for the held-out parse rate's agent.parse_response (--eval-parse 0 turns it off).
-5. Several GPUs: a pre-trained model gets the paper's recipe, 64 conversations per step, --max-len 16384 (the paper
-   cuts at 15,000 tokens); a longer conversation loses its oldest tokens, one whose last assistant turn alone is longer
-   is dropped, both reported. DDP replicates; FSDP2 (--fsdp, or by itself on CUDA when fp32 training states do not
-   fit half a GPU) shards, every rank reading its own rows; checkpoints gather the weights on rank 0.
+1. No --model: a tiny Qwen3 (width 128, 2 blocks, 4 heads) and a byte-level BPE trained on the training split, from
+   scratch, so `python collect.py && python sft.py` runs offline on a CPU; random weights need far more than the
+   paper's fine-tuning: lr 3e-3, 8 epochs, 2 conversations per step (our choice; tests/RESULTS.md).
+2. From scratch the loss also covers the prompt tokens at weight 1 (--prompt-loss-weight; pre-trained: 0, the
+   paper's): Instruction Modelling (Shi et al. 2024) helps most with long prompts, short outputs, few examples.
+3. Sequences of similar length share a micro-batch, right-padded, no packing; the rows' shared prefix (the tools'
+   descriptions) is computed once (SFTModel); logits only at trained positions.
+4. Imports agent.py (the house table names model.py only) for the run-folder plumbing, the command-line checkers and
+   the held-out parse rate (agent.parse_response; --eval-parse 0 turns it off).
+5. Several GPUs: a pre-trained model gets the paper's recipe, 64 conversations per step, --max-len 16384 (paper:
+   15,000 tokens); a longer conversation loses its oldest tokens, one whose last assistant turn alone is longer is
+   dropped, both reported. DDP replicates; FSDP2 (--fsdp, or on CUDA when fp32 training states do not fit half a GPU)
+   shards, each rank reading its own rows; checkpoints gather the weights on rank 0.
 
 Run:  python sft.py  (tiny model from scratch; run again, it resumes);  python sft.py --model Qwen/Qwen2.5-0.5B-Instruct
       torchrun --nproc_per_node 8 sft.py --model Qwen/Qwen2.5-7B-Instruct --grad-checkpointing   (DDP; --fsdp shards)
 Outputs under --out (runs/ckpt/sft): the final Hugging Face folder, checkpoint-<step>/ per epoch (weights +
-trainer_state.pt: optimizer, scheduler, step, epoch), log.jsonl (a line per optimizer step).
+trainer_state.pt), log.jsonl (a line per optimizer step).
 """
 import contextlib
 import dataclasses
@@ -43,56 +41,52 @@ import torch.distributed as dist
 from torch import nn
 from tqdm import tqdm
 
-import agent  # torch-free run-folder helpers and command-line checkers, shared with every command
+import agent
 import model
 
-ROOT = agent.env.ROOT  # default paths live under the project's runs/, wherever sft.py is started from
+ROOT = agent.env.ROOT  # default paths: the project's runs/, wherever sft.py is started from
 
 
 @dataclasses.dataclass
 class Config:
-    data: str = str(ROOT / "runs/data/sft.jsonl")  # chat JSONL, one {"messages": [...]} per line
-    model: str | None = None                # a Hugging Face folder or hub id; None: the tiny model from scratch
-    out: str = str(ROOT / "runs/ckpt/sft")  # the final checkpoint, checkpoint-<step>/ folders and log.jsonl
-    epochs: int | None = None               # None: 2 (ML-Agent) for a pre-trained model, 8 from scratch
-    lr: float | None = None                 # None: 2e-5 (ML-Agent) for a pre-trained model, 3e-3 from scratch
-    warmup_ratio: float = 0.03              # linear warmup over this share of the steps (TRL/LLaMA-Factory recipes)
-    weight_decay: float = 0.0               # AdamW decoupled weight decay (HF Trainer default)
+    data: str = str(ROOT / "runs/data/sft.jsonl")  # chat JSONL (collect.py)
+    model: str | None = None                # a Hugging Face folder or hub id; None: the tiny model
+    out: str = str(ROOT / "runs/ckpt/sft")  # the final model, checkpoint-<step>/ folders, log.jsonl
+    epochs: int | None = None               # None: 2 (ML-Agent), 8 from scratch
+    lr: float | None = None                 # None: 2e-5 (ML-Agent), 3e-3 from scratch
+    warmup_ratio: float = 0.03              # linear warmup over this share of the steps (TRL recipes)
+    weight_decay: float = 0.0               # AdamW's (HF Trainer default)
     prompt_loss_weight: float | None = None  # loss weight of non-assistant tokens; None: 0 (ML-Agent), 1 from scratch
-    batch_size: int | None = None           # per optimizer step over all ranks; None: 64 (ML-Agent), 2 from scratch
-    micro_batch: int | None = None          # per forward on one rank, the rest accumulated; None: 1, 2 from scratch
-    max_len: int = 16384                    # per conversation: the oldest tokens go, never the last turn (paper: 15k)
-    grad_clip: float = 1.0                  # max global gradient norm (HF Trainer default)
-    heldout: float = 0.1                    # share of the conversations kept out for the held-out loss and parse rate
-    eval_parse: int = 32                    # held-out prompts answered greedily to measure the parse rate (0: off)
-    max_new_tokens: int = 512               # length limit of those responses
-    grad_checkpointing: bool = False        # recompute each block's activations in backward (less memory)
-    fsdp: bool = False                      # torchrun: FSDP2 shards, not DDP (anyway on CUDA if one GPU is short)
+    batch_size: int | None = None           # per optimizer step, all ranks; None: 64 (ML-Agent), 2 from scratch
+    micro_batch: int | None = None          # per forward on one rank (accumulated); None: 1, 2 from scratch
+    max_len: int = 16384                    # per conversation, oldest tokens cut (paper: 15k)
+    grad_clip: float = 1.0                  # max gradient norm (HF Trainer default)
+    heldout: float = 0.1                    # share of the conversations held out
+    eval_parse: int = 32                    # held-out prompts answered for the parse rate (0: off)
+    max_new_tokens: int = 512               # their length limit
+    grad_checkpointing: bool = False        # recompute each block in backward (less memory)
+    fsdp: bool = False                      # torchrun: FSDP2, not DDP (anyway on CUDA if one GPU is short)
     save_dtype: str = "auto"                # auto: bfloat16 from CUDA (vLLM reads fp32 as fp16), float32 on CPU
-    resume: str | None = None               # a checkpoint-<step> folder; None / "auto": the latest under --out, if any
-    seed: int = 0                           # data order, held-out split, from-scratch init
-    device: str | None = None               # default: cuda (this rank's GPU) if available, else cpu
-    threads: int = 0                        # CPU threads per process (torch.set_num_threads); 0: torch's default
-    scratch_vocab: int = 8192               # from scratch: BPE vocabulary size (at most; merges stay within words)
-    scratch_hidden: int = 128               # from scratch: width (the sizes tried: tests/RESULTS.md)
-    scratch_layers: int = 2                 # from scratch: blocks (more were no better: tests/RESULTS.md)
-    scratch_heads: int = 4                  # from scratch: query heads (half as many key/value heads, GQA)
+    resume: str | None = None               # a checkpoint-<step> folder; None / "auto": the latest under --out
+    seed: int = 0                           # data order, held-out split, scratch init
+    device: str | None = None               # default: this rank's GPU if available, else cpu
+    threads: int = 0                        # torch.set_num_threads (0: its default)
+    scratch_vocab: int = 8192               # from scratch: BPE vocabulary size (at most)
+    scratch_hidden: int = 128               # from scratch: width (sizes tried: tests/RESULTS.md)
+    scratch_layers: int = 2                 # from scratch: blocks (more no better: tests/RESULTS.md)
+    scratch_heads: int = 4                  # from scratch: query heads (half as many KV heads)
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# Data: ChatML rendering with labels on the assistant turns only
+# ---- Data: ChatML rendering with labels on the assistant turns only
 
-IGNORE = -100  # the label of untrained positions (PyTorch cross_entropy's ignore_index, as HF uses it)
+IGNORE = -100  # untrained positions' label (cross_entropy's ignore_index, as in HF)
 
 
 def encode_chat(tokenizer, messages, max_len=None, counts=None):
-    """-> (ids, labels), lists of the same length; labels are the ids on assistant content + <|im_end|>, else -100.
-
-    Each message is `<|im_start|>{role}\\n` + `{content}<|im_end|>` + `\\n` (model.Tokenizer's ChatML), the three
-    pieces encoded apart, so the label boundary falls exactly after `assistant\\n` (the generation prompt); the
-    <|im_end|> that ends a turn is trained (the model learns to stop), the `\\n` after it is not. Longer than max_len:
-    the oldest tokens go; if the last assistant turn alone does not fit, nothing is labelled (`train` drops it).
-    counts["cut"], if counts is given, counts the conversations cut."""
+    """-> (ids, labels): the ids on assistant content + <|im_end|> (the model learns to stop), else -100. Each
+    message is `<|im_start|>{role}\\n` + `{content}<|im_end|>` + `\\n` (model.Tokenizer's ChatML), encoded apart so
+    the label boundary falls exactly after `assistant\\n`. Past max_len the oldest tokens go; a last assistant turn
+    too long alone is not labelled (`train` drops it). counts["cut"] counts the conversations cut."""
     ids, labels, target = [], [], 0
     for m in messages:
         train = m["role"] == "assistant"
@@ -101,9 +95,9 @@ def encode_chat(tokenizer, messages, max_len=None, counts=None):
             piece = tokenizer.encode(text)
             ids += piece
             labels += piece if on else [IGNORE] * len(piece)
-    if max_len and len(ids) > max_len:  # cut the oldest tokens, as PPO cuts its prompts: the last turn is the target
+    if max_len and len(ids) > max_len:  # the oldest tokens go, as in ppo.py's prompts
         cut = len(ids) - max_len
-        ids, labels = ids[cut:], labels[cut:] if cut <= target else [IGNORE] * max_len  # no room: nothing to train
+        ids, labels = ids[cut:], labels[cut:] if cut <= target else [IGNORE] * max_len  # no room: no label
         if counts is not None:
             counts["cut"] = counts.get("cut", 0) + 1
     return ids, labels
@@ -121,7 +115,7 @@ def read_jsonl(path):
 
 
 def split_heldout(n, share, seed):
-    """(train indices, held-out indices): a seeded shuffle; at least one held out when share > 0 and n >= 2."""
+    """(train indices, held-out indices), seeded; at least one held out when share > 0 and n >= 2."""
     order = list(range(n))
     random.Random(seed).shuffle(order)
     k = min(max(round(share * n), 1), n - 1) if share > 0 and n >= 2 else 0
@@ -129,8 +123,8 @@ def split_heldout(n, share, seed):
 
 
 def micro_batches(lengths, micro, seed, epoch, bucket=16):
-    """Length-bucketed micro-batches of indices: shuffle, sort each window of `bucket` micro-batches by length (so
-    sequences in a micro-batch pad little), cut, shuffle the micro-batches. Deterministic in (seed, epoch)."""
+    """Length-bucketed micro-batches of indices: shuffle, sort each window of `bucket` micro-batches by length
+    (little padding), cut, shuffle them. Deterministic in (seed, epoch)."""
     rng = random.Random(seed * 1000 + epoch)
     order = list(range(len(lengths)))
     rng.shuffle(order)
@@ -143,8 +137,7 @@ def micro_batches(lengths, micro, seed, epoch, bucket=16):
 
 
 def collate(examples, pad_id, device):
-    """Right-padded (B, T) input_ids and labels (padding labelled -100), the (B,) true lengths, and how many leading
-    positions every row shares (shared_prefix; SFTModel computes them once)."""
+    """Right-padded (B, T) input_ids and labels (padding -100), the (B,) lengths, and shared_prefix(examples)."""
     T = max(len(ids) for ids, _ in examples)
     ids = torch.full((len(examples), T), pad_id, dtype=torch.long)
     labels = torch.full((len(examples), T), IGNORE, dtype=torch.long)
@@ -155,8 +148,8 @@ def collate(examples, pad_id, device):
 
 
 def shared_prefix(examples):
-    """The number of leading (id, label) pairs that all examples have in common, at most the shortest length - 1 (so
-    every row keeps a position of its own)."""
+    """The number of leading (id, label) pairs all examples share, at most the shortest length - 1 (SFTModel
+    computes them once; every row keeps a position of its own)."""
     (x0, y0), n = examples[0], min(len(x) for x, _ in examples) - 1
     for p in range(n):
         if any(x[p] != x0[p] or y[p] != y0[p] for x, y in examples[1:]):
@@ -165,26 +158,24 @@ def shared_prefix(examples):
 
 
 def token_counts(examples):
-    """(assistant tokens, other tokens) that are predicted (every position but the first) in (ids, labels) pairs."""
+    """(assistant tokens, other tokens) predicted (every position but the first) in (ids, labels) pairs."""
     ours = sum(sum(y != IGNORE for y in lab[1:]) for _, lab in examples)
     return ours, sum(len(ids) - 1 for ids, _ in examples) - ours
 
-# ----------------------------------------------------------------------------------------------------------------
-# The loss
+# ---- The loss
 
 
 class LinearCrossEntropy(torch.autograd.Function):
-    """-log softmax(h W^T)[target] of each row of h (N, C): the lm_head and the cross-entropy as one step. The forward
-    keeps the softmax in the logits' own buffer; the backward turns it in place into the logits' gradient (softmax
-    minus one-hot, times each row's incoming gradient). Autograd through F.cross_entropy would also keep the
-    log-softmax and fill a zero (N, V) gradient (tests/RESULTS.md: what that costs). The same loss and gradients up to
-    rounding (tests/test_sft.py); under autocast the products are bf16, the softmax fp32."""
+    """-log softmax(h W^T)[target] of each row of h (N, C): lm_head and cross-entropy in one. The softmax stays in the
+    logits' buffer and the backward turns it in place into their gradient; autograd through F.cross_entropy would
+    also keep the log-softmax and a zero (N, V) gradient (tests/RESULTS.md). Same loss and gradients up to rounding
+    (tests/test_sft.py); under autocast the products are bf16, the softmax fp32."""
 
     @staticmethod
     def forward(ctx, h, weight, targets):  # (N, C), (V, C), (N,) -> (N,)
         logits = (h @ weight.t()).float()  # (N, V)
         picked, top = logits.gather(1, targets[:, None])[:, 0], logits.amax(-1, keepdim=True)
-        probs = logits.sub_(top).exp_()  # in place: one exp for both the loss and the softmax
+        probs = logits.sub_(top).exp_()  # in place: one exp for the loss and the softmax
         total = probs.sum(-1, keepdim=True)
         loss = (top + total.log())[:, 0] - picked  # log-sum-exp - the target's logit
         ctx.save_for_backward(h, weight, targets, probs.div_(total))  # the softmax
@@ -194,27 +185,22 @@ class LinearCrossEntropy(torch.autograd.Function):
 
     @staticmethod
     @torch.autograd.function.once_differentiable
-    def backward(ctx, grad):  # grad (N,): d(what is minimised) / d(each row's loss)
+    def backward(ctx, grad):  # grad (N,): d objective / d each row's loss
         h, weight, targets, probs = ctx.saved_tensors
         probs[torch.arange(len(targets), device=probs.device), targets] -= 1  # d loss / d logits
         d = probs.mul_(grad[:, None])
-        with torch.autocast(ctx.amp[0], dtype=ctx.amp[2], enabled=ctx.amp[1]):  # the forward's (backward is outside)
+        with torch.autocast(ctx.amp[0], dtype=ctx.amp[2], enabled=ctx.amp[1]):  # the forward's
             gh, gw = d @ weight, d.t() @ h
         return gh.to(h.dtype), gw.to(weight.dtype), None
 
 
 class SFTModel(nn.Module):
-    """Wraps a model.Qwen so DDP / FSDP see one forward: (input_ids, labels, lengths, prefix) -> (the weighted loss
-    summed over the batch, the assistant tokens' loss summed, the assistant tokens' count).
-
-    Assistant tokens weigh 1, every other real token `prompt_weight`: 0 is SFT on assistant tokens only (ML-Agent);
-    > 0 also models the prompt, as Instruction Modelling does (Shi et al. 2024, arXiv 2405.14394; weighted:
-    Chatterjee et al. 2025, arXiv 2507.07817).
-
-    prefix > 1 (collate's `shared_prefix`): the rows' common prefix (every prompt opens with the same system prompt)
-    is computed once into a KV cache and each row's rest runs over it, as ppo.py computes a prompt once for its
-    samples; the prefix's losses count B times, so the result is the same (tests/test_sft.py). share_prefix=False
-    (gradient checkpointing would write the cache again when it recomputes a block; FSDP) ignores `prefix`."""
+    """A model.Qwen as one forward for DDP / FSDP: (input_ids, labels, lengths, prefix) -> (weighted loss summed,
+    the assistant tokens' loss summed, their count). Other real tokens weigh `prompt_weight`: 0 is ML-Agent's SFT;
+    > 0 also models the prompt, as Instruction Modelling (Shi et al. 2024, arXiv 2405.14394; weighted: Chatterjee
+    et al. 2025, arXiv 2507.07817). prefix > 1: the rows' common prefix goes once into a KV cache, its losses counted
+    B times: the same result (tests/test_sft.py). share_prefix=False ignores it (FSDP; gradient checkpointing would
+    write the cache again)."""
 
     def __init__(self, lm, prompt_weight=0.0, share_prefix=False):
         super().__init__()
@@ -223,35 +209,34 @@ class SFTModel(nn.Module):
     def forward(self, input_ids, labels, lengths, prefix=0):  # (B, T), (B, T), (B,), int
         B, P = input_ids.shape[0], int(prefix)
         if not (self.share_prefix and B > 1 and P > 1):
-            return self.loss(self.lm.hidden(input_ids), input_ids, labels, lengths)  # right padding: no mask needed
+            return self.loss(self.lm.hidden(input_ids), input_ids, labels, lengths)  # right padding: no mask
         cache = model.KVCache()
-        head = self.lm.hidden(input_ids[:1, :P], cache=cache)  # (1, P, C): positions 0 .. P-1, once
-        tail = self.lm.hidden(input_ids[:, P:], cache=cache)  # (B, T-P, C): each row's rest over the cache, broadcast
-        shared = self.loss(head, input_ids[:1, :P], labels[:1, :P], lengths[:1])  # predicts tokens 1 .. P-1
+        head = self.lm.hidden(input_ids[:1, :P], cache=cache)  # (1, P, C), once
+        tail = self.lm.hidden(input_ids[:, P:], cache=cache)  # (B, T-P, C): the rows' rest over the cache
+        shared = self.loss(head, input_ids[:1, :P], labels[:1, :P], lengths[:1])  # tokens 1 .. P-1
         own = self.loss(torch.cat((head[:, -1:].expand(B, 1, -1), tail), 1), input_ids[:, P - 1:],
-                        labels[:, P - 1:], lengths - (P - 1))  # predicts tokens P .. of each row
+                        labels[:, P - 1:], lengths - (P - 1))  # tokens P .. of each row
         return tuple(B * a + b for a, b in zip(shared, own))
 
     def loss(self, h, input_ids, labels, lengths):
-        """h (B, T, C) are the outputs at the positions of input_ids (B, T); the output at t predicts token t + 1."""
-        targets = labels[:, 1:]  # token t is predicted from positions < t (labels are not pre-shifted, as in HF)
-        ours = targets != IGNORE  # (B, T-1): the assistant tokens
+        """h (B, T, C): the outputs at input_ids' (B, T) positions; the one at t predicts token t + 1."""
+        targets = labels[:, 1:]  # labels are not pre-shifted (as in HF)
+        ours = targets != IGNORE  # (B, T-1)
         rows = ours
-        if self.prompt_weight:  # every real position: t < length (padding predicts nothing)
+        if self.prompt_weight:  # every real position (padding predicts nothing)
             rows = torch.arange(targets.shape[1], device=lengths.device) < (lengths[:, None] - 1)
-            targets = input_ids[:, 1:]  # the labels are these ids wherever they are not -100
-        loss = LinearCrossEntropy.apply(h[:, :-1][rows], self.lm.lm_head.weight, targets[rows])  # (N,): trained only
-        mine = ours[rows]  # (N,): which of the computed positions are assistant tokens
+            targets = input_ids[:, 1:]  # the labels wherever they are not -100
+        loss = LinearCrossEntropy.apply(h[:, :-1][rows], self.lm.lm_head.weight, targets[rows])  # (N,)
+        mine = ours[rows]  # (N,): which are assistant tokens
         weighted = torch.where(mine, loss, loss * self.prompt_weight).sum()
         return weighted, loss[mine].sum().detach(), mine.sum()
 
-# ----------------------------------------------------------------------------------------------------------------
-# The model: a checkpoint, or the tiny configuration from scratch; gradient checkpointing; DDP / FSDP
+# ---- The model: a checkpoint, or the tiny configuration from scratch; gradient checkpointing; DDP / FSDP
 
 
 def scratch_model(rows, args):
-    """The tiny Qwen3 with a BPE tokenizer trained on the (training) conversations; eos = <|im_end|> (instruct)."""
-    texts = [f"{m['role']}\n{m['content']}\n" for r in rows for m in r["messages"]]  # special tokens are added apart
+    """The tiny Qwen3 and a BPE tokenizer trained on the training conversations; eos = <|im_end|>."""
+    texts = [f"{m['role']}\n{m['content']}\n" for r in rows for m in r["messages"]]  # special tokens apart
     tokenizer = model.train_tokenizer(texts, args.scratch_vocab)
     heads = args.scratch_heads
     cfg = model.tiny_config("qwen3", vocab_size=len(tokenizer), hidden_size=args.scratch_hidden,
@@ -264,44 +249,43 @@ def scratch_model(rows, args):
 
 
 def place(lm, source, master, prompt_weight, args, world, device):
-    """The SFTModel around lm (on the meta device when read from `source`) on this rank's device, in training mode:
-    sharded by FSDP2 (--fsdp, or on CUDA when the training states do not fit) or whole (DDP over several ranks).
-    master: fp32 weights of a checkpoint saved in bf16. -> net, sharded"""
+    """The SFTModel around lm (meta when read from `source`) on this rank's device, in training mode: sharded by
+    FSDP2 (--fsdp, or on CUDA when the training states do not fit) or whole (DDP). master: fp32 weights of a bf16
+    checkpoint. -> net, sharded"""
     if args.grad_checkpointing:
         model.enable_grad_checkpointing(lm)
     n_params = sum(p.numel() for p in lm.parameters())
     sharded = dist.is_initialized() and (args.fsdp or model.too_big_for_one_gpu(n_params, device))
     net = SFTModel(lm, prompt_weight, share_prefix=not (args.grad_checkpointing or sharded))
-    if source:  # tensor by tensor into fp32 master weights (autocast computes in bf16); sharded, each rank its rows
+    if source:  # tensor by tensor into fp32 master weights; sharded, each rank its rows
         tensors = master.items() if master else model.weight_tensors(source)
         net = model.place(net, lm, tensors, device, sharded and world)
     elif sharded:
         net = model.shard(net, lm.model.layers, world, device)
     return (net if sharded else model.wrap(net.to(device), world, device)).train(), sharded
 
-# ----------------------------------------------------------------------------------------------------------------
-# Checkpoints: a Hugging Face folder (model.save) + trainer_state.pt, written to a temporary name then renamed
+# ---- Checkpoints: a Hugging Face folder + trainer_state.pt, written to a temporary name then renamed
 
 
 def save_checkpoint(net, lm, tokenizer, optim, sched, info, args, rank, device):
-    """out/checkpoint-<step>/ (weights + trainer_state.pt, with the fp32 master weights when the weights are bf16)
-    and the final folder's files at out/ itself."""
-    state, ostate = model.full_state(net), model.optim_state(net, optim)  # collective under FSDP: every rank
+    """out/checkpoint-<step>/ (weights + trainer_state.pt, with fp32 master weights when saved in bf16), and its
+    model files at out/ itself."""
+    state, ostate = model.full_state(net), model.optim_state(net, optim)  # FSDP: a collective, every rank
     if rank != 0:
         return
     path = os.path.join(args.out, f"checkpoint-{info['step']}")
     tmp, master = model.save_checkpoint_folder(lm, tokenizer, path, model.save_dtype(args.save_dtype, device), state)
     torch.save({"optimizer": ostate, "scheduler": sched.state_dict(), "master": master, **info},
                os.path.join(tmp, "trainer_state.pt"))
-    agent.swap_folder(tmp, path)  # a kill at any moment leaves the old checkpoint-<step> or the new one (recover_out)
+    agent.swap_folder(tmp, path)  # a kill leaves the old checkpoint-<step> or the new one (recover_out)
     publish(path, args.out)
 
 
 def publish(ckpt, out):
-    """The checkpoint's model files also at out/ itself, file by file (each rename atomic), stale weight shards
-    removed; a kill in between leaves a mix, which recover_out repairs at the next start."""
+    """The checkpoint's model files copied to out/ (each rename atomic), stale weight shards removed; a kill
+    leaves a mix, which recover_out repairs."""
     names = [n for n in os.listdir(ckpt) if n != "trainer_state.pt"]
-    marker = os.path.join(out, ".publishing")  # present while out/ may hold a mix of two checkpoints
+    marker = os.path.join(out, ".publishing")  # while out/ may hold a mix of two checkpoints
     open(marker, "w").close()
     for name in os.listdir(out):
         if name.startswith("model") and ".safetensors" in name and name not in names:
@@ -313,12 +297,12 @@ def publish(ckpt, out):
 
 
 def recover_out(out):
-    """At start, what a kill while saving left under out/: checkpoint-<step>.old back or gone, *.tmp deleted, and
-    out/'s model files, if a kill mixed them, those of the latest checkpoint again."""
+    """Repairs what a kill while saving left: checkpoint-<step>.old back or gone, *.tmp deleted, out/'s model files
+    the latest checkpoint's if mixed."""
     for old in glob.glob(os.path.join(out, "checkpoint-*.old")):
         agent.recover_folder(old.removesuffix(".old"))
-    for tmp in glob.glob(os.path.join(out, "*.tmp")) + glob.glob(os.path.join(out, ".*.tmp")):  # checkpoint-<step>.tmp
-        # folders, <file>.tmp files of publish, .<file>.<pid>.tmp of agent.write_atomic
+    # checkpoint-<step>.tmp, publish's and write_atomic's temporaries
+    for tmp in glob.glob(os.path.join(out, "*.tmp")) + glob.glob(os.path.join(out, ".*.tmp")):
         shutil.rmtree(tmp) if os.path.isdir(tmp) else os.remove(tmp)
     if os.path.exists(os.path.join(out, ".publishing")):
         latest = latest_checkpoint(out)
@@ -326,9 +310,8 @@ def recover_out(out):
 
 
 def resume_point(args, say):
-    """The checkpoint to go on from (--resume's, or the latest under --out, as ppo.py resumes) and its trainer state,
-    or None and {}. It must be of this run (the same data, model, seed, prompt loss weight), or a one-line error: an
-    --out that holds another run is never trained over."""
+    """The checkpoint to go on from (--resume's, or the latest under --out) and its trainer state, or None and {}.
+    One of another run (data, model, seed, prompt loss weight) is a one-line error, never trained over."""
     resume = latest_checkpoint(args.out) if args.resume in (None, "auto") and os.path.isdir(args.out) else args.resume
     if args.resume == "auto" and resume is None:
         say(f"no checkpoint under {args.out}: starting fresh")
@@ -352,19 +335,18 @@ def latest_checkpoint(out):
              if p.rsplit("-", 1)[1].isdigit() and os.path.exists(os.path.join(p, "trainer_state.pt"))]
     return max(found, key=lambda p: int(p.rsplit("-", 1)[1]), default=None)
 
-# ----------------------------------------------------------------------------------------------------------------
-# Evaluation
+# ---- Evaluation
 
 
 @torch.no_grad()
 def heldout_loss(net, data, args, rank, world, pad_id, device):
-    """Mean loss per trained token over the held-out conversations (each rank takes its share, then all-reduce)."""
+    """Mean loss per assistant token of the held-out conversations, each rank its share."""
     net.eval()
     total = torch.zeros(2, device=device)
     per_round = world * args.micro_batch
     with model.autocast(device):
         for i in range(rank * args.micro_batch, math.ceil(len(data) / per_round) * per_round, per_round):
-            batch = data[i:i + args.micro_batch]  # every rank runs as many forwards (FSDP gathers in each one)
+            batch = data[i:i + args.micro_batch]  # as many forwards on every rank (FSDP gathers in each)
             _, loss, n = net(*collate(batch or data[:1], pad_id, device))  # the assistant tokens only
             total += torch.stack([loss.float(), n.float()]) * bool(batch)
     model.reshard(net)
@@ -375,8 +357,8 @@ def heldout_loss(net, data, args, rank, world, pad_id, device):
 
 @torch.no_grad()
 def parse_rate(lm, tokenizer, rows, max_new_tokens, batch=8):
-    """Share of greedy responses to the held-out prompts that agent.parse_response accepts, and share whose action
-    equals the expert's."""
+    """Shares of greedy responses to the held-out prompts that agent.parse_response accepts, and that choose the
+    expert's action."""
     prompts, expert = [], []
     for r in rows:
         last = max(i for i, m in enumerate(r["messages"]) if m["role"] == "assistant")
@@ -385,7 +367,7 @@ def parse_rate(lm, tokenizer, rows, max_new_tokens, batch=8):
     stops = model.stop_ids(lm, tokenizer)  # what agent.LocalBackend stops at
     ok = same = 0
     if prompts:
-        gen = lm.generate(prompts, max_new_tokens, stop_token_ids=stops, max_batch=batch)  # continuous batching
+        gen = lm.generate(prompts, max_new_tokens, stop_token_ids=stops, max_batch=batch)
         for toks, ref in zip(gen.tokens, expert):
             try:
                 action, _ = agent.parse_response(tokenizer.decode(toks, skip_special_tokens=True))
@@ -397,20 +379,19 @@ def parse_rate(lm, tokenizer, rows, max_new_tokens, batch=8):
 
 
 def heldout_parse_rate(args, rows, rank, world, device):
-    """The checkpoint just written, loaded as ppo.py and eval.py will load it, answers the held-out prompts `rows`
-    greedily, each rank its share (no rank waits at a barrier) -> parse_rate, same_action_as_expert, parse_states."""
+    """The checkpoint just written, loaded as ppo.py and eval.py load it, answers the held-out prompts, each rank
+    its share -> parse_rate, same_action_as_expert, parse_states."""
     lm, tokenizer = model.load(args.out, device)
     mine = rows[rank::world]
     ok = torch.tensor(parse_rate(lm, tokenizer, mine, args.max_new_tokens), device=device) * len(mine)
     rate, same = (model.Ranks(world=world, device=device).sum(ok) / len(rows)).tolist()
     return {"parse_rate": rate, "same_action_as_expert": same, "parse_states": len(rows)}
 
-# ----------------------------------------------------------------------------------------------------------------
-# Training
+# ---- Training
 
 
 def lr_factor(step, warmup, total):
-    """The learning rate's factor: linear warmup, then cosine decay to 0 (HF get_cosine_schedule_with_warmup)."""
+    """Linear warmup, then cosine decay to 0 (HF get_cosine_schedule_with_warmup)."""
     if step < warmup:
         return (step + 1) / (warmup + 1)
     progress = (step - warmup) / max(1, total - warmup)
@@ -418,18 +399,16 @@ def lr_factor(step, warmup, total):
 
 
 def optimizer_step(net, optim, sched, batches, pad_id, device, args, world):
-    """One optimizer step over this rank's micro-batches (lists of (ids, labels)): the loss is the weighted sum over
-    all trained tokens of the step on every rank divided by their summed weight (with prompt weight 0: the mean over
-    the assistant tokens). -> (mean loss of the assistant tokens, their count, all tokens of the batches)."""
+    """One optimizer step over this rank's micro-batches: the weighted loss summed over every rank's trained tokens
+    over their summed weight -> (the assistant tokens' mean loss, their count, all tokens seen)."""
     ranks, (ours, other) = model.Ranks(world=world, device=device), token_counts([x for b in batches for x in b])
     n = ranks.sum(torch.tensor([float(ours), ours + model.unwrap(net).prompt_weight * other], device=device))
-    total, seen = 0.0, 0  # DDP / FSDP average gradients over ranks, hence the * world below
+    total, seen = 0.0, 0  # DDP / FSDP average gradients over ranks: hence * world
     for j, b in enumerate(batches):
         ids, labels, lengths, prefix = collate(b, pad_id, device)
         wait = isinstance(net, nn.parallel.DistributedDataParallel) and j < len(batches) - 1
         sync = net.no_sync() if wait else contextlib.nullcontext()  # DDP: all-reduce gradients once per step
-        # FSDP2 reduce-scatters after every micro-batch (as torchtune's recipes do): skipping it would keep every
-        # unsharded fp32 gradient until the last micro-batch, the whole model's size on each rank (28 GiB at 7B).
+        # FSDP2 reduce-scatters after every micro-batch (as torchtune): else each rank holds whole fp32 gradients
         with sync:
             with model.autocast(device):
                 weighted, loss, _ = net(ids, labels, lengths, prefix)
@@ -446,8 +425,8 @@ def optimizer_step(net, optim, sched, batches, pad_id, device, args, world):
 
 
 def train(args):
-    """The whole run -> (summary dict, also printed; the trained model.Qwen of this rank)."""
-    if args.threads:  # on a busy machine 1 thread per process avoids OpenMP oversubscription (README, "Two commands")
+    """The whole run -> (the summary, also printed; this rank's trained model.Qwen)."""
+    if args.threads:  # a busy machine: 1 thread per process, no OpenMP oversubscription (README)
         torch.set_num_threads(args.threads)
     rank, world, device = model.setup_distributed(args)
     say = (lambda *a: print(*a, flush=True)) if rank == 0 else (lambda *a: None)
@@ -455,27 +434,27 @@ def train(args):
     if len(rows) < 2 and args.heldout > 0:
         raise ValueError(f"{args.data}: need at least 2 conversations (one is held out)")
     train_idx, held_idx = split_heldout(len(rows), args.heldout, args.seed)
-    lock = agent.claim_folder(args.out) if rank == 0 else None  # out/.lock: one sft.py per --out
+    lock = agent.claim_folder(args.out) if rank == 0 else None  # one sft.py per --out
     if rank == 0:
-        recover_out(args.out)  # what a kill while saving left
+        recover_out(args.out)
     if world > 1:
         dist.barrier()
     resume, st = resume_point(args, say)
-    if rank == 0:  # the lines after the checkpoint (none before the first one) are redone: drop them
+    if rank == 0:  # the steps after the checkpoint are redone: their lines go
         agent.trim_log(os.path.join(args.out, "log.jsonl"), "step", st["step"] if resume else 0)
     source = resume or args.model
-    if source:  # on the meta device first: the weights are read once it is known whether they are sharded
+    if source:  # meta: the weights are read once sharding is decided
         lm, tokenizer = model.load(source, "cpu", torch.float32, meta=True)
     else:
         lm, tokenizer = scratch_model([rows[i] for i in train_idx], args)
     from_scratch = st.get("scratch", False) if resume else args.model is None
-    epochs = args.epochs or (8 if from_scratch else 2)  # ML-Agent: 2 epochs; from scratch: our choice
-    lr = args.lr or (3e-3 if from_scratch else 2e-5)  # ML-Agent: 2e-5; from scratch: our choice
-    batch_size = args.batch_size or (2 if from_scratch else 64)  # ML-Agent: effective batch 64; from scratch: ours
+    epochs = args.epochs or (8 if from_scratch else 2)  # ML-Agent: 2 epochs
+    lr = args.lr or (3e-3 if from_scratch else 2e-5)  # ML-Agent: 2e-5
+    batch_size = args.batch_size or (2 if from_scratch else 64)  # ML-Agent's effective batch
     micro = args.micro_batch or (2 if from_scratch else 1)
     args = dataclasses.replace(args, micro_batch=micro)
-    prompt_weight = args.prompt_loss_weight  # ML-Agent: assistant tokens only; from scratch: the prompt too (ours)
-    if prompt_weight is None:  # a resumed run keeps its weight (checkpoints from before this option: 0)
+    prompt_weight = args.prompt_loss_weight
+    if prompt_weight is None:  # a resumed run keeps its weight (older checkpoints: 0)
         prompt_weight = st.get("prompt_weight", 0.0) if resume else float(from_scratch)
     if batch_size < micro * world:
         raise ValueError(f"--batch-size {batch_size} < --micro-batch {micro} x {world} ranks")
@@ -490,9 +469,9 @@ def train(args):
     held_set = [data[i] for i in held_idx]
     optim = torch.optim.AdamW(net.parameters(), lr=lr, betas=(0.9, 0.999), weight_decay=args.weight_decay,
                               fused=device.type == "cuda")
-    per_rank = batch_size // world // micro  # micro-batches per rank per optimizer step
+    per_rank = batch_size // world // micro  # micro-batches per rank and step
     lengths = [len(x) for x, _ in train_set]
-    n_micro = len(micro_batches(lengths, args.micro_batch, args.seed, 0)) // world  # per rank, same on every rank
+    n_micro = len(micro_batches(lengths, args.micro_batch, args.seed, 0)) // world  # per rank, alike on all
     steps_per_epoch = math.ceil(n_micro / per_rank)
     total = steps_per_epoch * epochs
     warmup = round(args.warmup_ratio * total)
@@ -513,7 +492,7 @@ def train(args):
     for epoch in range(step // steps_per_epoch, epochs):
         mb = micro_batches(lengths, args.micro_batch, args.seed, epoch)[:n_micro * world][rank::world]
         epoch_losses = []
-        for s in range(step - epoch * steps_per_epoch, steps_per_epoch):  # skips the steps done before a resume
+        for s in range(step - epoch * steps_per_epoch, steps_per_epoch):  # from the resume point
             chunk = [[train_set[i] for i in b] for b in mb[s * per_rank:(s + 1) * per_rank]]
             train_loss, n_tok, seen = optimizer_step(net, optim, sched, chunk, pad_id, device, args, world)
             step, tokens = step + 1, tokens + seen * world
@@ -525,7 +504,7 @@ def train(args):
                     "step": step, "epoch": epoch, "loss": train_loss, "lr": sched.get_last_lr()[0],
                     "trained_tokens": n_tok, "tokens_per_s": tokens / (time.time() - start)})
         held = heldout_loss(net, held_set, args, rank, world, pad_id, device) if held_set else float("nan")
-        train_loss = sum(epoch_losses) / max(len(epoch_losses), 1)  # the epoch's mean over optimizer steps
+        train_loss = sum(epoch_losses) / max(len(epoch_losses), 1)
         say(f"epoch {epoch + 1}/{epochs}: train loss {train_loss:.4f}, held-out loss {held:.4f}, "
             f"{tokens / (time.time() - start):.0f} tokens/s")
         info = {"step": step, "epoch": epoch + 1, "scratch": from_scratch, "prompt_weight": prompt_weight,
@@ -540,8 +519,8 @@ def train(args):
     if args.eval_parse and held_idx and step > 0:
         if world > 1:
             dist.barrier()  # rank 0 has written the checkpoint
-        optim = sched = net = None  # the optimizer's moments (twice the fp32 model) go before a second model comes
-        gc.collect()  # (the scheduler and the optimizer refer to each other)
+        optim = sched = net = None  # the optimizer's moments (twice the fp32 model) go before a second model
+        gc.collect()  # the scheduler and the optimizer refer to each other
         if device.type == "cuda":
             torch.cuda.empty_cache()
         summary.update(heldout_parse_rate(args, [rows[i] for i in held_idx[:args.eval_parse]], rank, world, device))
@@ -555,8 +534,7 @@ def train(args):
         lock.close()
     return summary, lm
 
-# ----------------------------------------------------------------------------------------------------------------
-# Command line
+# ---- Command line
 
 
 HALF_OPEN = agent.checked(float, lambda v: 0 <= v < 1, "in [0, 1)")
@@ -588,7 +566,7 @@ def parser():
 
 
 def parse_args(argv=None):
-    """A Config from the command line; each flag's value is checked by its type (one line, exit status 2)."""
+    """A Config from the command line; each flag checked by its type (one line, exit status 2)."""
     p = parser()
     args = Config(**vars(p.parse_args(argv)))
     if args.scratch_hidden % (2 * args.scratch_heads):
