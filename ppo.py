@@ -565,6 +565,7 @@ def load_states(path):
 
 
 def pick_tasks(states, n, seed):
+    """The states of n of the pool's tasks, a seeded draw (the same n tasks for every run with this seed)."""
     names = sorted({s["task"] for s in states})
     chosen = set(random.Random(f"tasks:{seed}").sample(names, min(n, len(names))))
     return [s for s in states if s["task"] in chosen]
@@ -779,6 +780,7 @@ def log_iteration(run, it, outcomes, places, data, ev, upd, timer):
 
 
 def train(cfg):
+    """The whole run -> its progress: setup once, then per iteration the six steps, a log line, a checkpoint."""
     run = setup(cfg)
     cfg, pool = run.cfg, ThreadPoolExecutor(run.cfg.workers)
     for it in range(run.progress["iteration"], run.total):
