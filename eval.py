@@ -1,7 +1,6 @@
 """Evaluation as the papers report it: K seeded runs of a scaffold (MLAB's research agent; Matryoshka and its
 monolithic baseline, orchestrator.py) with a policy on each held-out task; per task m_init, avg@K and best@K of the
-private score, the measures below, valid-submission rate, tokens and cost per trajectory; a JSON report, a
-Markdown table and plots.
+private score, the measures below, valid-submission rate, tokens and cost per trajectory.
 
 Performance gain Delta_r = beta * (m_avg@K - m_init) / m_init, beta = -1 when lower is better, K = 8 (ML-Agent,
 arXiv:2505.23723, §Experiments "Testing"); HumanRank s = 1 - p / N, p the leaderboard entries strictly better,
@@ -13,12 +12,13 @@ Orchestrator's prompt per round against the monolithic chat's per execution (App
    human Kaggle entries.
 3. A failed run stays among the K: invalid (HumanRank 0: MLE-bench gives no medal), scored m_init (MLAgentBench's
    success rate credits only a final submission that beats the baseline); dropping it would reward failures, the
-   leaderboard's worst entry would punish by the leaderboard's spread.
+   leaderboard's worst entry would punish by its spread.
 4. The offline scripted expert needs ideas: `--ideas sampled` (default) draws 1-3 recipe ideas per run, seeded by
    (seed, task, run), the same for every policy; `--ideas none` is the paper's test prompt.
 5. Temperature 0.7 (summarize_from_feedback_details; the papers give none), so the K runs differ; each run has its
    own seed, so --workers runs go at once with the same results. Matryoshka submits its best attempt by public
    score, maybe the starter. Offline stand-ins as labelled in agent.py and orchestrator.py.
+
 Run:  python eval.py      (offline, after collect/sft/ppo: scripted expert, runs/ckpt/sft, runs/ckpt/ppo; MLAB, K=2)
       python eval.py --k 8 --max-steps 15 ;  python eval.py --scaffold matryoshka monolithic --tasks wine
       OPENAI_API_KEY=... python eval.py --policy gpt-4o-mini --price-in 0.15 --price-out 0.6 --split held-in
@@ -47,7 +47,7 @@ import orchestrator
 
 ROOT = env.ROOT
 SCAFFOLDS = ("mlab", "matryoshka", "monolithic")
-FAILED_RUN_SCORE = "m_init"  # a run without a valid submission in avg@K / best@K (departure 3)
+FAILED_RUN_SCORE = "m_init"  # departure 3
 
 
 @dataclass
@@ -62,7 +62,7 @@ class Config:
     time_limit: float = 1800.0  # seconds per trajectory (paper: 30 minutes)
     temperature: float = 0.7  # the papers give none (departure 5)
     max_tokens: int | None = None  # per response; None: response_tokens
-    ideas: str = "sampled"  # sampled: 1-3 recipe ideas in the first prompt; none: the paper's test prompt
+    ideas: str = "sampled"  # sampled | none (departure 4)
     editor: str = "auto"  # auto | recipes | policy | an endpoint model: who executes Edit Script (AI)
     base_url: str | None = None  # default $OPENAI_BASE_URL
     price_in: float = 0.0  # dollars per million prompt tokens
@@ -74,7 +74,7 @@ class Config:
     out: str = str(ROOT / "runs/eval")
     ppo_log: str = str(ROOT / "runs/ppo/log.jsonl")  # its "reward" field is plotted
     plots: bool = True  # PNG plots when matplotlib is installed
-    threads: int = 1  # torch CPU threads of a local checkpoint (tiny models decode fastest on one)
+    threads: int = 1  # torch CPU threads of a local checkpoint (tiny models: 1 is fastest)
     workers: int = 0  # runs at once, a process each; 0: workers_for; 1: every run in this process
 
 # ==== the two metrics
@@ -135,16 +135,9 @@ def get_backend(name: str, role: str, cfg: Config):
     return _BACKENDS[key]
 
 
-def make_editor(cfg: Config, policy: str, backend):
-    """Who executes Edit Script (AI): Config.editor."""
-    if cfg.editor == "recipes" or (cfg.editor == "auto" and (policy == "scripted" or os.path.isdir(policy))):
-        return env.recipe_editor
-    return agent.LLMEditor(backend if cfg.editor in ("auto", "policy") else get_backend(cfg.editor, "agent", cfg))
-
-
 def seed_everything(seed: int):
-    """Python's and torch's generators (a checkpoint samples with torch's), torch's even before one loads:
-    unseeded, it differs in every process."""
+    """Python's and torch's generators (a checkpoint samples with torch's), torch's before one loads too:
+    unseeded, it differs per process."""
     import torch
     random.seed(seed)
     torch.manual_seed(seed)
@@ -160,7 +153,7 @@ def starter_scores(task) -> dict:
 
 def response_tokens(cfg: Config, scaffold: str, backend) -> int:
     """The scaffold's default (MLAB 1024, orchestrator.Config 4096), at most a quarter of a local model's
-    context so that the prompt keeps the rest (the tiny models have 2048 positions)."""
+    context (the tiny models have 2048 positions)."""
     n = cfg.max_tokens or (1024 if scaffold == "mlab" else orchestrator.Config.max_tokens)
     lm = getattr(backend, "lm", None)
     return min(n, lm.config.max_position_embeddings // 4) if lm is not None and not cfg.max_tokens else n
@@ -169,7 +162,10 @@ def response_tokens(cfg: Config, scaffold: str, backend) -> int:
 def run_mlab(cfg: Config, policy: str, task, ideas) -> dict:
     """ML-Agent's scaffold: agent.run_episode, the final train.py graded on the private rows."""
     backend = get_backend(policy, "agent", cfg)
-    editor = make_editor(cfg, policy, backend)
+    if cfg.editor == "recipes" or (cfg.editor == "auto" and (policy == "scripted" or os.path.isdir(policy))):
+        editor = env.recipe_editor  # Config.editor
+    else:
+        editor = agent.LLMEditor(backend if cfg.editor in ("auto", "policy") else get_backend(cfg.editor, "agent", cfg))
     e = env.Env(task, editor=editor)
     backends = [backend, getattr(editor, "backend", backend)]
     before = collect.usage_of(backends)
@@ -185,11 +181,11 @@ def run_mlab(cfg: Config, policy: str, task, ideas) -> dict:
 
 
 def run_hierarchical(cfg: Config, scaffold: str, policy: str, task, seed: int) -> dict:
-    """Matryoshka (the policy orchestrates, cfg.sub_agent or the policy codes) or the monolithic baseline.
-    The submission may be the starter (attempt 0): `valid_attempts` counts the agent's own valid attempts."""
+    """Matryoshka (the policy orchestrates, cfg.sub_agent or the policy codes) or the monolithic baseline. The
+    submission may be the starter (attempt 0): `valid_attempts` counts the agent's own valid attempts."""
     if scaffold == "matryoshka":
         backends = [get_backend(policy, "orchestrator", cfg), get_backend(cfg.sub_agent or policy, "sub-agent", cfg)]
-        if hasattr(backends[0], "rng"):  # the scripted Orchestrator's own generator, seeded per run
+        if hasattr(backends[0], "rng"):  # the scripted Orchestrator: seeded per run
             backends[0].rng.seed(seed)
         run, role = orchestrator.run_matryoshka, "orchestrator"
     else:
@@ -199,7 +195,7 @@ def run_hierarchical(cfg: Config, scaffold: str, policy: str, task, seed: int) -
                                time_limit=cfg.time_limit, temperature=cfg.temperature, seed=seed,
                                max_tokens=min(response_tokens(cfg, scaffold, b) for b in backends))
     before = collect.usage_of(backends)
-    res = run(ocfg, *backends, out=None, log=lambda *a, **k: None)  # one log line per run, not per round
+    res = run(ocfg, *backends, out=None, log=lambda *a, **k: None)  # one log line per run
     context: dict = {}  # round -> the role's largest prompt (re-asks make longer ones)
     for r in res["records"]:
         if r["role"] == role:
@@ -213,8 +209,8 @@ def run_hierarchical(cfg: Config, scaffold: str, policy: str, task, seed: int) -
 
 
 def run_one(cfg: Config, scaffold: str, policy: str, task, r: int) -> dict:
-    """One seeded run; an exception is a failed run, except agent.BackendError, which stops the evaluation so
-    that a restart retries the run."""
+    """One seeded run; an exception is a failed run, except agent.BackendError: it stops the evaluation, so a
+    restart retries the run."""
     seed = cfg.seed * 100003 + r
     ideas = []
     if scaffold == "mlab" and cfg.ideas == "sampled":  # the same for every policy
@@ -234,7 +230,7 @@ def run_one(cfg: Config, scaffold: str, policy: str, task, r: int) -> dict:
                    public=None, private=None, steps=0, stopped="error", calls=0, prompt_tokens=0,
                    completion_tokens=0, cost=0.0, context=[])
     row["valid"] = row["submission"] == "success" and row["private"] is not None
-    row["seconds"] = time.time() - start  # wall time, not the backends' seconds
+    row["seconds"] = time.time() - start  # wall time
     return row
 
 # ==== the resumable run log
@@ -295,7 +291,7 @@ def task_summary(task, m_init: dict, runs: list[dict]) -> dict:
 
 
 def overall(rows: list[dict]) -> dict:
-    """The mean over tasks of each per-task number (as the papers average)."""
+    """The mean over tasks of each per-task number."""
     keys = ("gain_avg", "gain_best", "human_rank_avg", "human_rank_best", "valid_rate", "tokens_per_traj",
             "cost_per_traj", "seconds_per_traj", "steps_per_traj", "invalid_step_rate", "undone_gains_per_traj")
     return {"tasks": len(rows), "runs": sum(r["runs"] for r in rows), "failed": sum(r["failed"] for r in rows),
@@ -411,10 +407,10 @@ def workers_for(cfg: Config, policies, runs: int) -> int:
 
 
 def run_all(cfg: Config, todo, tasks, policies):
-    """Yield (job, row) for each job (scaffold, policy, task index, run) as it finishes. Several workers: each a
-    new process (spawn: no inherited sandbox server or torch threads) with its own backends; run_one seeds every
-    generator, so a run's outcome does not depend on where it runs. agent.BackendError stops the rest: the runs
-    under way finish and are yielded, then it is raised."""
+    """Yield (job, row) for each job (scaffold, policy, task index, run) as it finishes. Several workers: new
+    processes (spawn: no inherited sandbox server or torch threads) with their own backends; run_one seeds every
+    generator, so where a run runs does not matter. agent.BackendError stops the rest: the runs under way
+    finish and are yielded, then it is raised."""
     workers = workers_for(cfg, policies, len(todo))
     if workers == 1:
         for job in todo:
