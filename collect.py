@@ -1,31 +1,30 @@
-"""Exploration-enriched expert data (ML-Agent, arXiv:2505.23723, §"Exploration-enriched fine-tuning", Appendix B.1):
-idea pools per task and category, a diversity filter, expert trajectories with ideas injected into the first prompt,
-and from them the SFT data and the states pool of step-wise RL.
-Reading order: idea pools (from an LLM, or offline from env.py's recipes) -> the diversity filter -> sampling ideas
-for one trajectory -> one rollout -> append-only JSONL and resume -> sft.jsonl and states.jsonl -> the summary.
+"""Exploration-enriched expert data (ML-Agent, arXiv:2505.23723, §"Exploration-enriched fine-tuning", App. B.1):
+idea pools per task and category, a diversity filter, expert trajectories with ideas injected into the first
+prompt, and from them the SFT data and the states pool of step-wise RL, in that order below.
 
-Outputs under --out (runs/data/): ideas.json, the filtered pools {task: {category: [idea, ...]}} (reused on resume);
-trajectories.jsonl, the record of truth: an agent.Trajectory a line, with its id "<task>-<i>" and the reward config of
-its step rewards (reward.py's flags; a resume with another is refused); sft.jsonl, {"messages": [system, user,
-assistant]} per valid step; states.jsonl, one state s_t per step (task, step, prompt messages, env snapshot for
-env.Env.restore, m_t, m_init, m_best, the expert's step and its reward config) for ppo.py's J_step; errors.jsonl, failed
-rollouts (id, error; a trajectory of no step is one), retried by the next run; .lock, one collect.py per folder.
+Outputs under --out (runs/data/): ideas.json, the filtered pools {task: {category: [idea, ...]}};
+trajectories.jsonl, the record of truth: an agent.Trajectory a line, its id "<task>-<i>", the reward config of
+its step rewards (a resume with another is refused); sft.jsonl, {"messages": [system, user, assistant]} per valid
+step; states.jsonl, a state s_t per step (task, step, prompt, env snapshot for env.Env.restore, m_t, m_init,
+m_best, the expert's step and reward config) for ppo.py's J_step; errors.jsonl, failed rollouts (no step is a
+failure), retried by the next run; .lock, one collect.py per folder.
 
 Departures from the paper:
-1. It collects 10k GPT-4o-mini trajectories on 9 MLAgentBench/MLE-bench tasks; offline, agent.ScriptedExpert (a
-   STAND-IN for the LLM expert) works the built-in held-in tasks with env.py's recipe ideas (a handful per category,
-   so the filter keeps them all) instead of >= 100 LLM ideas.
+1. The paper collects 10k GPT-4o-mini trajectories on 9 MLAgentBench/MLE-bench tasks; offline, agent.ScriptedExpert
+   (a STAND-IN for the LLM expert) works the held-in tasks with env.py's recipe ideas (a handful per category, all
+   kept by the filter) instead of >= 100 LLM ideas.
 2. The paper names no embedding or diversity filter: the endpoint's /v1/embeddings (TF-IDF offline) and greedy
-   farthest-point selection on cosine distance (Gonzalez, 1985: the 2-approximation of k-center), started at the
-   idea nearest the centroid so that the pick is deterministic.
+   farthest-point selection on cosine distance (Gonzalez, 1985: the 2-approximation of k-center) from the idea
+   nearest the centroid, so that the pick is deterministic.
 
-Run:  python collect.py                                          (offline: scripted expert, held-in tasks, ~minutes)
+Run:  python collect.py                     (offline: scripted expert, held-in tasks, ~minutes)
       python collect.py --tasks digits wine --trajectories 20 --workers 2
       OPENAI_API_KEY=... python collect.py --expert gpt-4o-mini --base-url https://api.openai.com/v1
-      python collect.py --no-corner-term --out runs/data-no-corner       (ML-Agent Table 3 ablation of the reward)
+      python collect.py --no-corner-term --out runs/data-no-corner  (ML-Agent Table 3 ablation of the reward)
 """
 from __future__ import annotations
 
+import functools
 import json
 import multiprocessing as mp
 import os
@@ -45,12 +44,12 @@ import agent
 import env
 import reward
 
-CATEGORIES = ("data", "model", "learning")  # ML-Agent's three semantic categories of ML optimisation strategies
+CATEGORIES = ("data", "model", "learning")  # ML-Agent's categories of ML optimisation strategies
 CATEGORY_HINTS = {"data": "feature engineering, preprocessing, cleaning, augmentation, feature selection",
                   "model": "the model family, its architecture, ensembles of models",
                   "learning": "the training procedure: hyperparameters, regularisation, loss, validation, calibration"}
 
-# ================================================================================================ idea pools
+# ==== idea pools
 
 IDEA_PROMPT = """Here is a machine-learning task; its train.py is a plain baseline.
 
@@ -62,7 +61,7 @@ from each other as you can{avoid}. Answer with a numbered list, one idea per lin
 
 
 def parse_ideas(text: str) -> list[str]:
-    """The ideas of a numbered or bulleted list; markdown emphasis dropped, too-short lines skipped."""
+    """The ideas of a numbered or bulleted list, markdown emphasis dropped, too-short lines skipped."""
     ideas = []
     for m in re.finditer(r"^\s*(?:\d+[.):]|[-*\u2022])\s+(.+?)\s*$", text, re.M):
         idea = re.sub(r"\*\*|__|`", "", m.group(1)).strip()
@@ -72,7 +71,7 @@ def parse_ideas(text: str) -> list[str]:
 
 
 def propose_ideas(backend, task: env.Task, category: str, n=100, batch=25) -> list[str]:
-    """At least `n` distinct ideas from the LLM (or what it gave after 2n/batch requests), asked `batch` at a time."""
+    """At least `n` distinct LLM ideas (or what 2n/batch requests gave), asked `batch` at a time."""
     ideas: dict[str, str] = {}
     for _ in range(max(1, 2 * n // batch)):
         avoid = "; do not repeat these: " + "; ".join(list(ideas.values())[-30:]) if ideas else ""
@@ -87,12 +86,12 @@ def propose_ideas(backend, task: env.Task, category: str, n=100, batch=25) -> li
 
 
 def recipe_ideas(task_name: str) -> dict[str, list[str]]:
-    """Offline candidates: each env.py recipe's idea (the offline editor applies exactly these)."""
+    """Offline candidates: the ideas of env.py's recipes."""
     return {c: [r.idea for r in env.recipes_for(task_name) if r.category == c] for c in CATEGORIES}
 
 
 def read_pools(path: Path) -> dict:
-    """ideas.json ({task: {category: [idea, ...]}}), or {}; anything else is a one-line ValueError naming it."""
+    """ideas.json, or {}; anything else is a one-line ValueError naming it."""
     if not path.exists():
         return {}
     try:
@@ -104,7 +103,7 @@ def read_pools(path: Path) -> dict:
         raise ValueError(f"{path}: expected {{task: {{category: [idea, ...]}}}}; delete it to make the pools again")
     return pools
 
-# ========================================================================================== the diversity filter
+# ==== the diversity filter
 
 
 def tfidf_embed(texts: list[str]) -> np.ndarray:
@@ -113,15 +112,15 @@ def tfidf_embed(texts: list[str]) -> np.ndarray:
 
 
 def farthest_point(X: np.ndarray, k: int) -> list[int]:
-    """Indices of k rows of X picked greedily on cosine distance: start at the row nearest the centroid, then add
-    the row whose distance to its nearest picked row is largest (ties: the lowest index)."""
+    """k rows of X picked greedily on cosine distance: the row nearest the centroid, then the row farthest from
+    its nearest picked row (ties: the lowest index)."""
     X = np.asarray(X, dtype=np.float64)
     X = X / np.maximum(np.linalg.norm(X, axis=1, keepdims=True), 1e-12)  # (N, D) unit rows
     if len(X) <= k:
         return list(range(len(X)))
     centroid = X.mean(axis=0)
-    picked = [int(np.argmax(X @ centroid))]  # the most typical idea: highest cosine similarity to the mean
-    nearest = 1.0 - X @ X[picked[0]]  # (N,) cosine distance of every row to its nearest picked row
+    picked = [int(np.argmax(X @ centroid))]  # the most typical idea
+    nearest = 1.0 - X @ X[picked[0]]  # (N,) cosine distance of each row to its nearest picked row
     while len(picked) < k:
         nearest[picked] = -np.inf
         nxt = int(np.argmax(nearest))
@@ -131,7 +130,7 @@ def farthest_point(X: np.ndarray, k: int) -> list[int]:
 
 
 def diverse_pool(candidates: dict[str, list[str]], k: int, embed) -> dict[str, list[str]]:
-    """k ideas per category, far apart in `embed` space; `embed(texts) -> (N, D)`."""
+    """k ideas per category, far apart in `embed(texts) -> (N, D)` space."""
     pool = {}
     for category, ideas in candidates.items():
         ideas = list(dict.fromkeys(ideas))
@@ -146,19 +145,15 @@ def sample_ideas(pool: dict[str, list[str]], rng: random.Random) -> list[tuple[s
     rng.shuffle(chosen)
     return [(c, rng.choice(pool[c])) for c in chosen]
 
-# ================================================================================================ rollouts
+# ==== rollouts
 
-_BACKENDS: dict = {}  # one backend per worker process, built on first use
-
-
-def expert_backend(expert: str, base_url: str | None, prices=(0.0, 0.0)):
-    if (expert, base_url) not in _BACKENDS:
-        _BACKENDS[expert, base_url] = agent.make_backend(expert, base_url, *prices)
-    return _BACKENDS[expert, base_url]
+@functools.cache  # one backend per worker process, built on first use
+def expert_backend(expert: str, base_url: str | None, prices: tuple):
+    return agent.make_backend(expert, base_url, *prices)
 
 
 def usage_of(backends, since=None) -> dict:
-    """Summed usage and cost of distinct backends (eval.py's too); since: an earlier result, subtracted."""
+    """Summed usage and cost of distinct backends (eval.py's too), minus `since`, an earlier result."""
     seen = {id(b): b for b in backends}.values()
     keys = ("calls", "prompt_tokens", "completion_tokens", "seconds", "cost")
     now = {k: sum(getattr(b.usage, k) for b in seen) for k in keys}
@@ -166,12 +161,12 @@ def usage_of(backends, since=None) -> dict:
 
 
 def rollout(job: dict) -> dict:
-    """One expert trajectory, with the tokens, seconds and cost its backend spent on it; runs in a worker process."""
+    """One expert trajectory with its backend's usage; runs in a worker process."""
     backend = expert_backend(job["expert"], job["base_url"], job["prices"])
     scripted = isinstance(backend, agent.ScriptedExpert)
     e = env.Env(job["task"], editor=env.recipe_editor if scripted else agent.LLMEditor(backend), cache=True)
     before = usage_of([backend])
-    config = reward.from_record(job.get("reward_config"))  # a dict: jobs travel to worker processes
+    config = reward.from_record(job.get("reward_config"))  # a dict: jobs travel to workers
     traj = agent.run_episode(e, backend, [tuple(i) for i in job["ideas"]], max_steps=job["max_steps"],
                              time_limit=job["time_limit"], reward_config=config)
     return {"id": job["id"], **asdict(traj), "usage": usage_of([backend], before), "reward_config": asdict(config)}
@@ -184,11 +179,11 @@ def _safe_rollout(args) -> tuple[dict, dict | None, str | None]:
     except Exception:  # noqa: BLE001 - a failing rollout is logged, the others go on
         return job, None, traceback.format_exc()
 
-# ======================================================================================= SFT data and states pool
+# ==== SFT data and states pool
 
 
 def sft_rows(trajectories):
-    """The expert's valid steps as chat data: the step's prompt, then its response as the assistant turn."""
+    """The expert's valid steps as chat data, the response as the assistant turn."""
     for t in trajectories:
         for s in t["steps"]:
             if s["kind"] != "invalid":
@@ -196,7 +191,7 @@ def sft_rows(trajectories):
 
 
 def state_rows(trajectories):
-    """One state per step, as it was before the expert acted (d^{pi_e}(s_t) of the step-wise objective)."""
+    """One state per step, before the expert acted (d^{pi_e}(s_t) of the step-wise objective)."""
     for t in trajectories:
         for s in t["steps"]:
             yield {"id": f"{t['id']}/{s['index']}", "task": t["task"], "task_dir": s["snapshot"]["task_dir"],
@@ -206,7 +201,7 @@ def state_rows(trajectories):
                    "expert": {"action": s["action"], "kind": s["kind"], "reward": s["reward"]},
                    "reward_config": asdict(reward.from_record(t.get("reward_config")))}
 
-# ================================================================================================ the summary
+# ==== the summary
 
 
 def summarize(trajectories, wall_seconds: float, new: int) -> str:
@@ -226,28 +221,26 @@ def summarize(trajectories, wall_seconds: float, new: int) -> str:
         best = (max if ts[0]["higher_is_better"] else min)(finals) if finals else float("nan")
         mean = np.mean(finals) if finals else float("nan")
         lines.append(f"{task:<15}{len(ts):>5}{ts[0]['m_init']:>10.4f}{mean:>14.4f}{best:>14.4f}")
-    # time: the agent's chat calls, plus the LLM editor's calls, which run inside env.step (usage seconds beyond
-    # the agent's own calls), are LLM; the rest of env.step and env.reset is sandbox; what remains is bookkeeping
+    # LLM: the agent's calls and the editor's (inside env.step: usage seconds beyond the agent's); sandbox: the
+    # rest of env.step and env.reset; bookkeeping: what remains
+    used = lambda k: sum(t.get("usage", {}).get(k, 0) for t in trajectories)  # noqa: E731
     agent_llm = sum(s["llm_seconds"] for s in steps)
-    backend_llm = sum(t.get("usage", {}).get("seconds", 0.0) for t in trajectories)
-    editor = max(backend_llm - agent_llm, 0.0)
+    editor = max(used("seconds") - agent_llm, 0.0)
     llm = agent_llm + editor
     sandbox = sum(s["env_seconds"] for s in steps) + sum(t["reset_seconds"] for t in trajectories) - editor
     total = max(sum(t["seconds"] for t in trajectories), 1e-9)
-    tokens = [sum(t.get("usage", {}).get(k, 0) for t in trajectories) for k in ("prompt_tokens", "completion_tokens",
-                                                                                  "cost")]
-    lines.append(f"expert tokens in/out {tokens[0]}/{tokens[1]}, cost ${tokens[2]:.4f}")
+    lines.append(f"expert tokens in/out {used('prompt_tokens')}/{used('completion_tokens')}, cost ${used('cost'):.4f}")
     lines.append(f"this run: {new} new trajectories in {wall_seconds:.1f}s = "
                  f"{60 * new / max(wall_seconds, 1e-9):.1f} trajectories/min; time in rollouts: LLM "
                  f"{100 * llm / total:.1f}%, sandbox {100 * sandbox / total:.1f}%, bookkeeping "
                  f"{100 * max(total - llm - sandbox, 0) / total:.1f}%")
     return "\n".join(lines)
 
-# ================================================================================================ collection
+# ==== collection
 
 
 class RewardMismatch(ValueError):
-    """--out holds trajectories whose step rewards another reward config computed."""
+    """--out holds trajectories of another reward config."""
 
 
 TRAJECTORY_KEYS = ("id", "task", "steps", "ideas", "m_init", "m_best", "higher_is_better")
@@ -256,23 +249,21 @@ TRAJECTORY_KEYS = ("id", "task", "steps", "ideas", "m_init", "m_best", "higher_i
 def collect(tasks, trajectories=5, workers=2, expert="scripted", base_url=None, out="runs/data", seed=0, k=10,
             candidates=100, max_steps=15, time_limit=1800.0, prices=(0.0, 0.0), rollout_fn=rollout,
             progress=True, reward_config=reward.RewardConfig()) -> str:
-    """Collect `trajectories` per task into `out` (resuming what is there); returns the printed summary.
-    RewardMismatch if `out` holds trajectories whose rewards another reward config computed."""
+    """Collect `trajectories` per task into `out`, resuming; returns the printed summary."""
     start, out = time.time(), Path(out)
-    with agent.claim_folder(out):  # one run per --out: a second one would append every row again
+    with agent.claim_folder(out):  # one run per --out: a second would append every row again
         traj_path, err_path = out / "trajectories.jsonl", out / "errors.jsonl"
         existing = agent.read_jsonl(traj_path, TRAJECTORY_KEYS, repair=True)
-        for old in {reward.from_record(t.get("reward_config")) for t in existing}:  # no key: the default config
-            if old != reward_config:  # one folder, one reward
+        for old in {reward.from_record(t.get("reward_config")) for t in existing}:  # no key: the default
+            if old != reward_config:
                 raise RewardMismatch(f"{traj_path} holds trajectories collected with {old}, the flags give "
                                      f"{reward_config}; pass the same reward flags or another --out")
-        # built-in tasks are built here (several at once, env.load_tasks), not racing in the workers
-        loaded = env.load_tasks(tasks)
+        loaded = env.load_tasks(tasks)  # built here, several at once, not racing in the workers
 
-        # 1. idea pools: reused from ideas.json when resuming, so a resumed run samples from the same pools
+        # 1. idea pools, reused from ideas.json on resume
         ideas_path = out / "ideas.json"
         pools = read_pools(ideas_path)
-        llm = expert not in ("scripted", None) and (bool(base_url) or not os.path.isdir(expert))  # an endpoint model
+        llm = expert not in ("scripted", None) and (bool(base_url) or not os.path.isdir(expert))  # an endpoint
         backend = expert_backend(expert, base_url, prices) if llm else None
         before, ideas_line = (usage_of([backend]) if llm else None), ""
         for task in loaded:
@@ -283,20 +274,20 @@ def collect(tasks, trajectories=5, workers=2, expert="scripted", base_url=None, 
                 try:
                     backend.embeddings(["probe"])
                     embed = backend.embeddings
-                except agent.BackendError as e:  # no /v1/embeddings: TF-IDF instead, and say so
+                except agent.BackendError as e:  # no /v1/embeddings
                     print(f"collect.py: embeddings unavailable ({e}); the diversity filter uses TF-IDF",
                           file=sys.stderr)
                     embed = tfidf_embed
             else:
                 cands, embed = recipe_ideas(task.name), tfidf_embed
             pools[task.name] = diverse_pool(cands, k, embed)
-        if llm:  # this run's idea proposals, counted before the rollouts (with one worker they share this backend)
+        if llm:  # counted before the rollouts (one worker shares this backend)
             u = usage_of([backend], before)
             ideas_line = (f"\nidea proposals: tokens in/out {u['prompt_tokens']}/{u['completion_tokens']}, "
                           f"cost ${u['cost']:.4f}")
         agent.write_atomic(ideas_path, json.dumps(pools, indent=1))
 
-        # 2. jobs: every trajectory id not yet in trajectories.jsonl; its ideas are seeded by the id
+        # 2. jobs: trajectory ids not yet in trajectories.jsonl; ideas seeded by the id
         done = {t["id"] for t in existing}
         jobs = []
         for task in loaded:
@@ -308,14 +299,14 @@ def collect(tasks, trajectories=5, workers=2, expert="scripted", base_url=None, 
                                  "prices": prices, "max_steps": max_steps, "time_limit": time_limit,
                                  "reward_config": asdict(reward_config)})
 
-        # 3. rollouts in worker processes; the main process alone writes, one whole line at a time
+        # 3. rollouts in worker processes; only this one writes, a whole line at a time
         new, failed = 0, 0
         work = [(rollout_fn, j) for j in jobs]
         pool = mp.Pool(workers) if workers > 1 and len(jobs) > 1 else None
         results = pool.imap_unordered(_safe_rollout, work) if pool else map(_safe_rollout, work)
         try:
             for job, traj, error in tqdm(results, total=len(jobs), desc="trajectories", disable=not progress):
-                if traj is not None and not traj["steps"]:  # recorded, it would never be retried
+                if traj is not None and not traj["steps"]:  # recorded, it would not be retried
                     traj, error = None, (f"no step within --time-limit {job['time_limit']} s "
                                          f"(stopped: {traj['stopped']})")
                 if traj is not None:
@@ -330,8 +321,7 @@ def collect(tasks, trajectories=5, workers=2, expert="scripted", base_url=None, 
             if pool:
                 pool.terminate()
 
-        # 4. SFT data and states pool, derived from the record of truth, replaced atomically; in the order of
-        #    the trajectory ids, not the order rollouts finished in (sft.py's split and batches follow the row order)
+        # 4. SFT data and states pool from the record of truth, in id order (sft.py's split follows row order)
         trajs = sorted(agent.read_jsonl(traj_path, complete_only=True), key=lambda t: t["id"])
         agent.write_atomic(out / "sft.jsonl", (json.dumps(r) + "\n" for r in sft_rows(trajs)))
         agent.write_atomic(out / "states.jsonl", (json.dumps(r) + "\n" for r in state_rows(trajs)))
@@ -340,19 +330,19 @@ def collect(tasks, trajectories=5, workers=2, expert="scripted", base_url=None, 
             text += f"\n{failed} rollouts failed (see {err_path}); run again to retry them"
         return text
 
-# ================================================================================================ command line
+# ==== command line
 
 
 def main(argv=None):
     held_in = [name for name, spec in env.BUILTIN_TASKS.items() if spec.split == "held-in"]
-    p = agent.Parser(prog="collect.py", description="Collect exploration-enriched expert trajectories, SFT data and "
-                                               "the states pool.")
-    p.add_argument("--tasks", nargs="+", default=held_in, help="built-in task names or task folders "
-                                                               f"(default: the held-in tasks {' '.join(held_in)})")
+    p = agent.Parser(prog="collect.py",
+                     description="Collect exploration-enriched expert trajectories, SFT data and the states pool.")
+    p.add_argument("--tasks", nargs="+", default=held_in,
+                   help=f"built-in task names or task folders (default: the held-in tasks {' '.join(held_in)})")
     p.add_argument("--trajectories", type=agent.POSITIVE_INT, default=1, help="trajectories per task")
     p.add_argument("--workers", type=agent.COUNT, default=2, help="worker processes")
-    p.add_argument("--expert", default="scripted", help="'scripted' (offline stand-in), an endpoint model name, "
-                                                        "or a local checkpoint folder")
+    p.add_argument("--expert", default="scripted",
+                   help="'scripted' (offline stand-in), an endpoint model name, or a local checkpoint folder")
     p.add_argument("--base-url", help="OpenAI-compatible endpoint (default: $OPENAI_BASE_URL)")
     p.add_argument("--out", default=str(env.ROOT / "runs" / "data"), help="output folder")
     p.add_argument("--seed", type=int, default=0, help="seeds the ideas of each trajectory (with its id)")
@@ -362,12 +352,12 @@ def main(argv=None):
     p.add_argument("--time-limit", type=agent.POSITIVE, default=1800.0, help="seconds per trajectory (paper: 30 min)")
     p.add_argument("--price", type=agent.NONNEGATIVE, nargs=2, default=(0.0, 0.0), metavar=("IN", "OUT"),
                    help="dollars per million input and output tokens of the expert, for the reported cost")
-    reward.add_flags(p)  # the reward of the recorded steps (the expert's rewards in states.jsonl)
-    args = p.parse_args(argv)  # each value checked by its type: one line, exit status 2
+    reward.add_flags(p)  # the reward of the recorded steps
+    args = p.parse_args(argv)  # each value checked by its type (exit status 2)
     try:
         reward_config = reward.from_flags(args)
-        agent.check_checkpoint_flags(p, ("--expert", args.expert, args.base_url))  # now, not in every rollout
-        env.load_tasks(args.tasks)  # built here, several at once, and checked
+        agent.check_checkpoint_flags(p, ("--expert", args.expert, args.base_url))  # not in every rollout
+        env.load_tasks(args.tasks)
     except (ValueError, env.TaskError) as e:
         p.error(str(e))
     try:
@@ -376,7 +366,7 @@ def main(argv=None):
                       reward_config=reward_config))
     except agent.BackendError as e:
         sys.exit(f"collect.py: {e}")
-    except (ValueError, OSError) as e:  # a bad file under --out, another reward config, --out in use: one line
+    except (ValueError, OSError) as e:  # a bad file under --out, another reward config, --out in use
         p.error(str(e))
 
 

@@ -1,24 +1,23 @@
-"""Evaluation as the papers report it: a scaffold with a policy, K seeded runs on each held-out task, and per task
-m_init, avg@K and best@K of the private score, the performance gain, HumanRank, the valid-submission rate, tokens and
-cost per trajectory, context growth; a JSON report, a Markdown table and (with matplotlib) the plots. The scaffolds:
-MLAB's research agent, and Matryoshka and its monolithic baseline (orchestrator.py); collect.py gives the idea pools.
+"""Evaluation as the papers report it: K seeded runs of a scaffold (MLAB's research agent; Matryoshka and its
+monolithic baseline, orchestrator.py) with a policy on each held-out task; per task m_init, avg@K and best@K of the
+private score, the measures below, valid-submission rate, tokens and cost per trajectory.
 
-The measures: performance gain Delta_r = beta * (m_avg@K - m_init) / m_init, beta = -1 when lower is better, K = 8
-(ML-Agent, arXiv:2505.23723, §Experiments "Testing"); HumanRank s = 1 - p / N, p the leaderboard entries strictly
-better than the submission, N its size, an invalid submission 0 (Matryoshka Agent, arXiv:2607.25090, App. A Eq. 5);
-context growth, the Orchestrator's prompt per round against the monolithic chat's per execution (App. F). Departures:
-1. We divide by |m_init|, so the sign stays right for a negative m_init. Every score is a PRIVATE-part score: each
-   run's final train.py is re-run in the sandbox (cached) and graded on the hidden rows.
-2. A tie is not "strictly better" (the review asks for the rule); the built-in leaderboards are reference panels of
-   scikit-learn pipelines (env.py), not human Kaggle entries.
-3. A failed run keeps its place among the K: invalid (HumanRank 0, as MLE-bench gives no medal) and scored m_init,
-   no improvement, as MLAgentBench's success rate credits only a final submission that beats the baseline; dropping
-   it would reward failures, the leaderboard's worst entry would punish by the leaderboard's spread.
-4. The offline scripted expert needs an idea plan: `--ideas sampled` (default) draws 1-3 of the task's recipe ideas per
-   run, seeded by (seed, task, run), the same for every policy; `--ideas none` is the paper's test prompt.
-5. Temperature 0.7 (summarize_from_feedback_details; the papers give none), so the K runs differ; each run has its own
-   seed, so runs go several at once (--workers) with the same results. Matryoshka's submission is its best attempt by
-   public score, possibly the starter. Offline stand-ins as labelled in agent.py and orchestrator.py.
+Performance gain Delta_r = beta * (m_avg@K - m_init) / m_init, beta = -1 when lower is better, K = 8 (ML-Agent,
+arXiv:2505.23723, §Experiments "Testing"); HumanRank s = 1 - p / N, p the leaderboard entries strictly better,
+N its size, an invalid submission 0 (Matryoshka Agent, arXiv:2607.25090, App. A Eq. 5); context growth, the
+Orchestrator's prompt per round against the monolithic chat's per execution (App. F). Departures:
+1. We divide by |m_init|: the sign stays right for a negative m_init. Every score is a PRIVATE-part score: a
+   run's final train.py re-run in the sandbox (cached), graded on the hidden rows.
+2. A tie is not "strictly better"; the built-in leaderboards are panels of scikit-learn pipelines (env.py), not
+   human Kaggle entries.
+3. A failed run stays among the K: invalid (HumanRank 0: MLE-bench gives no medal), scored m_init (MLAgentBench's
+   success rate credits only a final submission that beats the baseline); dropping it would reward failures, the
+   leaderboard's worst entry would punish by its spread.
+4. The offline scripted expert needs ideas: `--ideas sampled` (default) draws 1-3 recipe ideas per run, seeded by
+   (seed, task, run), the same for every policy; `--ideas none` is the paper's test prompt.
+5. Temperature 0.7 (summarize_from_feedback_details; the papers give none), so the K runs differ; each run has its
+   own seed, so --workers runs go at once with the same results. Matryoshka submits its best attempt by public
+   score, maybe the starter. Offline stand-ins as labelled in agent.py and orchestrator.py.
 
 Run:  python eval.py      (offline, after collect/sft/ppo: scripted expert, runs/ckpt/sft, runs/ckpt/ppo; MLAB, K=2)
       python eval.py --k 8 --max-steps 15 ;  python eval.py --scaffold matryoshka monolithic --tasks wine
@@ -48,50 +47,49 @@ import orchestrator
 
 ROOT = env.ROOT
 SCAFFOLDS = ("mlab", "matryoshka", "monolithic")
-FAILED_RUN_SCORE = "m_init"  # what a run without a valid submission scores in avg@K / best@K (module docstring)
+FAILED_RUN_SCORE = "m_init"  # departure 3
 
 
 @dataclass
 class Config:
-    scaffolds: list = field(default_factory=lambda: ["mlab"])  # mlab | matryoshka | monolithic
-    policies: list = field(default_factory=list)  # "scripted", checkpoint folders, endpoint models; [] = what exists
-    sub_agent: str | None = None  # Matryoshka's Sub-Agent backend; None: the policy itself
-    tasks: list = field(default_factory=list)  # built-in names or task folders; [] = the built-in tasks of `split`
+    scaffolds: list = field(default_factory=lambda: ["mlab"])  # SCAFFOLDS
+    policies: list = field(default_factory=list)  # []: default_policies()
+    sub_agent: str | None = None  # Matryoshka's Sub-Agent; None: the policy itself
+    tasks: list = field(default_factory=list)  # []: the built-in tasks of `split`
     split: str = "held-out"  # held-out | held-in | all
     k: int = 2  # runs per task (paper: 8)
     max_steps: int = 8  # MLAB steps per trajectory (paper: 15)
     time_limit: float = 1800.0  # seconds per trajectory (paper: 30 minutes)
-    temperature: float = 0.7  # sampling temperature of the policy (papers silent; N-details: 0.7)
-    max_tokens: int | None = None  # tokens per response; None: MLAB 1024, Matryoshka 4096, <= 1/4 of a local context
-    ideas: str = "sampled"  # sampled: 1-3 recipe ideas in the first prompt (offline); none: the paper's test prompt
+    temperature: float = 0.7  # the papers give none (departure 5)
+    max_tokens: int | None = None  # per response; None: response_tokens
+    ideas: str = "sampled"  # sampled | none (departure 4)
     editor: str = "auto"  # auto | recipes | policy | an endpoint model: who executes Edit Script (AI)
-    base_url: str | None = None  # OpenAI-compatible endpoint (default $OPENAI_BASE_URL)
-    price_in: float = 0.0  # dollars per million prompt tokens (cost per trajectory)
+    base_url: str | None = None  # default $OPENAI_BASE_URL
+    price_in: float = 0.0  # dollars per million prompt tokens
     price_out: float = 0.0  # dollars per million completion tokens
-    rounds: int = orchestrator.Config.rounds  # Matryoshka: Orchestrator rounds (monolithic: rounds x calls x iters)
+    rounds: int = orchestrator.Config.rounds  # Matryoshka (monolithic: rounds x calls x sub_iters runs)
     calls: int = orchestrator.Config.calls  # Matryoshka: tool calls per round
     sub_iters: int = orchestrator.Config.sub_iters  # Matryoshka: executions per Sub-Agent (the paper: 10)
-    seed: int = 0  # base seed; run r of a task uses seed * 100003 + r
-    out: str = str(ROOT / "runs/eval")  # runs.jsonl, report.json, report.md, plots
-    ppo_log: str = str(ROOT / "runs/ppo/log.jsonl")  # ppo.py's log, one line per iteration (its "reward" field)
-    plots: bool = True  # write PNG plots when matplotlib is installed
-    threads: int = 1  # torch CPU threads of a local checkpoint (tiny-model decoding: fastest single-threaded when busy)
-    workers: int = 0  # runs at once, each in its own process; 0: one per CPU core (at most 4), 1 on CUDA with a
-                      # local checkpoint (each worker loads its own copy); 1: every run in this process
+    seed: int = 0  # run r of a task uses seed * 100003 + r
+    out: str = str(ROOT / "runs/eval")
+    ppo_log: str = str(ROOT / "runs/ppo/log.jsonl")  # its "reward" field is plotted
+    plots: bool = True  # PNG plots when matplotlib is installed
+    threads: int = 1  # torch CPU threads of a local checkpoint (tiny models: 1 is fastest)
+    workers: int = 0  # runs at once, a process each; 0: workers_for; 1: every run in this process
 
-# ============================================================================================== the two metrics
+# ==== the two metrics
 
 
 def performance_gain(m_avg, m_init, higher_is_better) -> float:
-    """ML-Agent's Delta_r = beta * (m_avg - m_init) / |m_init|, beta = +1 if higher is better else -1."""
+    """ML-Agent's Delta_r = beta * (m_avg - m_init) / |m_init|, beta = -1 when lower is better."""
     if m_init == 0:
         raise ValueError("m_init is 0: the relative gain is undefined")
     beta = 1.0 if higher_is_better else -1.0
-    return beta * (m_avg - m_init) / abs(m_init) + 0.0  # + 0.0: no "-0.00%" when nothing changed
+    return beta * (m_avg - m_init) / abs(m_init) + 0.0  # + 0.0: no "-0.00%"
 
 
 def human_rank(score, leaderboard_scores, higher_is_better) -> float:
-    """Matryoshka's HumanRank s = 1 - p / N: p entries strictly better than `score`, N entries; None (invalid) -> 0."""
+    """Matryoshka's HumanRank s = 1 - p / N, p entries strictly better than `score`; None (invalid) -> 0."""
     board = [float(s) for s in leaderboard_scores]
     if not board:
         raise ValueError("an empty leaderboard has no HumanRank")
@@ -100,7 +98,7 @@ def human_rank(score, leaderboard_scores, higher_is_better) -> float:
     p = sum(s > score if higher_is_better else s < score for s in board)
     return 1.0 - p / len(board)
 
-# ================================================================================================ policies
+# ==== policies
 
 
 def policy_label(name: str) -> str:
@@ -108,7 +106,7 @@ def policy_label(name: str) -> str:
 
 
 def policy_id(name: str) -> str:
-    """The policy as it is now: a checkpoint folder includes its files' sizes and times, so retraining invalidates."""
+    """A checkpoint folder's id has its files' sizes and times: retraining invalidates its runs."""
     if not os.path.isdir(name):
         return name
     stamp = sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in Path(name).iterdir() if p.is_file())
@@ -116,16 +114,15 @@ def policy_id(name: str) -> str:
 
 
 def default_policies() -> list[str]:
-    """The scripted expert, and the quick pipeline's checkpoints where they exist."""
+    """The scripted expert and the quick pipeline's checkpoints."""
     return ["scripted"] + [str(p) for p in (ROOT / "runs/ckpt/sft", ROOT / "runs/ckpt/ppo") if p.is_dir()]
 
 
-_BACKENDS: dict = {}  # a local checkpoint loads once for all its runs and roles
+_BACKENDS: dict = {}  # a checkpoint loads once for all its runs and roles
 
 
 def get_backend(name: str, role: str, cfg: Config):
-    """role: "agent" (MLAB), "orchestrator" or "sub-agent" (Matryoshka; the monolithic coder is a sub-agent). Only
-    the offline stand-ins differ by role; a model serves every role from one backend."""
+    """role: "agent" (MLAB), "orchestrator" or "sub-agent"; a model serves every role from one backend."""
     key = (name, role if name == "scripted" else "model")
     if key not in _BACKENDS:
         if os.path.isdir(name) and cfg.threads > 0:
@@ -138,74 +135,68 @@ def get_backend(name: str, role: str, cfg: Config):
     return _BACKENDS[key]
 
 
-def make_editor(cfg: Config, policy: str, backend):
-    """Who executes Edit Script (AI): see Config.editor and the module docstring."""
-    if cfg.editor == "recipes" or (cfg.editor == "auto" and (policy == "scripted" or os.path.isdir(policy))):
-        return env.recipe_editor
-    return agent.LLMEditor(backend if cfg.editor in ("auto", "policy") else get_backend(cfg.editor, "agent", cfg))
-
-
 def seed_everything(seed: int):
-    """Python's and torch's global generators (a local checkpoint samples with torch's), torch's even before the first
-    checkpoint loads: unseeded, it starts from a different seed in every process."""
+    """Python's and torch's generators (a checkpoint samples with torch's), torch's before one loads too:
+    unseeded, it differs per process."""
     import torch
     random.seed(seed)
     torch.manual_seed(seed)
 
-# ================================================================================================ one run
+# ==== one run
 
 
 def starter_scores(task) -> dict:
-    """m_init: the starter train.py run once in the sandbox, its public and private scores."""
+    """m_init: the starter train.py's public and private scores."""
     run = env.run_script(task, (task.public_dir / "train.py").read_text())
     return {"status": run.status, "public": run.score, "private": run.test_score}
 
 
 def response_tokens(cfg: Config, scaffold: str, backend) -> int:
-    """The scaffold's own default (agent.run_episode: 1024; orchestrator.Config: 4096, whole scripts), at most a
-    quarter of a local model's context so that the prompt keeps the rest (the tiny models have 2048 positions)."""
+    """The scaffold's default (MLAB 1024, orchestrator.Config 4096), at most a quarter of a local model's
+    context (the tiny models have 2048 positions)."""
     n = cfg.max_tokens or (1024 if scaffold == "mlab" else orchestrator.Config.max_tokens)
     lm = getattr(backend, "lm", None)
     return min(n, lm.config.max_position_embeddings // 4) if lm is not None and not cfg.max_tokens else n
 
 
 def run_mlab(cfg: Config, policy: str, task, ideas) -> dict:
-    """ML-Agent's scaffold: agent.run_episode, then the final train.py graded on the private rows."""
+    """ML-Agent's scaffold: agent.run_episode, the final train.py graded on the private rows."""
     backend = get_backend(policy, "agent", cfg)
-    editor = make_editor(cfg, policy, backend)
+    if cfg.editor == "recipes" or (cfg.editor == "auto" and (policy == "scripted" or os.path.isdir(policy))):
+        editor = env.recipe_editor  # Config.editor
+    else:
+        editor = agent.LLMEditor(backend if cfg.editor in ("auto", "policy") else get_backend(cfg.editor, "agent", cfg))
     e = env.Env(task, editor=editor)
     backends = [backend, getattr(editor, "backend", backend)]
     before = collect.usage_of(backends)
     traj = agent.run_episode(e, backend, ideas, max_steps=cfg.max_steps, time_limit=cfg.time_limit,
                              temperature=cfg.temperature, max_tokens=response_tokens(cfg, "mlab", backend))
     others = {k: v for k, v in e.files.items() if k != "train.py"}
-    final = env.run_script(task, e.files["train.py"], files=others)  # cached when the agent ran it already
+    final = env.run_script(task, e.files["train.py"], files=others)  # cached if the agent ran it
     tok = getattr(backend, "tokenizer", None)
     return {"submission": final.status, "public": final.score, "private": final.test_score,
             "steps": len(traj.steps), "stopped": traj.stopped, **collect.usage_of(backends, before),
             "context": [orchestrator.prompt_tokens(s.messages, tok) for s in traj.steps],
-            "actions": [[s.action, s.kind, s.reward] for s in traj.steps]}  # what the agent did, step by step
+            "actions": [[s.action, s.kind, s.reward] for s in traj.steps]}
 
 
 def run_hierarchical(cfg: Config, scaffold: str, policy: str, task, seed: int) -> dict:
-    """Matryoshka (the policy orchestrates, cfg.sub_agent or the policy codes) or its monolithic baseline (the policy
-    codes alone). The submission is the best attempt by public score, as orchestrator.py picks it; that may be the
-    starter (attempt 0), so `valid_attempts` counts the agent's own attempts with a valid submission."""
+    """Matryoshka (the policy orchestrates, cfg.sub_agent or the policy codes) or the monolithic baseline. The
+    submission may be the starter (attempt 0): `valid_attempts` counts the agent's own valid attempts."""
     if scaffold == "matryoshka":
         backends = [get_backend(policy, "orchestrator", cfg), get_backend(cfg.sub_agent or policy, "sub-agent", cfg)]
-        if hasattr(backends[0], "rng"):  # the scripted Orchestrator samples with its own generator: seed it per run
+        if hasattr(backends[0], "rng"):  # the scripted Orchestrator: seeded per run
             backends[0].rng.seed(seed)
+        run, role = orchestrator.run_matryoshka, "orchestrator"
     else:
         backends = [get_backend(policy, "sub-agent", cfg)]
+        run, role = orchestrator.run_monolithic, "monolithic"
     ocfg = orchestrator.Config(task=str(task.dir), rounds=cfg.rounds, calls=cfg.calls, sub_iters=cfg.sub_iters,
                                time_limit=cfg.time_limit, temperature=cfg.temperature, seed=seed,
                                max_tokens=min(response_tokens(cfg, scaffold, b) for b in backends))
-    quiet = lambda *a, **k: None  # noqa: E731 - eval.py logs one line per run, not each round
     before = collect.usage_of(backends)
-    run, role = (orchestrator.run_matryoshka, "orchestrator") if scaffold == "matryoshka" else \
-        (orchestrator.run_monolithic, "monolithic")
-    res = run(ocfg, *backends, out=None, log=quiet)
-    context: dict = {}  # round -> that role's largest prompt in it (re-asks make longer ones)
+    res = run(ocfg, *backends, out=None, log=lambda *a, **k: None)  # one log line per run
+    context: dict = {}  # round -> the role's largest prompt (re-asks make longer ones)
     for r in res["records"]:
         if r["role"] == role:
             context[r["round"]] = max(context.get(r["round"], 0), r["tokens"])
@@ -218,11 +209,11 @@ def run_hierarchical(cfg: Config, scaffold: str, policy: str, task, seed: int) -
 
 
 def run_one(cfg: Config, scaffold: str, policy: str, task, r: int) -> dict:
-    """One seeded run; an exception inside it is a failed run (recorded and counted), except an endpoint that
-    cannot serve us at all (agent.BackendError), which stops the evaluation so that a restart retries the run."""
+    """One seeded run; an exception is a failed run, except agent.BackendError: it stops the evaluation, so a
+    restart retries the run."""
     seed = cfg.seed * 100003 + r
     ideas = []
-    if scaffold == "mlab" and cfg.ideas == "sampled":  # the same draw for every policy: seeded by (seed, task, run)
+    if scaffold == "mlab" and cfg.ideas == "sampled":  # the same for every policy
         ideas = collect.sample_ideas(collect.recipe_ideas(task.name), random.Random(f"{cfg.seed}:{task.name}:{r}"))
     seed_everything(seed)
     start = time.time()
@@ -234,19 +225,19 @@ def run_one(cfg: Config, scaffold: str, policy: str, task, r: int) -> dict:
         row.update(status="ok", error=None, **out)
     except agent.BackendError:
         raise
-    except Exception as e:  # noqa: BLE001 - the run failed; it counts as a failure, not dropped
+    except Exception as e:  # noqa: BLE001 - counted as a failure, not dropped
         row.update(status="failed", error=f"{type(e).__name__}: {e}".splitlines()[0][:500], submission="failed",
                    public=None, private=None, steps=0, stopped="error", calls=0, prompt_tokens=0,
                    completion_tokens=0, cost=0.0, context=[])
     row["valid"] = row["submission"] == "success" and row["private"] is not None
-    row["seconds"] = time.time() - start  # wall time, not the backends' usage seconds
+    row["seconds"] = time.time() - start  # wall time
     return row
 
-# ========================================================================================= the resumable run log
+# ==== the resumable run log
 
 
 def run_key(cfg: Config, scaffold: str, policy: str, task, r: int) -> str:
-    """Everything that changes a run's outcome; a finished run with this key is skipped on restart."""
+    """Everything that changes a run's outcome; a restart skips a finished run with this key."""
     what = {"scaffold": scaffold, "policy": policy_id(policy), "task": str(task.dir), "run": r, "seed": cfg.seed,
             "max_steps": cfg.max_steps, "time_limit": cfg.time_limit, "temperature": cfg.temperature,
             "max_tokens": cfg.max_tokens, "ideas": cfg.ideas, "editor": cfg.editor}
@@ -257,10 +248,10 @@ def run_key(cfg: Config, scaffold: str, policy: str, task, r: int) -> str:
 
 
 def read_runs(path: Path) -> dict:
-    """key -> the record of each finished run; a torn last line (a kill mid-write) is cut off."""
+    """key -> each finished run's record; a torn last line (a kill mid-write) is cut off."""
     return {r["key"]: r for r in agent.read_jsonl(path, repair=True) if "key" in r}
 
-# ================================================================================================ aggregation
+# ==== aggregation
 
 
 def _mean(xs):
@@ -269,10 +260,10 @@ def _mean(xs):
 
 
 def task_summary(task, m_init: dict, runs: list[dict]) -> dict:
-    """avg@K, best@K, gains and HumanRank of one (scaffold, policy, task) from its K runs (failed ones included)."""
+    """avg@K, best@K, gains and HumanRank of one (scaffold, policy, task) from its K runs."""
     higher, board = task.higher_is_better, [s for _, s in task.leaderboard()]
     init = m_init["private"]
-    scores = [r["private"] if r["valid"] else init for r in runs]  # FAILED_RUN_SCORE: a failed run scores m_init
+    scores = [r["private"] if r["valid"] else init for r in runs]  # FAILED_RUN_SCORE
     avg = _mean(scores)
     best = (max if higher else min)(scores) if scores and None not in scores else None
 
@@ -283,8 +274,7 @@ def task_summary(task, m_init: dict, runs: list[dict]) -> dict:
             return None
     ranks = [human_rank(r["private"] if r["valid"] else None, board, higher) for r in runs] if board else []
     k = max(len(runs), 1)
-    # what the MLAB agent did (runs.jsonl's "actions": [action, kind, reward] a step; other scaffolds have none):
-    # the share of its steps that were invalid, and how often an Undo gave back an improvement it had made
+    # the MLAB agent's "actions" ([action, kind, reward] a step): invalid steps, Undos that gave back a gain
     acted = [r["actions"] for r in runs if r.get("actions") is not None]
     steps = [a for actions in acted for a in actions]
     return {"task": task.name, "metric": task.metric, "higher_is_better": higher, "runs": len(runs),
@@ -301,13 +291,13 @@ def task_summary(task, m_init: dict, runs: list[dict]) -> dict:
 
 
 def overall(rows: list[dict]) -> dict:
-    """The mean over tasks of each per-task number (the papers average per task, then over tasks)."""
+    """The mean over tasks of each per-task number."""
     keys = ("gain_avg", "gain_best", "human_rank_avg", "human_rank_best", "valid_rate", "tokens_per_traj",
             "cost_per_traj", "seconds_per_traj", "steps_per_traj", "invalid_step_rate", "undone_gains_per_traj")
     return {"tasks": len(rows), "runs": sum(r["runs"] for r in rows), "failed": sum(r["failed"] for r in rows),
             **{k: _mean([r[k] for r in rows]) for k in keys}}
 
-# ============================================================================================= report and plots
+# ==== report and plots
 
 
 def _f(x, pct=False, digits=4):
@@ -365,14 +355,13 @@ def plots(report: dict, runs: list[dict], cfg: Config) -> list[str]:
         plt.close(fig)
         made.append(name)
     groups = [g for g in report["groups"] if g["overall"]["gain_avg"] is not None]
-    if groups:  # cost per trajectory; offline every cost is 0, so tokens per trajectory stand in
+    if groups:  # offline every cost is 0: tokens stand in
         by_cost = any(g["overall"]["cost_per_traj"] for g in groups)
         fig, ax = plt.subplots(figsize=(6, 4))
         for g in groups:
-            x = g["overall"]["cost_per_traj" if by_cost else "tokens_per_traj"]
-            ax.scatter(x, 100 * g["overall"]["gain_avg"], s=60)
-            ax.annotate(f"{g['policy']} ({g['scaffold']})", (x, 100 * g["overall"]["gain_avg"]), fontsize=8,
-                        xytext=(4, 4), textcoords="offset points")
+            xy = g["overall"]["cost_per_traj" if by_cost else "tokens_per_traj"], 100 * g["overall"]["gain_avg"]
+            ax.scatter(*xy, s=60)
+            ax.annotate(f"{g['policy']} ({g['scaffold']})", xy, fontsize=8, xytext=(4, 4), textcoords="offset points")
         save(fig, ax, "gain_vs_cost.png", ylabel="performance gain avg@K (%)",
              xlabel="cost per trajectory ($)" if by_cost else "tokens per trajectory (all costs are 0)",
              title="Performance gain against cost (ML-Agent Fig. 2)")
@@ -382,7 +371,7 @@ def plots(report: dict, runs: list[dict], cfg: Config) -> list[str]:
         ax.plot([r["iteration"] for r in log], [r["reward"] for r in log], marker="o", ms=3)
         save(fig, ax, "ppo_reward.png", xlabel="PPO iteration", ylabel="mean step reward",
              title=f"Step-wise PPO ({cfg.ppo_log})")
-    curves: dict = {}  # (scaffold, policy) -> [tokens per round of each run]
+    curves: dict = {}  # (scaffold, policy) -> [each run's tokens per round]
     for r in runs:
         if r["context"]:
             curves.setdefault((r["scaffold"], r["policy"]), []).append(r["context"])
@@ -397,7 +386,7 @@ def plots(report: dict, runs: list[dict], cfg: Config) -> list[str]:
              xlabel="round (Matryoshka: Orchestrator round; monolithic: execution; MLAB: step)")
     return made
 
-# ================================================================================================ evaluate
+# ==== evaluate
 
 
 def resolve_tasks(cfg: Config) -> list:
@@ -407,22 +396,21 @@ def resolve_tasks(cfg: Config) -> list:
 
 
 def workers_for(cfg: Config, policies, runs: int) -> int:
-    """How many runs go at once (Config.workers)."""
+    """Config.workers 0: one per CPU core (at most 4), 1 on CUDA with a local checkpoint."""
     if cfg.workers:
         return max(min(cfg.workers, runs), 1)
     if any(os.path.isdir(p) for p in [*policies, cfg.sub_agent or ""]) and not cfg.base_url:
         import torch
-        if torch.cuda.is_available():  # one copy of the checkpoint per worker on the GPU: one worker unless asked
+        if torch.cuda.is_available():  # each worker loads its own copy
             return 1
     return max(min(os.cpu_count() or 1, 4, runs), 1)
 
 
 def run_all(cfg: Config, todo, tasks, policies):
-    """Yield (job, row) for every job (scaffold, policy, task index, run) as it finishes. Several workers: each a
-    new process (spawn: no inherited sandbox server or torch threads) with its own backends, so a checkpoint loads
-    once per worker. A run's outcome does not depend on where it runs: run_one seeds every generator it draws from
-    with the run's own seed, and run_key holds everything else that changes it. An endpoint that cannot serve us
-    (agent.BackendError) stops the rest: the runs under way still finish and are yielded, then it is raised."""
+    """Yield (job, row) for each job (scaffold, policy, task index, run) as it finishes. Several workers: new
+    processes (spawn: no inherited sandbox server or torch threads) with their own backends; run_one seeds every
+    generator, so where a run runs does not matter. agent.BackendError stops the rest: the runs under way
+    finish and are yielded, then it is raised."""
     workers = workers_for(cfg, policies, len(todo))
     if workers == 1:
         for job in todo:
@@ -441,18 +429,18 @@ def run_all(cfg: Config, todo, tasks, policies):
                     error = error or e
                     for g in futures:
                         g.cancel()
-        except BrokenProcessPool as e:  # a worker was killed (out of memory, a signal): the finished runs are kept
+        except BrokenProcessPool as e:  # a worker was killed (out of memory, a signal)
             raise RuntimeError(f"a worker process died ({e}); run eval.py again to resume") from None
         finally:
-            for g in futures:  # a kill or an error here: runs not started are not started
+            for g in futures:  # a kill or an error: runs not started never start
                 g.cancel()
     if error:
         raise error
 
 
 def evaluate(cfg: Config, log=print) -> dict:
-    """Run what runs.jsonl does not hold yet, then write report.json, report.md and the plots; returns the report."""
-    with agent.claim_folder(cfg.out):  # one evaluation per --out: a second would append every run again
+    """Run what runs.jsonl lacks, then write report.json, report.md and the plots."""
+    with agent.claim_folder(cfg.out):  # one evaluation per --out
         out = Path(cfg.out)
         tasks, policies = resolve_tasks(cfg), cfg.policies or default_policies()
         path = out / "runs.jsonl"
@@ -468,7 +456,7 @@ def evaluate(cfg: Config, log=print) -> dict:
             f"{', '.join(map(policy_label, policies))}; tasks {', '.join(t.name for t in tasks)}")
         for n, ((scaffold, policy, i, r), row) in enumerate(run_all(cfg, todo, tasks, policies), 1):
             row = {"key": keys[scaffold, policy, i, r], **row}
-            agent.append_jsonl(path, row)  # flushed: a kill loses at most the runs under way
+            agent.append_jsonl(path, row)  # a kill loses at most the runs under way
             done[row["key"]] = row
             log(f"[{n}/{len(todo)}] {scaffold} {row['policy']} {tasks[i].name} run {r}: "
                 + (f"private {_f(row['private'])}" if row["valid"] else
@@ -493,7 +481,7 @@ def evaluate(cfg: Config, log=print) -> dict:
         report["plots"] = plots(report, runs, cfg) if cfg.plots else []
         return report
 
-# ================================================================================================ command line
+# ==== command line
 
 
 TYPES = {**dict.fromkeys(("k", "max_steps", "max_tokens", "rounds", "calls", "sub_iters"), agent.POSITIVE_INT),
@@ -510,7 +498,7 @@ HELP = {"policies": "'scripted', checkpoint folders, endpoint models (default: s
 def main(argv=None):
     p = agent.Parser(prog="eval.py", description="Evaluate agents on held-out tasks: gain avg@K/best@K, HumanRank, cost.")
     d = Config()
-    for f in fields(Config):  # a flag per field, checked by its type: one line, exit status 2
+    for f in fields(Config):  # a flag per field, checked by its type (exit status 2)
         flag = FLAGS.get(f.name, "--" + f.name.replace("_", "-"))
         if f.name == "plots":
             p.add_argument(flag, dest=f.name, action="store_false")
@@ -523,10 +511,10 @@ def main(argv=None):
         for name in names:
             if re.match(r"^(\.{0,2}/|runs/)", name) and not os.path.isdir(name):
                 p.error(f"{flag}: no checkpoint folder {name!r}")
-            agent.check_checkpoint_flags(p, (flag, name, cfg.base_url))  # now, not as K failed runs
+            agent.check_checkpoint_flags(p, (flag, name, cfg.base_url))  # not as K failed runs
     try:
         resolve_tasks(cfg)
-        if cfg.plots and os.path.exists(cfg.ppo_log):  # read for a plot at the end: checked before the runs
+        if cfg.plots and os.path.exists(cfg.ppo_log):  # a plot's input, checked before the runs
             agent.read_jsonl(cfg.ppo_log, complete_only=True)
     except (env.TaskError, ValueError) as e:
         p.error(str(e))
@@ -534,11 +522,10 @@ def main(argv=None):
         report = evaluate(cfg)
     except (agent.BackendError, RuntimeError) as e:  # an endpoint that cannot serve us, a worker that died
         sys.exit(f"eval.py: {e}")
-    except (ValueError, OSError) as e:  # --out a file or in use, a bad line of runs.jsonl: one line
+    except (ValueError, OSError) as e:  # --out a file or in use, a bad line of runs.jsonl
         p.error(str(e))
     print(markdown(report))
-    print(f"wrote {Path(cfg.out) / 'report.json'}, {Path(cfg.out) / 'report.md'}"
-          + "".join(f", {Path(cfg.out) / name}" for name in report["plots"]))
+    print("wrote " + ", ".join(str(Path(cfg.out) / name) for name in ["report.json", "report.md", *report["plots"]]))
 
 
 if __name__ == "__main__":

@@ -1,25 +1,23 @@
-"""Matryoshka Agent (Qiang et al., arXiv:2607.25090): an Orchestrator that keeps only compact history, Tools that
-launch fresh Sub-Agents, the monolithic baseline, and the Orchestrator's training on Solution Refinement Trees.
-The Orchestrator sees per attempt its parent, instruction, score and summary and answers with tool calls (parent,
-instruction, references) run in parallel (§3.4); a Tool builds a fresh Sub-Agent context and returns score plus
-summary; a Sub-Agent runs at most 10 code-execute-debug iterations, output over 5k tokens keeping its first and last
-2.5k (App. B). Training labels the branches of binary trees R(c) = max over the subtree of c of r(v), trains a
-ranking (NCE) loss on beta * log(pi_theta / pi_ref) against the previous orchestrator (§3.6, Eqs. 1-4), and makes
-successful Sub-Agent trajectories SFT data.
+"""Matryoshka Agent (Qiang et al., arXiv:2607.25090): an Orchestrator on compact history whose tool calls launch
+fresh Sub-Agents in parallel (§3.4), the monolithic baseline, and the Orchestrator's training on Solution
+Refinement Trees: branch labels R(c) = max of r(v) over c's subtree, a ranking (NCE) loss on
+beta * log(pi_theta / pi_ref) against the previous orchestrator (§3.6, Eqs. 1-4), successful Sub-Agent
+trajectories as SFT data. A Sub-Agent runs at most 10 code-execute-debug iterations; output over 5k tokens keeps
+its first and last 2.5k (App. B).
 
 Departures and choices where the paper's text is silent:
 1. K > 2 children: Plackett-Luce over the children ranked by R, ties skipped; for two it is DPO's loss.
-2. r(v): the best public score of a decision's attempts, signed larger-is-better; an unparsable or finishing
-   decision, or one with no valid submission, has r = -inf. beta = 0.1 (DPO's and TRL's default).
+2. r(v): the best public score of a decision's attempts, larger-is-better; -inf when unparsable, finishing or
+   without a valid submission. beta = 0.1 (DPO's and TRL's default).
 3. A Sub-Agent returns its best script by public score; the Tool writes the summary's result and errors itself.
 4. Tokens are counted with the local model's tokenizer, else as ceil(chars / 4); each record names its counter.
 5. The monolithic baseline (MLE-Dojo's agent) keeps one chat: the same clock, at most rounds x calls x sub_iters runs.
-6. Training keeps fp32 master weights (bf16 autocast on CUDA) and saves in the checkpoint's dtype; a model of
-   LARGE parameters or more trains LoRA adapters, its frozen base the reference.
+6. Training keeps fp32 master weights (bf16 autocast on CUDA) and saves in the checkpoint's dtype; models of
+   LARGE parameters or more train LoRA adapters, the frozen base the reference.
 7. Each iteration trains on --task's tree and on depth-1 trees of --tree-tasks held-in tasks of each kind.
 8. OFFLINE STAND-INS when no endpoint or checkpoint is named: ScriptedOrchestrator (untried recipe ideas on the
-   best attempts) and RecipeCoder (env.py's recipe for its instruction) write what an LLM would and read their
-   state from the prompt (Prompt.state); offline `train` collects with the scripted orchestrator (not on-policy).
+   best attempts) and RecipeCoder (env.py's recipe for its instruction), reading their state from the prompt
+   (Prompt.state); offline `train` collects with the scripted orchestrator (not on-policy).
 9. OFFLINE STAND-IN for the pre-trained Orchestrator: without --model, ckpt-0 is a tiny model from scratch that
    imitates scripted decisions (sft.py's loss and step), then the ranking loss trains it at the paper's lr.
 Run:  python orchestrator.py run --task breast-cancer               (scripted orchestrator + recipe sub-agent)
@@ -42,50 +40,51 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
+from itertools import zip_longest
 from pathlib import Path
 from types import SimpleNamespace
 
 import agent
 import env
-from agent import ParseError, json_object  # response parsing lives in agent.py
+from agent import ParseError, json_object
 
-# torch, model.py and sft.py are imported inside the training functions: runs, trees and eval.py never need them
+# torch, model.py and sft.py are imported where training needs them: runs, trees and eval.py never do
 
 
 @dataclass
 class Config:
     task: str = "breast-cancer"  # a built-in task name or a task folder
-    # --- inference budgets (the paper: 12 h wall clock, up to 10 Sub-Agent iterations, App. B)
+    # --- inference budgets (the paper: 12 h, up to 10 Sub-Agent iterations, App. B)
     rounds: int = 6  # Orchestrator rounds
-    calls: int = 2  # tool calls per round at most (run in parallel)
+    calls: int = 2  # tool calls per round at most
     sub_iters: int = 10  # code executions per Sub-Agent at most
-    time_limit: float = 1800.0  # wall clock of a whole run (or tree collection), seconds
-    script_timeout: float | None = None  # seconds per script execution; None: the task's own limit
+    time_limit: float = 1800.0  # seconds of a whole run (or tree collection)
+    script_timeout: float | None = None  # per script execution; None: the task's limit
     workers: int = 2  # threads running tool calls at once
-    obs_tokens: int = 5000  # output over this many tokens keeps its first and last obs_tokens / 2
-    temperature: float = 0.0  # sampling temperature of the Orchestrator and Sub-Agents in runs
-    max_tokens: int = 4096  # tokens per LLM response
-    max_retries: int = 2  # re-asks of the Orchestrator after an unparsable answer
+    obs_tokens: int = 5000  # longer output keeps its first and last half
+    temperature: float = 0.0  # in runs
+    max_tokens: int = 4096  # per LLM response
+    max_retries: int = 2  # re-asks after an unparsable answer
     # --- Solution Refinement Trees
-    depth: int = 3  # tree depth (decisions from the starter to a leaf)
+    depth: int = 3  # decisions from the starter to a leaf
     children: int = 2  # decisions sampled per node (binary trees in the paper)
-    tree_temperature: float = 1.0  # sampling temperature of those decisions
+    tree_temperature: float = 1.0
     # --- Orchestrator training
-    beta: float = 0.1  # scale of the log-ratio scores (DPO's default; the paper's text gives none)
-    lr: float = 1e-5  # AdamW learning rate (the paper's tables; the tiny model too: tests/RESULTS.md)
-    epochs: int = 2  # passes over the preference groups per iteration (the paper's tables)
-    iterations: int = 1  # online iterations: collect, train, the trained model is the next reference
+    beta: float = 0.1  # scale of the log-ratio scores (DPO's default; the paper gives none)
+    lr: float = 1e-5  # AdamW (the paper's tables; the tiny model too: tests/RESULTS.md)
+    epochs: int = 2  # passes over the groups per iteration (the paper's tables)
+    iterations: int = 1  # online: collect, train, the trained model is the next reference
     max_len: int = 8192  # tokens of prompt + decision kept (the prompt's oldest are cut)
-    lora_rank: int | None = None  # None: 16 for a model of LARGE parameters or more, else 0 (every weight)
-    imitation_steps: int = 1000  # updates of the tiny ckpt-0 imitating scripted decisions (one prompt each)
-    imitation_lr: float = 6e-3  # their peak learning rate, decaying linearly to 0 (from scratch: not 1e-5)
-    tree_tasks: int = 2  # held-in tasks per (kind, modality, metric direction) with a depth-1 tree (0: none)
+    lora_rank: int | None = None  # None: 16 from LARGE parameters, else 0 (every weight)
+    imitation_steps: int = 1000  # updates of the tiny ckpt-0 imitating scripted decisions
+    imitation_lr: float = 6e-3  # peak, decaying linearly to 0 (from scratch: not 1e-5)
+    tree_tasks: int = 2  # held-in tasks per (kind, modality, metric direction) with a depth-1 tree
     seed: int = 0
 
 
-SUMMARY_KEYS = ("approach", "changed", "result", "errors", "next")  # the structured summary of an attempt
+SUMMARY_KEYS = ("approach", "changed", "result", "errors", "next")  # an attempt's structured summary
 
-# ======================================================================================= tokens: count and clip
+# ==== tokens: count and clip
 
 
 def count_tokens(text: str, tokenizer=None) -> int:
@@ -99,7 +98,7 @@ def prompt_tokens(messages, tokenizer=None) -> int:
 
 
 def clip_tokens(text: str, limit: int, tokenizer=None) -> str:
-    """Text over `limit` tokens keeps its first and last limit / 2 tokens (the paper: 5k -> 2.5k + 2.5k)."""
+    """Text over `limit` tokens keeps its first and last limit / 2 (the paper: 5k -> 2.5k + 2.5k)."""
     n, keep = count_tokens(text, tokenizer), limit // 2
     if n <= limit:
         return text
@@ -110,7 +109,7 @@ def clip_tokens(text: str, limit: int, tokenizer=None) -> str:
         head, tail = text[:keep * 4], text[-keep * 4:]
     return f"{head}\n[... about {n - 2 * keep} tokens cut ...]\n{tail}"
 
-# ================================================================================= attempts and compact memory
+# ==== attempts and compact memory
 
 
 @dataclass
@@ -120,16 +119,16 @@ class Attempt:
     instruction: str
     references: list[int]
     score: float | None  # public score of its best script; None: no valid submission
-    private: float | None  # private score of that script: for evaluation only, never shown to an agent
+    private: float | None  # its private score: for evaluation, never shown to an agent
     status: str  # success | error | timeout | resource | invalid_submission | no_code
     summary: dict  # SUMMARY_KEYS -> text
-    code: str  # its best script (kept out of the Orchestrator's prompt)
-    messages: list = field(default_factory=list)  # the Sub-Agent's whole chat (for SFT export)
-    iterations: int = 0  # code executions spent
+    code: str  # its best script (never in the Orchestrator's prompt)
+    messages: list = field(default_factory=list)  # the Sub-Agent's whole chat
+    iterations: int = 0  # code executions
     round: int = 0
     started: float = 0.0
     ended: float = 0.0
-    submission: str = ""  # the copy of its best run's submission.csv ("" without a valid run)
+    submission: str = ""  # a copy of its best run's submission.csv
 
 
 def signed(score, higher: bool) -> float:
@@ -156,7 +155,7 @@ def shown(score) -> float | None:
 
 
 class Prompt(list):
-    """Chat messages with `state`, the record they were written from, for the offline stand-ins."""
+    """Chat messages with `state`, what they were written from (for the offline stand-ins)."""
 
     def __init__(self, messages=(), state=None):
         super().__init__(messages)
@@ -167,7 +166,7 @@ class Prompt(list):
 
 
 def memory_text(attempts) -> str:
-    """The Orchestrator's view of the attempts: one bounded entry each, no code, no logs."""
+    """The Orchestrator's view: one bounded entry per attempt, no code, no logs."""
     lines = []
     for a in attempts:
         lines.append(f"#{a.id} " + ("starter" if a.parent is None else f"parent #{a.parent}")
@@ -179,7 +178,7 @@ def memory_text(attempts) -> str:
         lines.append("  " + "; ".join(f"{k}: {_short(a.summary.get(k, ''))}" for k in SUMMARY_KEYS))
     return "\n".join(lines)
 
-# ================================================================================ the Orchestrator: prompt, calls
+# ==== the Orchestrator: prompt, calls
 
 
 ORCH_SYSTEM = """You are the Orchestrator of a team that solves a machine-learning task by iterative refinement.
@@ -199,7 +198,7 @@ REASK = ("Your answer could not be used ({reason}). Answer with one JSON object:
 
 
 def orchestrator_messages(task, attempts, rnd: int, rounds: int, calls: int, seconds_left=None) -> Prompt:
-    """The Orchestrator's prompt; its state (for the stand-in): the task, the attempts, the calls allowed."""
+    """The Orchestrator's prompt; its state (for the stand-in): task, attempts, calls allowed."""
     higher = "higher" if task.higher_is_better else "lower"
     best = best_attempt(attempts, task.higher_is_better)
     clock = f", about {seconds_left:.0f} s left" if seconds_left is not None else ""
@@ -212,14 +211,14 @@ def orchestrator_messages(task, attempts, rnd: int, rounds: int, calls: int, sec
 
 
 def parse_decision(text: str, known, max_calls: int) -> tuple[list[dict], bool]:
-    """(calls, finished) of an Orchestrator answer; calls past max_calls are dropped, unknown references too."""
+    """(calls, finished); calls past max_calls and unknown references dropped."""
     calls = json_object(text).get("tool_calls")
     if not isinstance(calls, list) or not calls:
         raise ParseError('the object needs a non-empty "tool_calls" list')
     out = []
     for c in calls:
         name, args = (c.get("name"), c.get("arguments", {})) if isinstance(c, dict) else (None, None)
-        if isinstance(args, str):  # OpenAI tool calls carry their arguments as a JSON string
+        if isinstance(args, str):  # as OpenAI tool calls carry them
             args = json_object(args, "the arguments string")
         if name == "finish":
             return [], True
@@ -239,7 +238,7 @@ def parse_decision(text: str, known, max_calls: int) -> tuple[list[dict], bool]:
                     "references": [r for r in dict.fromkeys(refs) if r in known and r != parent]})
     return out[:max_calls], False
 
-# ===================================================================================== the Sub-Agent and the Tool
+# ==== the Sub-Agent and the Tool
 
 
 SUB_SYSTEM = """You are a Sub-Agent that implements one attempt at a machine-learning task (MLE-Dojo style).
@@ -255,8 +254,7 @@ SUMMARY_NOW = ("The execution budget is spent. Answer only with the ```json summ
 
 
 def sub_messages(task, parent: Attempt, references, instruction: str | None, iters: int) -> Prompt:
-    """A Tool's fresh context: task, parent code, the references' summaries and code, the instruction (None: the
-    monolithic agent's first prompt)."""
+    """A Tool's fresh context: task, parent, references, instruction (None: the monolithic agent's prompt)."""
     if instruction is None:
         higher = "higher" if task.higher_is_better else "lower"
         user = (f"# Task\n{task.description.strip()}\nMetric: {task.metric} ({higher} is better)\n\n"
@@ -275,7 +273,7 @@ def sub_messages(task, parent: Attempt, references, instruction: str | None, ite
 
 
 def parse_coder(text: str) -> tuple[str, object]:
-    """("code", script) for a ```python block, else ("summary", dict) for the JSON summary."""
+    """("code", script) for a ```python block, else ("summary", dict)."""
     blocks = re.findall(r"```(?:python|py)[ \t]*\n(.*?)```", text or "", re.S)
     if blocks:
         return "code", max(blocks, key=len)
@@ -296,8 +294,8 @@ def error_line(run) -> str:
 
 
 def feedback(run, task, limit: int, tokenizer=None, cap=1 << 16) -> str:
-    """What the coder is told after an execution (the public score, never the private one) with the run's whole
-    log clipped to `limit` tokens (env.py keeps 4 KB of each end; a log over 2 * cap bytes is read at both ends)."""
+    """What the coder sees after an execution (the public score, never the private one) and the whole log
+    clipped to `limit` tokens (env.py keeps 4 KB of each end; a log over 2 * cap bytes is read at both ends)."""
     text = f"Execution: {run.status} after {run.seconds:.1f} s."
     if run.status == "success":
         higher = "higher" if task.higher_is_better else "lower"
@@ -317,8 +315,8 @@ def feedback(run, task, limit: int, tokenizer=None, cap=1 << 16) -> str:
 
 def code_loop(task, backend, messages, max_iters: int, cfg: Config, deadline: float, on_prompt, start_code: str,
               **fields) -> tuple[Attempt, object, list[str]]:
-    """Write the whole script, run it, read the feedback, fix; until a summary, max_iters runs or the deadline (then
-    one request for the summary). -> (Attempt(**fields) with its best script by public score; its run; errors)."""
+    """Write the script, run it, read the feedback, fix; until a summary, max_iters runs or the deadline (then
+    one request for the summary). -> (Attempt(**fields) with its best script by public score, its run, errors)."""
     tok, higher = getattr(backend, "tokenizer", None), task.higher_is_better
     best = best_run = last = summary = None
     iters, errors, status = 0, [], "no_code"
@@ -331,7 +329,7 @@ def code_loop(task, backend, messages, max_iters: int, cfg: Config, deadline: fl
         messages, text = ask(messages)
         try:
             kind, value = parse_coder(text)
-        except ParseError as e:  # counts as an iteration, as an invalid step does in MLE-Dojo
+        except ParseError as e:  # an iteration, as an invalid step is in MLE-Dojo
             iters += 1
             messages.append({"role": "user", "content": f"Invalid answer ({e}). Send a ```python block or the "
                                                         "```json summary."})
@@ -349,7 +347,7 @@ def code_loop(task, backend, messages, max_iters: int, cfg: Config, deadline: fl
         elif best_run is None or signed(run.score, higher) > signed(best_run.score, higher):
             best, best_run = value, run
         messages.append({"role": "user", "content": feedback(run, task, cfg.obs_tokens, tok)})
-    if summary is None:  # the budget ran out first: one request for the summary (no execution)
+    if summary is None:  # the budget ran out first
         messages, text = ask(messages + [{"role": "user", "content": SUMMARY_NOW}])
         try:
             kind, value = parse_coder(text)
@@ -365,7 +363,7 @@ def code_loop(task, backend, messages, max_iters: int, cfg: Config, deadline: fl
 
 
 class Tool:
-    """refine(parent, instruction, references): a fresh Sub-Agent context, the Sub-Agent's loop, score + summary."""
+    """refine(parent, instruction, references): a fresh Sub-Agent's loop -> score + summary."""
 
     def __init__(self, task, backend, cfg: Config, deadline: float, record):
         self.task, self.backend, self.cfg, self.deadline, self.record = task, backend, cfg, deadline, record
@@ -379,7 +377,7 @@ class Tool:
                                    lambda m: self.record(rnd, "sub-agent", m, tok, attempt_id), parent.code,
                                    id=attempt_id, parent=parent.id, instruction=call["instruction"],
                                    references=call["references"], round=rnd, started=started)
-        if run:  # the Tool reports what it measured, not what the Sub-Agent claims
+        if run:  # what the Tool measured, not what the Sub-Agent claims
             delta = "better" if signed(run.score, higher) > signed(parent.score, higher) else "not better"
             a.summary["result"] = (f"public score {run.score:.4f}, {delta} than parent #{parent.id} "
                                    f"({_fmt(parent.score)})")
@@ -399,20 +397,19 @@ def starter_attempt(task, cfg: Config) -> Attempt:
     return Attempt(0, None, "", [], run.score, run.test_score, run.status, summary, code,
                    submission=run.kept.get("submission.csv", "") if ok else "")
 
-# ============================================================================ offline stand-ins (clearly labelled)
+# ==== offline stand-ins
 
 
 def _recipe_ideas(task_name: str) -> list[str]:
-    """The built-in recipes' ideas, interleaved by category (data, model, learning) for variety."""
+    """The built-in recipes' ideas, interleaved by category."""
     by_cat = {}
     for r in env.recipes_for(task_name):
         by_cat.setdefault(r.category, []).append(r.idea)
-    lists = list(by_cat.values())
-    return [lst[i] for i in range(max(map(len, lists), default=0)) for lst in lists if i < len(lst)]
+    return [idea for row in zip_longest(*by_cat.values()) for idea in row if idea is not None]
 
 
 class StandIn:
-    """What the offline stand-ins share: a backend's chat(), each answer from answer(messages, temperature)."""
+    """A backend's chat(), each answer from answer(messages, temperature)."""
 
     def __init__(self):
         self.usage = agent.Usage()
@@ -424,8 +421,8 @@ class StandIn:
 
 
 class ScriptedOrchestrator(StandIn):
-    """OFFLINE STAND-IN for an LLM Orchestrator: the JSON an LLM would write, refining the best attempts with recipe
-    ideas untried on their lineage, the next-best as reference; temperature > 0 samples the parent and the ideas."""
+    """OFFLINE STAND-IN for an LLM Orchestrator: the best attempts refined with recipe ideas untried on their
+    lineage, the next-best as reference; temperature > 0 samples the parent and the ideas."""
 
     def __init__(self, seed=0):
         super().__init__()
@@ -436,19 +433,19 @@ class ScriptedOrchestrator(StandIn):
 
     @staticmethod
     def decide(state, rng, sample_parent=True) -> str:
-        """The decision at a prompt's state; rng None: greedy; sample_parent=False: only the ideas sampled."""
-        # the attempts as memory_text shows them: scores to 4 decimals, instructions shortened
+        """rng None: greedy; sample_parent=False: only the ideas sampled."""
+        # the attempts as memory_text shows them
         nodes = {a.id: (a.parent, shown(a.score)) for a in state.attempts}
         said = {a.id: _short(a.instruction, 300) for a in state.attempts if a.parent is not None}
         ranked = sorted((i for i in nodes if nodes[i][1] is not None),
                         key=lambda i: (-signed(nodes[i][1], state.task.higher_is_better), i))
-        if rng is not None and sample_parent and len(ranked) > 1:  # the best first with probability 1/2, else top 3
+        if rng is not None and sample_parent and len(ranked) > 1:  # the best first with p = 1/2, else top 3
             first = rng.choice(ranked[:3]) if rng.random() < 0.5 else ranked[0]
             ranked = [first] + [i for i in ranked if i != first]
         ideas, out = _recipe_ideas(state.task.name), []
         for parent in ranked:
-            tried, i = {said.get(c) for c in nodes if nodes[c][0] == parent}, parent  # ideas tried from here
-            while i is not None:  # and the ideas applied on the way from the starter
+            tried, i = {said.get(c) for c in nodes if nodes[c][0] == parent}, parent  # tried from here
+            while i is not None:  # and on the way from the starter
                 tried.add(said.get(i))
                 i = nodes[i][0]
             fresh = [idea for idea in ideas if idea not in tried]
@@ -467,21 +464,21 @@ class ScriptedOrchestrator(StandIn):
 
 
 class RecipeCoder(StandIn):
-    """OFFLINE STAND-IN for an LLM Sub-Agent: env.recipe_editor's script for its instruction, then the JSON summary;
-    without an instruction (the monolithic baseline) the next untried recipe on its best script."""
+    """OFFLINE STAND-IN for an LLM Sub-Agent: env.recipe_editor's script for its instruction, then the summary;
+    without one (the monolithic baseline) the next untried recipe on its best script."""
 
     def answer(self, messages, temperature=0.0) -> str:
         s, higher = messages.state, messages.state.task.higher_is_better
-        if messages[-1]["content"] == SUMMARY_NOW or (s.instruction and s.runs):  # it ran its script: the summary
+        if messages[-1]["content"] == SUMMARY_NOW or (s.instruction and s.runs):  # it ran its script
             ran = any(run.status == "success" for _, run in s.runs)
             return self._summary(s.instruction or "built-in recipes, one at a time, kept when better",
                                  "applied the recipe" if ran else "no script scored", "another recipe on top of it")
-        if s.instruction:  # a Sub-Agent: the recipe its instruction names, on the parent script
+        if s.instruction:  # a Sub-Agent
             try:
                 return f"Idea: {s.instruction}\n```python\n{env.recipe_editor(s.instruction, s.code)}```"
             except env.EditError as e:
                 return self._summary(s.instruction, f"nothing: {e}", "an instruction naming a built-in recipe")
-        best, code = shown(s.score), s.code  # the monolithic baseline: the next untried recipe on its best script
+        best, code = shown(s.score), s.code  # the monolithic baseline
         for script, run in s.runs:
             if run.status == "success" and signed(shown(run.score), higher) > signed(best, higher):
                 best, code = shown(run.score), script
@@ -502,11 +499,11 @@ class RecipeCoder(StandIn):
 
 
 def make_backend(name: str | None, base_url: str | None, role: str, seed=0):
-    """agent.make_backend with the role's offline stand-in for "scripted" (eval.py calls it too)."""
+    """agent.make_backend with the role's offline stand-in for "scripted"."""
     return agent.make_backend(name, base_url, stand_in=lambda: ScriptedOrchestrator(seed) if role == "orchestrator"
                               else RecipeCoder())
 
-# ================================================================================= the runs: Matryoshka, monolithic
+# ==== the runs: Matryoshka, monolithic
 
 
 def save_json(path: Path, obj, lines=False):  # lines: a list as JSONL
@@ -515,8 +512,7 @@ def save_json(path: Path, obj, lines=False):  # lines: a list as JSONL
 
 
 def load_json(path: Path, build):
-    """build(the JSON object saved at path), None when there is none; a file build cannot take (not JSON, keys
-    missing or of the wrong type) is a one-line ValueError naming it."""
+    """build(the JSON at path), None without a file; one build cannot take is a one-line ValueError naming it."""
     if not path or not path.exists():
         return None
     try:
@@ -526,7 +522,7 @@ def load_json(path: Path, build):
                          "another --out") from None
 
 
-def _recorder(records: list):  # -> record(round, role, prompt, tokenizer, attempt); list.append is thread-safe
+def _recorder(records: list):  # list.append is thread-safe
     def record(rnd, role, messages, tokenizer=None, attempt=None):
         counter = "tokenizer of the local model" if tokenizer is not None else "approx: ceil(chars / 4)"
         records.append({"round": rnd, "role": role, "tokens": prompt_tokens(messages, tokenizer), "attempt": attempt,
@@ -535,7 +531,7 @@ def _recorder(records: list):  # -> record(round, role, prompt, tokenizer, attem
 
 
 def decide(orch, messages, known, cfg: Config, record, rnd) -> tuple[list[dict], bool]:
-    """Ask the Orchestrator, re-asking on an unparsable answer (MLAB's max_retries); no usable answer: no call."""
+    """Ask the Orchestrator, re-asking on an unparsable answer (MLAB's max_retries); none usable: no call."""
     ask, tok = messages, getattr(orch, "tokenizer", None)
     for _ in range(cfg.max_retries + 1):
         record(rnd, "orchestrator", ask, tok)
@@ -557,8 +553,8 @@ def _result(task, attempts, records, finished, seconds, **more) -> dict:
 
 
 def run_matryoshka(cfg: Config, orch, sub, out: Path | None = None, resume=True, log=print) -> dict:
-    """Rounds of: the Orchestrator's tool calls from compact memory -> Tools in parallel -> attempts appended;
-    the state saved after every round to out/run.json and resumed from it."""
+    """Rounds of: the Orchestrator's tool calls from compact memory -> Tools in parallel -> new attempts;
+    saved to out/run.json after every round, resumed from it."""
     task = env.load_task(cfg.task)
     state = load_json(out / "run.json", lambda o: ([Attempt(**a) for a in o["attempts"]], list(o["records"]),
                       int(o["round"]), float(o["seconds"]), bool(o["finished"]))) if out and resume else None
@@ -576,7 +572,7 @@ def run_matryoshka(cfg: Config, orch, sub, out: Path | None = None, resume=True,
         messages = orchestrator_messages(task, attempts, rnd, cfg.rounds, cfg.calls, deadline - time.time())
         calls, finished = decide(orch, messages, {a.id for a in attempts}, cfg, record, rnd)
         by_id, first = {a.id: a for a in attempts}, len(attempts)
-        with ThreadPoolExecutor(max(1, cfg.workers)) as pool:  # one round's calls run in parallel (§3.4)
+        with ThreadPoolExecutor(max(1, cfg.workers)) as pool:  # §3.4: in parallel
             attempts += list(pool.map(lambda k: tool(first + k, calls[k], by_id, rnd), range(len(calls))))
         best = best_attempt(attempts, task.higher_is_better)
         log(f"round {rnd}: " + (", ".join(f"#{a.id}<-#{a.parent} {_fmt(a.score)} ({a.status}, {a.iterations} it)"
@@ -588,8 +584,8 @@ def run_matryoshka(cfg: Config, orch, sub, out: Path | None = None, resume=True,
 
 
 def run_monolithic(cfg: Config, coder, out: Path | None = None, log=print) -> dict:
-    """MLE-Dojo's single agent: one chat that keeps every script and every output, the same wall clock and at
-    most as many executions as a Matryoshka run (rounds x calls x sub_iters). Not resumed."""
+    """MLE-Dojo's single agent: one chat keeping every script and output, the same clock and budget
+    (rounds x calls x sub_iters executions). Not resumed."""
     task = env.load_task(cfg.task)
     steps, started = cfg.rounds * cfg.calls * cfg.sub_iters, time.time()
     starter, records, tok = starter_attempt(task, cfg), [], getattr(coder, "tokenizer", None)
@@ -605,28 +601,28 @@ def run_monolithic(cfg: Config, coder, out: Path | None = None, log=print) -> di
         save_json(out / "monolithic.json", result)
     return result
 
-# ========================================================================= Solution Refinement Trees (Matryoshka §3.6)
+# ==== Solution Refinement Trees (Matryoshka §3.6)
 
 
 @dataclass
 class Node:
-    """One node of a tree: a decision sampled at its parent's state, the attempts its tool calls launched, r(v)."""
+    """A decision sampled at its parent's state, the attempts its tool calls launched, r(v)."""
     id: int  # its index in Tree.nodes
     parent: int | None  # None for the root (the starter's state)
     depth: int
-    decision: str | None  # the Orchestrator's answer at the parent's state (None for the root)
-    calls: list[dict] | None  # its parsed tool calls, each with its attempt's id; None: not parsed yet
+    decision: str | None  # the Orchestrator's answer at the parent's state
+    calls: list[dict] | None  # parsed tool calls, each with its attempt's id; None: not parsed yet
     status: str  # pending (its calls not all run) | done
-    prompt: list | None  # the prompt its children's decisions answer, once they are sampled
-    score: float | None  # the best public score of its attempts, r(v) once signed; None: none valid
-    finished: bool | None = None  # the decision called finish; None: not parsed yet, or unparsable
-    error: str | None = None  # why the decision is unparsable
+    prompt: list | None  # what its children's decisions answer, once sampled
+    score: float | None  # the best public score of its attempts (r(v) once signed); None: none valid
+    finished: bool | None = None  # it called finish; None: not parsed yet or unparsable
+    error: str | None = None  # why it is unparsable
 
 
 @dataclass
 class Tree:
-    """A Solution Refinement Tree: cfg.children decisions per node, each node's state its path's attempts (the
-    shared prefix, run once); tree.json holds to_json()."""
+    """A Solution Refinement Tree: cfg.children decisions per node, a node's state its path's attempts (the
+    shared prefix run once); tree.json holds to_json()."""
     task: str
     higher_is_better: bool
     next_id: int  # the id of the next attempt
@@ -637,14 +633,14 @@ class Tree:
         return [n for n in self.nodes if n.parent == node_id]
 
     def state(self, node_id) -> list[Attempt]:
-        """The state of a node: the starter and the attempts its path launched (those that exist yet)."""
+        """The starter and the attempts the node's path launched (those that exist yet)."""
         ids = []
-        while node_id is not None:  # up to the root, each node's calls before its children's
+        while node_id is not None:  # up to the root, a node's calls before its children's
             ids[:0] = [c["attempt"] for c in self.nodes[node_id].calls or []]
             node_id = self.nodes[node_id].parent
         return [self.attempts[i] for i in [0] + ids if i in self.attempts]
 
-    def to_json(self) -> dict:  # attempts keyed by str(id); a node's finished and error only once set
+    def to_json(self) -> dict:  # a node's finished and error only once set
         return {"task": self.task, "higher_is_better": self.higher_is_better, "next_id": self.next_id,
                 "attempts": {str(i): asdict(a) for i, a in self.attempts.items()},
                 "nodes": [{k: v for k, v in asdict(n).items() if v is not None or k not in ("finished", "error")}
@@ -661,8 +657,8 @@ class Tree:
 
 
 def collect_tree(cfg: Config, orch, sub, path: Path, log=print) -> Tree:
-    """Expand every node with cfg.children decisions sampled from the same state to cfg.depth, run their tool calls,
-    r(v) from the environment; saved after every decision and attempt, so a collection resumes where it stopped."""
+    """Expand every node to cfg.depth with cfg.children decisions sampled from its state, run their calls, r(v)
+    from the environment; saved after every decision and attempt, so it resumes where it stopped."""
     task = env.load_task(cfg.task)
     tree = Tree.load(path)
     if tree is None:
@@ -672,13 +668,13 @@ def collect_tree(cfg: Config, orch, sub, path: Path, log=print) -> Tree:
     lock, save = threading.Lock(), lambda: save_json(path, tree.to_json())
     tool = Tool(task, sub, cfg, time.time() + cfg.time_limit, lambda *a, **k: None)
     while True:
-        # 1. decisions: each done node above the depth limit with no children gets cfg.children samples
+        # 1. decisions: cfg.children for each done node without children above the depth limit
         for node in list(tree.nodes):
             if node.status != "done" or node.depth >= cfg.depth or tree.children(node.id) or node.finished \
-                    or node.error:  # a finishing or unparsable decision is a leaf
+                    or node.error:  # a leaf
                 continue
             node.prompt = orchestrator_messages(task, tree.state(node.id), node.depth + 1, cfg.depth, cfg.calls)
-            if isinstance(orch, ScriptedOrchestrator):  # samples from (seed, node): a resume decides the same
+            if isinstance(orch, ScriptedOrchestrator):  # seeded by (seed, node): a resume decides the same
                 orch.rng.seed(f"{orch.seed}:{node.id}")
             for text in orch.chat(node.prompt, n=cfg.children, temperature=cfg.tree_temperature,
                                   max_tokens=cfg.max_tokens).texts:
@@ -687,7 +683,7 @@ def collect_tree(cfg: Config, orch, sub, path: Path, log=print) -> Tree:
         pending = [n for n in tree.nodes if n.status == "pending"]
         if not pending:
             return tree
-        # 2. parse each pending decision once and give its calls attempt ids; then run the calls not yet run
+        # 2. parse each pending decision once, give its calls attempt ids, run those not run yet
         jobs = []
         for node in pending:
             by_id = {a.id: a for a in tree.state(node.parent)}
@@ -719,7 +715,7 @@ def collect_tree(cfg: Config, orch, sub, path: Path, log=print) -> Tree:
 
 
 def branch_labels(tree: Tree) -> dict[int, float]:
-    """R(c) = max over the subtree of c of r(v), r the node's signed score (§3.6, Preference Construction)."""
+    """R(c) = max of r(v) over c's subtree, r the node's signed score (§3.6, Preference Construction)."""
     R = {}
 
     def label(i):
@@ -730,7 +726,7 @@ def branch_labels(tree: Tree) -> dict[int, float]:
 
 
 def preference_groups(tree: Tree) -> list[dict]:
-    """Per node with children: its prompt, the children's decisions and their labels R; all-tied groups dropped."""
+    """Per node with children: its prompt, their decisions and labels R; all-tied groups dropped."""
     R, groups = branch_labels(tree), []
     for node in tree.nodes:
         kids = tree.children(node.id)
@@ -742,20 +738,19 @@ def preference_groups(tree: Tree) -> list[dict]:
 
 
 def sft_rows(attempts, higher: bool) -> list[dict]:
-    """Successful Sub-Agent trajectories (a valid score better than the parent's) as chat rows for sft.py."""
+    """Sub-Agent chats that beat their parent's score, as rows for sft.py."""
     by_id = {a["id"]: a for a in attempts}
     return [{"messages": a["messages"]} for a in attempts if a["parent"] is not None and a["messages"]
             and signed(a["score"], higher) > signed(by_id[a["parent"]]["score"], higher)]
 
-# ========================================================================================= ranking loss and training
+# ==== ranking loss and training
 
 
 def ranking_loss(scores, R):
-    """Plackett-Luce ranking NCE (§3.6, Eqs. 1-4) over the children ranked by R, ties skipped: child k adds
-    -log(exp(s_k) / (exp(s_k) + sum of exp(s_j) over the children j with R_j < R_k)); scores (K,) are
-    beta * log(pi_theta / pi_ref). Two children: DPO's -log sigmoid(s_w - s_l) (Rafailov et al. 2023).
-    None when every child is tied."""
-    import torch  # lazy: see the imports
+    """Plackett-Luce ranking NCE (§3.6, Eqs. 1-4), ties skipped: child k adds -log(exp(s_k) / (exp(s_k) +
+    sum of exp(s_j) over j with R_j < R_k)); scores (K,) = beta * log(pi_theta / pi_ref). Two children: DPO's
+    -log sigmoid(s_w - s_l) (Rafailov et al. 2023). None when every child is tied."""
+    import torch
     terms = [torch.logsumexp(scores[[k] + worse], 0) - scores[k] for k in range(len(R))
              if (worse := [j for j in range(len(R)) if R[j] < R[k]])]
     return torch.stack(terms).sum() if terms else None
@@ -763,13 +758,13 @@ def ranking_loss(scores, R):
 
 def chat_rows(tok, messages, responses, max_len: int) -> list:
     """sft.encode_chat's (ids, labels) of the prompt with each response as the assistant turn."""
-    import sft  # lazy: see the imports
+    import sft
     return [sft.encode_chat(tok, [*messages, {"role": "assistant", "content": r}], max_len) for r in responses]
 
 
 def decision_logprobs(lm, tok, messages, responses, max_len: int):
-    """log pi(decision | prompt) of each response, (K,): minus sft.py's masked loss (temperature 1)."""
-    import model  # lazy: see the imports
+    """(K,) log pi(decision | prompt) at temperature 1: minus sft.py's masked loss."""
+    import model
     import sft
     import torch
     net, dev, pad = sft.SFTModel(lm), lm.lm_head.weight.device, tok.pad_token_id or 0
@@ -778,7 +773,7 @@ def decision_logprobs(lm, tok, messages, responses, max_len: int):
                              for row in chat_rows(tok, messages, responses, max_len)])
 
 
-def passes(n: int, steps: int, rng):  # the item of each update: passes over range(n), each in a new order
+def passes(n: int, steps: int, rng):  # passes over range(n), each in a new order
     order = list(range(n))
     for step in range(steps if n else 0):
         if step % n == 0:
@@ -787,17 +782,17 @@ def passes(n: int, steps: int, rng):  # the item of each update: passes over ran
 
 
 def train_orchestrator(policy, ref, tok, groups, cfg: Config, steps=None, log=print) -> dict:
-    """AdamW without weight decay (sft.py's default) on the ranking loss, one group per update, cfg.epochs passes
-    (or `steps` updates), the gradient norm clipped at 1; ref frozen, or None: policy has LoRA adapters (B = 0: it
-    starts at the reference) and the reference is the policy with its adapters off."""
-    import model  # lazy: see the imports
+    """AdamW without weight decay (sft.py's default), a group per update, cfg.epochs passes (or `steps`
+    updates), gradient norm clipped at 1. ref None: the reference is the policy with its LoRA adapters off (B = 0:
+    it starts there)."""
+    import model
     import torch
     with torch.no_grad():
         model.set_lora(policy, ref is not None)
         ref_lp = [decision_logprobs(ref or policy, tok, g["messages"], g["responses"], cfg.max_len) for g in groups]
         model.set_lora(policy, True)
 
-    def scores(i):  # (K,) log-ratio scores of group i's decisions
+    def scores(i):  # (K,)
         g = groups[i]
         return cfg.beta * (decision_logprobs(policy, tok, g["messages"], g["responses"], cfg.max_len) - ref_lp[i])
     opt, losses = torch.optim.AdamW(policy.parameters(), lr=cfg.lr, weight_decay=0.0), []
@@ -810,7 +805,7 @@ def train_orchestrator(policy, ref, tok, groups, cfg: Config, steps=None, log=pr
         opt.step()
         losses.append(loss.item())
     policy.eval()
-    with torch.no_grad():  # how often the top-ranked child now has the highest score
+    with torch.no_grad():  # does the top-ranked child now score highest
         after = [scores(i) for i in range(len(groups))]
         top = [int(torch.argmax(s)) == g["R"].index(max(g["R"])) for s, g in zip(after, groups)]
         mean = sum(ranking_loss(s, g["R"]).item() for s, g in zip(after, groups)) / len(groups) if groups else None
@@ -822,24 +817,24 @@ def train_orchestrator(policy, ref, tok, groups, cfg: Config, steps=None, log=pr
 
 
 def tiny_orchestrator(texts, vocab_size=1024, seed=0):
-    """A tiny Qwen made from scratch with a BPE tokenizer trained on `texts` (offline, no checkpoint given)."""
-    import model  # lazy: see the imports
+    """A tiny Qwen from scratch with a BPE tokenizer trained on `texts`."""
+    import model
     tok = model.train_tokenizer(texts, vocab_size)
     model.torch.manual_seed(seed)
     lm = model.Qwen(model.tiny_config(vocab_size=len(tok), max_position_embeddings=16384,
                                       eos_token_id=tok.im_end_id))
     return lm.eval(), tok
 
-# --------------------------------------------------------- the from-scratch ckpt-0 imitates the decision format
+# ---- the from-scratch ckpt-0 imitates the decision format
 
 
-OTHER_TREE_DEPTH = 1  # the other tasks' trees (cfg.tree_tasks): one decision pair from the starter, one group each
-IMITATION_VIEWS = 3  # prompts per state: the tree's own header, then two with another round count and a clock
+OTHER_TREE_DEPTH = 1  # cfg.tree_tasks' trees: one decision pair from the starter, one group each
+IMITATION_VIEWS = 3  # prompts per state: the tree's own, then two with other round counts and a clock
 IMITATION_RESAMPLED = 24  # resampled_states of --task's tree; a quarter as many of each other tree
 
 
 def other_tasks(tree_task: str, per_group: int) -> list[str]:
-    """The first `per_group` held-in built-in tasks of each (kind, modality, metric direction) but tree_task."""
+    """The first `per_group` held-in tasks of each (kind, modality, metric direction), tree_task excluded."""
     groups: dict = {}
     for name, spec in env.BUILTIN_TASKS.items():
         if spec.split == "held-in" and name != tree_task:
@@ -848,14 +843,14 @@ def other_tasks(tree_task: str, per_group: int) -> list[str]:
 
 
 def resampled_states(tree, n: int, rng) -> list[list[Attempt]]:
-    """n states as a run would hold them, made of the tree's attempts: a random ancestor-closed subset (from the
-    starter, each next attempt one whose parent is in already), renumbered 0, 1, 2, ... in that order (parents,
-    references and each summary's "parent #k" too). Their best attempt varies more than along the tree's paths."""
+    """n states as a run would hold them: random ancestor-closed subsets of the tree's attempts, renumbered
+    0, 1, 2, ... in order of addition (parents, references, summaries' "parent #k" too). Their best attempt
+    varies more than along the tree's paths."""
     pool, states = tree.attempts, []
     for _ in range(n if len(pool) > 1 else 0):
         order = [0]
         for _ in range(rng.randint(1, len(pool) - 1)):
-            # by id: the JSON holds the attempts in the order their parallel runs ended
+            # sorted: the JSON has them in the order their parallel runs ended
             ready = [i for i in sorted(pool) if i not in order and pool[i].parent in order]
             if not ready:
                 break
@@ -871,11 +866,11 @@ def resampled_states(tree, n: int, rng) -> list[list[Attempt]]:
 
 
 def imitation_examples(trees, cfg: Config) -> list[dict]:
-    """What the tiny ckpt-0 imitates: the done nodes and resampled_states of each tree (--task's first), each
-    IMITATION_VIEWS times (as collect_tree asks, then as runs ask). A node's own prompt keeps the tree's decisions;
-    any other gets greedy parents with sampled ideas (tests/RESULTS.md, "what the tiny ckpt-0 imitates").
+    """What the tiny ckpt-0 imitates: each tree's done nodes and resampled_states (--task's first), each
+    IMITATION_VIEWS times (as collect_tree asks, then as runs ask). A node's own prompt keeps the tree's decisions,
+    others get greedy parents with sampled ideas (tests/RESULTS.md, "what the tiny ckpt-0 imitates").
     -> [{"messages", "responses", "known": the state's ids, "tree": a node's own prompt}]"""
-    rng, states = random.Random(f"{cfg.seed}:imitation"), []  # (task, state, node, its tree, the tree's depth)
+    rng, states = random.Random(f"{cfg.seed}:imitation"), []  # (task, state, node, tree, tree depth)
     for i, tree in enumerate(trees):
         task, depth = env.load_task(cfg.task if i == 0 else tree.task), cfg.depth if i == 0 else OTHER_TREE_DEPTH
         states += [(task, tree.state(n.id), n, tree, depth) for n in tree.nodes if n.status == "done"]
@@ -883,16 +878,16 @@ def imitation_examples(trees, cfg: Config) -> list[dict]:
                    resampled_states(tree, IMITATION_RESAMPLED if i == 0 else IMITATION_RESAMPLED // 4, rng)]
     out, seen = [], set()
     for t, attempts, node, tree, tree_depth in states:
-        depth = node.depth if node else min(len(attempts) - 1, 1)  # a run's round 1 sees the starter only
+        depth = node.depth if node else min(len(attempts) - 1, 1)  # round 1 sees the starter only
         for view in range(IMITATION_VIEWS):
-            if view == 0:  # as collect_tree asks it
+            if view == 0:  # as collect_tree asks
                 rnd, rounds, clock = depth + 1, max(tree_depth, depth + 1), None
-            else:  # as a run asks it
+            else:  # as a run asks
                 rounds = rng.randint(max(2, depth + 1), 8)
                 rnd, clock = rng.randint(depth + 1, rounds), rng.uniform(60.0, cfg.time_limit)
             messages = orchestrator_messages(t, attempts, rnd, rounds, cfg.calls, clock)
             key = json.dumps(messages)
-            if key in seen:  # an unparsable or finishing decision leaves its parent's state: the same prompt
+            if key in seen:  # an unparsable or finishing decision leaves its parent's state
                 continue
             seen.add(key)
             own = view == 0 and node is not None
@@ -908,9 +903,8 @@ def imitation_examples(trees, cfg: Config) -> list[dict]:
 
 
 def imitate(lm, tok, examples, cfg: Config, log=print) -> dict:
-    """Behaviour cloning with sft.py's masked loss and optimizer step, one example (its decisions sharing the prompt)
-    per update."""
-    import sft  # lazy: see the imports
+    """Behaviour cloning with sft.py's loss and step, an example (decisions sharing a prompt) per update."""
+    import sft
     import torch
     rows = [chat_rows(tok, e["messages"], e["responses"], cfg.max_len) for e in examples]
     net, dev, pad = sft.SFTModel(lm, 0.0, share_prefix=True), lm.lm_head.weight.device, tok.pad_token_id or 0
@@ -930,7 +924,7 @@ def imitate(lm, tok, examples, cfg: Config, log=print) -> dict:
 
 
 def greedy_parse_rate(lm, tok, examples, cfg: Config) -> float | None:
-    """The share of examples whose greedy decision (at most twice the imitated ones' tokens) parses."""
+    """The share of examples whose greedy decision parses."""
     backend, ok = agent.LocalBackend(lm=lm, tokenizer=tok), 0
     for e in examples:
         n = 2 * max(len(tok.encode(r)) for r in e["responses"]) + 16
@@ -943,8 +937,8 @@ def greedy_parse_rate(lm, tok, examples, cfg: Config) -> float | None:
 
 
 def imitation_orchestrator(trees, groups, cfg: Config, log=print):
-    """OFFLINE STAND-IN for "the same model before tree training" (a pre-trained LLM that answers in the format):
-    tiny_orchestrator fit on the examples' and groups' texts, `imitate`d -> (lm, tok, stats with greedy parse rates)."""
+    """OFFLINE STAND-IN for "the same model before tree training" (a pre-trained LLM answering in the format):
+    tiny_orchestrator on the examples' and groups' texts, `imitate`d -> (lm, tok, stats with greedy parse rates)."""
     examples, texts = imitation_examples(trees, cfg), []
     for src in (examples, groups):
         texts += [m["content"] for e in src for m in e["messages"]] + [r for e in src for r in e["responses"]]
@@ -957,13 +951,13 @@ def imitation_orchestrator(trees, groups, cfg: Config, log=print):
         f"{stats['parse_rate_other_prompts']} of the other imitation prompts")
     return lm, tok, stats
 
-# ------------------------------------------------------------------------------------ checkpoints and iterations
+# ---- checkpoints and iterations
 
 
 def save_checkpoint(lm, tok, path: Path, dtype=None, notes: dict | None = None):
-    """model.save_checkpoint_folder's folder (LoRA merged in; dtype None: the model's) with `notes` ({file name:
-    JSON object}) beside the weights, swapped in for path by agent.swap_folder (a kill: recover_checkpoints)."""
-    import model  # lazy: see the imports
+    """model.save_checkpoint_folder (LoRA merged; dtype None: the model's) plus `notes` ({file name: object}),
+    swapped in by agent.swap_folder (a kill: recover_checkpoints)."""
+    import model
     tmp, _ = model.save_checkpoint_folder(lm, tok, str(path), dtype, {})
     for name, obj in (notes or {}).items():
         Path(tmp, name).write_text(json.dumps(obj, indent=1))
@@ -971,38 +965,38 @@ def save_checkpoint(lm, tok, path: Path, dtype=None, notes: dict | None = None):
 
 
 def recover_checkpoints(out: Path):
-    """What a kill inside save_checkpoint left: ckpt-<i>.old back (or deleted), a half-written ckpt-<i>.tmp deleted."""
+    """After a kill in save_checkpoint: ckpt-<i>.old back (or deleted), a half-written ckpt-<i>.tmp deleted."""
     for folder in list(out.glob("ckpt-*.*")):
         agent.recover_folder(folder.with_suffix(""), folder.with_suffix(".tmp"))
 
 
-LARGE = 10_000_000  # parameters: ppo.py's TINY_PARAMS, past which a model trains as on a GPU (LoRA,
-# checkpointing); a 7B Orchestrator's fp32 weights and AdamW states alone would take 112 GB
+LARGE = 10_000_000  # parameters (ppo.py's TINY_PARAMS) from which LoRA and checkpointing: a 7B model's fp32
+# weights and AdamW states alone would take 112 GB
 
 
 def load_for_training(path: Path, cfg: Config):
-    """(policy, tokenizer, reference), the previous orchestrator the reference (§3.6). Small: fp32 master weights
-    and a frozen copy in the checkpoint's dtype. Large (or --lora-rank): fp32 LoRA adapters over the frozen base in
-    the checkpoint's dtype, the base the reference (reference None), blocks recomputed in backward."""
-    import model  # lazy: see the imports
+    """(policy, tokenizer, reference): the previous orchestrator is the reference (§3.6). Small: fp32 master
+    weights, a frozen copy. Large (or --lora-rank): fp32 LoRA adapters on the frozen base, which is the reference
+    (None); blocks recomputed in backward."""
+    import model
     policy, tok = model.load(str(path), meta=True)
     n = sum(p.numel() for p in policy.parameters())
     rank = cfg.lora_rank if cfg.lora_rank is not None else (16 if n >= LARGE else 0)
     if not rank:
-        policy, _ = model.load(str(path), dtype="float32")  # fp32 master weights, whatever the checkpoint's dtype
+        policy, _ = model.load(str(path), dtype="float32")
         return policy, tok, model.load(str(path))[0].requires_grad_(False)
     policy, _ = model.load(str(path))
-    model.add_lora(policy, rank, 16.0)  # alpha as ppo.py's --lora-alpha default
+    model.add_lora(policy, rank, 16.0)  # ppo.py's --lora-alpha default
     if n >= LARGE:
         model.enable_grad_checkpointing(policy)
     return policy, tok, None
 
 
 def train_loop(cfg: Config, model_path: str | None, collector: str, sub, out: Path, log=print) -> Path:
-    """Online iterations: trees collected with the current orchestrator (--task's to cfg.depth, out/tree-<i>.json;
-    one of OTHER_TREE_DEPTH on each of other_tasks, out/tree-<i>-<task>.json), the ranking loss on their groups
-    against it as reference; the trained one is the next. Resumes from out/ckpt-<i> and the trees."""
-    import model  # lazy: see the imports
+    """Online iterations: trees collected with the current orchestrator (out/tree-<i>.json; other_tasks'
+    out/tree-<i>-<task>.json), the ranking loss on their groups with it as reference; the trained one is the next.
+    Resumes from out/ckpt-<i> and the trees."""
+    import model
     recover_checkpoints(out)
     current = Path(model_path) if model_path else out / "ckpt-0"
     for it in range(cfg.iterations):
@@ -1018,7 +1012,7 @@ def train_loop(cfg: Config, model_path: str | None, collector: str, sub, out: Pa
                                out / f"tree-{it}-{name}.json", log)
                   for name in other_tasks(trees[0].task, c.tree_tasks)]
         groups = [g for tree in trees for g in preference_groups(tree)]
-        if not current.exists():  # no checkpoint given: a tiny model from scratch that first imitates the format
+        if not current.exists():  # no --model: a tiny model from scratch imitates the format first
             lm, tok, stats = imitation_orchestrator(trees, groups, cfg, log)
             save_checkpoint(lm, tok, current, notes={"imitation.json": stats})
         policy, tok, ref = load_for_training(current, cfg)
@@ -1026,7 +1020,7 @@ def train_loop(cfg: Config, model_path: str | None, collector: str, sub, out: Pa
             f"{len(trees)} tree(s)")
         if groups:
             train_orchestrator(policy, ref, tok, groups, cfg, log=log)
-        save_checkpoint(policy, tok, nxt, dtype=getattr(model.torch, policy.config.torch_dtype))  # as it came
+        save_checkpoint(policy, tok, nxt, dtype=getattr(model.torch, policy.config.torch_dtype))
         del policy, ref
         current = nxt
     rows = [r for t in map(Tree.load, sorted(out.glob("tree-*.json")))
@@ -1035,12 +1029,12 @@ def train_loop(cfg: Config, model_path: str | None, collector: str, sub, out: Pa
     log(f"orchestrator checkpoint: {current}; {len(rows)} successful Sub-Agent trajectories -> {out / 'sft.jsonl'}")
     return current
 
-# ===================================================================================================== command line
+# ==== command line
 
 
-P_INT, COUNT, POSITIVE = agent.POSITIVE_INT, agent.COUNT, agent.POSITIVE  # agent.py's argparse type= checkers
+P_INT, COUNT, POSITIVE = agent.POSITIVE_INT, agent.COUNT, agent.POSITIVE  # argparse type= checkers
 TREE_FLAGS = {"depth": P_INT, "children": P_INT, "tree_temperature": agent.NONNEGATIVE}
-FLAGS = {  # the Config fields each command takes as flags, with their checkers
+FLAGS = {  # each command's Config fields as flags
     "common": {"calls": P_INT, "sub_iters": P_INT, "time_limit": POSITIVE, "script_timeout": POSITIVE,
                "workers": P_INT, "max_tokens": P_INT, "seed": agent.checked(int)},
     "run": {"rounds": P_INT}, "tree": TREE_FLAGS,
@@ -1049,7 +1043,7 @@ FLAGS = {  # the Config fields each command takes as flags, with their checkers
 
 
 def token_table(records) -> str:
-    """Mean prompt tokens per round and role (the paper's Figure 2, as numbers)."""
+    """Mean prompt tokens per round and role (the paper's Fig. 2)."""
     rows = {}
     for r in records:
         rows.setdefault((r["round"], r["role"]), []).append(r["tokens"])
@@ -1080,7 +1074,7 @@ def main(argv=None):
     args = p.parse_args(argv)
     cfg = Config(**{f.name: getattr(args, f.name) for f in dataclasses.fields(Config)
                     if getattr(args, f.name, None) is not None})
-    out = Path(args.out or env.ROOT / "runs" / "matryoshka" / Path(args.task).name)  # the project's runs/
+    out = Path(args.out or env.ROOT / "runs" / "matryoshka" / Path(args.task).name)
     model_path = getattr(args, "model", None)
     if args.cmd == "train" and args.collector == "policy" and not model_path:
         p.error("--collector policy needs --model (the orchestrator checkpoint that collects)")
@@ -1091,7 +1085,7 @@ def main(argv=None):
                                  ("--sub-agent", args.sub_agent, args.sub_agent_url), ("--model", model_path, None))
     try:
         env.load_task(cfg.task)
-        lock = agent.claim_folder(out)  # one command per --out: run.json, tree.json, train/, sft.jsonl resume
+        lock = agent.claim_folder(out)  # one command per --out
         orch = make_backend(args.orchestrator, args.orchestrator_url, "orchestrator", cfg.seed)
         coder = make_backend(args.sub_agent, args.sub_agent_url, "sub-agent")
     except (env.TaskError, OSError, ValueError) as err:
@@ -1104,13 +1098,13 @@ def main(argv=None):
             command(args, cfg, orch, coder, out)
         except agent.BackendError as err:
             sys.exit(f"orchestrator.py: {err}")
-        except (ValueError, OSError) as err:  # a bad run.json or tree.json: one line
+        except (ValueError, OSError) as err:  # a bad run.json or tree.json
             p.error(str(err))
 
 
 def command(args, cfg: Config, orch, coder, out: Path):
-    """run, tree or train, with what each writes under out: a run's best script and its submission.csv (the file
-    a competition takes) beside run.json or monolithic.json; the successful Sub-Agent trajectories as sft.jsonl."""
+    """run, tree or train, writing under out: a run's best script and submission.csv beside run.json or
+    monolithic.json; successful Sub-Agent trajectories as sft.jsonl."""
     if args.cmd == "tree":
         tree = collect_tree(cfg, orch, coder, out / "tree.json")
         save_json(out / "sft.jsonl", sft_rows([asdict(a) for a in tree.attempts.values()], tree.higher_is_better),
