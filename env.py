@@ -74,7 +74,7 @@ def _fill(template: str, **values) -> str:
     """tasks/'s one templating: string.Template (`$name`, `$$` a dollar); an unfilled name raises KeyError."""
     return string.Template(template).substitute(values)
 
-# ================================================================================================== metrics
+# ==== metrics
 
 
 def _labels(values) -> np.ndarray:
@@ -130,7 +130,7 @@ METRICS = {  # scikit-learn's spelling of each: tasks/builtin.py, tasks/recipes/
     "mae": Metric(lambda y, p: float(np.mean(np.abs(y - p))), False, "value"),
     "rmse": Metric(lambda y, p: float(np.sqrt(np.mean((y - p) ** 2))), False, "value")}
 
-# ========================================================================================= the task folder
+# ==== the task folder
 
 
 class TaskError(ValueError):
@@ -317,7 +317,7 @@ def grade(task, submission_path) -> Grade:
     fn = METRICS[task.metric].fn
     return Grade(True, fn(truth[public], pred[public]), fn(truth[~public], pred[~public]), None)
 
-# ====================================================================================== the agent's actions and Env
+# ==== the agent's actions and Env
 
 
 @dataclass(frozen=True)
@@ -601,7 +601,7 @@ class Env:
 
 assert Env.HANDLERS.keys() == ACTIONS.keys(), "every action has its method"
 
-# ============================================================================================= the sandbox
+# ==== the sandbox
 # The sandbox (`run_script`) treats agent code as untrusted. It protects against:
 # - altering the task: the code runs in a fresh temporary folder holding *copies* of `public/`;
 # - reading the answers: as root, the code runs as a dedicated unprivileged uid (one per run, 60000+), and `private/`,
@@ -792,7 +792,7 @@ def _kill_uid(uid: int):
         time.sleep(0.005)
 
 
-# ---------------------------------------------------------------------------------------- the fork server
+# ---- the fork server
 # Importing numpy, pandas and scikit-learn is most of a short run (tests/RESULTS.md, "env.py: the fork server"), so a
 # run is a fork of an interpreter that imported them once. What differs from `python -u`: the modules are imported,
 # and one server's runs share Python's hash seed. Where it cannot start, or FORK_SERVER is False: a new interpreter.
@@ -1119,7 +1119,7 @@ def _run(task: Task, files: dict[str, str], script: str, timeout: float, keep: l
         if lock is not None:
             os.close(lock)
 
-# ================================================================= writing a task folder (built-in or MLE-bench)
+# ==== writing a task folder (built-in or MLE-bench)
 
 
 def _description(template: str, time_limit: float, **values) -> str:
@@ -1161,7 +1161,7 @@ def _write_task(folder: Path, files: dict):
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
-# ========================================================================================== built-in tasks
+# ==== built-in tasks
 # tasks/builtin.py reads tasks/ (tasks/README.md) into BUILTIN_TASKS; prepare() writes them under runs/tasks.
 _BUILTIN = runpy.run_path(str(DATA_DIR / "builtin.py"))
 BUILTIN_ORDER = _BUILTIN["ORDER"]  # the hand-made tasks, built first; then the others by name
@@ -1177,7 +1177,7 @@ def _build(name: str, root: Path, force: bool):
     """prepare's worker."""
     _BUILTIN["build"](sys.modules[__name__], name, root, force)
 
-# ============================================================================ offline recipes for Edit Script (AI)
+# ==== offline recipes for Edit Script (AI)
 # tasks/recipes/: one real code change per recipe, in one of ML-Agent's idea categories, for the built-in starters.
 
 
@@ -1200,7 +1200,7 @@ def recipe_editor(instruction: str, code: str) -> str:
     except ValueError as e:
         raise EditError(str(e)) from None
 
-# ================================================================================== MLE-bench competitions
+# ==== MLE-bench competitions
 # tasks/mlebench/prepare.py: the task folder of an MLE-bench prepared competition, graded by its grade.py or METRICS.
 GRADE_TIMEOUT = 600.0  # seconds for one grading by a competition's grade.py
 _MLEBENCH = runpy.run_path(str(DATA_DIR / "mlebench" / "prepare.py"))
@@ -1232,7 +1232,7 @@ def import_mlebench(prepared, out, metric=None, leaderboard=None, id_column=None
                                         higher_is_better, starter, name, split, time_limit, public_fraction, seed,
                                         mlebench, config, score_rows)
 
-# ============================================================================================== command line
+# ==== command line
 
 
 class _Parser(argparse.ArgumentParser):

@@ -47,8 +47,7 @@ from torch.utils.checkpoint import checkpoint
 from tqdm import tqdm
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# 1. Configuration
+# ==== 1. Configuration
 
 @dataclasses.dataclass
 class Config:
@@ -109,8 +108,7 @@ def tiny_config(model_type="qwen3", vocab_size=512, **overrides):  # for tests a
     return Config(**{**d, **overrides})
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# 2. Architecture
+# ==== 2. Architecture
 
 def _as_list(ids):  # an eos_token_id field: None, one id or a list
     return [] if ids is None else [ids] if isinstance(ids, int) else list(ids)
@@ -550,8 +548,7 @@ def response_logprobs(lm, ids, lengths, starts, temperature=1.0, vocab=None, chu
     return torch.cat([run(h[a:a + chunk], tokens[a:a + chunk]) for a in range(0, B * R, chunk)]).view(B, R)
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# 3. safetensors: 8-byte little-endian header length, JSON header {name: {dtype, shape, data_offsets}}, raw data
+# ==== 3. safetensors: 8-byte little-endian header length, JSON header {name: {dtype, shape, data_offsets}}, raw data
 
 _DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
            "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
@@ -619,8 +616,7 @@ def write_safetensors(path, tensors, metadata=None):
             f.write(memoryview(t.reshape(-1).view(torch.uint8).numpy()))
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# 4. Tokenizer: byte-level BPE (GPT-2, Radford et al. 2019) as Qwen2 uses it, read from tokenizer.json
+# ==== 4. Tokenizer: byte-level BPE (GPT-2, Radford et al. 2019) as Qwen2 uses it, read from tokenizer.json
 
 QWEN2_PATTERN = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
                  r"""|\s*[\r\n]+|\s+(?!\S)|\s+""")  # HF tokenization_qwen2.PRETOKENIZE_REGEX: digits one by one
@@ -787,8 +783,7 @@ def train_tokenizer(texts, vocab_size, special_tokens=("<|endoftext|>", "<|im_st
     return Tokenizer(data)
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# 5. Finding, loading and saving a Hugging Face model folder
+# ==== 5. Finding, loading and saving a Hugging Face model folder
 
 def _hub_cache():
     default = os.path.join(os.environ.get("HF_HOME", os.path.join("~", ".cache", "huggingface")), "hub")
@@ -991,8 +986,7 @@ def stop_strings(tokenizer, strings):
     return lambda i, toks: any(s in tokenizer.decode(toks[-window:], skip_special_tokens=True) for s in strings)
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# 6. Devices (sft.py, ppo.py, orchestrator.py): torchrun, FSDP2, autocast, sharded checkpoints, rollout copy, LoRA
+# ==== 6. Devices (sft.py, ppo.py, orchestrator.py): torchrun, FSDP2, autocast, sharded checkpoints, rollout copy, LoRA
 
 
 def enable_grad_checkpointing(lm):  # each block's forward recomputed in backward
@@ -1231,8 +1225,7 @@ def set_lora(lm, enabled):  # off: the frozen base, the reference policy
             m.enabled = enabled
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# 7. Command line
+# ==== 7. Command line
 
 def bad_device(name):
     """Why `name` is not a usable device here (one line), or None."""

@@ -96,7 +96,7 @@ def reward(outcome, m_prev=None, m_new=None, m_init=None, m_best=None, higher_is
     return max(-config.clip, min(config.clip, config.alpha * gain / scale))
 
 
-# ------------------------------------------------------------------------------------------------ command line
+# ---- command line
 # One place for the reward flags of ppo.py, collect.py (and any CLI that computes step rewards); a run records
 # dataclasses.asdict(config) beside its rewards, and from_record reads such a record back.
 _DEFAULTS = {f.name: f.default for f in fields(RewardConfig)}
