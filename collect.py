@@ -6,8 +6,8 @@ Outputs under --out (runs/data/): ideas.json, the filtered pools {task: {categor
 trajectories.jsonl, the record of truth: an agent.Trajectory a line, its id "<task>-<i>", the reward config of
 its step rewards (a resume with another is refused); sft.jsonl, {"messages": [system, user, assistant]} per valid
 step; states.jsonl, a state s_t per step (task, step, prompt, env snapshot for env.Env.restore, m_t, m_init,
-m_best, the expert's step and reward config) for ppo.py's J_step; errors.jsonl, failed rollouts (no step is a
-failure), retried by the next run; .lock, one collect.py per folder.
+m_best, the expert's step and reward config) for ppo.py's J_step; errors.jsonl, failed rollouts (a trajectory of
+no step is one), retried by the next run; .lock, one collect.py per folder.
 
 Departures from the paper:
 1. The paper collects 10k GPT-4o-mini trajectories on 9 MLAgentBench/MLE-bench tasks; offline, agent.ScriptedExpert
@@ -162,7 +162,7 @@ def usage_of(backends, since=None) -> dict:
 
 def rollout(job: dict) -> dict:
     """One expert trajectory with its backend's usage; runs in a worker process."""
-    backend = expert_backend(job["expert"], job["base_url"], job["prices"])
+    backend = expert_backend(job["expert"], job["base_url"], tuple(job["prices"]))
     scripted = isinstance(backend, agent.ScriptedExpert)
     e = env.Env(job["task"], editor=env.recipe_editor if scripted else agent.LLMEditor(backend), cache=True)
     before = usage_of([backend])
@@ -264,7 +264,7 @@ def collect(tasks, trajectories=5, workers=2, expert="scripted", base_url=None, 
         ideas_path = out / "ideas.json"
         pools = read_pools(ideas_path)
         llm = expert not in ("scripted", None) and (bool(base_url) or not os.path.isdir(expert))  # an endpoint
-        backend = expert_backend(expert, base_url, prices) if llm else None
+        backend = expert_backend(expert, base_url, tuple(prices)) if llm else None
         before, ideas_line = (usage_of([backend]) if llm else None), ""
         for task in loaded:
             if task.name in pools:
