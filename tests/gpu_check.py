@@ -35,6 +35,7 @@ Everything it prints is also written to --out/gpu_check.json.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import random
@@ -89,7 +90,6 @@ def reset_peak(device, history=False):
     allocations for peak_breakdown (sft only: with torch 2.11 a recorded PPO update's backward raised SystemError)."""
     if device.type != "cuda":
         return float("nan")
-    import gc
     gc.collect()
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
@@ -322,8 +322,8 @@ def check_sft(folder, tok, device, report, work, n_params, words, size):
     summary, _ = sft.train(sft.Config(data=path, model=folder, out=os.path.join(work, "sft"), epochs=1, batch_size=16,
                                     micro_batch=4, eval_parse=0, heldout=0.0, grad_checkpointing=True,
                                     device=str(device)))
-    log = [json.loads(x) for x in open(os.path.join(work, "sft", "log.jsonl"))]
-    tps = log[-1]["tokens_per_s"]  # the training steps' rate; the summary's counts the checkpoint's save too
+    with open(os.path.join(work, "sft", "log.jsonl")) as f:
+        tps = json.loads(f.read().splitlines()[-1])["tokens_per_s"]  # the training steps' rate; the summary's counts the checkpoint's save too
     rows = [sft.encode_chat(tok, c["messages"]) for c in chats]
     longest = max(len(ids) for ids, _ in rows)
     trained = 4 * max(sum(y != sft.IGNORE for y in labels) for _, labels in rows)  # 4 rows a micro-batch at most
