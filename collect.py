@@ -162,7 +162,7 @@ def usage_of(backends, since=None) -> dict:
 
 def rollout(job: dict) -> dict:
     """One expert trajectory with its backend's usage; runs in a worker process."""
-    backend = expert_backend(job["expert"], job["base_url"], tuple(job["prices"]))
+    backend = expert_backend(job["expert"], job["base_url"], job["prices"])
     scripted = isinstance(backend, agent.ScriptedExpert)
     e = env.Env(job["task"], editor=env.recipe_editor if scripted else agent.LLMEditor(backend), cache=True)
     before = usage_of([backend])
@@ -250,7 +250,7 @@ def collect(tasks, trajectories=5, workers=2, expert="scripted", base_url=None, 
             candidates=100, max_steps=15, time_limit=1800.0, prices=(0.0, 0.0), rollout_fn=rollout,
             progress=True, reward_config=reward.RewardConfig()) -> str:
     """Collect `trajectories` per task into `out`, resuming; returns the printed summary."""
-    start, out = time.time(), Path(out)
+    start, out, prices = time.time(), Path(out), tuple(prices)  # hashable: expert_backend's cache key
     with agent.claim_folder(out):  # one run per --out: a second would append every row again
         traj_path, err_path = out / "trajectories.jsonl", out / "errors.jsonl"
         existing = agent.read_jsonl(traj_path, TRAJECTORY_KEYS, repair=True)
@@ -264,7 +264,7 @@ def collect(tasks, trajectories=5, workers=2, expert="scripted", base_url=None, 
         ideas_path = out / "ideas.json"
         pools = read_pools(ideas_path)
         llm = expert not in ("scripted", None) and (bool(base_url) or not os.path.isdir(expert))  # an endpoint
-        backend = expert_backend(expert, base_url, tuple(prices)) if llm else None
+        backend = expert_backend(expert, base_url, prices) if llm else None
         before, ideas_line = (usage_of([backend]) if llm else None), ""
         for task in loaded:
             if task.name in pools:
