@@ -121,7 +121,7 @@ def resolve_defaults(cfg, n_params):
     return dataclasses.replace(cfg, **{k: v for k, v in chosen.items() if getattr(cfg, k) is None})
 
 
-# ---- Models
+# ==== Models
 
 class Actor(nn.Module):
     """The policy (`.lm`) whose forward is the response tokens' log-probs: FSDP2 gathers its root unit for that call."""
@@ -157,7 +157,7 @@ class Critic(nn.Module):
         return self.head(h.to(self.head.weight.dtype)).squeeze(-1).clone()
 
 
-# ---- PPO arithmetic: pure functions, each checked by hand in tests/test_ppo.py
+# ==== PPO arithmetic: pure functions, each checked by hand in tests/test_ppo.py
 
 def token_rewards(scores, logprobs, ref_logprobs, mask, kl_coef):
     """The N-details reward: -kl_coef * (log pi - log pi_ref) on every token, the score (B,) added on the last."""
@@ -264,7 +264,7 @@ def explained_variance(values, returns, mask, ranks=model.Ranks()):
     return float(1 - var(returns - values) / var(returns).clamp(min=1e-12))
 
 
-# ---- Batches: a right-padded row per prompt and its responses
+# ==== Batches: a right-padded row per prompt and its responses
 
 def make_batch(prompts, responses, pad, device, group=1):
     """B responses (prompts in runs of `group` equal ones) -> ids (B / group, W), each prompt once and then its
@@ -307,7 +307,7 @@ def micro_batches(ids, lengths, starts, idx, cfg, ranks=model.Ranks()):
     return batches
 
 
-# ---- Acting: generation (step 2), execution in sandboxes (step 3)
+# ==== Acting: generation (step 2), execution in sandboxes (step 3)
 
 def generate(lm, tokenizer, messages, cfg, device, seeds=None, n=1, on_done=None):
     """n responses per prompt (one prefill) -> prompt ids, token ids, log-probs, texts, whether each ended with a stop
@@ -408,7 +408,7 @@ def episode_rollout(starts, lm, tokenizer, cfg, pool, editor, device, timer, see
     return prompts, tokens, gen_lp, outcomes, nxt
 
 
-# ---- Scoring (step 4) and the update (step 6), in micro-batches of similar lengths
+# ==== Scoring (step 4) and the update (step 6), in micro-batches of similar lengths
 
 def forward_scores(actor, critic, ref, ids, lengths, starts, R, cfg, device, ranks=model.Ranks(), logprobs=None):
     """No-grad forwards -> logprobs, ref_logprobs, values (B, R); given logprobs, no actor forward."""
@@ -486,7 +486,7 @@ def ppo_update(actor, critic, opt_a, opt_c, data, cfg, device, gen, step_actor=T
     return {**mean, "ratio_first_minibatch_max_dev": ranks.max(first_ratio), "actor_steps": actor_steps}
 
 
-# ---- Checkpoints: the actor's Hugging Face folder with trainer_state/ in it
+# ==== Checkpoints: the actor's Hugging Face folder with trainer_state/ in it
 
 def save_checkpoint(run):
     """Every rank calls this (FSDP gathers); rank 0 writes <out>.tmp (the actor folder; trainer_state/: master
@@ -554,7 +554,7 @@ def resume_point(cfg, say):
     return resume, st, dict(st["progress"])
 
 
-# ---- Training: `setup` once, then per iteration the six steps
+# ==== Training: `setup` once, then per iteration the six steps
 
 def load_states(path):
     need = ("task", "task_dir", "step", "messages", "snapshot", "m_init", "m_best", "higher_is_better")
@@ -811,7 +811,7 @@ def train(cfg):
     return run.progress
 
 
-# ---- Command line: a flag per Config field, checked by its type (exit 2)
+# ==== Command line: a flag per Config field, checked by its type (exit 2)
 
 KINDS = {int: agent.POSITIVE_INT, float: agent.POSITIVE}  # unless TYPES names another
 TYPES = {**dict.fromkeys(("tasks", "iterations", "critic_warmup", "lora_rank"), agent.COUNT), "seed": int,

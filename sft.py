@@ -77,7 +77,7 @@ class Config:
     scratch_heads: int = 4                  # from scratch: query heads (half as many KV heads)
 
 
-# ---- Data: ChatML rendering with labels on the assistant turns only
+# ==== Data: ChatML rendering with labels on the assistant turns only
 
 IGNORE = -100  # untrained positions' label (cross_entropy's ignore_index, as in HF)
 
@@ -162,7 +162,7 @@ def token_counts(examples):
     ours = sum(sum(y != IGNORE for y in lab[1:]) for _, lab in examples)
     return ours, sum(len(ids) - 1 for ids, _ in examples) - ours
 
-# ---- The loss
+# ==== The loss
 
 
 class LinearCrossEntropy(torch.autograd.Function):
@@ -231,7 +231,7 @@ class SFTModel(nn.Module):
         weighted = torch.where(mine, loss, loss * self.prompt_weight).sum()
         return weighted, loss[mine].sum().detach(), mine.sum()
 
-# ---- The model: a checkpoint, or the tiny configuration from scratch; gradient checkpointing; DDP / FSDP
+# ==== The model: a checkpoint, or the tiny configuration from scratch; gradient checkpointing; DDP / FSDP
 
 
 def scratch_model(rows, args):
@@ -264,7 +264,7 @@ def place(lm, source, master, prompt_weight, args, world, device):
         net = model.shard(net, lm.model.layers, world, device)
     return (net if sharded else model.wrap(net.to(device), world, device)).train(), sharded
 
-# ---- Checkpoints: a Hugging Face folder + trainer_state.pt, written to a temporary name then renamed
+# ==== Checkpoints: a Hugging Face folder + trainer_state.pt, written to a temporary name then renamed
 
 
 def save_checkpoint(net, lm, tokenizer, optim, sched, info, args, rank, device):
@@ -335,7 +335,7 @@ def latest_checkpoint(out):
              if p.rsplit("-", 1)[1].isdigit() and os.path.exists(os.path.join(p, "trainer_state.pt"))]
     return max(found, key=lambda p: int(p.rsplit("-", 1)[1]), default=None)
 
-# ---- Evaluation
+# ==== Evaluation
 
 
 @torch.no_grad()
@@ -387,7 +387,7 @@ def heldout_parse_rate(args, rows, rank, world, device):
     rate, same = (model.Ranks(world=world, device=device).sum(ok) / len(rows)).tolist()
     return {"parse_rate": rate, "same_action_as_expert": same, "parse_states": len(rows)}
 
-# ---- Training
+# ==== Training
 
 
 def lr_factor(step, warmup, total):
@@ -534,7 +534,7 @@ def train(args):
         lock.close()
     return summary, lm
 
-# ---- Command line
+# ==== Command line
 
 
 HALF_OPEN = agent.checked(float, lambda v: 0 <= v < 1, "in [0, 1)")
