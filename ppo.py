@@ -33,6 +33,7 @@ import math
 import os
 import random
 import time
+import types
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
@@ -412,22 +413,19 @@ def episode_rollout(starts, lm, tokenizer, cfg, pool, editor, device, timer, see
 
 def forward_scores(actor, critic, ref, ids, lengths, starts, R, cfg, device, ranks=model.Ranks(), logprobs=None):
     """No-grad forwards -> logprobs, ref_logprobs, values (B, R); given logprobs, no actor forward."""
-    out = [torch.zeros(lengths.shape[0], R, device=device) for _ in range(3)]
-    if logprobs is not None:
-        out[0] = logprobs
-    everyone = torch.arange(lengths.shape[0], device=device)
+    B = lengths.shape[0]
+    out = [torch.zeros(B, R, device=device) if x is None else x for x in (logprobs, None, None)]
+    everyone = torch.arange(B, device=device)
     with torch.no_grad(), model.autocast(device):
         for idx, weight, (i, ln, st) in micro_batches(ids, lengths, starts, everyone, cfg, ranks):
             lp = actor(i, ln, st) if logprobs is None else None
             model.set_lora(actor, ref is not None)  # LoRA: the reference is the actor, adapters off
             ref_lp = (actor if ref is None else ref)(i, ln, st)
             model.set_lora(actor, True)
-            v = critic(i, ln, st).float() if critic is not None else torch.zeros_like(ref_lp)
-            if weight:  # not a filler (micro_batches)
-                n = ref_lp.shape[1]
-                out[1][idx, :n], out[2][idx, :n] = ref_lp, v
-                if lp is not None:
-                    out[0][idx, :n] = lp
+            v = critic(i, ln, st).float() if critic is not None else None
+            for k, x in enumerate((lp, ref_lp, v) if weight else ()):  # a filler (weight 0): none
+                if x is not None:
+                    out[k][idx, :x.shape[1]] = x
     model.reshard(actor, critic, ref)  # no backward follows: FSDP2's gathered roots are freed now
     return out
 
@@ -472,8 +470,7 @@ def ppo_update(actor, critic, opt_a, opt_c, data, cfg, device, gen, step_actor=T
                 step_actor = False  # the critic goes on
                 actor.zero_grad(set_to_none=True)
             actor_steps += step_actor
-            for net, opt in [(net, opt) for net, opt in ((actor, opt_a), (critic, opt_c))[0 if step_actor else 1:]
-                             if net is not None]:
+            for net, opt in ((actor, opt_a),) * step_actor + ((critic, opt_c),) * (critic is not None):
                 trained = [q for q in net.parameters() if q.requires_grad]
                 if ranks.world > 1 and not sharded:  # LoRA: sum the adapters' gradients
                     for q in trained:
@@ -516,16 +513,16 @@ def find_resume(out):
     return next((f for f in (out, out + ".old") if os.path.exists(os.path.join(f, "trainer_state", "state.pt"))), None)
 
 
-def claim_out(cfg, model_path):
+def claim_out(cfg):
     """Refuse an --out this run does not own (saving replaces it); lock it against a second ppo.py."""
     out = os.path.abspath(cfg.out)
     if os.path.isfile(out):
         raise ValueError(f"--out {cfg.out} is a file; give a folder")
-    if os.path.isdir(model_path) and os.path.abspath(model_path) == out:
+    if os.path.isdir(cfg.model) and os.path.abspath(cfg.model) == out:
         raise ValueError(f"--out {cfg.out} is the --model folder; ppo.py would replace it")
     if os.path.isdir(out) and os.listdir(out) and not find_resume(out):
         raise ValueError(f"--out {cfg.out} holds something that is not a ppo.py checkpoint; give another folder")
-    os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
+    os.makedirs(os.path.dirname(out), exist_ok=True)
     lock = agent.lock_file(out + ".lock", f"--out {cfg.out}")  # beside the folder, which saving replaces
     agent.recover_folder(out, out + ".tmp")  # what a kill while saving left
     return lock
@@ -541,17 +538,6 @@ def check_resume_reward(folder, cfg):
         if value != getattr(cfg, key):
             raise ValueError(f"{folder} was trained with {key}={value}, the flags give {getattr(cfg, key)}; pass the "
                              "same flags or another --out")
-
-
-def resume_point(cfg, say):
-    resume = find_resume(cfg.out)
-    if not resume:
-        return None, None, {"iteration": 0, "init_model": cfg.model}
-    check_resume_reward(resume, cfg)
-    st = model.load_trainer_state(os.path.join(resume, "trainer_state", "state.pt"), ("progress",), "ppo.py",
-                                  "pass another --out")
-    say(f"ppo.py: resuming from {resume} at iteration {st['progress']['iteration']}")
-    return resume, st, dict(st["progress"])
 
 
 # ==== Training: `setup` once, then per iteration the six steps
@@ -603,31 +589,10 @@ def build(cfg, init, resume, st, ranks):
     return actor, critic, ref
 
 
-@dataclasses.dataclass
-class Run:
-    """What `setup` makes for every iteration."""
-    cfg: Config                 # resolved (resolve_defaults)
-    ranks: model.Ranks
-    states: list                # of the --tasks drawn
-    actor: Actor
-    critic: Critic              # with either advantage: one checkpoint layout
-    ref: Actor | None           # None with LoRA (the actor, adapters off)
-    tokenizer: object
-    opt_a: torch.optim.Optimizer
-    opt_c: torch.optim.Optimizer
-    progress: dict              # iteration, init_model
-    editor: object              # for `Edit Script (AI)`
-    total: int
-    lock: object                # rank 0's lock on --out
-    say: object                 # print on rank 0
-
-    @property
-    def value_net(self):  # --advantage group neither runs nor trains the critic
-        return self.critic if self.cfg.advantage == "gae" else None
-
-
 def setup(cfg):
-    """This rank, the states, --out, the resume point, models and optimizers -> Run."""
+    """This rank, the states (of the --tasks drawn), --out, the resume point, models, optimizers ->
+    the run. The critic is built with either advantage (one checkpoint layout); value_net: None if
+    --advantage group neither runs nor trains it; ref: None with LoRA (the actor, adapters off)."""
     rank, world, device = model.setup_distributed(cfg)
     if device.type == "cuda":  # each rank's scripts on its own GPU, or on none
         env.set_script_gpu(device.index if cfg.script_gpu else None)
@@ -644,10 +609,16 @@ def setup(cfg):
     if not cfg.episodic and len(states) < world:  # every rank alike, before any collective
         raise ValueError(f"{cfg.states}: {len(states)} state(s){' of the chosen tasks' if cfg.tasks else ''} for "
                          f"{world} ranks; every rank needs at least one state per batch")
-    lock = claim_out(cfg, cfg.model) if rank == 0 else None  # rank 0 owns --out and the log
+    lock = claim_out(cfg) if rank == 0 else None  # rank 0 owns --out and the log
     if world > 1:
         dist.barrier()  # rank 0 has repaired --out
-    resume, st, progress = resume_point(cfg, say)
+    resume, st = find_resume(cfg.out), None
+    if resume:
+        check_resume_reward(resume, cfg)
+        st = model.load_trainer_state(os.path.join(resume, "trainer_state", "state.pt"), ("progress",), "ppo.py",
+                                      "pass another --out")
+        say(f"ppo.py: resuming from {resume} at iteration {st['progress']['iteration']}")
+    progress = dict(st["progress"]) if st else {"iteration": 0, "init_model": cfg.model}
     lm, tokenizer = model.load(progress["init_model"], device, torch.float32, meta=True)
     cfg = resolve_defaults(cfg, sum(p.numel() for p in lm.parameters()))
     ranks = model.Ranks(rank, world, device)
@@ -670,7 +641,10 @@ def setup(cfg):
         dist.barrier()
     editor = env.recipe_editor if cfg.editor == "recipes" else agent.LLMEditor(agent.make_backend(cfg.editor))
     total = cfg.iterations or max(math.ceil(cfg.epochs * max(len(states) // cfg.batch_size, 1)), 1)
-    return Run(cfg, ranks, states, actor, critic, ref, tokenizer, opt_a, opt_c, progress, editor, total, lock, say)
+    return types.SimpleNamespace(cfg=cfg, ranks=ranks, states=states, actor=actor, critic=critic,
+                                 ref=ref, value_net=critic if cfg.advantage == "gae" else None,
+                                 tokenizer=tokenizer, opt_a=opt_a, opt_c=opt_c, progress=progress,
+                                 editor=editor, total=total, lock=lock, say=say)
 
 
 class Timer:

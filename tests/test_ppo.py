@@ -813,7 +813,7 @@ def test_a_kill_inside_the_checkpoint_swap_is_repaired_at_start(tmp_path, killed
     if killed_after == "renamed in":
         (out / "trainer_state").mkdir(parents=True)
         (out / "trainer_state" / "state.pt").write_text("new")
-    lock = ppo.claim_out(ppo.Config(out=str(out)), str(tmp_path / "model"))
+    lock = ppo.claim_out(ppo.Config(model=str(tmp_path / "model"), out=str(out)))
     lock.close()
     want = "new" if killed_after == "renamed in" else "previous"
     assert (out / "trainer_state" / "state.pt").read_text() == want and not old.exists() and not tmp.exists()
