@@ -145,13 +145,13 @@ class Critic(nn.Module):
         C = backbone.config.hidden_size
         self.head = nn.Linear(C, 1, device=backbone.lm_head.weight.device, dtype=torch.float32)
         if not self.head.weight.is_meta:  # else `build` fills it
-            model.fill(self.head, zip(("weight", "bias"), self.head_init(C, seed)))
+            model.fill(self.head, self.head_init(seed))
 
-    @staticmethod
-    def head_init(C, seed):
+    def head_init(self, seed):
         """N-details layer_init: weight ~ N(0, 1/(C + 1)) from its own seed, bias 0 (CPU)."""
-        g = torch.Generator().manual_seed(seed)
-        return torch.randn(1, C, generator=g) / math.sqrt(C + 1), torch.zeros(1)
+        C = self.head.in_features
+        weight = torch.randn(1, C, generator=torch.Generator().manual_seed(seed)) / math.sqrt(C + 1)
+        return [("weight", weight), ("bias", torch.zeros(1))]
 
     def forward(self, ids, lengths, starts):  # rows (B, W) -> (B, R) values before the response tokens
         h, _ = model.response_hidden(self.backbone, ids, lengths, starts)
@@ -288,24 +288,21 @@ def make_batch(prompts, responses, pad, device, group=1):
 
 
 def micro_batches(ids, lengths, starts, idx, cfg, ranks=model.Ranks()):
-    """[(responses, weight, (ids, lengths, starts) of their rows)]: idx by length, at most cfg.micro_batch rows and
-    cfg.micro_tokens tokens each, then fillers (row 0, weight 0) up to any rank's most (FSDP)."""
+    """Yields (responses, weight, (ids, lengths, starts) of their rows): idx by length, at most cfg.micro_batch
+    rows and cfg.micro_tokens tokens each, then fillers (row 0, weight 0) up to any rank's most (FSDP)."""
     shared = lengths.shape[0] // ids.shape[0]  # responses per row of ids (make_batch's group)
     groups = idx.view(-1, shared)
     row_len = lengths[groups].max(1).values
-    out, cur = [], []
+    out = []
     for g in torch.argsort(row_len, stable=True).tolist():
-        if cur and (len(cur) == cfg.micro_batch or (len(cur) + 1) * int(row_len[g]) > cfg.micro_tokens):
-            out.append(cur)
-            cur = []
-        cur.append(g)
-    out = [groups[torch.tensor(c, device=idx.device)].reshape(-1) for c in out + ([cur] if cur else [])]
+        if not out or len(out[-1]) == cfg.micro_batch or (len(out[-1]) + 1) * int(row_len[g]) > cfg.micro_tokens:
+            out.append([])
+        out[-1].append(g)
+    out = [groups[torch.tensor(c, device=idx.device)].reshape(-1) for c in out]
     n = int(ranks.max(len(out))) if ranks.world > 1 else len(out)
-    batches = []
     for r, weight in [(g, 1.0) for g in out] + [(torch.arange(shared, device=idx.device), 0.0)] * (n - len(out)):
         W = max(int(lengths[r].max()), int(starts[r].max()) + 1)
-        batches.append((r, weight, (ids[r[::shared] // shared, :W], lengths[r], starts[r])))
-    return batches
+        yield r, weight, (ids[r[::shared] // shared, :W], lengths[r], starts[r])
 
 
 # ==== Acting: generation (step 2), execution in sandboxes (step 3)
@@ -358,15 +355,13 @@ def generate_and_run(lm, tokenizer, messages, cfg, pool, device, timer, run, see
     """generate; each action runs in the pool (run(row, text, ended)) once its response is complete."""
     running = {}
 
-    def start(i, text, ended):
-        if i not in running:
-            running[i] = pool.submit(run, i, text, ended)
+    def start(i, text, ended):  # once per row -> its future
+        return running.get(i) or running.setdefault(i, pool.submit(run, i, text, ended))
 
     prompts, tokens, gen_lp, texts, ended = generate(lm, tokenizer, messages, cfg, device, seeds, n, start)
     timer("generate")  # with the executions under way
-    for i, (text, end) in enumerate(zip(texts, ended)):
-        start(i, text, end)
-    outcomes = [running[i].result() for i in range(len(texts))]
+    futures = [start(i, text, end) for i, (text, end) in enumerate(zip(texts, ended))]
+    outcomes = [f.result() for f in futures]
     timer("execute")
     return prompts, tokens, gen_lp, texts, outcomes
 
@@ -499,8 +494,7 @@ def save_checkpoint(run):
         return
     dtype = model.save_dtype(cfg.save_dtype, run.ranks.device)
     tmp, master = model.save_checkpoint_folder(actor.lm, run.tokenizer, cfg.out, dtype, actor_state)
-    if master:  # the bf16 folder rounds them
-        state["actor"] = master
+    state["actor"] = master  # fp32 master weights when the bf16 folder rounds them, else None
     os.makedirs(os.path.join(tmp, "trainer_state"))
     torch.save(state, os.path.join(tmp, "trainer_state", "state.pt"))
     agent.write_atomic(os.path.join(tmp, "trainer_state", "progress.json"), json.dumps(
@@ -580,8 +574,7 @@ def build(cfg, init, resume, st, ranks):
     actor = make("actor", base, st["actor"].items() if st and st.get("actor") else  # a bf16 folder's master weights
                  model.weight_tensors(init if lora else resume or init))
     critic = make("critic", base, part("backbone.") if st and not lora else model.weight_tensors(init))
-    model.fill(critic.head, part("head.") if st else
-               zip(("weight", "bias"), Critic.head_init(critic.backbone.config.hidden_size, cfg.seed)))
+    model.fill(critic.head, part("head.") if st else critic.head_init(cfg.seed))
     if st and lora:
         actor.load_state_dict(st["actor_lora"], strict=False)
         critic.load_state_dict(saved, strict=False)
@@ -810,16 +803,14 @@ def parser():
 def main(argv=None):
     p = parser()
     args = p.parse_args(argv)
-    try:  # reward.py's flags, what Config refuses
+    try:  # reward.py's flags, what Config refuses, a --model found nowhere (unless resuming)
         cfg = Config(**{f.name: getattr(args, f.name) for f in dataclasses.fields(Config) if f.name != "reward"},
                      reward=reward_from_flags(args))
-    except ValueError as e:
-        p.error(str(e))
-    if not find_resume(cfg.out) and not os.path.isdir(cfg.model):
-        try:
+        if not find_resume(cfg.out):
             model.resolve(cfg.model)
-        except (OSError, ValueError) as e:
-            p.error(f"{e}; run sft.py first or pass --model" if cfg.model == Config.model else str(e))
+    except (OSError, ValueError) as e:
+        missing = isinstance(e, OSError) and args.model == Config.model  # the default, not made yet
+        p.error(f"{e}; run sft.py first or pass --model" if missing else str(e))
     model.run_main("ppo.py", train, cfg, (OSError, ValueError, env.TaskError))
 
 
