@@ -385,8 +385,7 @@ def episode_rollout(starts, lm, tokenizer, cfg, pool, editor, device, timer, see
     envs = [make_env(s["task"], s["task_dir"], editor) for s in starts]
     problems = list(pool.map(lambda e: e.reset(), envs))  # runs the starter script (cached)
     timer("execute")
-    histories, alive = [[] for _ in starts], list(range(len(starts)))
-    prompts, tokens, gen_lp, outcomes, episode = [], [], [], [], []
+    histories, alive, rows = [[] for _ in starts], list(range(len(starts))), []
     for _ in range(cfg.episode_steps):
         if not alive:
             break
@@ -397,9 +396,9 @@ def episode_rollout(starts, lm, tokenizer, cfg, pool, editor, device, timer, see
         p, t, lp, texts, res = generate_and_run(lm, tokenizer, msgs, cfg, pool, device, timer, run, step_seeds)
         for j, i in enumerate(alive):
             histories[i].append((texts[j], res[j]["observation"]))
-        prompts, tokens, gen_lp, outcomes, episode = (prompts + p, tokens + t, gen_lp + lp, outcomes + res,
-                                                       episode + alive)
+        rows += zip(p, t, lp, res, alive)  # prompt, tokens, log-probs, outcome, episode
         alive = [i for j, i in enumerate(alive) if not res[j]["done"]]
+    prompts, tokens, gen_lp, outcomes, episode = map(list, zip(*rows))
     nxt = [next((k for k in range(r + 1, len(episode)) if episode[k] == episode[r]), -1) for r in range(len(episode))]
     return prompts, tokens, gen_lp, outcomes, nxt
 
