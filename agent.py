@@ -159,9 +159,7 @@ class OpenAIBackend:
                 raise BackendError(f"{self.base_url}/models lists no model; pass --model") from None
         while len(c.texts) < n:
             payload = {"model": self.model, "messages": messages, "n": n - len(c.texts), "temperature": temperature,
-                       "max_tokens": max_tokens}
-            if stop:
-                payload["stop"] = stop
+                       "max_tokens": max_tokens, **({"stop": stop} if stop else {})}
             texts, usage = self._request("POST", "/chat/completions", payload, read_choices)
             c.texts += texts[:n - len(c.texts)]
             c.prompt_tokens += usage.get("prompt_tokens", 0)
@@ -386,12 +384,9 @@ def json_object(text: str, what="the answer") -> dict:
     if start < 0 or end < start:
         raise ParseError(f"{what} holds no JSON object")
     try:
-        obj = json.loads(raw[start:end + 1], strict=False)
+        return json.loads(raw[start:end + 1], strict=False)  # from { to }: an object if valid
     except json.JSONDecodeError as e:
         raise ParseError(f"{what} is not valid JSON: {e}") from None
-    if not isinstance(obj, dict):
-        raise ParseError(f"{what} must be a JSON object")
-    return obj
 
 # ==== The LLM editor
 
@@ -639,7 +634,6 @@ def claim_folder(path, flag="--out"):
 
 def write_atomic(path, text):
     """text (a str or lines) to a hidden file beside path, renamed over it: never half a file."""
-    path = str(path)
     tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.{os.getpid()}.tmp")
     with open(tmp, "w", encoding="utf-8") as f:
         f.writelines([text] if isinstance(text, str) else text)
@@ -661,8 +655,7 @@ def jsonl_rows(path, complete_only=False):
             if complete_only and not raw.endswith(b"\n"):
                 return
             try:
-                line = raw.decode("utf-8")
-                row = json.loads(line) if line.strip() else None
+                row = json.loads(raw) if raw.strip() else None  # UTF-8 bytes
             except ValueError as e:
                 raise ValueError(f"{path}:{n}: not a JSON line ({type(e).__name__})") from None
             if row is not None:
@@ -756,11 +749,7 @@ def make_backend(model_name: str | None, base_url: str | None = None, price_in=0
     return OpenAIBackend(model=model_name, price_in=price_in, price_out=price_out)
 
 
-class Parser(argparse.ArgumentParser):
-    """Every script's parser from agent.py up: a usage error is one line, exit status 2."""
-
-    def error(self, message):
-        self.exit(2, f"{self.prog}: error: {message}\n")
+Parser = env.Parser  # every script's parser: a usage error is one line, exit status 2
 
 
 def checked(kind, ok=None, says="finite"):
