@@ -261,8 +261,6 @@ Observation:
 what the tool returned
 ```"""
 
-MAX_OBSERVATION = 5000  # characters of an observation shown: its first and last halves
-
 
 def tools_block() -> str:
     """Each action, its description and a usage example (MLAB's tools prompt, agents/agent.py:127-153, reworded)."""
@@ -271,7 +269,7 @@ def tools_block() -> str:
                      for s in env.ACTIONS.values())
 
 
-def _clip(text: str, limit=MAX_OBSERVATION) -> str:
+def _clip(text: str, limit=5000) -> str:  # an observation as shown: its first and last halves
     if len(text) <= limit:
         return text
     return f"{text[:limit // 2]}\n[... {len(text) - limit} characters cut ...]\n{text[-limit // 2:]}"
@@ -688,9 +686,7 @@ def trim_log(path, key, last, out=None):
             raise ValueError(f"{path}:{n} is the log of another run (not of --out {out}); pass another --log-file")
         if mine and row.get(key, 0) <= last:
             keep.append(json.dumps(row) + "\n")  # as append_jsonl wrote it
-    with open(path, "rb") as f:
-        if len(keep) != len(f.readlines()):
-            write_atomic(path, keep)
+    write_atomic(path, keep)
 
 
 def swap_folder(tmp, path):

@@ -1279,8 +1279,7 @@ def main(argv=None):
                       f"{t.best_score:>12.6g}  {t.info.get('title', '')}")
         elif args.command == "prepare":
             start = time.time()
-            for path in prepare(args.names or None, force=args.force):
-                print(path)
+            print(*prepare(args.names or None, force=args.force), sep="\n")
             print(f"prepared in {time.time() - start:.1f}s", file=sys.stderr)
         elif args.command == "import-mlebench":
             if not (args.metric or args.mlebench):
