@@ -111,19 +111,17 @@ class OpenAIBackend:
             except requests.RequestException as e:  # a malformed URL
                 raise BackendError(f"bad endpoint URL {url!r}: {e}") from None
             else:
-                try:
+                out = None
+                try:  # the answer's JSON and the message of its error, if any
                     out = json.loads(r.content)
-                except ValueError:
-                    out = None
+                    message = out["error"]["message"]
+                except (ValueError, KeyError, TypeError):
+                    message = r.text[:200].replace("\n", " ")
                 if r.status_code == 200 and not isinstance(out, dict):
                     raise BackendError(f"{url} answered with something that is not a JSON object: "
                                        f"{r.content[:120]!r}; is {self.base_url} an OpenAI-compatible endpoint?")
                 if r.status_code == 200 and (got := read(out)) is not None:
                     return got
-                try:
-                    message = out["error"]["message"]
-                except (KeyError, TypeError):
-                    message = r.text[:200].replace("\n", " ")
                 why = f"{method} {url}: HTTP {r.status_code}: {message}"
                 if r.status_code not in RETRY_STATUS + (200,):
                     raise BackendError(why + HINTS.get(r.status_code, ""))

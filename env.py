@@ -823,12 +823,8 @@ class _ForkServer:
                  f"server\nenv._serve({theirs.fileno()})"], cwd="/", env=_sandbox_env(stage),
                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                 pass_fds=[theirs.fileno()])
-        self.sock.settimeout(120)
-        ready = False
-        with contextlib.suppress(OSError):
-            ready = self.sock.recv(16) == b"ready"  # the imports done
-        self.sock.settimeout(None)
-        if not ready:
+        ready = select.select([self.sock], [], [], 120)[0]  # the imports done, or the server died
+        if not ready or self.sock.recv(16) != b"ready":
             self.proc.kill()
             raise OSError("the sandbox's fork server did not start")
 
