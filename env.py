@@ -285,7 +285,7 @@ def _check_submission(task: Task, path: Path) -> tuple[np.ndarray, np.ndarray, n
         pred = _labels(sub[task.target_columns[0]])
     else:
         values = sub[task.target_columns].apply(pd.to_numeric, errors="coerce")
-        bad = [c for c in task.target_columns if values[c].isna().any() or not np.isfinite(values[c]).all()]
+        bad = [c for c in task.target_columns if not np.isfinite(values[c]).all()]  # NaN is not finite either
         if bad:
             raise ValueError(f"NaN, empty, non-numeric or infinite values in column(s) {bad} of {path.name}")
         pred = values.to_numpy(dtype=float)
