@@ -111,19 +111,17 @@ class OpenAIBackend:
             except requests.RequestException as e:  # a malformed URL
                 raise BackendError(f"bad endpoint URL {url!r}: {e}") from None
             else:
-                try:
+                out = None
+                try:  # the answer's JSON and the message of its error, if any
                     out = json.loads(r.content)
-                except ValueError:
-                    out = None
+                    message = out["error"]["message"]
+                except (ValueError, KeyError, TypeError):
+                    message = r.text[:200].replace("\n", " ")
                 if r.status_code == 200 and not isinstance(out, dict):
                     raise BackendError(f"{url} answered with something that is not a JSON object: "
                                        f"{r.content[:120]!r}; is {self.base_url} an OpenAI-compatible endpoint?")
                 if r.status_code == 200 and (got := read(out)) is not None:
                     return got
-                try:
-                    message = out["error"]["message"]
-                except (KeyError, TypeError):
-                    message = r.text[:200].replace("\n", " ")
                 why = f"{method} {url}: HTTP {r.status_code}: {message}"
                 if r.status_code not in RETRY_STATUS + (200,):
                     raise BackendError(why + HINTS.get(r.status_code, ""))
@@ -159,9 +157,7 @@ class OpenAIBackend:
                 raise BackendError(f"{self.base_url}/models lists no model; pass --model") from None
         while len(c.texts) < n:
             payload = {"model": self.model, "messages": messages, "n": n - len(c.texts), "temperature": temperature,
-                       "max_tokens": max_tokens}
-            if stop:
-                payload["stop"] = stop
+                       "max_tokens": max_tokens, **({"stop": stop} if stop else {})}
             texts, usage = self._request("POST", "/chat/completions", payload, read_choices)
             c.texts += texts[:n - len(c.texts)]
             c.prompt_tokens += usage.get("prompt_tokens", 0)
@@ -263,8 +259,6 @@ Observation:
 what the tool returned
 ```"""
 
-MAX_OBSERVATION = 5000  # characters of an observation shown: its first and last halves
-
 
 def tools_block() -> str:
     """Each action, its description and a usage example (MLAB's tools prompt, agents/agent.py:127-153, reworded)."""
@@ -273,7 +267,7 @@ def tools_block() -> str:
                      for s in env.ACTIONS.values())
 
 
-def _clip(text: str, limit=MAX_OBSERVATION) -> str:
+def _clip(text: str, limit=5000) -> str:  # an observation as shown: its first and last halves
     if len(text) <= limit:
         return text
     return f"{text[:limit // 2]}\n[... {len(text) - limit} characters cut ...]\n{text[-limit // 2:]}"
@@ -386,12 +380,9 @@ def json_object(text: str, what="the answer") -> dict:
     if start < 0 or end < start:
         raise ParseError(f"{what} holds no JSON object")
     try:
-        obj = json.loads(raw[start:end + 1], strict=False)
+        return json.loads(raw[start:end + 1], strict=False)  # from { to }: an object if valid
     except json.JSONDecodeError as e:
         raise ParseError(f"{what} is not valid JSON: {e}") from None
-    if not isinstance(obj, dict):
-        raise ParseError(f"{what} must be a JSON object")
-    return obj
 
 # ==== The LLM editor
 
@@ -639,7 +630,6 @@ def claim_folder(path, flag="--out"):
 
 def write_atomic(path, text):
     """text (a str or lines) to a hidden file beside path, renamed over it: never half a file."""
-    path = str(path)
     tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.{os.getpid()}.tmp")
     with open(tmp, "w", encoding="utf-8") as f:
         f.writelines([text] if isinstance(text, str) else text)
@@ -661,8 +651,7 @@ def jsonl_rows(path, complete_only=False):
             if complete_only and not raw.endswith(b"\n"):
                 return
             try:
-                line = raw.decode("utf-8")
-                row = json.loads(line) if line.strip() else None
+                row = json.loads(raw) if raw.strip() else None  # UTF-8 bytes
             except ValueError as e:
                 raise ValueError(f"{path}:{n}: not a JSON line ({type(e).__name__})") from None
             if row is not None:
@@ -695,9 +684,7 @@ def trim_log(path, key, last, out=None):
             raise ValueError(f"{path}:{n} is the log of another run (not of --out {out}); pass another --log-file")
         if mine and row.get(key, 0) <= last:
             keep.append(json.dumps(row) + "\n")  # as append_jsonl wrote it
-    with open(path, "rb") as f:
-        if len(keep) != len(f.readlines()):
-            write_atomic(path, keep)
+    write_atomic(path, keep)
 
 
 def swap_folder(tmp, path):
@@ -756,11 +743,7 @@ def make_backend(model_name: str | None, base_url: str | None = None, price_in=0
     return OpenAIBackend(model=model_name, price_in=price_in, price_out=price_out)
 
 
-class Parser(argparse.ArgumentParser):
-    """Every script's parser from agent.py up: a usage error is one line, exit status 2."""
-
-    def error(self, message):
-        self.exit(2, f"{self.prog}: error: {message}\n")
+Parser = env.Parser  # every script's parser: a usage error is one line, exit status 2
 
 
 def checked(kind, ok=None, says="finite"):

@@ -29,6 +29,7 @@ import contextlib
 import ctypes
 import difflib
 import fcntl
+import functools
 import hashlib
 import importlib
 import inspect
@@ -87,11 +88,10 @@ def _labels(values) -> np.ndarray:
 
 
 def _f1_macro(y, p) -> float:
-    scores = []
-    for c in np.union1d(y, p):  # sklearn's f1_score(average="macro") averages over labels seen in y or p
-        tp, fp, fn = np.sum((y == c) & (p == c)), np.sum((y != c) & (p == c)), np.sum((y == c) & (p != c))
-        scores.append(2 * tp / (2 * tp + fp + fn))
-    return float(np.mean(scores))
+    """sklearn's f1_score(average="macro"): the mean over the labels seen in y or p of their F1,
+    2 tp / (2 tp + fp + fn), whose denominator is the label's count in y plus its count in p."""
+    return float(np.mean([2 * np.sum((y == c) & (p == c)) / (np.sum(y == c) + np.sum(p == c))
+                          for c in np.union1d(y, p)]))
 
 
 def _roc_auc(y, p) -> float:
@@ -165,8 +165,8 @@ class Task:
         if not path.exists():
             return []
         board = pd.read_csv(path)
-        sign = -1 if self.higher_is_better else 1
-        return sorted(zip(board["entry"], board["score"].astype(float)), key=lambda e: sign * e[1])
+        return sorted(zip(board["entry"], board["score"].astype(float)), key=lambda e: e[1],
+                      reverse=self.higher_is_better)
 
 
 REQUIRED_KEYS = ("name", "metric", "higher_is_better", "id_column", "target_columns")
@@ -285,7 +285,7 @@ def _check_submission(task: Task, path: Path) -> tuple[np.ndarray, np.ndarray, n
         pred = _labels(sub[task.target_columns[0]])
     else:
         values = sub[task.target_columns].apply(pd.to_numeric, errors="coerce")
-        bad = [c for c in task.target_columns if values[c].isna().any() or not np.isfinite(values[c]).all()]
+        bad = [c for c in task.target_columns if not np.isfinite(values[c]).all()]  # NaN is not finite either
         if bad:
             raise ValueError(f"NaN, empty, non-numeric or infinite values in column(s) {bad} of {path.name}")
         pred = values.to_numpy(dtype=float)
@@ -431,7 +431,8 @@ class Env:
                 raise _Invalid(f"EnvError: {action} takes the arguments {', '.join(spec.args)}; missing: "
                                f"{', '.join(missing) or 'none'}; unexpected: {', '.join(map(str, extra)) or 'none'}:"
                                f"\n{spec.usage()}")
-            return self.HANDLERS[action](self, **action_input)
+            method = "_" + "_".join(action.lower().removesuffix(" (ai)").split())
+            return getattr(self, method)(**action_input)
         except _Invalid as e:
             return self._result(str(e), "invalid")
 
@@ -485,7 +486,7 @@ class Env:
             return ("neutral" if helper else "error"), ("" if helper else f"\nEnvError: {run.error}")
         return "error", ""
 
-    # --- the actions (observations worded like MLAgentBench's)
+    # --- the actions, each its name's method ("Edit Script (AI)": _edit_script); worded like MLAB's
 
     def _list_files(self, dir_path):
         folder = "" if str(dir_path).strip() in ("", ".", "./") else self._path(dir_path)
@@ -592,14 +593,6 @@ class Env:
     def _final_answer(self, final_answer):
         self.done = True
         return self._result("end", "final", done=True)
-
-    HANDLERS = {"List Files": _list_files, "Understand File": _understand_file,
-                "Inspect Script Lines": _inspect_script_lines, "Edit Script (AI)": _edit_script,
-                "Undo Edit Script": _undo_edit_script, "Execute Script": _execute_script, "Copy File": _copy_file,
-                "Final Answer": _final_answer}
-
-
-assert Env.HANDLERS.keys() == ACTIONS.keys(), "every action has its method"
 
 # ==== the sandbox
 # The sandbox (`run_script`) treats agent code as untrusted. It protects against:
@@ -724,32 +717,27 @@ def _sweep_stale(where=None, pattern="mlenv-*-p*-*"):
             shutil.rmtree(path, ignore_errors=True)
 
 
-_ISOLATION: list = []  # [(_Isolation, stage folder)]
-
-
+@functools.cache  # probed once per process
 def _isolation() -> tuple[_Isolation, str]:
     """The strongest isolation that starts the interpreter here, falling back step by step."""
-    if not _ISOLATION:
-        root = os.geteuid() == 0
-        reveal = _reveal_plan() if root else ()
-        _sweep_stale()
-        stage = tempfile.mkdtemp(prefix=f"mlenv-stage-p{os.getpid()}-")  # empty mount points
-        atexit.register(shutil.rmtree, stage, True)
-        for i, (_, paths) in enumerate(reveal):
-            for j in range(len(paths)):
-                os.mkdir(f"{stage}/{i}-{j}")
-        for iso in (_Isolation(root, True, reveal), _Isolation(root, False, reveal), _Isolation(False, True, ()),
-                    _Isolation(False, False, ())):
-            ok = False
-            with contextlib.suppress(OSError, subprocess.SubprocessError):
-                ok = subprocess.run([sys.executable, "-c", "import encodings, site"], cwd="/", env={},
-                                    stdin=subprocess.DEVNULL, capture_output=True, timeout=60,
-                                    preexec_fn=_preexec(iso, UID_BASE + UID_COUNT if iso.uid else None, [], stage)
-                                    ).returncode == 0
-            if ok or not (iso.uid or iso.net):
-                _ISOLATION.append((iso, stage))
-                break
-    return _ISOLATION[0]
+    root = os.geteuid() == 0
+    reveal = _reveal_plan() if root else ()
+    _sweep_stale()
+    stage = tempfile.mkdtemp(prefix=f"mlenv-stage-p{os.getpid()}-")  # empty mount points
+    atexit.register(shutil.rmtree, stage, True)
+    for i, (_, paths) in enumerate(reveal):
+        for j in range(len(paths)):
+            os.mkdir(f"{stage}/{i}-{j}")
+    for iso in (_Isolation(root, True, reveal), _Isolation(root, False, reveal), _Isolation(False, True, ())):
+        ok = False
+        with contextlib.suppress(OSError, subprocess.SubprocessError):
+            ok = subprocess.run([sys.executable, "-c", "import encodings, site"], cwd="/", env={},
+                                stdin=subprocess.DEVNULL, capture_output=True, timeout=60,
+                                preexec_fn=_preexec(iso, UID_BASE + UID_COUNT if iso.uid else None, [], stage)
+                                ).returncode == 0
+        if ok:
+            return iso, stage
+    return _Isolation(False, False, ()), stage  # the last step needs nothing: not probed
 
 
 def _claim_uid() -> tuple[int, int]:
@@ -776,19 +764,18 @@ def _kill_group(pgid: int, sig: int):
 def _kill_uid(uid: int):
     """SIGKILL every live process of the uid, from /proc: also daemons that left the group with setsid."""
     for _ in range(100):
-        pids = []
+        found = False
         for pid in filter(str.isdigit, os.listdir("/proc")):
             try:
                 status = Path(f"/proc/{pid}/status").read_text()
             except OSError:
                 continue
             if f"\nUid:\t{uid}\t" in status and "\nState:\tZ" not in status:
-                pids.append(int(pid))
-        if not pids:
+                found = True
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(int(pid), signal.SIGKILL)
+        if not found:
             return
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
         time.sleep(0.005)
 
 
@@ -836,29 +823,22 @@ class _ForkServer:
                  f"server\nenv._serve({theirs.fileno()})"], cwd="/", env=_sandbox_env(stage),
                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                 pass_fds=[theirs.fileno()])
-        self.sock.settimeout(120)
-        ready = False
-        with contextlib.suppress(OSError):
-            ready = self.sock.recv(16) == b"ready"  # the imports done
-        self.sock.settimeout(None)
-        if not ready:
+        ready = select.select([self.sock], [], [], 120)[0]  # the imports done, or the server died
+        if not ready or self.sock.recv(16) != b"ready":
             self.proc.kill()
             raise OSError("the sandbox's fork server did not start")
-
-    def start(self, request: dict) -> "_ForkedRun":
-        r, w = os.pipe()  # the server writes the run's pid, then its exit status, into w
-        try:
-            socket.send_fds(self.sock, [json.dumps(request).encode()], [w])
-        finally:
-            os.close(w)
-        return _ForkedRun(r)
 
 
 class _ForkedRun:
     """A fork server's run as Popen to _run; the server writes two 4-byte numbers to the pipe: pid, exit status."""
 
-    def __init__(self, r: int):
-        self.r, self.returncode = r, None
+    def __init__(self, server: _ForkServer, request: dict):
+        self.r, w = os.pipe()  # the server writes the run's pid, then its exit status, into w
+        try:
+            socket.send_fds(server.sock, [json.dumps(request).encode()], [w])
+        finally:
+            os.close(w)
+        self.returncode = None
         try:
             self.pid = self._number(60)
         except subprocess.TimeoutExpired:
@@ -924,8 +904,7 @@ def _serve(fd: int):
                     _kill_uid(uid)  # as root: also what left the group
             os._exit(0)
         req = json.loads(msg)
-        setup = _preexec(_Isolation(req["iso"][0], req["iso"][1], tuple((b, tuple(p)) for b, p in req["iso"][2])),
-                         req["uid"], [(res, tuple(v)) for res, v in req["limits"]], req["stage"])
+        setup = _preexec(_Isolation(*req["iso"]), req["uid"], req["limits"], req["stage"])
         log = os.open(req["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
         pid = os.fork()
         if pid == 0:
@@ -1072,9 +1051,9 @@ def _run(task: Task, files: dict[str, str], script: str, timeout: float, keep: l
         proc = None
         if server is not None:
             with contextlib.suppress(OSError):  # it died: a new interpreter now, a new server next time
-                proc = server.start({"cwd": str(work), "script": script, "log": str(log_path), "env": env,
-                                     "uid": uid, "limits": limits, "iso": [iso.uid, iso.net, iso.reveal],
-                                     "stage": stage})
+                proc = _ForkedRun(server, {"cwd": str(work), "script": script, "log": str(log_path), "env": env,
+                                           "uid": uid, "limits": limits, "stage": stage,
+                                           "iso": [iso.uid, iso.net, iso.reveal]})
         if proc is None:
             with open(log_path, "wb") as log:
                 proc = subprocess.Popen([sys.executable, "-u", script], cwd=work, env=env, stdin=subprocess.DEVNULL,
@@ -1235,9 +1214,9 @@ def import_mlebench(prepared, out, metric=None, leaderboard=None, id_column=None
 # ==== command line
 
 
-class _Parser(argparse.ArgumentParser):
+class Parser(argparse.ArgumentParser):  # agent.Parser too: a usage error is one line, exit status 2
     def error(self, message):
-        self.exit(2, f"env.py: error: {message}\n")
+        self.exit(2, f"{self.prog}: error: {message}\n")
 
 
 def _seconds(text: str) -> float:
@@ -1259,7 +1238,7 @@ def _script(path: str) -> Path:
 
 
 def main(argv=None):
-    parser = _Parser(prog="env.py", description="ML tasks, grading and the sandbox of the project.")
+    parser = Parser(prog="env.py", description="ML tasks, grading and the sandbox of the project.")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("list", help="the built-in tasks: name, split, metric, direction, best score")
     prep = sub.add_parser("prepare", help="make the built-in task folders under runs/tasks")
@@ -1296,8 +1275,7 @@ def main(argv=None):
                       f"{t.best_score:>12.6g}  {t.info.get('title', '')}")
         elif args.command == "prepare":
             start = time.time()
-            for path in prepare(args.names or None, force=args.force):
-                print(path)
+            print(*prepare(args.names or None, force=args.force), sep="\n")
             print(f"prepared in {time.time() - start:.1f}s", file=sys.stderr)
         elif args.command == "import-mlebench":
             if not (args.metric or args.mlebench):

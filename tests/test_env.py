@@ -1052,6 +1052,14 @@ def test_list_files(denv):
     assert denv.step_count == 1
 
 
+def test_understand_file_summarises_a_csv_and_a_script(denv):
+    r = denv.step("Understand File", {"file_name": "train.csv", "things_to_look_for": "the columns"})
+    assert r.kind == "neutral" and "rows; columns:" in r.observation and "the columns" in r.observation
+    r = denv.step("Understand File", {"file_name": "train.py", "things_to_look_for": "the model"})
+    assert r.kind == "neutral" and denv.files["train.py"].splitlines()[0] in r.observation
+    assert denv.step("Understand File", {"file_name": "none.py", "things_to_look_for": "x"}).kind == "error"
+
+
 def test_inspect_script_lines(denv):
     lines = denv.files["train.py"].splitlines()
     r = denv.step("Inspect Script Lines", {"script_name": "train.py", "start_line_number": 1, "end_line_number": 3})
@@ -1514,6 +1522,6 @@ def test_the_sandboxed_script_dies_with_its_parent_and_its_folder_is_swept(digit
     while time.time() < deadline and script_pids():
         time.sleep(0.05)
     assert not script_pids(), "the sandboxed script outlived its parent"
-    env._ISOLATION.clear()  # a fresh process's first run sweeps; here the same call is made again
+    env._isolation.cache_clear()  # a fresh process's first run sweeps; here the same call is made again
     env._isolation()
     assert not any(f.exists() for f in folders)
