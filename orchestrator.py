@@ -36,10 +36,10 @@ import random
 import re
 import shutil
 import sys
-import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from itertools import zip_longest
 from pathlib import Path
 from types import SimpleNamespace
@@ -362,29 +362,22 @@ def code_loop(task, backend, messages, max_iters: int, cfg: Config, deadline: fl
     return attempt, best_run, list(dict.fromkeys(errors))
 
 
-class Tool:
-    """refine(parent, instruction, references): a fresh Sub-Agent's loop -> score + summary."""
-
-    def __init__(self, task, backend, cfg: Config, deadline: float, record):
-        self.task, self.backend, self.cfg, self.deadline, self.record = task, backend, cfg, deadline, record
-
-    def __call__(self, attempt_id: int, call: dict, attempts: dict, rnd: int) -> Attempt:
-        started, parent, higher = time.time(), attempts[call["parent"]], self.task.higher_is_better
-        messages = sub_messages(self.task, parent, [attempts[r] for r in call["references"]],
-                                call["instruction"], self.cfg.sub_iters)
-        tok = getattr(self.backend, "tokenizer", None)
-        a, run, errors = code_loop(self.task, self.backend, messages, self.cfg.sub_iters, self.cfg, self.deadline,
-                                   lambda m: self.record(rnd, "sub-agent", m, tok, attempt_id), parent.code,
-                                   id=attempt_id, parent=parent.id, instruction=call["instruction"],
-                                   references=call["references"], round=rnd, started=started)
-        if run:  # what the Tool measured, not what the Sub-Agent claims
-            delta = "better" if signed(run.score, higher) > signed(parent.score, higher) else "not better"
-            a.summary["result"] = (f"public score {run.score:.4f}, {delta} than parent #{parent.id} "
-                                   f"({_fmt(parent.score)})")
-        else:
-            a.summary["result"] = f"no valid submission after {a.iterations} execution(s)"
-        a.summary["errors"] = "; ".join(errors) or a.summary["errors"] or "none"
-        return a
+def refine(task, sub, cfg: Config, deadline: float, record, attempt_id: int, call: dict, attempts: dict, rnd: int):
+    """The Tool refine(parent, instruction, references): a fresh Sub-Agent's loop -> an Attempt."""
+    started, parent, higher = time.time(), attempts[call["parent"]], task.higher_is_better
+    messages = sub_messages(task, parent, [attempts[r] for r in call["references"]], call["instruction"],
+                            cfg.sub_iters)
+    on_prompt = lambda m: record(rnd, "sub-agent", m, getattr(sub, "tokenizer", None), attempt_id)  # noqa: E731
+    a, run, errors = code_loop(task, sub, messages, cfg.sub_iters, cfg, deadline, on_prompt, parent.code,
+                               id=attempt_id, parent=parent.id, instruction=call["instruction"],
+                               references=call["references"], round=rnd, started=started)
+    if run:  # what the Tool measured, not what the Sub-Agent claims
+        delta = "better" if signed(run.score, higher) > signed(parent.score, higher) else "not better"
+        a.summary["result"] = f"public score {run.score:.4f}, {delta} than parent #{parent.id} ({_fmt(parent.score)})"
+    else:
+        a.summary["result"] = f"no valid submission after {a.iterations} execution(s)"
+    a.summary["errors"] = "; ".join(errors) or a.summary["errors"] or "none"
+    return a
 
 
 def starter_attempt(task, cfg: Config) -> Attempt:
@@ -415,9 +408,7 @@ class StandIn:
         self.usage = agent.Usage()
 
     def chat(self, messages, n=1, temperature=0.0, max_tokens=1024, stop=None):
-        c = agent.Completion([self.answer(messages, temperature) for _ in range(n)])
-        self.usage.add(c, 0.0)
-        return c
+        return self.usage.add(agent.Completion([self.answer(messages, temperature) for _ in range(n)]), 0.0)
 
 
 class ScriptedOrchestrator(StandIn):
@@ -565,7 +556,7 @@ def run_matryoshka(cfg: Config, orch, sub, out: Path | None = None, resume=True,
         attempts, records, rnd, spent, finished = [starter_attempt(task, cfg)], [], 0, 0.0, False
     start = time.time()
     deadline, record = start + cfg.time_limit - spent, _recorder(records)
-    tool = Tool(task, sub, cfg, deadline, record)
+    tool = partial(refine, task, sub, cfg, deadline, record)
     result = lambda: _result(task, attempts, records, finished, spent + time.time() - start, round=rnd)  # noqa: E731
     while not finished and rnd < cfg.rounds and time.time() < deadline:
         rnd += 1
@@ -665,8 +656,8 @@ def collect_tree(cfg: Config, orch, sub, path: Path, log=print) -> Tree:
         starter = starter_attempt(task, cfg)
         tree = Tree(task.name, task.higher_is_better, 1, {0: starter},
                     [Node(0, None, 0, None, [], "done", None, starter.score)])
-    lock, save = threading.Lock(), lambda: save_json(path, tree.to_json())
-    tool = Tool(task, sub, cfg, time.time() + cfg.time_limit, lambda *a, **k: None)
+    save = lambda: save_json(path, tree.to_json())  # noqa: E731
+    tool = partial(refine, task, sub, cfg, time.time() + cfg.time_limit, lambda *a, **k: None)
     while True:
         # 1. decisions: cfg.children for each done node without children above the depth limit
         for node in list(tree.nodes):
@@ -694,20 +685,16 @@ def collect_tree(cfg: Config, orch, sub, path: Path, log=print) -> Tree:
                     calls, node.error = [], str(e)
                 node.calls = [{**c, "attempt": tree.next_id + i} for i, c in enumerate(calls)]
                 tree.next_id += len(calls)
-            jobs += [(node, c, by_id) for c in node.calls if c["attempt"] not in tree.attempts]
+            jobs += [(c["attempt"], c, by_id, node.depth) for c in node.calls if c["attempt"] not in tree.attempts]
         save()
 
-        def run(job):
-            node, call, by_id = job
-            a = tool(call["attempt"], call, by_id, node.depth)
-            with lock:
-                tree.attempts[a.id] = a
+        with ThreadPoolExecutor(max(1, cfg.workers)) as pool:  # each attempt saved as it ends
+            for done in as_completed([pool.submit(tool, *job) for job in jobs]):
+                tree.attempts[done.result().id] = done.result()
                 save()
-        with ThreadPoolExecutor(max(1, cfg.workers)) as pool:
-            list(pool.map(run, jobs))
         for node in pending:
-            valid = [s for c in node.calls if (s := tree.attempts[c["attempt"]].score) is not None]
-            node.score = (max(valid) if task.higher_is_better else min(valid)) if valid else None
+            node.score = best_attempt([tree.attempts[c["attempt"]] for c in node.calls], tree.higher_is_better).score \
+                if node.calls else None
             node.status = "done"
         log(f"tree: {len(tree.nodes)} nodes, {len(tree.attempts)} attempts, "
             f"depth {max(n.depth for n in tree.nodes)}")
@@ -781,10 +768,9 @@ def passes(n: int, steps: int, rng):  # passes over range(n), each in a new orde
         yield order[step % n]
 
 
-def train_orchestrator(policy, ref, tok, groups, cfg: Config, steps=None, log=print) -> dict:
-    """AdamW without weight decay (sft.py's default), a group per update, cfg.epochs passes (or `steps`
-    updates), gradient norm clipped at 1. ref None: the reference is the policy with its LoRA adapters off (B = 0:
-    it starts there)."""
+def train_orchestrator(policy, ref, tok, groups, cfg: Config, log=print) -> dict:
+    """AdamW without weight decay (sft.py's default), a group per update, cfg.epochs passes, gradient norm
+    clipped at 1. ref None: the reference is the policy with its LoRA adapters off (B = 0: it starts there)."""
     import model
     import torch
     with torch.no_grad():
@@ -797,7 +783,7 @@ def train_orchestrator(policy, ref, tok, groups, cfg: Config, steps=None, log=pr
         return cfg.beta * (decision_logprobs(policy, tok, g["messages"], g["responses"], cfg.max_len) - ref_lp[i])
     opt, losses = torch.optim.AdamW(policy.parameters(), lr=cfg.lr, weight_decay=0.0), []
     policy.train()
-    for i in passes(len(groups), cfg.epochs * len(groups) if steps is None else steps, random.Random(cfg.seed)):
+    for i in passes(len(groups), cfg.epochs * len(groups), random.Random(cfg.seed)):
         loss = ranking_loss(scores(i), groups[i]["R"])
         opt.zero_grad()
         loss.backward()
