@@ -313,13 +313,11 @@ def feedback(run, task, limit: int, tokenizer=None, cap=1 << 16) -> str:
     return text + "\nOutput:\n```\n" + clip_tokens(output.strip(), limit, tokenizer) + "\n```"
 
 
-def code_loop(task, backend, messages, max_iters: int, cfg: Config, deadline: float, on_prompt, start_code: str,
+def code_loop(task, backend, messages, max_iters: int, cfg: Config, deadline: float, on_prompt,
               **fields) -> tuple[Attempt, object, list[str]]:
     """Write the script, run it, read the feedback, fix; until a summary, max_iters runs or the deadline (then
     one request for the summary). -> (Attempt(**fields) with its best script by public score, its run, errors)."""
-    tok, higher = getattr(backend, "tokenizer", None), task.higher_is_better
-    best = best_run = last = summary = None
-    iters, errors, status = 0, [], "no_code"
+    tok, runs, iters, summary = getattr(backend, "tokenizer", None), messages.state.runs, 0, None
 
     def ask(prompt):
         on_prompt(prompt)
@@ -337,15 +335,10 @@ def code_loop(task, backend, messages, max_iters: int, cfg: Config, deadline: fl
         if kind == "summary":
             summary = value
             break
-        iters, last = iters + 1, value
+        iters += 1
         timeout = min(cfg.script_timeout or task.time_limit, max(deadline - time.time(), 1.0))
         run = env.run_script(task, value, timeout=timeout, keep=("submission.csv",))
-        messages.state.runs.append((value, run))
-        status = "success" if best_run or run.status == "success" else run.status
-        if run.status != "success":
-            errors.append(error_line(run))
-        elif best_run is None or signed(run.score, higher) > signed(best_run.score, higher):
-            best, best_run = value, run
+        runs.append((value, run))
         messages.append({"role": "user", "content": feedback(run, task, cfg.obs_tokens, tok)})
     if summary is None:  # the budget ran out first
         messages, text = ask(messages + [{"role": "user", "content": SUMMARY_NOW}])
@@ -354,12 +347,15 @@ def code_loop(task, backend, messages, max_iters: int, cfg: Config, deadline: fl
             summary = value if kind == "summary" else None
         except ParseError:
             pass
-    ok = best_run is not None
-    attempt = Attempt(**fields, score=best_run.score if ok else None, private=best_run.test_score if ok else None,
-                      status=status, summary={k: (summary or {}).get(k, "") for k in SUMMARY_KEYS},
-                      code=(best if ok else last) or start_code, messages=messages, iterations=iters,
-                      ended=time.time(), submission=best_run.kept.get("submission.csv", "") if ok else "")
-    return attempt, best_run, list(dict.fromkeys(errors))
+    scored = [(code, run) for code, run in runs if run.status == "success"]  # the first best on a tie
+    code, best = max(scored, key=lambda r: signed(r[1].score, task.higher_is_better)) if scored else \
+        (runs[-1][0] if runs else "", None)
+    attempt = Attempt(**fields, score=best.score if best else None, private=best.test_score if best else None,
+                      status="success" if best else runs[-1][1].status if runs else "no_code",
+                      summary={k: (summary or {}).get(k, "") for k in SUMMARY_KEYS},
+                      code=code or messages.state.code, messages=messages, iterations=iters, ended=time.time(),
+                      submission=best.kept.get("submission.csv", "") if best else "")
+    return attempt, best, list(dict.fromkeys(error_line(r) for _, r in runs if r.status != "success"))
 
 
 def refine(task, sub, cfg: Config, deadline: float, record, attempt_id: int, call: dict, attempts: dict, rnd: int):
@@ -368,9 +364,9 @@ def refine(task, sub, cfg: Config, deadline: float, record, attempt_id: int, cal
     messages = sub_messages(task, parent, [attempts[r] for r in call["references"]], call["instruction"],
                             cfg.sub_iters)
     on_prompt = lambda m: record(rnd, "sub-agent", m, getattr(sub, "tokenizer", None), attempt_id)  # noqa: E731
-    a, run, errors = code_loop(task, sub, messages, cfg.sub_iters, cfg, deadline, on_prompt, parent.code,
-                               id=attempt_id, parent=parent.id, instruction=call["instruction"],
-                               references=call["references"], round=rnd, started=started)
+    a, run, errors = code_loop(task, sub, messages, cfg.sub_iters, cfg, deadline, on_prompt, id=attempt_id,
+                               parent=parent.id, instruction=call["instruction"], references=call["references"],
+                               round=rnd, started=started)
     if run:  # what the Tool measured, not what the Sub-Agent claims
         delta = "better" if signed(run.score, higher) > signed(parent.score, higher) else "not better"
         a.summary["result"] = f"public score {run.score:.4f}, {delta} than parent #{parent.id} ({_fmt(parent.score)})"
@@ -583,8 +579,7 @@ def run_monolithic(cfg: Config, coder, out: Path | None = None, log=print) -> di
     record = _recorder(records)
     mono, _, _ = code_loop(task, coder, sub_messages(task, starter, [], None, steps), steps, cfg,
                            started + cfg.time_limit, lambda m: record(len(records) + 1, "monolithic", m, tok),
-                           starter.code, id=1, parent=0, instruction="monolithic", references=[], round=1,
-                           started=started)
+                           id=1, parent=0, instruction="monolithic", references=[], round=1, started=started)
     result = _result(task, [starter, mono], records, True, time.time() - started)
     log(f"monolithic: {mono.iterations} executions, best {_fmt(result['best']['public'])}, last prompt "
         f"{records[-1]['tokens'] if records else 0} tokens")
