@@ -97,6 +97,12 @@ def prompt_tokens(messages, tokenizer=None) -> int:
     return sum(count_tokens(m["content"]) for m in messages)
 
 
+def record(records: list, rnd, role, messages, backend, attempt=None):  # list.append is thread-safe
+    tok = getattr(backend, "tokenizer", None)
+    records.append({"round": rnd, "role": role, "tokens": prompt_tokens(messages, tok), "attempt": attempt,
+                    "counter": "tokenizer of the local model" if tok is not None else "approx: ceil(chars / 4)"})
+
+
 def clip_tokens(text: str, limit: int, tokenizer=None) -> str:
     """Text over `limit` tokens keeps its first and last limit / 2 (the paper: 5k -> 2.5k + 2.5k)."""
     n, keep = count_tokens(text, tokenizer), limit // 2
@@ -358,12 +364,12 @@ def code_loop(task, backend, messages, max_iters: int, cfg: Config, deadline: fl
     return attempt, best, list(dict.fromkeys(error_line(r) for _, r in runs if r.status != "success"))
 
 
-def refine(task, sub, cfg: Config, deadline: float, record, attempt_id: int, call: dict, attempts: dict, rnd: int):
+def refine(task, sub, cfg: Config, deadline: float, records, attempt_id: int, call: dict, attempts: dict, rnd: int):
     """The Tool refine(parent, instruction, references): a fresh Sub-Agent's loop -> an Attempt."""
     started, parent, higher = time.time(), attempts[call["parent"]], task.higher_is_better
     messages = sub_messages(task, parent, [attempts[r] for r in call["references"]], call["instruction"],
                             cfg.sub_iters)
-    on_prompt = lambda m: record(rnd, "sub-agent", m, getattr(sub, "tokenizer", None), attempt_id)  # noqa: E731
+    on_prompt = lambda m: record(records, rnd, "sub-agent", m, sub, attempt_id)  # noqa: E731
     a, run, errors = code_loop(task, sub, messages, cfg.sub_iters, cfg, deadline, on_prompt, id=attempt_id,
                                parent=parent.id, instruction=call["instruction"], references=call["references"],
                                round=rnd, started=started)
@@ -509,19 +515,11 @@ def load_json(path: Path, build):
                          "another --out") from None
 
 
-def _recorder(records: list):  # list.append is thread-safe
-    def record(rnd, role, messages, tokenizer=None, attempt=None):
-        counter = "tokenizer of the local model" if tokenizer is not None else "approx: ceil(chars / 4)"
-        records.append({"round": rnd, "role": role, "tokens": prompt_tokens(messages, tokenizer), "attempt": attempt,
-                        "counter": counter})
-    return record
-
-
-def decide(orch, messages, known, cfg: Config, record, rnd) -> tuple[list[dict], bool]:
+def decide(orch, messages, known, cfg: Config, records, rnd) -> tuple[list[dict], bool]:
     """Ask the Orchestrator, re-asking on an unparsable answer (MLAB's max_retries); none usable: no call."""
-    ask, tok = messages, getattr(orch, "tokenizer", None)
+    ask = messages
     for _ in range(cfg.max_retries + 1):
-        record(rnd, "orchestrator", ask, tok)
+        record(records, rnd, "orchestrator", ask, orch)
         text = orch.chat(ask, temperature=cfg.temperature, max_tokens=cfg.max_tokens).texts[0]
         try:
             return parse_decision(text, known, cfg.calls)
@@ -551,13 +549,13 @@ def run_matryoshka(cfg: Config, orch, sub, out: Path | None = None, resume=True,
     else:
         attempts, records, rnd, spent, finished = [starter_attempt(task, cfg)], [], 0, 0.0, False
     start = time.time()
-    deadline, record = start + cfg.time_limit - spent, _recorder(records)
-    tool = partial(refine, task, sub, cfg, deadline, record)
+    deadline = start + cfg.time_limit - spent
+    tool = partial(refine, task, sub, cfg, deadline, records)
     result = lambda: _result(task, attempts, records, finished, spent + time.time() - start, round=rnd)  # noqa: E731
     while not finished and rnd < cfg.rounds and time.time() < deadline:
         rnd += 1
         messages = orchestrator_messages(task, attempts, rnd, cfg.rounds, cfg.calls, deadline - time.time())
-        calls, finished = decide(orch, messages, {a.id for a in attempts}, cfg, record, rnd)
+        calls, finished = decide(orch, messages, {a.id for a in attempts}, cfg, records, rnd)
         by_id, first = {a.id: a for a in attempts}, len(attempts)
         with ThreadPoolExecutor(max(1, cfg.workers)) as pool:  # §3.4: in parallel
             attempts += list(pool.map(lambda k: tool(first + k, calls[k], by_id, rnd), range(len(calls))))
@@ -575,11 +573,11 @@ def run_monolithic(cfg: Config, coder, out: Path | None = None, log=print) -> di
     (rounds x calls x sub_iters executions). Not resumed."""
     task = env.load_task(cfg.task)
     steps, started = cfg.rounds * cfg.calls * cfg.sub_iters, time.time()
-    starter, records, tok = starter_attempt(task, cfg), [], getattr(coder, "tokenizer", None)
-    record = _recorder(records)
+    starter, records = starter_attempt(task, cfg), []
+    on_prompt = lambda m: record(records, len(records) + 1, "monolithic", m, coder)  # noqa: E731
     mono, _, _ = code_loop(task, coder, sub_messages(task, starter, [], None, steps), steps, cfg,
-                           started + cfg.time_limit, lambda m: record(len(records) + 1, "monolithic", m, tok),
-                           id=1, parent=0, instruction="monolithic", references=[], round=1, started=started)
+                           started + cfg.time_limit, on_prompt, id=1, parent=0, instruction="monolithic",
+                           references=[], round=1, started=started)
     result = _result(task, [starter, mono], records, True, time.time() - started)
     log(f"monolithic: {mono.iterations} executions, best {_fmt(result['best']['public'])}, last prompt "
         f"{records[-1]['tokens'] if records else 0} tokens")
@@ -652,7 +650,7 @@ def collect_tree(cfg: Config, orch, sub, path: Path, log=print) -> Tree:
         tree = Tree(task.name, task.higher_is_better, 1, {0: starter},
                     [Node(0, None, 0, None, [], "done", None, starter.score)])
     save = lambda: save_json(path, tree.to_json())  # noqa: E731
-    tool = partial(refine, task, sub, cfg, time.time() + cfg.time_limit, lambda *a, **k: None)
+    tool = partial(refine, task, sub, cfg, time.time() + cfg.time_limit, [])  # prompt sizes not kept
     while True:
         # 1. decisions: cfg.children for each done node without children above the depth limit
         for node in list(tree.nodes):

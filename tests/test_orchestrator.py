@@ -280,7 +280,7 @@ def test_sub_agent_stops_at_its_iteration_limit():
     task, c = env.load_task(TASK), cfg(sub_iters=3)
     starter = orc.starter_attempt(task, c)
     coder, records = Crasher(), []
-    a = orc.refine(task, coder, c, time.time() + 300, lambda *a: records.append(a), 1,
+    a = orc.refine(task, coder, c, time.time() + 300, records, 1,
                    {"parent": 0, "instruction": "anything", "references": []}, {0: starter}, 1)
     assert a.iterations == 3 and coder.calls == 4  # three executions, then one request for the summary
     assert a.status == "error" and a.score is None and a.private is None
