@@ -353,7 +353,7 @@ def code_loop(task, backend, messages, max_iters: int, cfg: Config, deadline: fl
             summary = value if kind == "summary" else None
         except ParseError:
             pass
-    scored = [(code, run) for code, run in runs if run.status == "success"]  # the first best on a tie
+    scored = [(code, run) for code, run in runs if run.status == "success"]  # ties: the first
     code, best = max(scored, key=lambda r: signed(r[1].score, task.higher_is_better)) if scored else \
         (runs[-1][0] if runs else "", None)
     attempt = Attempt(**fields, score=best.score if best else None, private=best.test_score if best else None,
@@ -506,7 +506,7 @@ def save_json(path: Path, obj, lines=False):  # lines: a list as JSONL
 
 def load_json(path: Path, build):
     """build(the JSON at path), None without a file; one build cannot take is a one-line ValueError naming it."""
-    if not path or not path.exists():
+    if not path.exists():
         return None
     try:
         return build(json.loads(path.read_bytes().decode("utf-8")))
@@ -557,7 +557,7 @@ def run_matryoshka(cfg: Config, orch, sub, out: Path | None = None, resume=True,
         messages = orchestrator_messages(task, attempts, rnd, cfg.rounds, cfg.calls, deadline - time.time())
         calls, finished = decide(orch, messages, {a.id for a in attempts}, cfg, records, rnd)
         by_id, first = {a.id: a for a in attempts}, len(attempts)
-        with ThreadPoolExecutor(max(1, cfg.workers)) as pool:  # §3.4: in parallel
+        with ThreadPoolExecutor(cfg.workers) as pool:  # §3.4: in parallel
             attempts += list(pool.map(lambda k: tool(first + k, calls[k], by_id, rnd), range(len(calls))))
         best = best_attempt(attempts, task.higher_is_better)
         log(f"round {rnd}: " + (", ".join(f"#{a.id}<-#{a.parent} {_fmt(a.score)} ({a.status}, {a.iterations} it)"
@@ -650,7 +650,7 @@ def collect_tree(cfg: Config, orch, sub, path: Path, log=print) -> Tree:
         tree = Tree(task.name, task.higher_is_better, 1, {0: starter},
                     [Node(0, None, 0, None, [], "done", None, starter.score)])
     save = lambda: save_json(path, tree.to_json())  # noqa: E731
-    tool = partial(refine, task, sub, cfg, time.time() + cfg.time_limit, [])  # prompt sizes not kept
+    tool = partial(refine, task, sub, cfg, time.time() + cfg.time_limit, [])  # no records
     while True:
         # 1. decisions: cfg.children for each done node without children above the depth limit
         for node in list(tree.nodes):
@@ -680,14 +680,13 @@ def collect_tree(cfg: Config, orch, sub, path: Path, log=print) -> Tree:
                 tree.next_id += len(calls)
             jobs += [(c["attempt"], c, by_id, node.depth) for c in node.calls if c["attempt"] not in tree.attempts]
         save()
-
-        with ThreadPoolExecutor(max(1, cfg.workers)) as pool:  # each attempt saved as it ends
+        with ThreadPoolExecutor(cfg.workers) as pool:  # each attempt saved as it ends
             for done in as_completed([pool.submit(tool, *job) for job in jobs]):
                 tree.attempts[done.result().id] = done.result()
                 save()
         for node in pending:
-            node.score = best_attempt([tree.attempts[c["attempt"]] for c in node.calls], tree.higher_is_better).score \
-                if node.calls else None
+            made = [tree.attempts[c["attempt"]] for c in node.calls]
+            node.score = best_attempt(made, tree.higher_is_better).score if made else None  # r(v)
             node.status = "done"
         log(f"tree: {len(tree.nodes)} nodes, {len(tree.attempts)} attempts, "
             f"depth {max(n.depth for n in tree.nodes)}")
@@ -696,12 +695,9 @@ def collect_tree(cfg: Config, orch, sub, path: Path, log=print) -> Tree:
 
 def branch_labels(tree: Tree) -> dict[int, float]:
     """R(c) = max of r(v) over c's subtree, r the node's signed score (§3.6, Preference Construction)."""
-    R = {}
-
-    def label(i):
-        R[i] = max([signed(tree.nodes[i].score, tree.higher_is_better)] + [label(c.id) for c in tree.children(i)])
-        return R[i]
-    label(0)
+    R = {n.id: signed(n.score, tree.higher_is_better) for n in tree.nodes}
+    for n in reversed(tree.nodes[1:]):  # not the root; children (larger ids) first
+        R[n.parent] = max(R[n.parent], R[n.id])
     return R
 
 
@@ -837,7 +833,7 @@ def resampled_states(tree, n: int, rng) -> list[list[Attempt]]:
         new = {old: k for k, old in enumerate(order)}
         renumber = lambda m: f"parent #{new.get(int(m.group(1)), 0)}"  # noqa: E731
         states.append([dataclasses.replace(
-            a, id=new[a.id], parent=None if a.parent is None else new[a.parent],
+            a, id=new[a.id], parent=new.get(a.parent),
             references=[new[r] for r in a.references if r in new],
             summary={k: re.sub(r"parent #(\d+)", renumber, str(v)) for k, v in a.summary.items()})
             for a in (pool[i] for i in order)])
@@ -1067,7 +1063,7 @@ def main(argv=None):
         lock = agent.claim_folder(out)  # one command per --out
         orch = make_backend(args.orchestrator, args.orchestrator_url, "orchestrator", cfg.seed)
         coder = make_backend(args.sub_agent, args.sub_agent_url, "sub-agent")
-    except (env.TaskError, OSError, ValueError) as err:
+    except (OSError, ValueError) as err:  # env.TaskError too
         p.error(str(err))
     for role, b in (("orchestrator", orch), ("sub-agent", coder)):
         if isinstance(b, StandIn):
