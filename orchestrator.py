@@ -357,7 +357,7 @@ def code_loop(task, backend, messages, max_iters: int, cfg: Config, deadline: fl
     code, best = max(scored, key=lambda r: signed(r[1].score, task.higher_is_better)) if scored else \
         (runs[-1][0] if runs else "", None)
     attempt = Attempt(**fields, score=best.score if best else None, private=best.test_score if best else None,
-                      status="success" if best else runs[-1][1].status if runs else "no_code",
+                      status="success" if best else (runs[-1][1].status if runs else "no_code"),
                       summary={k: (summary or {}).get(k, "") for k in SUMMARY_KEYS},
                       code=code or messages.state.code, messages=messages, iterations=iters, ended=time.time(),
                       submission=best.kept.get("submission.csv", "") if best else "")
@@ -365,7 +365,7 @@ def code_loop(task, backend, messages, max_iters: int, cfg: Config, deadline: fl
 
 
 def refine(task, sub, cfg: Config, deadline: float, records, attempt_id: int, call: dict, attempts: dict, rnd: int):
-    """The Tool refine(parent, instruction, references): a fresh Sub-Agent's loop -> an Attempt."""
+    """The Tool refine(parent, instruction, references): a fresh Sub-Agent -> score + summary."""
     started, parent, higher = time.time(), attempts[call["parent"]], task.higher_is_better
     messages = sub_messages(task, parent, [attempts[r] for r in call["references"]], call["instruction"],
                             cfg.sub_iters)
