@@ -36,10 +36,10 @@ import random
 import re
 import shutil
 import sys
-import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from itertools import zip_longest
 from pathlib import Path
 from types import SimpleNamespace
@@ -95,6 +95,12 @@ def prompt_tokens(messages, tokenizer=None) -> int:
     if tokenizer is not None:
         return len(tokenizer.encode(tokenizer.apply_chat_template(messages)))
     return sum(count_tokens(m["content"]) for m in messages)
+
+
+def record(records: list, rnd, role, messages, backend, attempt=None):  # list.append is thread-safe
+    tok = getattr(backend, "tokenizer", None)
+    records.append({"round": rnd, "role": role, "tokens": prompt_tokens(messages, tok), "attempt": attempt,
+                    "counter": "tokenizer of the local model" if tok is not None else "approx: ceil(chars / 4)"})
 
 
 def clip_tokens(text: str, limit: int, tokenizer=None) -> str:
@@ -313,13 +319,11 @@ def feedback(run, task, limit: int, tokenizer=None, cap=1 << 16) -> str:
     return text + "\nOutput:\n```\n" + clip_tokens(output.strip(), limit, tokenizer) + "\n```"
 
 
-def code_loop(task, backend, messages, max_iters: int, cfg: Config, deadline: float, on_prompt, start_code: str,
+def code_loop(task, backend, messages, max_iters: int, cfg: Config, deadline: float, on_prompt,
               **fields) -> tuple[Attempt, object, list[str]]:
     """Write the script, run it, read the feedback, fix; until a summary, max_iters runs or the deadline (then
     one request for the summary). -> (Attempt(**fields) with its best script by public score, its run, errors)."""
-    tok, higher = getattr(backend, "tokenizer", None), task.higher_is_better
-    best = best_run = last = summary = None
-    iters, errors, status = 0, [], "no_code"
+    tok, runs, iters, summary = getattr(backend, "tokenizer", None), messages.state.runs, 0, None
 
     def ask(prompt):
         on_prompt(prompt)
@@ -337,15 +341,10 @@ def code_loop(task, backend, messages, max_iters: int, cfg: Config, deadline: fl
         if kind == "summary":
             summary = value
             break
-        iters, last = iters + 1, value
+        iters += 1
         timeout = min(cfg.script_timeout or task.time_limit, max(deadline - time.time(), 1.0))
         run = env.run_script(task, value, timeout=timeout, keep=("submission.csv",))
-        messages.state.runs.append((value, run))
-        status = "success" if best_run or run.status == "success" else run.status
-        if run.status != "success":
-            errors.append(error_line(run))
-        elif best_run is None or signed(run.score, higher) > signed(best_run.score, higher):
-            best, best_run = value, run
+        runs.append((value, run))
         messages.append({"role": "user", "content": feedback(run, task, cfg.obs_tokens, tok)})
     if summary is None:  # the budget ran out first
         messages, text = ask(messages + [{"role": "user", "content": SUMMARY_NOW}])
@@ -354,37 +353,33 @@ def code_loop(task, backend, messages, max_iters: int, cfg: Config, deadline: fl
             summary = value if kind == "summary" else None
         except ParseError:
             pass
-    ok = best_run is not None
-    attempt = Attempt(**fields, score=best_run.score if ok else None, private=best_run.test_score if ok else None,
-                      status=status, summary={k: (summary or {}).get(k, "") for k in SUMMARY_KEYS},
-                      code=(best if ok else last) or start_code, messages=messages, iterations=iters,
-                      ended=time.time(), submission=best_run.kept.get("submission.csv", "") if ok else "")
-    return attempt, best_run, list(dict.fromkeys(errors))
+    scored = [(code, run) for code, run in runs if run.status == "success"]  # ties: the first
+    code, best = max(scored, key=lambda r: signed(r[1].score, task.higher_is_better)) if scored else \
+        (runs[-1][0] if runs else "", None)
+    attempt = Attempt(**fields, score=best.score if best else None, private=best.test_score if best else None,
+                      status="success" if best else (runs[-1][1].status if runs else "no_code"),
+                      summary={k: (summary or {}).get(k, "") for k in SUMMARY_KEYS},
+                      code=code or messages.state.code, messages=messages, iterations=iters, ended=time.time(),
+                      submission=best.kept.get("submission.csv", "") if best else "")
+    return attempt, best, list(dict.fromkeys(error_line(r) for _, r in runs if r.status != "success"))
 
 
-class Tool:
-    """refine(parent, instruction, references): a fresh Sub-Agent's loop -> score + summary."""
-
-    def __init__(self, task, backend, cfg: Config, deadline: float, record):
-        self.task, self.backend, self.cfg, self.deadline, self.record = task, backend, cfg, deadline, record
-
-    def __call__(self, attempt_id: int, call: dict, attempts: dict, rnd: int) -> Attempt:
-        started, parent, higher = time.time(), attempts[call["parent"]], self.task.higher_is_better
-        messages = sub_messages(self.task, parent, [attempts[r] for r in call["references"]],
-                                call["instruction"], self.cfg.sub_iters)
-        tok = getattr(self.backend, "tokenizer", None)
-        a, run, errors = code_loop(self.task, self.backend, messages, self.cfg.sub_iters, self.cfg, self.deadline,
-                                   lambda m: self.record(rnd, "sub-agent", m, tok, attempt_id), parent.code,
-                                   id=attempt_id, parent=parent.id, instruction=call["instruction"],
-                                   references=call["references"], round=rnd, started=started)
-        if run:  # what the Tool measured, not what the Sub-Agent claims
-            delta = "better" if signed(run.score, higher) > signed(parent.score, higher) else "not better"
-            a.summary["result"] = (f"public score {run.score:.4f}, {delta} than parent #{parent.id} "
-                                   f"({_fmt(parent.score)})")
-        else:
-            a.summary["result"] = f"no valid submission after {a.iterations} execution(s)"
-        a.summary["errors"] = "; ".join(errors) or a.summary["errors"] or "none"
-        return a
+def refine(task, sub, cfg: Config, deadline: float, records, attempt_id: int, call: dict, attempts: dict, rnd: int):
+    """The Tool refine(parent, instruction, references): a fresh Sub-Agent -> score + summary."""
+    started, parent, higher = time.time(), attempts[call["parent"]], task.higher_is_better
+    messages = sub_messages(task, parent, [attempts[r] for r in call["references"]], call["instruction"],
+                            cfg.sub_iters)
+    on_prompt = lambda m: record(records, rnd, "sub-agent", m, sub, attempt_id)  # noqa: E731
+    a, run, errors = code_loop(task, sub, messages, cfg.sub_iters, cfg, deadline, on_prompt, id=attempt_id,
+                               parent=parent.id, instruction=call["instruction"], references=call["references"],
+                               round=rnd, started=started)
+    if run:  # what the Tool measured, not what the Sub-Agent claims
+        delta = "better" if signed(run.score, higher) > signed(parent.score, higher) else "not better"
+        a.summary["result"] = f"public score {run.score:.4f}, {delta} than parent #{parent.id} ({_fmt(parent.score)})"
+    else:
+        a.summary["result"] = f"no valid submission after {a.iterations} execution(s)"
+    a.summary["errors"] = "; ".join(errors) or a.summary["errors"] or "none"
+    return a
 
 
 def starter_attempt(task, cfg: Config) -> Attempt:
@@ -415,9 +410,7 @@ class StandIn:
         self.usage = agent.Usage()
 
     def chat(self, messages, n=1, temperature=0.0, max_tokens=1024, stop=None):
-        c = agent.Completion([self.answer(messages, temperature) for _ in range(n)])
-        self.usage.add(c, 0.0)
-        return c
+        return self.usage.add(agent.Completion([self.answer(messages, temperature) for _ in range(n)]), 0.0)
 
 
 class ScriptedOrchestrator(StandIn):
@@ -513,7 +506,7 @@ def save_json(path: Path, obj, lines=False):  # lines: a list as JSONL
 
 def load_json(path: Path, build):
     """build(the JSON at path), None without a file; one build cannot take is a one-line ValueError naming it."""
-    if not path or not path.exists():
+    if not path.exists():
         return None
     try:
         return build(json.loads(path.read_bytes().decode("utf-8")))
@@ -522,19 +515,11 @@ def load_json(path: Path, build):
                          "another --out") from None
 
 
-def _recorder(records: list):  # list.append is thread-safe
-    def record(rnd, role, messages, tokenizer=None, attempt=None):
-        counter = "tokenizer of the local model" if tokenizer is not None else "approx: ceil(chars / 4)"
-        records.append({"round": rnd, "role": role, "tokens": prompt_tokens(messages, tokenizer), "attempt": attempt,
-                        "counter": counter})
-    return record
-
-
-def decide(orch, messages, known, cfg: Config, record, rnd) -> tuple[list[dict], bool]:
+def decide(orch, messages, known, cfg: Config, records, rnd) -> tuple[list[dict], bool]:
     """Ask the Orchestrator, re-asking on an unparsable answer (MLAB's max_retries); none usable: no call."""
-    ask, tok = messages, getattr(orch, "tokenizer", None)
+    ask = messages
     for _ in range(cfg.max_retries + 1):
-        record(rnd, "orchestrator", ask, tok)
+        record(records, rnd, "orchestrator", ask, orch)
         text = orch.chat(ask, temperature=cfg.temperature, max_tokens=cfg.max_tokens).texts[0]
         try:
             return parse_decision(text, known, cfg.calls)
@@ -564,15 +549,15 @@ def run_matryoshka(cfg: Config, orch, sub, out: Path | None = None, resume=True,
     else:
         attempts, records, rnd, spent, finished = [starter_attempt(task, cfg)], [], 0, 0.0, False
     start = time.time()
-    deadline, record = start + cfg.time_limit - spent, _recorder(records)
-    tool = Tool(task, sub, cfg, deadline, record)
+    deadline = start + cfg.time_limit - spent
+    tool = partial(refine, task, sub, cfg, deadline, records)
     result = lambda: _result(task, attempts, records, finished, spent + time.time() - start, round=rnd)  # noqa: E731
     while not finished and rnd < cfg.rounds and time.time() < deadline:
         rnd += 1
         messages = orchestrator_messages(task, attempts, rnd, cfg.rounds, cfg.calls, deadline - time.time())
-        calls, finished = decide(orch, messages, {a.id for a in attempts}, cfg, record, rnd)
+        calls, finished = decide(orch, messages, {a.id for a in attempts}, cfg, records, rnd)
         by_id, first = {a.id: a for a in attempts}, len(attempts)
-        with ThreadPoolExecutor(max(1, cfg.workers)) as pool:  # §3.4: in parallel
+        with ThreadPoolExecutor(cfg.workers) as pool:  # §3.4: in parallel
             attempts += list(pool.map(lambda k: tool(first + k, calls[k], by_id, rnd), range(len(calls))))
         best = best_attempt(attempts, task.higher_is_better)
         log(f"round {rnd}: " + (", ".join(f"#{a.id}<-#{a.parent} {_fmt(a.score)} ({a.status}, {a.iterations} it)"
@@ -588,12 +573,11 @@ def run_monolithic(cfg: Config, coder, out: Path | None = None, log=print) -> di
     (rounds x calls x sub_iters executions). Not resumed."""
     task = env.load_task(cfg.task)
     steps, started = cfg.rounds * cfg.calls * cfg.sub_iters, time.time()
-    starter, records, tok = starter_attempt(task, cfg), [], getattr(coder, "tokenizer", None)
-    record = _recorder(records)
+    starter, records = starter_attempt(task, cfg), []
+    on_prompt = lambda m: record(records, len(records) + 1, "monolithic", m, coder)  # noqa: E731
     mono, _, _ = code_loop(task, coder, sub_messages(task, starter, [], None, steps), steps, cfg,
-                           started + cfg.time_limit, lambda m: record(len(records) + 1, "monolithic", m, tok),
-                           starter.code, id=1, parent=0, instruction="monolithic", references=[], round=1,
-                           started=started)
+                           started + cfg.time_limit, on_prompt, id=1, parent=0, instruction="monolithic",
+                           references=[], round=1, started=started)
     result = _result(task, [starter, mono], records, True, time.time() - started)
     log(f"monolithic: {mono.iterations} executions, best {_fmt(result['best']['public'])}, last prompt "
         f"{records[-1]['tokens'] if records else 0} tokens")
@@ -665,8 +649,8 @@ def collect_tree(cfg: Config, orch, sub, path: Path, log=print) -> Tree:
         starter = starter_attempt(task, cfg)
         tree = Tree(task.name, task.higher_is_better, 1, {0: starter},
                     [Node(0, None, 0, None, [], "done", None, starter.score)])
-    lock, save = threading.Lock(), lambda: save_json(path, tree.to_json())
-    tool = Tool(task, sub, cfg, time.time() + cfg.time_limit, lambda *a, **k: None)
+    save = lambda: save_json(path, tree.to_json())  # noqa: E731
+    tool = partial(refine, task, sub, cfg, time.time() + cfg.time_limit, [])  # no records
     while True:
         # 1. decisions: cfg.children for each done node without children above the depth limit
         for node in list(tree.nodes):
@@ -694,20 +678,15 @@ def collect_tree(cfg: Config, orch, sub, path: Path, log=print) -> Tree:
                     calls, node.error = [], str(e)
                 node.calls = [{**c, "attempt": tree.next_id + i} for i, c in enumerate(calls)]
                 tree.next_id += len(calls)
-            jobs += [(node, c, by_id) for c in node.calls if c["attempt"] not in tree.attempts]
+            jobs += [(c["attempt"], c, by_id, node.depth) for c in node.calls if c["attempt"] not in tree.attempts]
         save()
-
-        def run(job):
-            node, call, by_id = job
-            a = tool(call["attempt"], call, by_id, node.depth)
-            with lock:
-                tree.attempts[a.id] = a
+        with ThreadPoolExecutor(cfg.workers) as pool:  # each attempt saved as it ends
+            for done in as_completed([pool.submit(tool, *job) for job in jobs]):
+                tree.attempts[done.result().id] = done.result()
                 save()
-        with ThreadPoolExecutor(max(1, cfg.workers)) as pool:
-            list(pool.map(run, jobs))
         for node in pending:
-            valid = [s for c in node.calls if (s := tree.attempts[c["attempt"]].score) is not None]
-            node.score = (max(valid) if task.higher_is_better else min(valid)) if valid else None
+            made = [tree.attempts[c["attempt"]] for c in node.calls]
+            node.score = best_attempt(made, tree.higher_is_better).score if made else None  # r(v)
             node.status = "done"
         log(f"tree: {len(tree.nodes)} nodes, {len(tree.attempts)} attempts, "
             f"depth {max(n.depth for n in tree.nodes)}")
@@ -716,12 +695,9 @@ def collect_tree(cfg: Config, orch, sub, path: Path, log=print) -> Tree:
 
 def branch_labels(tree: Tree) -> dict[int, float]:
     """R(c) = max of r(v) over c's subtree, r the node's signed score (§3.6, Preference Construction)."""
-    R = {}
-
-    def label(i):
-        R[i] = max([signed(tree.nodes[i].score, tree.higher_is_better)] + [label(c.id) for c in tree.children(i)])
-        return R[i]
-    label(0)
+    R = {n.id: signed(n.score, tree.higher_is_better) for n in tree.nodes}
+    for n in reversed(tree.nodes[1:]):  # not the root; children (larger ids) first
+        R[n.parent] = max(R[n.parent], R[n.id])
     return R
 
 
@@ -781,10 +757,9 @@ def passes(n: int, steps: int, rng):  # passes over range(n), each in a new orde
         yield order[step % n]
 
 
-def train_orchestrator(policy, ref, tok, groups, cfg: Config, steps=None, log=print) -> dict:
-    """AdamW without weight decay (sft.py's default), a group per update, cfg.epochs passes (or `steps`
-    updates), gradient norm clipped at 1. ref None: the reference is the policy with its LoRA adapters off (B = 0:
-    it starts there)."""
+def train_orchestrator(policy, ref, tok, groups, cfg: Config, log=print) -> dict:
+    """AdamW without weight decay (sft.py's default), a group per update, cfg.epochs passes, gradient norm
+    clipped at 1. ref None: the reference is the policy with its LoRA adapters off (B = 0: it starts there)."""
     import model
     import torch
     with torch.no_grad():
@@ -797,7 +772,7 @@ def train_orchestrator(policy, ref, tok, groups, cfg: Config, steps=None, log=pr
         return cfg.beta * (decision_logprobs(policy, tok, g["messages"], g["responses"], cfg.max_len) - ref_lp[i])
     opt, losses = torch.optim.AdamW(policy.parameters(), lr=cfg.lr, weight_decay=0.0), []
     policy.train()
-    for i in passes(len(groups), cfg.epochs * len(groups) if steps is None else steps, random.Random(cfg.seed)):
+    for i in passes(len(groups), cfg.epochs * len(groups), random.Random(cfg.seed)):
         loss = ranking_loss(scores(i), groups[i]["R"])
         opt.zero_grad()
         loss.backward()
@@ -858,7 +833,7 @@ def resampled_states(tree, n: int, rng) -> list[list[Attempt]]:
         new = {old: k for k, old in enumerate(order)}
         renumber = lambda m: f"parent #{new.get(int(m.group(1)), 0)}"  # noqa: E731
         states.append([dataclasses.replace(
-            a, id=new[a.id], parent=None if a.parent is None else new[a.parent],
+            a, id=new[a.id], parent=new.get(a.parent),
             references=[new[r] for r in a.references if r in new],
             summary={k: re.sub(r"parent #(\d+)", renumber, str(v)) for k, v in a.summary.items()})
             for a in (pool[i] for i in order)])
@@ -1088,7 +1063,7 @@ def main(argv=None):
         lock = agent.claim_folder(out)  # one command per --out
         orch = make_backend(args.orchestrator, args.orchestrator_url, "orchestrator", cfg.seed)
         coder = make_backend(args.sub_agent, args.sub_agent_url, "sub-agent")
-    except (env.TaskError, OSError, ValueError) as err:
+    except (OSError, ValueError) as err:  # env.TaskError too
         p.error(str(err))
     for role, b in (("orchestrator", orch), ("sub-agent", coder)):
         if isinstance(b, StandIn):

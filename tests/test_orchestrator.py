@@ -106,7 +106,7 @@ def test_one_gradient_step_raises_the_winners_log_ratio():
         before = orc.decision_logprobs(policy, tok, messages, [win, lose], 4096)
         ref_lp = orc.decision_logprobs(ref, tok, messages, [win, lose], 4096)
     assert torch.allclose(before, ref_lp)  # policy == reference: log-ratios are 0
-    stats = orc.train_orchestrator(policy, ref, tok, [group], orc.Config(lr=1e-3, beta=0.1), steps=1, log=lambda *_: 0)
+    stats = orc.train_orchestrator(policy, ref, tok, [group], orc.Config(lr=1e-3, beta=0.1, epochs=1), log=lambda *_: 0)
     assert stats["steps"] == 1 and stats["loss_first"] == pytest.approx(math.log(2), rel=1e-5)
     with torch.no_grad():
         after = orc.decision_logprobs(policy, tok, messages, [win, lose], 4096)
@@ -280,8 +280,8 @@ def test_sub_agent_stops_at_its_iteration_limit():
     task, c = env.load_task(TASK), cfg(sub_iters=3)
     starter = orc.starter_attempt(task, c)
     coder, records = Crasher(), []
-    tool = orc.Tool(task, coder, c, time.time() + 300, lambda *a: records.append(a))
-    a = tool(1, {"parent": 0, "instruction": "anything", "references": []}, {0: starter}, 1)
+    a = orc.refine(task, coder, c, time.time() + 300, records, 1,
+                   {"parent": 0, "instruction": "anything", "references": []}, {0: starter}, 1)
     assert a.iterations == 3 and coder.calls == 4  # three executions, then one request for the summary
     assert a.status == "error" and a.score is None and a.private is None
     assert "RuntimeError: boom" in a.summary["errors"] and "no valid submission" in a.summary["result"]
@@ -392,7 +392,7 @@ def test_a_large_orchestrator_trains_lora_adapters_against_its_own_base(tmp_path
     assert all("forward" in vars(block) for block in policy.model.layers)  # sft.py's checkpointing wraps them
     assert not any(p.requires_grad for n, p in policy.named_parameters() if n not in trainable)
     group = {"messages": messages, "responses": [win, lose], "R": [1.0, 0.0]}
-    stats = orc.train_orchestrator(policy, None, tok, [group], orc.Config(lr=1e-2, beta=0.1), steps=3,
+    stats = orc.train_orchestrator(policy, None, tok, [group], orc.Config(lr=1e-2, beta=0.1, epochs=3),
                                    log=lambda *_: 0)
     assert stats["loss_first"] == pytest.approx(math.log(2), rel=1e-5)  # B = 0: the policy starts at the reference
     with torch.no_grad():
