@@ -309,8 +309,9 @@ class Qwen(nn.Module):
             for k in range(n):  # distinct, reproducible streams
                 seed = None if seeds is None else (seeds[j] * 1000003 + k if k else seeds[j])
                 gen = None if seed is None else torch.Generator(dev).manual_seed(seed)
-                seqs.append(Sequence(list(p), max_new_tokens, temperature, top_p, stops, gen, index=j * n + k))
-        engine = Engine(self, max_batch or len(seqs), prefill_chunk, generator, stop_fn, on_done)
+                seqs.append(Sequence(list(p), gen, index=j * n + k))
+        engine = Engine(self, max_new_tokens, temperature, top_p, stops, max_batch or len(seqs),
+                        prefill_chunk, generator, stop_fn, on_done)
         try:
             engine.run([seqs[j * n:(j + 1) * n] for j in range(len(prompts))])
         finally:
@@ -321,10 +322,6 @@ class Qwen(nn.Module):
 @dataclasses.dataclass
 class Sequence:
     prompt: list
-    max_new_tokens: int
-    temperature: float = 0.0
-    top_p: float = 1.0
-    stop_ids: set = dataclasses.field(default_factory=set)
     generator: object = None       # its own (seeded requests)
     index: int = 0                 # its row in generate's output
     tokens: list = dataclasses.field(default_factory=list)
@@ -337,7 +334,6 @@ class SlotCache:
 
     def __init__(self, slots, capacity, dtype):
         self.slots, self.capacity, self.dtype, self.k, self.v = slots, capacity, dtype, {}, {}
-        self.at(slice(0, 0))
 
     def at(self, rows, start=0, pos=None, end=None):
         """Next forward: rows (a slice) write at start .. start + T, or (decode) each at pos; read to end."""
@@ -369,19 +365,22 @@ TRANSPOSED_COPY_BYTES = 1 << 30
 
 class Engine:
     """Continuous batching (Orca, Yu et al. OSDI 2022; vLLM), our slots, no paging: a finished sequence frees its slot
-    for waiting groups (a prompt's n samples, prefilled once, copied to n - 1 slots). One host sync a step."""
+    for waiting groups (a prompt's n samples, prefilled once, copied to n - 1 slots). One host sync a step.
+    All rows share the sampling settings; a seeded row draws from its own generator."""
 
-    def __init__(self, model, max_batch=16, prefill_chunk=2048, generator=None, stop_fn=None, on_done=None):
+    def __init__(self, model, max_new_tokens=128, temperature=0.0, top_p=1.0, stop_ids=(),
+                 max_batch=16, prefill_chunk=2048, generator=None, stop_fn=None, on_done=None):
         self.model, self.max_batch, self.prefill_chunk, self.generator = model, max_batch, prefill_chunk, generator
-        self.stop_fn, self.on_done = stop_fn, on_done
-        self.waiting, self.live, self.fresh, self.linears = [], [], None, []
+        self.max_new_tokens, self.temperature, self.top_p = max_new_tokens, temperature, top_p
+        self.stop_ids, self.stop_fn, self.on_done = stop_ids, stop_fn, on_done
+        self.waiting, self.live, self.fresh = [], [], None
         # on CPU every Linear reads a transposed copy until `close`, or none does
-        layers = [m for m in model.modules() if isinstance(m, Linear)] if model is not None else []
-        if layers and all(m.weight.device.type == "cpu" for m in layers) and \
-                sum(m.weight.nbytes for m in layers) <= TRANSPOSED_COPY_BYTES:
-            self.linears = layers
-            for m in layers:
-                m.weight_t = m.weight.detach().t().contiguous()  # (in, out)
+        self.linears = [m for m in model.modules() if isinstance(m, Linear)]
+        if any(m.weight.device.type != "cpu" for m in self.linears) or \
+                sum(m.weight.nbytes for m in self.linears) > TRANSPOSED_COPY_BYTES:
+            self.linears = []
+        for m in self.linears:
+            m.weight_t = m.weight.detach().t().contiguous()  # (in, out)
 
     def close(self):
         for m in self.linears:
@@ -395,12 +394,11 @@ class Engine:
         w, B, dev = self.model.lm_head.weight, self.max_batch, self.model.lm_head.weight.device
         dtype = torch.get_autocast_dtype(dev.type) if torch.is_autocast_enabled(dev.type) else w.dtype
         # sized once for the longest request: regrowing would hold two caches at once (vLLM sizes it at start-up)
-        need = max((len(s.prompt) + s.max_new_tokens for g in groups for s in g), default=0) + 1
+        need = max((len(s.prompt) for g in groups for s in g), default=0) + self.max_new_tokens + 1
         self.cache = SlotCache(B, need, dtype)
-        # per slot: cached positions, newest token, sampling settings
+        # per slot: cached positions, newest token
         self.lengths = torch.zeros(B, dtype=torch.long, device=dev)
         self.last = torch.zeros_like(self.lengths)
-        self.temp, self.top_p = torch.zeros(B, device=dev), torch.ones(B, device=dev)
         while self.live or self.waiting:
             self._admit()
             if self.live:
@@ -417,11 +415,10 @@ class Engine:
         if not groups:
             return
         dev, A, P = self.lengths.device, len(self.live), len(groups)
-        lens = [len(g[0].prompt) for g in groups]
-        ids = torch.zeros(P, max(lens), dtype=torch.long)
-        for b, g in enumerate(groups):  # right padding: no token attends to a later pad
-            ids[b, :lens[b]] = torch.tensor(g[0].prompt)
-        ids, ends = ids.to(dev), torch.tensor(lens, device=dev) - 1
+        prompts = [g[0].prompt for g in groups]
+        lens = list(map(len, prompts))  # right padding: no token attends to a later pad
+        ids = nn.utils.rnn.pad_sequence([torch.tensor(p) for p in prompts], batch_first=True).to(dev)
+        ends = torch.tensor(lens, device=dev) - 1
         for a in range(0, max(lens), self.prefill_chunk):
             x = ids[:, a:a + self.prefill_chunk]
             T = x.shape[1]
@@ -436,35 +433,29 @@ class Engine:
                 seqs.append(s)
                 leaders.append(b)
         new = slice(A, A + len(seqs))  # sequence i in slot A + i
-        self.temp[new] = torch.tensor([float(s.temperature) for s in seqs], device=dev)
-        self.top_p[new] = torch.tensor([float(s.top_p) for s in seqs], device=dev)
-        tok, lp = self._sample(self._logits(h_last)[leaders], seqs, self.temp[new], self.top_p[new])
+        tok, lp = self._sample(self._logits(h_last)[leaders], seqs)
         self.last[new], self.lengths[new] = tok, torch.tensor([len(s.prompt) for s in seqs], device=dev)
         self.live += seqs
         self.fresh = (seqs, tok, lp)  # reported at the next decode's sync
 
-    def _sample(self, logits, seqs, temp, top_p):
-        """-> tokens, log-probs (R,) under each row's temperature (0: greedy), top-p (device tensors: no host copy)
-        and generator; log-probs under softmax(logits / T)."""
-        greedy = temp == 0
-        logp = torch.log_softmax(logits / torch.where(greedy, 1.0, temp)[:, None], -1)
+    def _sample(self, logits, seqs):
+        """-> tokens, log-probs (R,) of the rows `seqs` under softmax(logits / T) (T = 0: greedy)."""
+        logp = torch.log_softmax(logits / (self.temperature or 1.0), -1)
         tok = logits.argmax(-1)
-        if any(s.temperature for s in seqs):  # known on the host: no sync
+        if self.temperature:
             probs, order = logp.exp(), None
-            if any(s.temperature and s.top_p < 1 for s in seqs):
+            if self.top_p < 1:
                 probs, order = probs.sort(-1, descending=True)  # nucleus: the shortest prefix reaching top_p
-                probs[(probs.cumsum(-1) - probs) > top_p[:, None]] = 0  # (the first token stays)
+                probs[(probs.cumsum(-1) - probs) > self.top_p] = 0  # (the first token stays)
             # inverse CDF: a uniform per row, one batched search (torch.multinomial per seeded row was slow on CPU)
             u = torch.rand(len(seqs), generator=self.generator, device=probs.device)
-            own = [j for j, s in enumerate(seqs) if s.temperature and s.generator is not None]
+            own = [j for j, s in enumerate(seqs) if s.generator is not None]
             if own:
                 u[own] = torch.cat([torch.rand(1, generator=seqs[j].generator, device=probs.device) for j in own])
             cdf = probs.cumsum(-1)
-            draw = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True).squeeze(-1)
+            draw = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True)
             draw = draw.clamp(max=probs.shape[-1] - 1)  # only rounding could pass the end
-            if order is not None:
-                draw = order.gather(-1, draw[:, None]).squeeze(-1)
-            tok = torch.where(greedy, tok, draw)
+            tok = (draw if order is None else order.gather(-1, draw)).squeeze(-1)
         return tok, logp.gather(-1, tok[:, None]).squeeze(-1)
 
     def _decode(self):
@@ -476,7 +467,7 @@ class Engine:
         if min(at) < max(at):
             mask = (torch.arange(end, device=pos.device) <= pos[:, None])[:, None, None]  # (A, 1, 1, end)
         h = self.model.blocks(self.last[:A, None], pos[:, None], mask, self.cache)[:, -1]
-        tok, lp = self._sample(self._logits(h), self.live, self.temp[:A], self.top_p[:A])
+        tok, lp = self._sample(self._logits(h), self.live)
         self.last[:A], self.lengths[:A] = tok, pos + 1
         fresh, toks, lps = self.fresh or ([], tok[:0], lp[:0])  # the last admission's first tokens
         self.fresh = None
@@ -489,9 +480,9 @@ class Engine:
     def _append(self, s, tok, lp):
         s.tokens.append(tok)
         s.logprobs.append(lp)
-        if tok in s.stop_ids or (self.stop_fn is not None and self.stop_fn(s.index, s.tokens)):
+        if tok in self.stop_ids or (self.stop_fn is not None and self.stop_fn(s.index, s.tokens)):
             s.reason = "stop"
-        elif len(s.tokens) >= s.max_new_tokens:
+        elif len(s.tokens) >= self.max_new_tokens:
             s.reason = "length"
         if s.reason and self.on_done is not None:
             self.on_done(s.index, s.tokens, s.reason)
@@ -503,7 +494,7 @@ class Engine:
             if hole != last:
                 s = self.live[last]
                 self.cache.copy(last, hole, len(s.prompt) + len(s.tokens))
-                for t in (self.last, self.lengths, self.temp, self.top_p):
+                for t in (self.last, self.lengths):
                     t[hole] = t[last]
                 self.live[hole] = s
             self.live.pop()
