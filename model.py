@@ -776,11 +776,6 @@ def train_tokenizer(texts, vocab_size, special_tokens=("<|endoftext|>", "<|im_st
 
 # ==== 5. Finding, loading and saving a Hugging Face model folder
 
-def _hub_cache():
-    default = os.path.join(os.environ.get("HF_HOME", os.path.join("~", ".cache", "huggingface")), "hub")
-    return os.path.expanduser(os.environ.get("HF_HUB_CACHE", default))
-
-
 def _weight_files(folder):
     """A folder's safetensors files (sharded or not); [] if one is missing."""
     index = os.path.join(folder, "model.safetensors.index.json")
@@ -836,7 +831,7 @@ def _download(repo_id, repo_dir):
             for shard in sorted(set(index["weight_map"].values())):
                 fetch(shard)
     except (requests.ConnectionError, requests.Timeout) as e:
-        raise ConnectionError(f"{repo_id} is not in the cache {_hub_cache()} and {endpoint} cannot be reached "
+        raise ConnectionError(f"{repo_id} is not in the cache {os.path.dirname(repo_dir)} and {endpoint} cannot be reached "
                               f"({type(e).__name__}); pass a local folder or connect to the network") from None
     except requests.HTTPError as e:
         raise ConnectionError(f"downloading {repo_id} failed: {e}") from None
@@ -849,7 +844,9 @@ def resolve(path_or_id):
         return path_or_id
     if path_or_id.count("/") != 1 or path_or_id.startswith((".", "/", "~")):
         raise FileNotFoundError(f"no model folder {path_or_id!r} (and not a hub id like Org/Name)")
-    repo_dir = os.path.join(_hub_cache(), "models--" + path_or_id.replace("/", "--"))
+    home = os.environ.get("HF_HOME", os.path.join("~", ".cache", "huggingface"))
+    cache = os.path.expanduser(os.environ.get("HF_HUB_CACHE", os.path.join(home, "hub")))
+    repo_dir = os.path.join(cache, "models--" + path_or_id.replace("/", "--"))
     ref = os.path.join(repo_dir, "refs", "main")
     if os.path.exists(ref):
         with open(ref) as f:
@@ -879,8 +876,7 @@ def read_json(path) -> dict:
 def _empty(config, dtype, device=None):
     """A Qwen with uninitialized weights on `device` (None: the meta device)."""
     with torch.device("meta"):
-        model = Qwen(config)
-    model = model.to(dtype)
+        model = Qwen(config).to(dtype)
     if device is not None:
         model = model.to_empty(device=device)
         model.tie_weights()
@@ -924,13 +920,11 @@ def save(model, tokenizer, path, max_shard_bytes=5 * 2**30, dtype=None, weights=
             os.remove(os.path.join(path, name))
     cfg, dtype = model.config, dtype or model.lm_head.weight.dtype
     _write_json(os.path.join(path, "config.json"), {**cfg.to_dict(), "torch_dtype": str(dtype).removeprefix("torch.")})
-    weights = {k: v for k, v in (weights or model.state_dict()).items()
-               if ".A" not in k and ".B" not in k and ".base." not in k}  # (LoRA's parts)
+    weights = {k.replace(".base.", "."): v for k, v in (weights or model.state_dict()).items()
+               if not k.endswith((".A", ".B"))}  # LoRA: the base layer's bias; below, its weight merged
     for name, m in model.named_modules():
         if isinstance(m, LoRALinear):  # a folder any loader reads
             weights[name + ".weight"] = m.merged()
-            if m.base.bias is not None:
-                weights[name + ".bias"] = m.base.bias
     tensors = {k: v.to(dtype) for k, v in weights.items() if not (cfg.tie_word_embeddings and k == "lm_head.weight")}
     shards = [{}]
     for k, v in tensors.items():
@@ -987,22 +981,19 @@ def enable_grad_checkpointing(lm):  # each block's forward recomputed in backwar
         block.forward = fwd
 
 
-# NCCL's 10-minute timeout is shorter than a task script or saving a 7B trainer state (torchtitan, OpenRLHF raise it)
-DIST_TIMEOUT = datetime.timedelta(hours=2)
-
-
 def setup_distributed(args):
     """(rank, world, device) from torchrun's variables; on CUDA with the rank's index (set_device refuses "cuda")."""
     world, local = int(os.environ.get("WORLD_SIZE", 1)), int(os.environ.get("LOCAL_RANK", 0))
     cuda = torch.cuda.is_available() and (args.device or "cuda").startswith("cuda")
-    device = torch.device(args.device or "cpu") if not cuda else torch.device("cuda", local)
-    if cuda and world == 1 and args.device and torch.device(args.device).index is not None:
-        device = torch.device(args.device)
-    if cuda:
+    device = torch.device(args.device or "cpu")
+    if cuda:  # one process may name its GPU
+        device = device if world == 1 and device.index is not None else torch.device("cuda", local)
         torch.cuda.set_device(device)
     torchrun = "RANK" in os.environ and "MASTER_ADDR" in os.environ  # (also with one process: sft.py --fsdp shards)
     if (world > 1 or torchrun) and not dist.is_initialized():
-        dist.init_process_group("nccl" if cuda else "gloo", timeout=DIST_TIMEOUT)
+        # NCCL's 10-minute timeout is shorter than a task script or saving a 7B trainer state
+        # (torchtitan, OpenRLHF raise it)
+        dist.init_process_group("nccl" if cuda else "gloo", timeout=datetime.timedelta(hours=2))
     return (dist.get_rank() if world > 1 else 0), world, device
 
 
