@@ -83,8 +83,7 @@ class Config:
     def from_dict(cls, d):
         """From an HF config.json dict: unknown keys ignored, unsupported features raise."""
         d = dict(d)
-        if "model_type" not in d:
-            d["model_type"] = "qwen3" if "Qwen3ForCausalLM" in d.get("architectures", []) else "qwen2"
+        d.setdefault("model_type", "qwen3" if "Qwen3ForCausalLM" in d.get("architectures", []) else "qwen2")
         rope = d.get("rope_parameters") or d.get("rope_scaling") or {}  # transformers 5 moves rope_theta here
         if rope.get("rope_type", rope.get("type", "default")) != "default":
             raise ValueError(f"unsupported RoPE scaling {rope}")
@@ -400,9 +399,8 @@ class Engine:
         self.lengths = torch.zeros(B, dtype=torch.long, device=dev)
         self.last = torch.zeros_like(self.lengths)
         while self.live or self.waiting:
-            self._admit()
-            if self.live:
-                self._decode()
+            self._admit()  # a group fits max_batch: with no sequence live, one is admitted
+            self._decode()
 
     def _logits(self, h):  # (R, C) -> fp32 logits
         return self.model.lm_head(h).float()[:, :self.model.sample_vocab_size]
@@ -490,14 +488,11 @@ class Engine:
     def _compact(self):
         """Finished sequences leave; the last live slot moves into each hole."""
         for hole in sorted((i for i, s in enumerate(self.live) if s.reason), reverse=True):
-            last = len(self.live) - 1
+            last, s = len(self.live) - 1, self.live.pop()
             if hole != last:
-                s = self.live[last]
                 self.cache.copy(last, hole, len(s.prompt) + len(s.tokens))
-                for t in (self.last, self.lengths):
-                    t[hole] = t[last]
+                self.last[hole], self.lengths[hole] = self.last[last], self.lengths[last]
                 self.live[hole] = s
-            self.live.pop()
 
 
 def response_hidden(lm, ids, lengths, starts):
