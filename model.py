@@ -826,7 +826,7 @@ def _download(repo_id, repo_dir):
             for shard in sorted(set(index["weight_map"].values())):
                 fetch(shard)
     except (requests.ConnectionError, requests.Timeout) as e:
-        raise ConnectionError(f"{repo_id} is not in the cache {os.path.dirname(repo_dir)} and {endpoint} cannot be reached "
+        raise ConnectionError(f"{repo_id} is not in the cache ({repo_dir}) and {endpoint} cannot be reached "
                               f"({type(e).__name__}); pass a local folder or connect to the network") from None
     except requests.HTTPError as e:
         raise ConnectionError(f"downloading {repo_id} failed: {e}") from None
