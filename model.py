@@ -384,7 +384,6 @@ class Engine:
     def close(self):
         for m in self.linears:
             m.weight_t = None
-        self.linears = []
 
     @torch.inference_mode()
     def run(self, groups):
@@ -795,8 +794,6 @@ def _download(repo_id, repo_dir):
                           stream=True, timeout=30) as r:
             if r.status_code == 404 and not required:
                 return None
-            if r.status_code in (401, 403):
-                raise PermissionError(f"{repo_id}: access denied ({r.status_code}); set HF_TOKEN for gated models")
             if r.status_code != 416:  # 416: the .incomplete file holds everything
                 r.raise_for_status()
                 have = have if r.status_code == 206 else 0  # range ignored: start over
@@ -812,6 +809,8 @@ def _download(repo_id, repo_dir):
         with requests.get(f"{endpoint}/{repo_id}/resolve/main/config.json", headers=headers, timeout=30) as r:
             if r.status_code == 404:
                 raise FileNotFoundError(f"{repo_id}: no such model on {endpoint}")
+            if r.status_code in (401, 403):  # a gated model's files all are
+                raise PermissionError(f"{repo_id}: access denied ({r.status_code}); set HF_TOKEN for gated models")
             r.raise_for_status()
             rev = r.headers.get("X-Repo-Commit", "main")  # every file from one commit
         folder = os.path.join(repo_dir, "snapshots", rev)
