@@ -83,8 +83,7 @@ class Config:
     def from_dict(cls, d):
         """From an HF config.json dict: unknown keys ignored, unsupported features raise."""
         d = dict(d)
-        if "model_type" not in d:
-            d["model_type"] = "qwen3" if "Qwen3ForCausalLM" in d.get("architectures", []) else "qwen2"
+        d.setdefault("model_type", "qwen3" if "Qwen3ForCausalLM" in d.get("architectures", []) else "qwen2")
         rope = d.get("rope_parameters") or d.get("rope_scaling") or {}  # transformers 5 moves rope_theta here
         if rope.get("rope_type", rope.get("type", "default")) != "default":
             raise ValueError(f"unsupported RoPE scaling {rope}")
@@ -309,8 +308,9 @@ class Qwen(nn.Module):
             for k in range(n):  # distinct, reproducible streams
                 seed = None if seeds is None else (seeds[j] * 1000003 + k if k else seeds[j])
                 gen = None if seed is None else torch.Generator(dev).manual_seed(seed)
-                seqs.append(Sequence(list(p), max_new_tokens, temperature, top_p, stops, gen, index=j * n + k))
-        engine = Engine(self, max_batch or len(seqs), prefill_chunk, generator, stop_fn, on_done)
+                seqs.append(Sequence(list(p), gen, index=j * n + k))
+        engine = Engine(self, max_new_tokens, temperature, top_p, stops, max_batch or len(seqs),
+                        prefill_chunk, generator, stop_fn, on_done)
         try:
             engine.run([seqs[j * n:(j + 1) * n] for j in range(len(prompts))])
         finally:
@@ -321,10 +321,6 @@ class Qwen(nn.Module):
 @dataclasses.dataclass
 class Sequence:
     prompt: list
-    max_new_tokens: int
-    temperature: float = 0.0
-    top_p: float = 1.0
-    stop_ids: set = dataclasses.field(default_factory=set)
     generator: object = None       # its own (seeded requests)
     index: int = 0                 # its row in generate's output
     tokens: list = dataclasses.field(default_factory=list)
@@ -337,7 +333,6 @@ class SlotCache:
 
     def __init__(self, slots, capacity, dtype):
         self.slots, self.capacity, self.dtype, self.k, self.v = slots, capacity, dtype, {}, {}
-        self.at(slice(0, 0))
 
     def at(self, rows, start=0, pos=None, end=None):
         """Next forward: rows (a slice) write at start .. start + T, or (decode) each at pos; read to end."""
@@ -369,24 +364,26 @@ TRANSPOSED_COPY_BYTES = 1 << 30
 
 class Engine:
     """Continuous batching (Orca, Yu et al. OSDI 2022; vLLM), our slots, no paging: a finished sequence frees its slot
-    for waiting groups (a prompt's n samples, prefilled once, copied to n - 1 slots). One host sync a step."""
+    for waiting groups (a prompt's n samples, prefilled once, copied to n - 1 slots). One host sync a step.
+    All rows share the sampling settings; a seeded row draws from its own generator."""
 
-    def __init__(self, model, max_batch=16, prefill_chunk=2048, generator=None, stop_fn=None, on_done=None):
+    def __init__(self, model, max_new_tokens=128, temperature=0.0, top_p=1.0, stop_ids=(),
+                 max_batch=16, prefill_chunk=2048, generator=None, stop_fn=None, on_done=None):
         self.model, self.max_batch, self.prefill_chunk, self.generator = model, max_batch, prefill_chunk, generator
-        self.stop_fn, self.on_done = stop_fn, on_done
-        self.waiting, self.live, self.fresh, self.linears = [], [], None, []
+        self.max_new_tokens, self.temperature, self.top_p = max_new_tokens, temperature, top_p
+        self.stop_ids, self.stop_fn, self.on_done = stop_ids, stop_fn, on_done
+        self.waiting, self.live, self.fresh = [], [], None
         # on CPU every Linear reads a transposed copy until `close`, or none does
-        layers = [m for m in model.modules() if isinstance(m, Linear)] if model is not None else []
-        if layers and all(m.weight.device.type == "cpu" for m in layers) and \
-                sum(m.weight.nbytes for m in layers) <= TRANSPOSED_COPY_BYTES:
-            self.linears = layers
-            for m in layers:
-                m.weight_t = m.weight.detach().t().contiguous()  # (in, out)
+        self.linears = [m for m in model.modules() if isinstance(m, Linear)]
+        if any(m.weight.device.type != "cpu" for m in self.linears) or \
+                sum(m.weight.nbytes for m in self.linears) > TRANSPOSED_COPY_BYTES:
+            self.linears = []
+        for m in self.linears:
+            m.weight_t = m.weight.detach().t().contiguous()  # (in, out)
 
     def close(self):
         for m in self.linears:
             m.weight_t = None
-        self.linears = []
 
     @torch.inference_mode()
     def run(self, groups):
@@ -395,16 +392,14 @@ class Engine:
         w, B, dev = self.model.lm_head.weight, self.max_batch, self.model.lm_head.weight.device
         dtype = torch.get_autocast_dtype(dev.type) if torch.is_autocast_enabled(dev.type) else w.dtype
         # sized once for the longest request: regrowing would hold two caches at once (vLLM sizes it at start-up)
-        need = max((len(s.prompt) + s.max_new_tokens for g in groups for s in g), default=0) + 1
+        need = max((len(s.prompt) for g in groups for s in g), default=0) + self.max_new_tokens + 1
         self.cache = SlotCache(B, need, dtype)
-        # per slot: cached positions, newest token, sampling settings
+        # per slot: cached positions, newest token
         self.lengths = torch.zeros(B, dtype=torch.long, device=dev)
         self.last = torch.zeros_like(self.lengths)
-        self.temp, self.top_p = torch.zeros(B, device=dev), torch.ones(B, device=dev)
         while self.live or self.waiting:
-            self._admit()
-            if self.live:
-                self._decode()
+            self._admit()  # a group fits max_batch: with no sequence live, one is admitted
+            self._decode()
 
     def _logits(self, h):  # (R, C) -> fp32 logits
         return self.model.lm_head(h).float()[:, :self.model.sample_vocab_size]
@@ -417,11 +412,10 @@ class Engine:
         if not groups:
             return
         dev, A, P = self.lengths.device, len(self.live), len(groups)
-        lens = [len(g[0].prompt) for g in groups]
-        ids = torch.zeros(P, max(lens), dtype=torch.long)
-        for b, g in enumerate(groups):  # right padding: no token attends to a later pad
-            ids[b, :lens[b]] = torch.tensor(g[0].prompt)
-        ids, ends = ids.to(dev), torch.tensor(lens, device=dev) - 1
+        prompts = [g[0].prompt for g in groups]
+        lens = list(map(len, prompts))  # right padding: no token attends to a later pad
+        ids = nn.utils.rnn.pad_sequence([torch.tensor(p) for p in prompts], batch_first=True).to(dev)
+        ends = torch.tensor(lens, device=dev) - 1
         for a in range(0, max(lens), self.prefill_chunk):
             x = ids[:, a:a + self.prefill_chunk]
             T = x.shape[1]
@@ -436,35 +430,29 @@ class Engine:
                 seqs.append(s)
                 leaders.append(b)
         new = slice(A, A + len(seqs))  # sequence i in slot A + i
-        self.temp[new] = torch.tensor([float(s.temperature) for s in seqs], device=dev)
-        self.top_p[new] = torch.tensor([float(s.top_p) for s in seqs], device=dev)
-        tok, lp = self._sample(self._logits(h_last)[leaders], seqs, self.temp[new], self.top_p[new])
+        tok, lp = self._sample(self._logits(h_last)[leaders], seqs)
         self.last[new], self.lengths[new] = tok, torch.tensor([len(s.prompt) for s in seqs], device=dev)
         self.live += seqs
         self.fresh = (seqs, tok, lp)  # reported at the next decode's sync
 
-    def _sample(self, logits, seqs, temp, top_p):
-        """-> tokens, log-probs (R,) under each row's temperature (0: greedy), top-p (device tensors: no host copy)
-        and generator; log-probs under softmax(logits / T)."""
-        greedy = temp == 0
-        logp = torch.log_softmax(logits / torch.where(greedy, 1.0, temp)[:, None], -1)
+    def _sample(self, logits, seqs):
+        """-> tokens, log-probs (R,) of the rows `seqs` under softmax(logits / T) (T = 0: greedy)."""
+        logp = torch.log_softmax(logits / (self.temperature or 1.0), -1)
         tok = logits.argmax(-1)
-        if any(s.temperature for s in seqs):  # known on the host: no sync
+        if self.temperature:
             probs, order = logp.exp(), None
-            if any(s.temperature and s.top_p < 1 for s in seqs):
+            if self.top_p < 1:
                 probs, order = probs.sort(-1, descending=True)  # nucleus: the shortest prefix reaching top_p
-                probs[(probs.cumsum(-1) - probs) > top_p[:, None]] = 0  # (the first token stays)
+                probs[(probs.cumsum(-1) - probs) > self.top_p] = 0  # (the first token stays)
             # inverse CDF: a uniform per row, one batched search (torch.multinomial per seeded row was slow on CPU)
             u = torch.rand(len(seqs), generator=self.generator, device=probs.device)
-            own = [j for j, s in enumerate(seqs) if s.temperature and s.generator is not None]
+            own = [j for j, s in enumerate(seqs) if s.generator is not None]
             if own:
                 u[own] = torch.cat([torch.rand(1, generator=seqs[j].generator, device=probs.device) for j in own])
             cdf = probs.cumsum(-1)
-            draw = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True).squeeze(-1)
+            draw = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True)
             draw = draw.clamp(max=probs.shape[-1] - 1)  # only rounding could pass the end
-            if order is not None:
-                draw = order.gather(-1, draw[:, None]).squeeze(-1)
-            tok = torch.where(greedy, tok, draw)
+            tok = (draw if order is None else order.gather(-1, draw)).squeeze(-1)
         return tok, logp.gather(-1, tok[:, None]).squeeze(-1)
 
     def _decode(self):
@@ -476,7 +464,7 @@ class Engine:
         if min(at) < max(at):
             mask = (torch.arange(end, device=pos.device) <= pos[:, None])[:, None, None]  # (A, 1, 1, end)
         h = self.model.blocks(self.last[:A, None], pos[:, None], mask, self.cache)[:, -1]
-        tok, lp = self._sample(self._logits(h), self.live, self.temp[:A], self.top_p[:A])
+        tok, lp = self._sample(self._logits(h), self.live)
         self.last[:A], self.lengths[:A] = tok, pos + 1
         fresh, toks, lps = self.fresh or ([], tok[:0], lp[:0])  # the last admission's first tokens
         self.fresh = None
@@ -489,9 +477,9 @@ class Engine:
     def _append(self, s, tok, lp):
         s.tokens.append(tok)
         s.logprobs.append(lp)
-        if tok in s.stop_ids or (self.stop_fn is not None and self.stop_fn(s.index, s.tokens)):
+        if tok in self.stop_ids or (self.stop_fn is not None and self.stop_fn(s.index, s.tokens)):
             s.reason = "stop"
-        elif len(s.tokens) >= s.max_new_tokens:
+        elif len(s.tokens) >= self.max_new_tokens:
             s.reason = "length"
         if s.reason and self.on_done is not None:
             self.on_done(s.index, s.tokens, s.reason)
@@ -499,14 +487,11 @@ class Engine:
     def _compact(self):
         """Finished sequences leave; the last live slot moves into each hole."""
         for hole in sorted((i for i, s in enumerate(self.live) if s.reason), reverse=True):
-            last = len(self.live) - 1
+            last, s = len(self.live) - 1, self.live.pop()
             if hole != last:
-                s = self.live[last]
                 self.cache.copy(last, hole, len(s.prompt) + len(s.tokens))
-                for t in (self.last, self.lengths, self.temp, self.top_p):
-                    t[hole] = t[last]
+                self.last[hole], self.lengths[hole] = self.last[last], self.lengths[last]
                 self.live[hole] = s
-            self.live.pop()
 
 
 def response_hidden(lm, ids, lengths, starts):
@@ -785,11 +770,6 @@ def train_tokenizer(texts, vocab_size, special_tokens=("<|endoftext|>", "<|im_st
 
 # ==== 5. Finding, loading and saving a Hugging Face model folder
 
-def _hub_cache():
-    default = os.path.join(os.environ.get("HF_HOME", os.path.join("~", ".cache", "huggingface")), "hub")
-    return os.path.expanduser(os.environ.get("HF_HUB_CACHE", default))
-
-
 def _weight_files(folder):
     """A folder's safetensors files (sharded or not); [] if one is missing."""
     index = os.path.join(folder, "model.safetensors.index.json")
@@ -814,8 +794,6 @@ def _download(repo_id, repo_dir):
                           stream=True, timeout=30) as r:
             if r.status_code == 404 and not required:
                 return None
-            if r.status_code in (401, 403):
-                raise PermissionError(f"{repo_id}: access denied ({r.status_code}); set HF_TOKEN for gated models")
             if r.status_code != 416:  # 416: the .incomplete file holds everything
                 r.raise_for_status()
                 have = have if r.status_code == 206 else 0  # range ignored: start over
@@ -831,6 +809,8 @@ def _download(repo_id, repo_dir):
         with requests.get(f"{endpoint}/{repo_id}/resolve/main/config.json", headers=headers, timeout=30) as r:
             if r.status_code == 404:
                 raise FileNotFoundError(f"{repo_id}: no such model on {endpoint}")
+            if r.status_code in (401, 403):  # a gated model's files all are
+                raise PermissionError(f"{repo_id}: access denied ({r.status_code}); set HF_TOKEN for gated models")
             r.raise_for_status()
             rev = r.headers.get("X-Repo-Commit", "main")  # every file from one commit
         folder = os.path.join(repo_dir, "snapshots", rev)
@@ -845,7 +825,7 @@ def _download(repo_id, repo_dir):
             for shard in sorted(set(index["weight_map"].values())):
                 fetch(shard)
     except (requests.ConnectionError, requests.Timeout) as e:
-        raise ConnectionError(f"{repo_id} is not in the cache {_hub_cache()} and {endpoint} cannot be reached "
+        raise ConnectionError(f"{repo_id} is not in the cache ({repo_dir}) and {endpoint} cannot be reached "
                               f"({type(e).__name__}); pass a local folder or connect to the network") from None
     except requests.HTTPError as e:
         raise ConnectionError(f"downloading {repo_id} failed: {e}") from None
@@ -858,7 +838,9 @@ def resolve(path_or_id):
         return path_or_id
     if path_or_id.count("/") != 1 or path_or_id.startswith((".", "/", "~")):
         raise FileNotFoundError(f"no model folder {path_or_id!r} (and not a hub id like Org/Name)")
-    repo_dir = os.path.join(_hub_cache(), "models--" + path_or_id.replace("/", "--"))
+    home = os.environ.get("HF_HOME", os.path.join("~", ".cache", "huggingface"))
+    cache = os.path.expanduser(os.environ.get("HF_HUB_CACHE", os.path.join(home, "hub")))
+    repo_dir = os.path.join(cache, "models--" + path_or_id.replace("/", "--"))
     ref = os.path.join(repo_dir, "refs", "main")
     if os.path.exists(ref):
         with open(ref) as f:
@@ -888,8 +870,7 @@ def read_json(path) -> dict:
 def _empty(config, dtype, device=None):
     """A Qwen with uninitialized weights on `device` (None: the meta device)."""
     with torch.device("meta"):
-        model = Qwen(config)
-    model = model.to(dtype)
+        model = Qwen(config).to(dtype)
     if device is not None:
         model = model.to_empty(device=device)
         model.tie_weights()
@@ -933,13 +914,11 @@ def save(model, tokenizer, path, max_shard_bytes=5 * 2**30, dtype=None, weights=
             os.remove(os.path.join(path, name))
     cfg, dtype = model.config, dtype or model.lm_head.weight.dtype
     _write_json(os.path.join(path, "config.json"), {**cfg.to_dict(), "torch_dtype": str(dtype).removeprefix("torch.")})
-    weights = {k: v for k, v in (weights or model.state_dict()).items()
-               if ".A" not in k and ".B" not in k and ".base." not in k}  # (LoRA's parts)
+    weights = {k.replace(".base.", "."): v for k, v in (weights or model.state_dict()).items()
+               if not k.endswith((".A", ".B"))}  # LoRA: the base layer's bias; below, its weight merged
     for name, m in model.named_modules():
         if isinstance(m, LoRALinear):  # a folder any loader reads
             weights[name + ".weight"] = m.merged()
-            if m.base.bias is not None:
-                weights[name + ".bias"] = m.base.bias
     tensors = {k: v.to(dtype) for k, v in weights.items() if not (cfg.tie_word_embeddings and k == "lm_head.weight")}
     shards = [{}]
     for k, v in tensors.items():
@@ -996,22 +975,19 @@ def enable_grad_checkpointing(lm):  # each block's forward recomputed in backwar
         block.forward = fwd
 
 
-# NCCL's 10-minute timeout is shorter than a task script or saving a 7B trainer state (torchtitan, OpenRLHF raise it)
-DIST_TIMEOUT = datetime.timedelta(hours=2)
-
-
 def setup_distributed(args):
     """(rank, world, device) from torchrun's variables; on CUDA with the rank's index (set_device refuses "cuda")."""
     world, local = int(os.environ.get("WORLD_SIZE", 1)), int(os.environ.get("LOCAL_RANK", 0))
     cuda = torch.cuda.is_available() and (args.device or "cuda").startswith("cuda")
-    device = torch.device(args.device or "cpu") if not cuda else torch.device("cuda", local)
-    if cuda and world == 1 and args.device and torch.device(args.device).index is not None:
-        device = torch.device(args.device)
-    if cuda:
+    device = torch.device(args.device or "cpu")
+    if cuda:  # one process may name its GPU
+        device = device if world == 1 and device.index is not None else torch.device("cuda", local)
         torch.cuda.set_device(device)
     torchrun = "RANK" in os.environ and "MASTER_ADDR" in os.environ  # (also with one process: sft.py --fsdp shards)
     if (world > 1 or torchrun) and not dist.is_initialized():
-        dist.init_process_group("nccl" if cuda else "gloo", timeout=DIST_TIMEOUT)
+        # NCCL's 10-minute timeout is shorter than a task script or saving a 7B trainer state
+        # (torchtitan, OpenRLHF raise it)
+        dist.init_process_group("nccl" if cuda else "gloo", timeout=datetime.timedelta(hours=2))
     return (dist.get_rank() if world > 1 else 0), world, device
 
 

@@ -527,19 +527,18 @@ def test_tiny_top_p_is_greedy(cases):
 def test_sampled_tokens_follow_the_softmax_and_stay_in_the_nucleus():
     """The engine's inverse-CDF draw: token frequencies match softmax(logits / T) over 20,000 rows, a row with its
     own generator repeats its draw for the same seed, and with top_p no token outside the nucleus is ever drawn."""
-    eng = model.Engine(None, generator=torch.Generator().manual_seed(0))
+    eng = model.Engine(torch.nn.Module(), temperature=0.8, generator=torch.Generator().manual_seed(0))
     logits = torch.tensor([2.0, 1.0, 0.0, -1.0, 0.5, float("-inf")]).repeat(20000, 1)
-    rows = [model.Sequence([1], 4, temperature=0.8) for _ in range(20000)]
-    tok, lp = eng._sample(logits, rows, torch.full((20000,), 0.8), torch.ones(20000))
+    tok, lp = eng._sample(logits, [model.Sequence([1]) for _ in range(20000)])
     want = torch.softmax(logits[0] / 0.8, -1)
     assert (torch.bincount(tok, minlength=6) / 20000 - want).abs().max() < 0.015  # ~3 standard errors
     assert torch.allclose(lp, want.log()[tok])
-    nucleus = [model.Sequence([1], 4, temperature=1.0, top_p=0.6) for _ in range(2000)]
-    tok, _ = eng._sample(logits[:2000], nucleus, torch.ones(2000), torch.full((2000,), 0.6))
+    eng.temperature, eng.top_p = 1.0, 0.6
+    tok, _ = eng._sample(logits[:2000], [model.Sequence([1]) for _ in range(2000)])
     assert set(tok.tolist()) == {0, 1}  # p = 0.56, 0.21, 0.13, ...: the first two reach 0.6
-    draw = lambda: eng._sample(logits[:3], [model.Sequence([1], 4, temperature=1.0, generator=torch.Generator()
-                                                          .manual_seed(s)) for s in (1, 2, 3)],
-                               torch.ones(3), torch.ones(3))[0].tolist()
+    eng.top_p = 1.0
+    draw = lambda: eng._sample(logits[:3], [model.Sequence([1], torch.Generator().manual_seed(s))
+                                            for s in (1, 2, 3)])[0].tolist()
     assert draw() == draw()
 
 
