@@ -62,12 +62,9 @@ from each other as you can{avoid}. Answer with a numbered list, one idea per lin
 
 def parse_ideas(text: str) -> list[str]:
     """The ideas of a numbered or bulleted list, markdown emphasis dropped, too-short lines skipped."""
-    ideas = []
-    for m in re.finditer(r"^\s*(?:\d+[.):]|[-*\u2022])\s+(.+?)\s*$", text, re.M):
-        idea = re.sub(r"\*\*|__|`", "", m.group(1)).strip()
-        if len(idea) >= 15:
-            ideas.append(idea)
-    return ideas
+    items = re.finditer(r"^\s*(?:\d+[.):]|[-*\u2022])\s+(.+?)\s*$", text, re.M)
+    ideas = (re.sub(r"\*\*|__|`", "", m.group(1)).strip() for m in items)
+    return [idea for idea in ideas if len(idea) >= 15]
 
 
 def propose_ideas(backend, task: env.Task, category: str, n=100, batch=25) -> list[str]:
@@ -287,7 +284,7 @@ def collect(tasks, trajectories=5, workers=2, expert="scripted", base_url=None, 
                 for name, tid in ids if tid not in done]
 
         # 3. rollouts in worker processes; only this one writes, a whole line at a time
-        new, failed = 0, 0
+        new = 0
         pool = mp.Pool(workers) if workers > 1 and len(jobs) > 1 else None
         safe = functools.partial(_safe_rollout, rollout_fn)
         results = pool.imap_unordered(safe, jobs) if pool else map(safe, jobs)
@@ -300,7 +297,6 @@ def collect(tasks, trajectories=5, workers=2, expert="scripted", base_url=None, 
                     agent.append_jsonl(traj_path, traj)
                     new += 1
                 else:
-                    failed += 1
                     agent.append_jsonl(err_path, {"id": job["id"], "task": job["task"],
                                                   "error": error, "time": time.time()})
                     print(f"collect.py: rollout {job['id']} failed: {error.strip().splitlines()[-1]}", file=sys.stderr)
@@ -313,8 +309,8 @@ def collect(tasks, trajectories=5, workers=2, expert="scripted", base_url=None, 
         agent.write_atomic(out / "sft.jsonl", (json.dumps(r) + "\n" for r in sft_rows(trajs)))
         agent.write_atomic(out / "states.jsonl", (json.dumps(r) + "\n" for r in state_rows(trajs)))
         text = summarize(trajs, time.time() - start, new) + ideas_line
-        if failed:
-            text += f"\n{failed} rollouts failed (see {err_path}); run again to retry them"
+        if new < len(jobs):  # each job gives a trajectory or an error
+            text += f"\n{len(jobs) - new} rollouts failed (see {err_path}); run again to retry them"
         return text
 
 # ==== command line

@@ -507,7 +507,7 @@ def main(argv=None):
             agent.check_checkpoint_flags(p, (flag, name, cfg.base_url))  # not as K failed runs
     try:
         resolve_tasks(cfg)
-        if cfg.plots and os.path.exists(cfg.ppo_log):  # a plot's input, checked before the runs
+        if cfg.plots:  # a plot's input, checked before the runs ([] without the file)
             agent.read_jsonl(cfg.ppo_log, complete_only=True)
     except (env.TaskError, ValueError) as e:
         p.error(str(e))

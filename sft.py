@@ -138,11 +138,9 @@ def micro_batches(lengths, micro, seed, epoch, bucket=16):
 
 def collate(examples, pad_id, device):
     """Right-padded (B, T) input_ids and labels (padding -100), the (B,) lengths, and shared_prefix(examples)."""
-    T = max(len(ids) for ids, _ in examples)
-    ids = torch.full((len(examples), T), pad_id, dtype=torch.long)
-    labels = torch.full((len(examples), T), IGNORE, dtype=torch.long)
-    for b, (x, y) in enumerate(examples):
-        ids[b, :len(x)], labels[b, :len(y)] = torch.tensor(x), torch.tensor(y)
+    pad = nn.utils.rnn.pad_sequence
+    ids = pad([torch.tensor(x) for x, _ in examples], batch_first=True, padding_value=pad_id)
+    labels = pad([torch.tensor(y) for _, y in examples], batch_first=True, padding_value=IGNORE)
     lengths = torch.tensor([len(x) for x, _ in examples])
     return ids.to(device), labels.to(device), lengths.to(device), shared_prefix(examples)
 
@@ -365,16 +363,15 @@ def parse_rate(lm, tokenizer, rows, max_new_tokens, batch=8):
         prompts.append(tokenizer.encode(tokenizer.apply_chat_template(r["messages"][:last])))
         expert.append(r["messages"][last]["content"])
     stops = model.stop_ids(lm, tokenizer)  # what agent.LocalBackend stops at
+    gen = lm.generate(prompts, max_new_tokens, stop_token_ids=stops, max_batch=batch)  # none: []
     ok = same = 0
-    if prompts:
-        gen = lm.generate(prompts, max_new_tokens, stop_token_ids=stops, max_batch=batch)
-        for toks, ref in zip(gen.tokens, expert):
-            try:
-                action, _ = agent.parse_response(tokenizer.decode(toks, skip_special_tokens=True))
-            except agent.ParseError:
-                continue
-            ok += 1
-            same += action == agent.parse_entries(ref).get("Action", "").strip()
+    for toks, ref in zip(gen.tokens, expert):
+        try:
+            action, _ = agent.parse_response(tokenizer.decode(toks, skip_special_tokens=True))
+        except agent.ParseError:
+            continue
+        ok += 1
+        same += action == agent.parse_entries(ref).get("Action", "").strip()
     return ok / max(len(prompts), 1), same / max(len(prompts), 1)
 
 
