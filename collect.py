@@ -33,7 +33,7 @@ import re
 import sys
 import time
 import traceback
-from collections import Counter, defaultdict
+from collections import Counter
 from dataclasses import asdict
 from pathlib import Path
 
@@ -62,12 +62,9 @@ from each other as you can{avoid}. Answer with a numbered list, one idea per lin
 
 def parse_ideas(text: str) -> list[str]:
     """The ideas of a numbered or bulleted list, markdown emphasis dropped, too-short lines skipped."""
-    ideas = []
-    for m in re.finditer(r"^\s*(?:\d+[.):]|[-*\u2022])\s+(.+?)\s*$", text, re.M):
-        idea = re.sub(r"\*\*|__|`", "", m.group(1)).strip()
-        if len(idea) >= 15:
-            ideas.append(idea)
-    return ideas
+    items = re.finditer(r"^\s*(?:\d+[.):]|[-*\u2022])\s+(.+?)\s*$", text, re.M)
+    ideas = (re.sub(r"\*\*|__|`", "", m.group(1)).strip() for m in items)
+    return [idea for idea in ideas if len(idea) >= 15]
 
 
 def propose_ideas(backend, task: env.Task, category: str, n=100, batch=25) -> list[str]:
@@ -172,8 +169,7 @@ def rollout(job: dict) -> dict:
     return {"id": job["id"], **asdict(traj), "usage": usage_of([backend], before), "reward_config": asdict(config)}
 
 
-def _safe_rollout(args) -> tuple[dict, dict | None, str | None]:
-    fn, job = args
+def _safe_rollout(fn, job) -> tuple[dict, dict | None, str | None]:
     try:
         return job, fn(job), None
     except Exception:  # noqa: BLE001 - a failing rollout is logged, the others go on
@@ -206,9 +202,6 @@ def state_rows(trajectories):
 
 def summarize(trajectories, wall_seconds: float, new: int) -> str:
     steps = [s for t in trajectories for s in t["steps"]]
-    by_task = defaultdict(list)
-    for t in trajectories:
-        by_task[t["task"]].append(t)
     actions = Counter(s["action"] or "(invalid)" for s in steps)
     ideas = {idea for t in trajectories for _, idea in t["ideas"]}
     lines = [f"{len(trajectories)} trajectories, {len(steps)} steps ({len(steps) / max(len(trajectories), 1):.1f} "
@@ -216,7 +209,8 @@ def summarize(trajectories, wall_seconds: float, new: int) -> str:
              f"{np.mean([s['reward'] for s in steps]) if steps else float('nan'):+.3f}",
              "actions: " + ", ".join(f"{a} {n}" for a, n in actions.most_common()),
              f"{'task':<15}{'traj':>5}{'m_init':>10}{'final (mean)':>14}{'final (best)':>14}"]
-    for task, ts in sorted(by_task.items()):
+    for task in sorted({t["task"] for t in trajectories}):
+        ts = [t for t in trajectories if t["task"] == task]
         finals = [t["steps"][-1]["metric"] for t in ts if t["steps"] and t["steps"][-1]["metric"] is not None]
         best = (max if ts[0]["higher_is_better"] else min)(finals) if finals else float("nan")
         mean = np.mean(finals) if finals else float("nan")
@@ -239,13 +233,6 @@ def summarize(trajectories, wall_seconds: float, new: int) -> str:
 # ==== collection
 
 
-class RewardMismatch(ValueError):
-    """--out holds trajectories of another reward config."""
-
-
-TRAJECTORY_KEYS = ("id", "task", "steps", "ideas", "m_init", "m_best", "higher_is_better")
-
-
 def collect(tasks, trajectories=5, workers=2, expert="scripted", base_url=None, out="runs/data", seed=0, k=10,
             candidates=100, max_steps=15, time_limit=1800.0, prices=(0.0, 0.0), rollout_fn=rollout,
             progress=True, reward_config=reward.RewardConfig()) -> str:
@@ -253,10 +240,11 @@ def collect(tasks, trajectories=5, workers=2, expert="scripted", base_url=None, 
     start, out, prices = time.time(), Path(out), tuple(prices)  # hashable: expert_backend's cache key
     with agent.claim_folder(out):  # one run per --out: a second would append every row again
         traj_path, err_path = out / "trajectories.jsonl", out / "errors.jsonl"
-        existing = agent.read_jsonl(traj_path, TRAJECTORY_KEYS, repair=True)
+        keys = ("id", "task", "steps", "ideas", "m_init", "m_best", "higher_is_better")
+        existing = agent.read_jsonl(traj_path, keys, repair=True)
         for old in {reward.from_record(t.get("reward_config")) for t in existing}:  # no key: the default
             if old != reward_config:
-                raise RewardMismatch(f"{traj_path} holds trajectories collected with {old}, the flags give "
+                raise ValueError(f"{traj_path} holds trajectories collected with {old}, the flags give "
                                      f"{reward_config}; pass the same reward flags or another --out")
         loaded = env.load_tasks(tasks)  # built here, several at once, not racing in the workers
 
@@ -289,21 +277,17 @@ def collect(tasks, trajectories=5, workers=2, expert="scripted", base_url=None, 
 
         # 2. jobs: trajectory ids not yet in trajectories.jsonl; ideas seeded by the id
         done = {t["id"] for t in existing}
-        jobs = []
-        for task in loaded:
-            for i in range(trajectories):
-                tid = f"{task.name}-{i:04d}"
-                if tid not in done:
-                    ideas = sample_ideas(pools[task.name], random.Random(f"{seed}:{tid}"))
-                    jobs.append({"id": tid, "task": task.name, "ideas": ideas, "expert": expert, "base_url": base_url,
-                                 "prices": prices, "max_steps": max_steps, "time_limit": time_limit,
-                                 "reward_config": asdict(reward_config)})
+        ids = [(task.name, f"{task.name}-{i:04d}") for task in loaded for i in range(trajectories)]
+        jobs = [{"id": tid, "task": name, "expert": expert, "base_url": base_url, "prices": prices,
+                 "max_steps": max_steps, "time_limit": time_limit, "ideas": sample_ideas(pools[name],
+                 random.Random(f"{seed}:{tid}")), "reward_config": asdict(reward_config)}
+                for name, tid in ids if tid not in done]
 
         # 3. rollouts in worker processes; only this one writes, a whole line at a time
-        new, failed = 0, 0
-        work = [(rollout_fn, j) for j in jobs]
+        new = 0
         pool = mp.Pool(workers) if workers > 1 and len(jobs) > 1 else None
-        results = pool.imap_unordered(_safe_rollout, work) if pool else map(_safe_rollout, work)
+        safe = functools.partial(_safe_rollout, rollout_fn)
+        results = pool.imap_unordered(safe, jobs) if pool else map(safe, jobs)
         try:
             for job, traj, error in tqdm(results, total=len(jobs), desc="trajectories", disable=not progress):
                 if traj is not None and not traj["steps"]:  # recorded, it would not be retried
@@ -313,7 +297,6 @@ def collect(tasks, trajectories=5, workers=2, expert="scripted", base_url=None, 
                     agent.append_jsonl(traj_path, traj)
                     new += 1
                 else:
-                    failed += 1
                     agent.append_jsonl(err_path, {"id": job["id"], "task": job["task"],
                                                   "error": error, "time": time.time()})
                     print(f"collect.py: rollout {job['id']} failed: {error.strip().splitlines()[-1]}", file=sys.stderr)
@@ -326,8 +309,8 @@ def collect(tasks, trajectories=5, workers=2, expert="scripted", base_url=None, 
         agent.write_atomic(out / "sft.jsonl", (json.dumps(r) + "\n" for r in sft_rows(trajs)))
         agent.write_atomic(out / "states.jsonl", (json.dumps(r) + "\n" for r in state_rows(trajs)))
         text = summarize(trajs, time.time() - start, new) + ideas_line
-        if failed:
-            text += f"\n{failed} rollouts failed (see {err_path}); run again to retry them"
+        if new < len(jobs):  # each job gives a trajectory or an error
+            text += f"\n{len(jobs) - new} rollouts failed (see {err_path}); run again to retry them"
         return text
 
 # ==== command line

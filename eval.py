@@ -145,12 +145,6 @@ def seed_everything(seed: int):
 # ==== one run
 
 
-def starter_scores(task) -> dict:
-    """m_init: the starter train.py's public and private scores."""
-    run = env.run_script(task, (task.public_dir / "train.py").read_text())
-    return {"status": run.status, "public": run.score, "private": run.test_score}
-
-
 def response_tokens(cfg: Config, scaffold: str, backend) -> int:
     """The scaffold's default (MLAB 1024, orchestrator.Config 4096), at most a quarter of a local model's
     context (the tiny models have 2048 positions)."""
@@ -267,11 +261,8 @@ def task_summary(task, m_init: dict, runs: list[dict]) -> dict:
     avg = _mean(scores)
     best = (max if higher else min)(scores) if scores and None not in scores else None
 
-    def gain(m):
-        try:
-            return performance_gain(m, init, higher) if m is not None and init is not None else None
-        except ValueError:
-            return None
+    def gain(m):  # none where m_init is missing or 0 (performance_gain's ValueError)
+        return performance_gain(m, init, higher) if m is not None and init else None
     ranks = [human_rank(r["private"] if r["valid"] else None, board, higher) for r in runs] if board else []
     k = max(len(runs), 1)
     # the MLAB agent's "actions" ([action, kind, reward] a step): invalid steps, Undos that gave back a gain
@@ -445,10 +436,12 @@ def evaluate(cfg: Config, log=print) -> dict:
         tasks, policies = resolve_tasks(cfg), cfg.policies or default_policies()
         path = out / "runs.jsonl"
         done = read_runs(path)
-        m_init = {t.name: starter_scores(t) for t in tasks}
-        for name, m in m_init.items():
-            if m["status"] != "success":
-                log(f"eval.py: the starter of {name} does not score ({m['status']}); its gains are -")
+        m_init = {}  # the starter train.py's public and private scores
+        for t in tasks:
+            run = env.run_script(t, (t.public_dir / "train.py").read_text())
+            m_init[t.name] = {"status": run.status, "public": run.score, "private": run.test_score}
+            if run.status != "success":
+                log(f"eval.py: the starter of {t.name} does not score ({run.status}); its gains are -")
         keys = {(s, p, i, r): run_key(cfg, s, p, t, r) for s in cfg.scaffolds for p in policies
                 for i, t in enumerate(tasks) for r in range(cfg.k)}
         todo = [job for job, key in keys.items() if key not in done]
@@ -514,7 +507,7 @@ def main(argv=None):
             agent.check_checkpoint_flags(p, (flag, name, cfg.base_url))  # not as K failed runs
     try:
         resolve_tasks(cfg)
-        if cfg.plots and os.path.exists(cfg.ppo_log):  # a plot's input, checked before the runs
+        if cfg.plots:  # a plot's input, checked before the runs ([] without the file)
             agent.read_jsonl(cfg.ppo_log, complete_only=True)
     except (env.TaskError, ValueError) as e:
         p.error(str(e))

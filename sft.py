@@ -138,11 +138,9 @@ def micro_batches(lengths, micro, seed, epoch, bucket=16):
 
 def collate(examples, pad_id, device):
     """Right-padded (B, T) input_ids and labels (padding -100), the (B,) lengths, and shared_prefix(examples)."""
-    T = max(len(ids) for ids, _ in examples)
-    ids = torch.full((len(examples), T), pad_id, dtype=torch.long)
-    labels = torch.full((len(examples), T), IGNORE, dtype=torch.long)
-    for b, (x, y) in enumerate(examples):
-        ids[b, :len(x)], labels[b, :len(y)] = torch.tensor(x), torch.tensor(y)
+    pad = nn.utils.rnn.pad_sequence
+    ids = pad([torch.tensor(x) for x, _ in examples], batch_first=True, padding_value=pad_id)
+    labels = pad([torch.tensor(y) for _, y in examples], batch_first=True, padding_value=IGNORE)
     lengths = torch.tensor([len(x) for x, _ in examples])
     return ids.to(device), labels.to(device), lengths.to(device), shared_prefix(examples)
 
@@ -312,7 +310,7 @@ def recover_out(out):
 def resume_point(args, say):
     """The checkpoint to go on from (--resume's, or the latest under --out) and its trainer state, or None and {}.
     One of another run (data, model, seed, prompt loss weight) is a one-line error, never trained over."""
-    resume = latest_checkpoint(args.out) if args.resume in (None, "auto") and os.path.isdir(args.out) else args.resume
+    resume = latest_checkpoint(args.out) if args.resume in (None, "auto") else args.resume
     if args.resume == "auto" and resume is None:
         say(f"no checkpoint under {args.out}: starting fresh")
     if not resume:
@@ -365,16 +363,15 @@ def parse_rate(lm, tokenizer, rows, max_new_tokens, batch=8):
         prompts.append(tokenizer.encode(tokenizer.apply_chat_template(r["messages"][:last])))
         expert.append(r["messages"][last]["content"])
     stops = model.stop_ids(lm, tokenizer)  # what agent.LocalBackend stops at
+    gen = lm.generate(prompts, max_new_tokens, stop_token_ids=stops, max_batch=batch)  # none: []
     ok = same = 0
-    if prompts:
-        gen = lm.generate(prompts, max_new_tokens, stop_token_ids=stops, max_batch=batch)
-        for toks, ref in zip(gen.tokens, expert):
-            try:
-                action, _ = agent.parse_response(tokenizer.decode(toks, skip_special_tokens=True))
-            except agent.ParseError:
-                continue
-            ok += 1
-            same += action == agent.parse_entries(ref).get("Action", "").strip()
+    for toks, ref in zip(gen.tokens, expert):
+        try:
+            action, _ = agent.parse_response(tokenizer.decode(toks, skip_special_tokens=True))
+        except agent.ParseError:
+            continue
+        ok += 1
+        same += action == agent.parse_entries(ref).get("Action", "").strip()
     return ok / max(len(prompts), 1), same / max(len(prompts), 1)
 
 
@@ -441,12 +438,10 @@ def train(args):
         dist.barrier()
     resume, st = resume_point(args, say)
     if rank == 0:  # the steps after the checkpoint are redone: their lines go
-        agent.trim_log(os.path.join(args.out, "log.jsonl"), "step", st["step"] if resume else 0)
-    source = resume or args.model
-    if source:  # meta: the weights are read once sharding is decided
-        lm, tokenizer = model.load(source, "cpu", torch.float32, meta=True)
-    else:
-        lm, tokenizer = scratch_model([rows[i] for i in train_idx], args)
+        agent.trim_log(os.path.join(args.out, "log.jsonl"), "step", st.get("step", 0))
+    source = resume or args.model  # meta: the weights are read once sharding is decided
+    lm, tokenizer = model.load(source, "cpu", torch.float32, meta=True) if source else \
+        scratch_model([rows[i] for i in train_idx], args)
     from_scratch = st.get("scratch", False) if resume else args.model is None
     epochs = args.epochs or (8 if from_scratch else 2)  # ML-Agent: 2 epochs
     lr = args.lr or (3e-3 if from_scratch else 2e-5)  # ML-Agent: 2e-5
@@ -476,11 +471,10 @@ def train(args):
     total = steps_per_epoch * epochs
     warmup = round(args.warmup_ratio * total)
     sched = torch.optim.lr_scheduler.LambdaLR(optim, lambda s: lr_factor(s, warmup, total))
-    step = 0
+    step = st.get("step", 0)
     if resume:
         model.set_optim_state(net, optim, st["optimizer"])
         sched.load_state_dict(st["scheduler"])
-        step = st["step"]
         say(f"resumed from {resume} at step {step} (epoch {st['epoch']})")
     say(f"sft: {len(train_set)} train / {len(held_set)} held-out conversations, {epochs} epochs x {steps_per_epoch} "
         f"steps, lr {lr:g}{' (from scratch)' if from_scratch else ''}, prompt loss weight {prompt_weight:g}, "
@@ -521,8 +515,7 @@ def train(args):
             dist.barrier()  # rank 0 has written the checkpoint
         optim = sched = net = None  # the optimizer's moments (twice the fp32 model) go before a second model
         gc.collect()  # the scheduler and the optimizer refer to each other
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
+        torch.cuda.empty_cache()  # a no-op where CUDA was never used
         summary.update(heldout_parse_rate(args, [rows[i] for i in held_idx[:args.eval_parse]], rank, world, device))
         say(f"held-out parse rate: {summary['parse_rate']:.1%} of {summary['parse_states']} greedy responses parse as "
             f"a valid action ({summary['same_action_as_expert']:.1%} choose the expert's action)")
@@ -547,10 +540,10 @@ TYPES = {**dict.fromkeys(("epochs", "batch_size", "micro_batch", "max_len", "max
          "data": agent.checked(str, os.path.exists, "an existing file (python collect.py writes it)"),
          "resume": agent.checked(str, lambda v: v == "auto" or os.path.isfile(os.path.join(v, "trainer_state.pt")),
                                  "a checkpoint-<step> folder (with trainer_state.pt)")}
-CHOICES = {"save_dtype": ("auto", "float32")}
 
 
-def parser():
+def main(argv=None):
+    """A Config from the command line, each flag checked by its type (one line, exit status 2), then train."""
     p = agent.Parser(prog="sft.py", description="Supervised fine-tuning on chat JSONL, loss on assistant tokens.")
     for f in dataclasses.fields(Config):
         flag, default = "--" + f.name.replace("_", "-"), f"(default {f.default})"
@@ -560,24 +553,14 @@ def parser():
             p.add_argument(flag, type=TYPES[f.name], nargs="?", const="auto", default=None,
                            help="a checkpoint-<step> folder; no value: the latest under --out")
         else:
-            p.add_argument(flag, type=TYPES.get(f.name, str), choices=CHOICES.get(f.name), default=f.default,
-                           help=default)
-    return p
-
-
-def parse_args(argv=None):
-    """A Config from the command line; each flag checked by its type (one line, exit status 2)."""
-    p = parser()
+            p.add_argument(flag, type=TYPES.get(f.name, str), default=f.default, help=default,
+                           choices=("auto", "float32") if f.name == "save_dtype" else None)
     args = Config(**vars(p.parse_args(argv)))
     if args.scratch_hidden % (2 * args.scratch_heads):
         p.error(f"--scratch-hidden {args.scratch_hidden} does not split into --scratch-heads {args.scratch_heads} "
                 "heads of an even size")
     agent.check_checkpoint_flags(p, ("--model", args.model, None))  # a hub id: checked when fetched
-    return args
-
-
-def main(argv=None):
-    model.run_main("sft.py", train, parse_args(argv))
+    model.run_main("sft.py", train, args)
 
 
 if __name__ == "__main__":
