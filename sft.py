@@ -542,8 +542,8 @@ TYPES = {**dict.fromkeys(("epochs", "batch_size", "micro_batch", "max_len", "max
                                  "a checkpoint-<step> folder (with trainer_state.pt)")}
 
 
-def main(argv=None):
-    """A Config from the command line, each flag checked by its type (one line, exit status 2), then train."""
+def parser():
+    """A flag per Config field, checked by its type (one line, exit status 2); torchrun passes them on unchanged."""
     p = agent.Parser(prog="sft.py", description="Supervised fine-tuning on chat JSONL, loss on assistant tokens.")
     for f in dataclasses.fields(Config):
         flag, default = "--" + f.name.replace("_", "-"), f"(default {f.default})"
@@ -555,6 +555,11 @@ def main(argv=None):
         else:
             p.add_argument(flag, type=TYPES.get(f.name, str), default=f.default, help=default,
                            choices=("auto", "float32") if f.name == "save_dtype" else None)
+    return p
+
+
+def main(argv=None):
+    p = parser()
     args = Config(**vars(p.parse_args(argv)))
     if args.scratch_hidden % (2 * args.scratch_heads):
         p.error(f"--scratch-hidden {args.scratch_hidden} does not split into --scratch-heads {args.scratch_heads} "
