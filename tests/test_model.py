@@ -827,6 +827,39 @@ def test_download_from_hub_resumes(cases, tmp_path, monkeypatch):
         srv.server_close()
 
 
+class RefusingHub(http.server.BaseHTTPRequestHandler):
+    """Every request answered with server.status and no body."""
+
+    def do_GET(self):
+        self.server.requests.append(self.path)
+        self.send_response(self.server.status)
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.mark.parametrize("status, error, hint", [(401, PermissionError, "set HF_TOKEN for gated models"),
+                                                 (403, PermissionError, "set HF_TOKEN for gated models"),
+                                                 (404, FileNotFoundError, "no such model")])
+def test_a_gated_or_absent_hub_id_is_a_one_line_error_at_the_first_request(tmp_path, monkeypatch, status, error,
+                                                                              hint):
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), RefusingHub)
+    srv.status, srv.requests = status, []
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+        monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{srv.server_address[1]}")
+        with pytest.raises(error) as err:
+            model.load("tiny-org/gated")
+        message = str(err.value)
+        assert "tiny-org/gated" in message and hint in message and "\n" not in message.strip()
+        assert srv.requests == ["/tiny-org/gated/resolve/main/config.json"]  # nothing fetched after the refusal
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Command line
 # ---------------------------------------------------------------------------------------------------------------
