@@ -139,13 +139,11 @@ class Actor(nn.Module):
 class Critic(nn.Module):
     """V(s_t) for every response token: a Qwen backbone (the policy's copy) and a linear head."""
 
-    def __init__(self, backbone, seed=0):
+    def __init__(self, backbone):
         super().__init__()
         self.backbone = backbone
         C = backbone.config.hidden_size
         self.head = nn.Linear(C, 1, device=backbone.lm_head.weight.device, dtype=torch.float32)
-        if not self.head.weight.is_meta:  # else `build` fills it
-            model.fill(self.head, self.head_init(seed))
 
     def head_init(self, seed):
         """N-details layer_init: weight ~ N(0, 1/(C + 1)) from its own seed, bias 0 (CPU)."""
@@ -563,7 +561,7 @@ def build(cfg, init, resume, st, ranks):
         lm = model.load(init, device, dtype, meta=True)[0]
         if kind != "ref" and cfg.grad_checkpointing:
             model.enable_grad_checkpointing(lm)
-        net = Critic(lm, cfg.seed) if kind == "critic" else Actor(lm, cfg.temperature, cfg.logits_chunk)
+        net = Critic(lm) if kind == "critic" else Actor(lm, cfg.temperature, cfg.logits_chunk)
         net = model.place(net, lm, tensors, device, world)
         if kind != "ref" and lora:
             model.add_lora(lm, lora, cfg.lora_alpha)
