@@ -521,8 +521,7 @@ def train(args):
             f"a valid action ({summary['same_action_as_expert']:.1%} choose the expert's action)")
     say(json.dumps(summary))
     if dist.is_initialized():
-        dist.barrier()
-        dist.destroy_process_group()
+        dist.barrier()  # run_main leaves the process group
     if lock:
         lock.close()
     return summary, lm
