@@ -106,7 +106,6 @@ PAPER = dict(actor_lr=1e-6, critic_lr=1e-5, critic_warmup=0, advantage="gae")  #
 # "PPO on the tiny model"; our choice); --advantage gae brings the critic back.
 TINY = dict(actor_lr=1e-4, critic_lr=3e-3, critic_warmup=2, advantage="group")
 TINY_PARAMS = 10_000_000
-LORA_LR_FACTOR = 10  # adapters need ~10x the full fine-tuning rate ("LoRA Without Regret", Schulman 2025)
 GROUP_SAMPLES = 4  # --advantage group's default --samples-per-state
 
 
@@ -114,7 +113,7 @@ def resolve_defaults(cfg, n_params):
     """cfg's None fields from PAPER, or TINY under TINY_PARAMS (checkpointing past it); --samples-per-state 1: gae."""
     chosen = dict(TINY if n_params < TINY_PARAMS else PAPER)
     if cfg.lora_rank and n_params >= TINY_PARAMS:
-        chosen["actor_lr"] *= LORA_LR_FACTOR
+        chosen["actor_lr"] *= 10  # adapters: ~10x the rate ("LoRA Without Regret", Schulman 2025)
     group = (cfg.advantage or ("gae" if cfg.samples_per_state == 1 else chosen["advantage"])) == "group"
     chosen.update(advantage="group" if group else "gae", samples_per_state=GROUP_SAMPLES if group else 1,
                   critic_warmup=0 if group else chosen["critic_warmup"])

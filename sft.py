@@ -466,7 +466,7 @@ def train(args):
                               fused=device.type == "cuda")
     per_rank = batch_size // world // micro  # micro-batches per rank and step
     lengths = [len(x) for x, _ in train_set]
-    n_micro = len(micro_batches(lengths, args.micro_batch, args.seed, 0)) // world  # per rank, alike on all
+    n_micro = math.ceil(len(lengths) / args.micro_batch) // world  # micro-batches per rank, alike on all
     steps_per_epoch = math.ceil(n_micro / per_rank)
     total = steps_per_epoch * epochs
     warmup = round(args.warmup_ratio * total)
