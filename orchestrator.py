@@ -517,14 +517,14 @@ def load_json(path: Path, build):
 
 def decide(orch, messages, known, cfg: Config, records, rnd) -> tuple[list[dict], bool]:
     """Ask the Orchestrator, re-asking on an unparsable answer (MLAB's max_retries); none usable: no call."""
-    ask = messages
     for _ in range(cfg.max_retries + 1):
-        record(records, rnd, "orchestrator", ask, orch)
-        text = orch.chat(ask, temperature=cfg.temperature, max_tokens=cfg.max_tokens).texts[0]
+        record(records, rnd, "orchestrator", messages, orch)
+        text = orch.chat(messages, temperature=cfg.temperature, max_tokens=cfg.max_tokens).texts[0]
         try:
             return parse_decision(text, known, cfg.calls)
         except ParseError as e:
-            ask = ask + [{"role": "assistant", "content": text}, {"role": "user", "content": REASK.format(reason=e)}]
+            messages = messages + [{"role": "assistant", "content": text},
+                                   {"role": "user", "content": REASK.format(reason=e)}]
     return [], False
 
 
