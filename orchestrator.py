@@ -517,14 +517,14 @@ def load_json(path: Path, build):
 
 def decide(orch, messages, known, cfg: Config, records, rnd) -> tuple[list[dict], bool]:
     """Ask the Orchestrator, re-asking on an unparsable answer (MLAB's max_retries); none usable: no call."""
-    ask = messages
     for _ in range(cfg.max_retries + 1):
-        record(records, rnd, "orchestrator", ask, orch)
-        text = orch.chat(ask, temperature=cfg.temperature, max_tokens=cfg.max_tokens).texts[0]
+        record(records, rnd, "orchestrator", messages, orch)
+        text = orch.chat(messages, temperature=cfg.temperature, max_tokens=cfg.max_tokens).texts[0]
         try:
             return parse_decision(text, known, cfg.calls)
         except ParseError as e:
-            ask = ask + [{"role": "assistant", "content": text}, {"role": "user", "content": REASK.format(reason=e)}]
+            messages = messages + [{"role": "assistant", "content": text},
+                                   {"role": "user", "content": REASK.format(reason=e)}]
     return [], False
 
 
@@ -541,13 +541,11 @@ def run_matryoshka(cfg: Config, orch, sub, out: Path | None = None, resume=True,
     """Rounds of: the Orchestrator's tool calls from compact memory -> Tools in parallel -> new attempts;
     saved to out/run.json after every round, resumed from it."""
     task = env.load_task(cfg.task)
-    state = load_json(out / "run.json", lambda o: ([Attempt(**a) for a in o["attempts"]], list(o["records"]),
+    saved = load_json(out / "run.json", lambda o: ([Attempt(**a) for a in o["attempts"]], list(o["records"]),
                       int(o["round"]), float(o["seconds"]), bool(o["finished"]))) if out and resume else None
-    if state:
-        attempts, records, rnd, spent, finished = state
+    attempts, records, rnd, spent, finished = saved or ([starter_attempt(task, cfg)], [], 0, 0.0, False)
+    if saved:
         log(f"resumed {out / 'run.json'} at round {rnd}")
-    else:
-        attempts, records, rnd, spent, finished = [starter_attempt(task, cfg)], [], 0, 0.0, False
     start = time.time()
     deadline = start + cfg.time_limit - spent
     tool = partial(refine, task, sub, cfg, deadline, records)
@@ -931,18 +929,12 @@ def imitation_orchestrator(trees, groups, cfg: Config, log=print):
 
 def save_checkpoint(lm, tok, path: Path, dtype=None, notes: dict | None = None):
     """model.save_checkpoint_folder (LoRA merged; dtype None: the model's) plus `notes` ({file name: object}),
-    swapped in by agent.swap_folder (a kill: recover_checkpoints)."""
+    swapped in by agent.swap_folder (a kill: train_loop recovers)."""
     import model
     tmp, _ = model.save_checkpoint_folder(lm, tok, str(path), dtype, {})
     for name, obj in (notes or {}).items():
         Path(tmp, name).write_text(json.dumps(obj, indent=1))
     agent.swap_folder(tmp, path)
-
-
-def recover_checkpoints(out: Path):
-    """After a kill in save_checkpoint: ckpt-<i>.old back (or deleted), a half-written ckpt-<i>.tmp deleted."""
-    for folder in list(out.glob("ckpt-*.*")):
-        agent.recover_folder(folder.with_suffix(""), folder.with_suffix(".tmp"))
 
 
 LARGE = 10_000_000  # parameters (ppo.py's TINY_PARAMS) from which LoRA and checkpointing: a 7B model's fp32
@@ -972,7 +964,8 @@ def train_loop(cfg: Config, model_path: str | None, collector: str, sub, out: Pa
     out/tree-<i>-<task>.json), the ranking loss on their groups with it as reference; the trained one is the next.
     Resumes from out/ckpt-<i> and the trees."""
     import model
-    recover_checkpoints(out)
+    for folder in list(out.glob("ckpt-*.*")):  # a kill in save_checkpoint: .old back, .tmp gone
+        agent.recover_folder(folder.with_suffix(""), folder.with_suffix(".tmp"))
     current = Path(model_path) if model_path else out / "ckpt-0"
     for it in range(cfg.iterations):
         nxt, c = out / f"ckpt-{it + 1}", dataclasses.replace(cfg, seed=cfg.seed + it)

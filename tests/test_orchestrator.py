@@ -550,15 +550,18 @@ def test_a_kill_between_the_checkpoint_renames_is_recovered(tmp_path):
     for folder, text in ((new, "half-written"), (old, "complete")):
         folder.mkdir()
         (folder / "config.json").write_text(text)
-    orc.recover_checkpoints(tmp_path)  # killed after ckpt-1 went aside: the old one comes back
+    def resume():  # train_loop, iteration 0 done
+        return orc.train_loop(cfg(), None, "scripted", orc.RecipeCoder(), tmp_path, log=lambda *_: 0)
+    assert resume() == tmp_path / "ckpt-1"  # killed after ckpt-1 went aside: the old one comes back
     assert (tmp_path / "ckpt-1" / "config.json").read_text() == "complete" and not new.exists() and not old.exists()
     new.mkdir()
     (new / "config.json").write_text("newer")
     agent.swap_folder(new, tmp_path / "ckpt-1")
-    assert (tmp_path / "ckpt-1" / "config.json").read_text() == "newer" and sorted(os.listdir(tmp_path)) == ["ckpt-1"]
+    assert (tmp_path / "ckpt-1" / "config.json").read_text() == "newer"
+    assert sorted(os.listdir(tmp_path)) == ["ckpt-1", "sft.jsonl"]
     old.mkdir()  # killed after the new one came in, before the old one was deleted
-    orc.recover_checkpoints(tmp_path)
-    assert sorted(os.listdir(tmp_path)) == ["ckpt-1"]
+    resume()
+    assert sorted(os.listdir(tmp_path)) == ["ckpt-1", "sft.jsonl"]
 
 
 # ------------------------------------------------------------------------------------------- small pieces
