@@ -656,7 +656,6 @@ class Tokenizer:
         self.pattern = regex.compile(_split_pattern(data.get("pre_tokenizer")))
         self.byte_enc = bytes_to_unicode()
         self.byte_dec = {c: b for b, c in self.byte_enc.items()}
-        self.cache = {}
 
         def token(key):  # a string or {"content": ...}
             v = self.config.get(key, "<|endoftext|>")  # Qwen's eos and pad when the config is silent
@@ -674,10 +673,9 @@ class Tokenizer:
     def __len__(self):
         return max(self.id_to_token) + 1
 
+    @functools.lru_cache(maxsize=100_000)  # words recur: each one merged once (per tokenizer)
     def _bpe(self, word):
         """ids of one pre-tokenized word: merge the adjacent pair of lowest rank while any has one."""
-        if word in self.cache:
-            return self.cache[word]
         parts = [self.byte_enc[b] for b in word.encode("utf-8")]
         if self.ignore_merges and "".join(parts) in self.vocab:
             parts = ["".join(parts)]
@@ -686,10 +684,7 @@ class Tokenizer:
             if pair not in self.ranks:
                 break
             parts = _merge(parts, pair)
-        ids = [self.vocab[p] for p in parts if p in self.vocab]
-        if len(self.cache) < 100_000:
-            self.cache[word] = ids
-        return ids
+        return [self.vocab[p] for p in parts if p in self.vocab]
 
     def encode(self, text):
         ids = []
