@@ -656,6 +656,7 @@ class Tokenizer:
         self.pattern = regex.compile(_split_pattern(data.get("pre_tokenizer")))
         self.byte_enc = bytes_to_unicode()
         self.byte_dec = {c: b for b, c in self.byte_enc.items()}
+        self._bpe = functools.lru_cache(maxsize=100_000)(self._bpe)  # words recur: each one merged once
 
         def token(key):  # a string or {"content": ...}
             v = self.config.get(key, "<|endoftext|>")  # Qwen's eos and pad when the config is silent
@@ -673,7 +674,6 @@ class Tokenizer:
     def __len__(self):
         return max(self.id_to_token) + 1
 
-    @functools.lru_cache(maxsize=100_000)  # words recur: each one merged once (per tokenizer)
     def _bpe(self, word):
         """ids of one pre-tokenized word: merge the adjacent pair of lowest rank while any has one."""
         parts = [self.byte_enc[b] for b in word.encode("utf-8")]
