@@ -656,7 +656,7 @@ class Tokenizer:
         self.pattern = regex.compile(_split_pattern(data.get("pre_tokenizer")))
         self.byte_enc = bytes_to_unicode()
         self.byte_dec = {c: b for b, c in self.byte_enc.items()}
-        self._bpe = functools.lru_cache(maxsize=100_000)(self._bpe)  # words recur: each one merged once
+        self._bpe = functools.lru_cache(100_000)(self._bpe)  # words recur: each merged once
 
         def token(key):  # a string or {"content": ...}
             v = self.config.get(key, "<|endoftext|>")  # Qwen's eos and pad when the config is silent
