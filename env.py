@@ -489,13 +489,10 @@ class Env:
     # --- the actions, each its name's method ("Edit Script (AI)": _edit_script); worded like MLAB's
 
     def _list_files(self, dir_path):
-        folder = "" if str(dir_path).strip() in ("", ".", "./") else self._path(dir_path)
+        prefix = "" if str(dir_path).strip() in ("", ".", "./") else self._path(dir_path) + "/"
         every = [str(p.relative_to(self.task.public_dir)) for p in self.task.public_dir.rglob("*") if p.is_file()]
-        entries = set()
-        for path in set(every) | set(self.files):
-            if not folder or path.startswith(folder + "/"):
-                rest = path[len(folder) + 1:] if folder else path
-                entries.add(rest.split("/")[0] + ("/" if "/" in rest else ""))
+        below = [path[len(prefix):] for path in {*every, *self.files} if path.startswith(prefix)]
+        entries = {rest.split("/")[0] + ("/" if "/" in rest else "") for rest in below}
         if not entries:
             return self._result(f"EnvError: Cannot list files in the {dir_path} directory", "error")
         return self._result("\n".join(sorted(entries)) + "\n", "neutral")
@@ -729,14 +726,12 @@ def _isolation() -> tuple[_Isolation, str]:
         for j in range(len(paths)):
             os.mkdir(f"{stage}/{i}-{j}")
     for iso in (_Isolation(root, True, reveal), _Isolation(root, False, reveal), _Isolation(False, True, ())):
-        ok = False
         with contextlib.suppress(OSError, subprocess.SubprocessError):
-            ok = subprocess.run([sys.executable, "-c", "import encodings, site"], cwd="/", env={},
-                                stdin=subprocess.DEVNULL, capture_output=True, timeout=60,
-                                preexec_fn=_preexec(iso, UID_BASE + UID_COUNT if iso.uid else None, [], stage)
-                                ).returncode == 0
-        if ok:
-            return iso, stage
+            if subprocess.run([sys.executable, "-c", "import encodings, site"], cwd="/", env={},
+                              stdin=subprocess.DEVNULL, capture_output=True, timeout=60,
+                              preexec_fn=_preexec(iso, UID_BASE + UID_COUNT if iso.uid else None, [], stage)
+                              ).returncode == 0:
+                return iso, stage
     return _Isolation(False, False, ()), stage  # the last step needs nothing: not probed
 
 
@@ -1065,13 +1060,11 @@ def _run(task: Task, files: dict[str, str], script: str, timeout: float, keep: l
         except subprocess.TimeoutExpired:
             timed_out = True
             _kill_group(proc.pid, signal.SIGTERM)
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(GRACE)
-            except subprocess.TimeoutExpired:
-                _kill_group(proc.pid, signal.SIGKILL)
-                proc.wait()
-        seconds = time.monotonic() - start
         _kill_group(proc.pid, signal.SIGKILL)  # after every run: no grandchild survives
+        proc.wait()
+        seconds = time.monotonic() - start
         if uid is not None:
             _kill_uid(uid)
         rc, output = proc.returncode, _neutral_paths(_head_tail(log_path))

@@ -656,7 +656,7 @@ class Tokenizer:
         self.pattern = regex.compile(_split_pattern(data.get("pre_tokenizer")))
         self.byte_enc = bytes_to_unicode()
         self.byte_dec = {c: b for b, c in self.byte_enc.items()}
-        self.cache = {}
+        self._bpe = functools.lru_cache(100_000)(self._bpe)  # words recur: each merged once
 
         def token(key):  # a string or {"content": ...}
             v = self.config.get(key, "<|endoftext|>")  # Qwen's eos and pad when the config is silent
@@ -676,8 +676,6 @@ class Tokenizer:
 
     def _bpe(self, word):
         """ids of one pre-tokenized word: merge the adjacent pair of lowest rank while any has one."""
-        if word in self.cache:
-            return self.cache[word]
         parts = [self.byte_enc[b] for b in word.encode("utf-8")]
         if self.ignore_merges and "".join(parts) in self.vocab:
             parts = ["".join(parts)]
@@ -686,10 +684,7 @@ class Tokenizer:
             if pair not in self.ranks:
                 break
             parts = _merge(parts, pair)
-        ids = [self.vocab[p] for p in parts if p in self.vocab]
-        if len(self.cache) < 100_000:
-            self.cache[word] = ids
-        return ids
+        return [self.vocab[p] for p in parts if p in self.vocab]
 
     def encode(self, text):
         ids = []
