@@ -353,7 +353,9 @@ def generate_and_run(lm, tokenizer, messages, cfg, pool, device, timer, run, see
     running = {}
 
     def start(i, text, ended):  # once per row -> its future
-        return running.get(i) or running.setdefault(i, pool.submit(run, i, text, ended))
+        if i not in running:
+            running[i] = pool.submit(run, i, text, ended)
+        return running[i]
 
     prompts, tokens, gen_lp, texts, ended = generate(lm, tokenizer, messages, cfg, device, seeds, n, start)
     timer("generate")  # with the executions under way
