@@ -171,7 +171,26 @@ def run_mlab(cfg: Config, policy: str, task, ideas) -> dict:
     return {"submission": final.status, "public": final.score, "private": final.test_score,
             "steps": len(traj.steps), "stopped": traj.stopped, **collect.usage_of(backends, before),
             "context": [orchestrator.prompt_tokens(s.messages, tok) for s in traj.steps],
-            "actions": [[s.action, s.kind, s.reward] for s in traj.steps]}
+            "actions": [[s.action, s.kind, s.reward] for s in traj.steps], **conditioning(traj, ideas)}
+
+
+def conditioning(traj, ideas) -> dict:
+    """Does the agent act on its prompt? "followed": per Edit Script (AI) of train.py, whether its instruction is
+    one of the run's ideas; "agreed": per valid step after a successful Execute Script of train.py with an edit to
+    undo, whether it undid (Undo Edit Script) exactly when the run's public score (the reward's m_t) was not better
+    than the score before that edit."""
+    texts = {idea.strip().lower() for _, idea in ideas}
+    followed, agreed = [], []
+    for prev, s in zip([None, *traj.steps], traj.steps):
+        if s.action == "Edit Script (AI)" and s.action_input and s.action_input.get("save_name") == "train.py":
+            followed.append(str(s.action_input.get("edit_instruction", "")).strip().lower() in texts)
+        edits = [h for h in s.snapshot["history"] if h["script"] == "train.py"]
+        if (prev is not None and prev.action == "Execute Script" and prev.kind == "neutral" and edits
+                and (prev.action_input or {}).get("script_name") == "train.py" and s.kind != "invalid"
+                and None not in (s.snapshot["metric"], edits[-1]["metric"])):
+            now, before = s.snapshot["metric"], edits[-1]["metric"]
+            agreed.append((s.action == "Undo Edit Script") != (now > before if traj.higher_is_better else now < before))
+    return {"followed": followed, "agreed": agreed}
 
 
 def run_hierarchical(cfg: Config, scaffold: str, policy: str, task, seed: int) -> dict:
@@ -278,15 +297,20 @@ def task_summary(task, m_init: dict, runs: list[dict]) -> dict:
             "steps_per_traj": sum(r["steps"] for r in runs) / k,
             "invalid_step_rate": sum(kind == "invalid" for _, kind, _ in steps) / len(steps) if steps else None,
             "undone_gains_per_traj": sum(a == "Undo Edit Script" and kind == "edit" and rew < 0
-                                         for a, kind, rew in steps) / len(acted) if acted else None}
+                                         for a, kind, rew in steps) / len(acted) if acted else None,
+            **{f"{k}_n": sum(len(r.get(k) or []) for r in runs) for k in ("followed", "agreed")},
+            **{k: sum(sum(r.get(k) or []) for r in runs) for k in ("followed", "agreed")}}
 
 
 def overall(rows: list[dict]) -> dict:
     """The mean over tasks of each per-task number."""
     keys = ("gain_avg", "gain_best", "human_rank_avg", "human_rank_best", "valid_rate", "tokens_per_traj",
             "cost_per_traj", "seconds_per_traj", "steps_per_traj", "invalid_step_rate", "undone_gains_per_traj")
+    pooled = {f"{k}_rate": sum(r[k] for r in rows) / n if (n := sum(r[f"{k}_n"] for r in rows)) else None
+              for k in ("followed", "agreed")}  # over every edit / decision of every run
     return {"tasks": len(rows), "runs": sum(r["runs"] for r in rows), "failed": sum(r["failed"] for r in rows),
-            **{k: _mean([r[k] for r in rows]) for k in keys}}
+            **{k: _mean([r[k] for r in rows]) for k in keys}, **pooled,
+            **{f"{k}_n": sum(r[f"{k}_n"] for r in rows) for k in ("followed", "agreed")}}
 
 # ==== report and plots
 
@@ -306,17 +330,21 @@ def markdown(report: dict) -> str:
              f"private/leaderboard.csv (Matryoshka); a failed run scores m_init in avg@K/best@K and HumanRank 0. "
              f"MLAB steps {c['max_steps']}, ideas {c['ideas']}, temperature {c['temperature']}, seed {c['seed']}. "
              "Invalid steps: the share of the MLAB agent's steps that were not a valid action; undone gains: its Undo "
-             "Edit Script steps that gave back an improvement, per run.", "",
+             "Edit Script steps that gave back an improvement, per run. Ideas followed: the share of its edits of train.py "
+             "that are ideas of its own prompt; keep/undo right: the share of its steps after running an edit whose "
+             "keep or undo matches the public score (better than before the edit: keep), with their counts.", "",
              "## Overall (mean over tasks)", "",
              "| scaffold | policy | tasks | runs | failed | gain avg@K | gain best@K | HumanRank | valid | tokens/traj "
-             "| $/traj | s/traj | invalid steps | undone gains/traj |", "|" + "---|" * 14]
+             "| $/traj | s/traj | invalid steps | undone gains/traj | ideas followed | keep/undo right |", "|" + "---|" * 16]
     for g in report["groups"]:
         o = g["overall"]
         lines.append(f"| {g['scaffold']} | {g['policy']} | {o['tasks']} | {o['runs']} | {o['failed']} | "
                      f"{_f(o['gain_avg'], True)} | {_f(o['gain_best'], True)} | {_f(o['human_rank_avg'], digits=3)} | "
                      f"{_f(o['valid_rate'], digits=2)} | {_f(o['tokens_per_traj'], digits=0)} | "
                      f"{_f(o['cost_per_traj'])} | {_f(o['seconds_per_traj'], digits=1)} | "
-                     f"{_f(o['invalid_step_rate'], digits=2)} | {_f(o['undone_gains_per_traj'], digits=2)} |")
+                     f"{_f(o['invalid_step_rate'], digits=2)} | {_f(o['undone_gains_per_traj'], digits=2)} | "
+                     + " | ".join(f"{_f(o[k + '_rate'], digits=2)} of {o[k + '_n']}" for k in ("followed", "agreed"))
+                     + " |")
     lines += ["", "## Per task", "", "| scaffold | policy | task | metric | m_init | avg@K | best@K | gain avg@K | "
               "gain best@K | HumanRank avg | HumanRank best | valid | runs |", "|" + "---|" * 13]
     for g in report["groups"]:
