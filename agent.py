@@ -415,7 +415,9 @@ class LLMEditor:
 
 
 PLAN_LINE = re.compile(r"^(\d+)\. (.*?) \[(pending|in progress|done|kept|undone|failed)(?:: ([^\]]*))?\]$", re.M)
-SCORE = re.compile(r"Validation [^:\n]*:\s*(-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?)")
+NUMBER = r"(-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?)"
+SCORE = re.compile(r"Validation [^:\n]*:\s*" + NUMBER)  # what a starter prints
+PUBLIC = re.compile(r"Public score \([^)\n]*\): " + NUMBER + r"(?:, (better|not better) than)?")  # env.Env's
 RUN_TRAIN = ("Execute Script", {"script_name": "train.py"})
 
 
@@ -439,7 +441,7 @@ class ScriptedExpert:
             plan, best, reflection, fact, then = self._observe(steps[-1], higher)
         thought, action, action_input = then or self._next(plan, best)
         status = "\n".join(f"{i}. {t} [{s}{': ' + r if r else ''}]" for i, (t, s, r) in enumerate(plan, 1))
-        status += f"\nBest validation score so far: {best if best is not None else 'none'} " \
+        status += f"\nBest score so far: {best if best is not None else 'none'} " \
                   f"({'higher' if higher else 'lower'} is better)"
         text = (f"Reflection: {reflection}\nResearch Plan and Status:\n{status}\n"
                 f"Fact Check: {fact or 'Nothing new to check.'}\nThought: {thought}\n"
@@ -454,15 +456,18 @@ class ScriptedExpert:
         entries = parse_entries(response)
         status = entries.get("Research Plan and Status", "")
         plan = [[t, s, r or ""] for _, t, s, r in PLAN_LINE.findall(status)]
-        best = re.search(r"Best validation score so far: (\S+)", status)
+        best = re.search(r"Best score so far: (\S+)", status)
         best = float(best.group(1)) if best and best.group(1) != "none" else None
         cur = next((i for i, p in enumerate(plan) if p[1] in ("pending", "in progress")), len(plan) - 1)
-        action, scores = entries.get("Action", "").strip(), SCORE.findall(observation)
-        score, fact, then = float(scores[-1]) if scores else None, "", None
+        action, public = entries.get("Action", "").strip(), PUBLIC.findall(observation)
+        # env.Env's public score (the reward's m_t) and its verdict when shown, else the script's validation score
+        scores, what = (public, "public score") if public else (SCORE.findall(observation), "validation score")
+        score, fact, then = float(scores[-1][0] if public else scores[-1]) if scores else None, "", None
+        verdict = public[-1][1] if public and public[-1][1] else None
         if action == "Execute Script" and cur == 0:  # the baseline
             plan[0][1:] = ["done", f"{score}" if score is not None else "no score"]
-            best, reflection = score, f"The baseline ran; its validation score is {score}."
-            fact = f"Baseline validation score {score}: confirmed by the output above."
+            best, reflection = score, f"The baseline ran; its {what} is {score}."
+            fact = f"Baseline {what} {score}: confirmed by the output above."
         elif action == "Inspect Script Lines":
             plan[cur][1:] = ["done", "data and model blocks found"]
             reflection = "The script has a data block, a model block, a training block and a submission block."
@@ -476,10 +481,12 @@ class ScriptedExpert:
             reflection, fact = "The diff shows the change I asked for.", "The edit was applied: confirmed by the diff."
             then = ("Run the edited script to measure the change.", *RUN_TRAIN)
         elif action == "Execute Script":  # an idea was run: keep it or undo it
-            fact = f"Validation score {score}: confirmed by the output above."
-            if score is not None and (best is None or (score > best if higher else score < best)):
+            fact = f"The {what} {score}" + (f", {verdict} than before the edit" if verdict else "") + \
+                ": confirmed by the output above."
+            if score is not None and (verdict == "better" if verdict else
+                                      best is None or (score > best if higher else score < best)):
                 plan[cur][1:] = ["kept", f"{score}"]
-                reflection = f"The change improved the validation score from {best} to {score}; I keep it."
+                reflection = f"The change improved the {what} from {best} to {score}; I keep it."
                 best = score
             else:
                 why = "the script failed" if score is None else f"{score} is not better than {best}"
@@ -501,7 +508,7 @@ class ScriptedExpert:
         if cur is None or cur == len(plan) - 1:  # only the final answer is left
             kept = [p[0][4:] for p in plan if p[1] == "kept"]
             summary = (f"Kept {len(kept)} change(s): " + "; ".join(kept) if kept else "No change beat the baseline.") \
-                + f" Best validation score: {best}."
+                + f" Best score: {best}."
             return "Every idea has been tried; submit.", "Final Answer", {"final_answer": summary}
         if cur == 0:
             return ("First measure the starter script.", *RUN_TRAIN)

@@ -379,7 +379,7 @@ class Env:
     """One task's workspace and the agent's actions. The metric is train.py's public score: another file's changes
     nothing; Copy File onto train.py and Undo Edit Script of train.py report the score they bring."""
 
-    def __init__(self, task, editor: Callable[[str, str], str] | None = None, show_score=False, timeout=None,
+    def __init__(self, task, editor: Callable[[str, str], str] | None = None, show_score=True, timeout=None,
                  cache=True):
         self.task = load_task(task)
         self.editor = recipe_editor if editor is None else editor  # (instruction, code) -> code
@@ -477,7 +477,9 @@ class Env:
     def _outcome(self, run: RunResult, script: str) -> tuple[str, str]:
         """(kind, note for the observation) of a run."""
         if run.status == "success":
-            return "success", f"\nPublic score ({self.task.metric}): {run.score:.4f}" if self.show_score else ""
+            higher = "higher" if self.task.higher_is_better else "lower"
+            return "success", (f"\nPublic score ({self.task.metric}, {higher} is better): {run.score:.4f}"
+                               if self.show_score else "")
         if run.status in ("timeout", "resource"):
             what = "the time limit" if run.status == "timeout" else "a resource limit (memory, CPU time or file size)"
             return "corner", f"\nEnvError: the script was stopped at {what}."
@@ -574,8 +576,19 @@ class Env:
         kind, note = self._outcome(run, script)
         if kind == "success" and script == "train.py":
             self.metric, self.m_high = run.score, self._better(self.m_high, run.score)
+            note += self._verdict(run.score)
         return self._result(f"The script has been executed. Here is the output:\n{run.output}{note}",
                             "neutral" if kind == "success" else kind, run)
+
+    def _verdict(self, score) -> str:
+        """With show_score, Execute Script of train.py says whether its public score beats the score before train.py's
+        last edit (what Undo Edit Script brings back): the keep-or-undo signal the reward pays, in words (our
+        departure from MLAB, whose agent compares numbers it reads: tests/RESULTS.md, "the miniature that teaches")."""
+        before = next((h["metric"] for h in reversed(self.history) if h["script"] == "train.py"), None)
+        if not self.show_score or before is None:
+            return ""
+        better = score != before and self._better(score, before) == score
+        return f", {'better' if better else 'not better'} than {before:.4f} before the last edit"
 
     def _copy_file(self, source, destination):
         src, dst = self._path(source), self._path(destination)

@@ -330,12 +330,13 @@ def markdown(report: dict) -> str:
              f"private/leaderboard.csv (Matryoshka); a failed run scores m_init in avg@K/best@K and HumanRank 0. "
              f"MLAB steps {c['max_steps']}, ideas {c['ideas']}, temperature {c['temperature']}, seed {c['seed']}. "
              "Invalid steps: the share of the MLAB agent's steps that were not a valid action; undone gains: its Undo "
-             "Edit Script steps that gave back an improvement, per run. Ideas followed: the share of its edits of train.py "
-             "that are ideas of its own prompt; keep/undo right: the share of its steps after running an edit whose "
+             "Edit Script steps that gave back an improvement, per run. Ideas followed: the share of its edits of "
+             "train.py that are ideas of its own prompt; keep/undo right: the share of its steps after running an edit whose "
              "keep or undo matches the public score (better than before the edit: keep), with their counts.", "",
              "## Overall (mean over tasks)", "",
              "| scaffold | policy | tasks | runs | failed | gain avg@K | gain best@K | HumanRank | valid | tokens/traj "
-             "| $/traj | s/traj | invalid steps | undone gains/traj | ideas followed | keep/undo right |", "|" + "---|" * 16]
+             "| $/traj | s/traj | invalid steps | undone gains/traj | ideas followed | keep/undo right |",
+             "|" + "---|" * 16]
     for g in report["groups"]:
         o = g["overall"]
         lines.append(f"| {g['scaffold']} | {g['policy']} | {o['tasks']} | {o['runs']} | {o['failed']} | "
@@ -387,7 +388,13 @@ def plots(report: dict, runs: list[dict], cfg: Config) -> list[str]:
     log = [r for r in agent.read_jsonl(cfg.ppo_log, complete_only=True) if "reward" in r and "iteration" in r]
     if log:
         fig, ax = plt.subplots(figsize=(6, 4))
-        ax.plot([r["iteration"] for r in log], [r["reward"] for r in log], marker="o", ms=3)
+        ax.plot([r["iteration"] for r in log], [r["reward"] for r in log], marker="o", ms=3, label="policy")
+        vs = [r for r in log if r.get("reward_vs_expert") is not None]  # the same states' expert reward: ppo.py
+        if vs:
+            ax.plot([r["iteration"] for r in vs], [r["reward_vs_expert"] for r in vs], marker="o", ms=3,
+                    label="policy - expert, same states")
+            ax.axhline(0, color="grey", lw=0.5)
+            ax.legend(fontsize=8)
         save(fig, ax, "ppo_reward.png", xlabel="PPO iteration", ylabel="mean step reward",
              title=f"Step-wise PPO ({cfg.ppo_log})")
     curves: dict = {}  # (scaffold, policy) -> [each run's tokens per round]

@@ -718,13 +718,22 @@ def estimate_advantages(run, data, nxt):
     return whiten(adv, mask, ranks=run.ranks), returns, explained_variance(data["values"], returns, mask, run.ranks)
 
 
-def log_iteration(run, it, outcomes, places, data, ev, upd, timer):
-    """The whole batch's log line (rank 0's times), printed and appended to --log-file."""
+def log_iteration(run, it, batch, outcomes, places, data, ev, upd, timer):
+    """The whole batch's log line (rank 0's times), printed and appended to --log-file. Each iteration draws other
+    states, so the reward alone moves with them: beside it the expert's recorded reward on the same states and the
+    difference, which rises when PPO learns (tests/RESULTS.md, "the miniature that teaches")."""
     ranks, times = run.ranks, timer.times
-    outcomes = [o for _, o in sorted(zip(ranks.gather(places), ranks.gather(outcomes)), key=lambda x: x[0])]
+    expert = [None if run.cfg.episodic else batch[k // run.cfg.samples_per_state]["expert"]["reward"]
+              for k in range(len(outcomes))]  # step-wise rows are state-major
+    rows = sorted(zip(ranks.gather(places), ranks.gather(outcomes), ranks.gather(expert)), key=lambda x: x[0])
+    outcomes, expert = [o for _, o, _ in rows], [x for _, _, x in rows]
     kinds, n = [o["kind"] for o in outcomes], len(outcomes)
+    expert_reward = None if None in expert else sum(expert) / n
     edits = [o for o in outcomes if o["kind"] == "edit" and o["m_new"] is not None and o["m_prev"] is not None]
     log = {"iteration": it + 1, "states": n, "reward": sum(o["reward"] for o in outcomes) / n,
+           "expert_reward": expert_reward,
+           "reward_vs_expert": None if expert_reward is None else
+           sum(o["reward"] for o in outcomes) / n - expert_reward,
            "rewards": [o["reward"] for o in outcomes],
            **{f"frac_{k}": kinds.count(k) / n for k in ("invalid", "error", "corner", "neutral", "edit", "final")},
            "frac_unfinished": sum(not o.get("finished", True) for o in outcomes) / n,
@@ -736,7 +745,8 @@ def log_iteration(run, it, outcomes, places, data, ev, upd, timer):
            "world_size": ranks.world, "out": os.path.abspath(run.cfg.out),
            "actor_updated": it >= run.cfg.critic_warmup, "reward_config": dataclasses.asdict(run.cfg.reward)}
     shares = " ".join(f"{k} {log['frac_' + k]:.2f}" for k in ("invalid", "error", "corner", "neutral", "edit"))
-    run.say(f"it {it + 1}/{run.total} reward {log['reward']:+.3f} ({shares} improved {log['frac_improved']:.2f}) "
+    vs = "" if expert_reward is None else f" (expert {expert_reward:+.3f})"
+    run.say(f"it {it + 1}/{run.total} reward {log['reward']:+.3f}{vs} ({shares} improved {log['frac_improved']:.2f}) "
             f"dmetric {log['metric_change']:+.4f} kl {log['kl']:.4f} clip {log['clipfrac']:.3f} vf "
             f"{log['vf_loss']:.4f} ev {'-' if ev is None else f'{ev:+.2f}'} | gen {times['generate']:.1f}s exec "
             f"{times['execute']:.1f}s update {times['update']:.1f}s")
@@ -764,7 +774,7 @@ def train(cfg):
                          run.ranks.device, torch.Generator().manual_seed(cfg.seed * 100003 + it),
                          step_actor=it >= cfg.critic_warmup, ranks=run.ranks)
         timer("update")
-        log_iteration(run, it, outcomes, places, data, ev, upd, timer)
+        log_iteration(run, it, batch, outcomes, places, data, ev, upd, timer)
         run.progress["iteration"] = it + 1
         if (it + 1) % cfg.save_every == 0 or it + 1 == run.total:
             save_checkpoint(run)

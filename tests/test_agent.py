@@ -399,6 +399,23 @@ def test_scripted_expert_episode_parses_and_rewards_match_reward_py():
     assert "[failed: the edit could not be applied]" in traj.steps[-1].response
 
 
+def test_scripted_expert_keeps_or_undoes_by_the_public_score_the_reward_pays():
+    """The expert decides by env.Env's verdict on the public score, so no Undo it makes is paid negative and every
+    kept change was paid non-negative (issue 42: by the printed validation score, 17 of 36 Undos were)."""
+    decisions = []
+    for task in ("wine", "diabetes"):
+        ideas = [("model", r.idea) for r in env.recipes_for(task) if r.category == "model"][:4]
+        traj = agent.run_episode(env.Env(task), agent.ScriptedExpert(), ideas)
+        for prev, s in zip(traj.steps, traj.steps[1:]):
+            if prev.action == "Execute Script" and ", better than" in prev.observation:
+                decisions.append("keep")
+                assert s.action != "Undo Edit Script" and "; I keep it." in s.response
+            elif prev.action == "Execute Script" and ", not better than" in prev.observation:
+                decisions.append("undo")
+                assert s.action == "Undo Edit Script" and s.reward >= 0
+    assert {"keep", "undo"} <= set(decisions), decisions
+
+
 def test_episode_against_a_tiny_model_behind_an_http_endpoint():
     """A tiny random model answers over real HTTP on loopback (GET /v1/models, POST /v1/chat/completions through
     LocalBackend, as vLLM or `transformers serve` would answer for a saved folder): its output is malformed, so every

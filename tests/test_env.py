@@ -1112,6 +1112,33 @@ def test_execute_script_with_score(digits):
     assert any(f in r.observation for f in _score_forms(r.run.score)), r.observation[-500:]
 
 
+def test_execute_after_an_edit_says_whether_the_public_score_beat_the_one_before_it(digits):
+    """The keep-or-undo signal in words (issue 42): "better" exactly when the public score beats train.py's before
+    its last edit, in the task's direction; none for the baseline, after an undo, or without show_score."""
+    seen = set()
+    for recipe in env.recipes_for("digits")[:4]:
+        e = env.Env(digits)
+        e.reset()
+        before = e.metric
+        assert ", better than" not in e.step("Execute Script", {"script_name": "train.py"}).observation
+        edit = e.step("Edit Script (AI)", {"script_name": "train.py", "edit_instruction": recipe.idea,
+                                           "save_name": "train.py"})
+        if edit.kind != "edit":
+            continue
+        obs = e.step("Execute Script", {"script_name": "train.py"}).observation
+        better = e.metric > before  # accuracy: higher is better
+        assert obs.endswith(f", {'better' if better else 'not better'} than {before:.4f} before the last edit"), obs
+        seen.add(better)
+        e.step("Undo Edit Script", {"script_name": "train.py"})
+        assert "before the last edit" not in e.step("Execute Script", {"script_name": "train.py"}).observation
+    assert seen, "no recipe applied"
+    quiet = env.Env(digits, show_score=False)
+    quiet.reset()
+    quiet.step("Edit Script (AI)", {"script_name": "train.py", "edit_instruction": env.recipes_for("digits")[0].idea,
+                                    "save_name": "train.py"})
+    assert "before the last edit" not in quiet.step("Execute Script", {"script_name": "train.py"}).observation
+
+
 def _score_forms(x: float) -> list[str]:
     return [repr(x), str(x)] + [f"{x:.{d}f}" for d in range(3, 7)]
 

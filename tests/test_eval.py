@@ -97,6 +97,33 @@ def test_task_summary_counts_a_failed_run_as_m_init_and_rank_zero():
     assert s["invalid_step_rate"] is None and s["undone_gains_per_traj"] is None  # no run recorded its actions
 
 
+def test_conditioning_counts_edits_from_the_prompt_and_keeps_or_undoes_that_match_the_score():
+    """target 1 of issue 42: edits of train.py that are the run's ideas; after running an edit, undo exactly when
+    the public score is not better than before the edit (higher is better here)."""
+    def step(action, inp=None, kind="neutral", metric=None, history=()):
+        return SimpleNamespace(action=action, action_input=inp, kind=kind,
+                               snapshot={"metric": metric, "history": [{"script": "train.py", "metric": m}
+                                                                       for m in history]})
+    def edit(idea, metric=0.5, history=()):
+        return step("Edit Script (AI)", {"script_name": "train.py", "edit_instruction": idea, "save_name": "train.py"},
+                    "edit", metric, history)
+    run = {"script_name": "train.py"}
+    steps = [step("Execute Script", run, metric=0.5),  # the baseline: no edit to undo, no decision after it
+             step("Inspect Script Lines", metric=0.5), edit(" Use a forest. "),  # an idea of the prompt
+             step("Execute Script", run, metric=0.6, history=[0.5]),
+             edit("Something else.", 0.6, [0.5]),  # better (0.6 > 0.5) and kept: right; not an idea of the prompt
+             step("Execute Script", run, metric=0.4, history=[0.5, 0.6]),
+             step("Final Answer", {"final_answer": "x"}, "final", 0.4, history=[0.5, 0.6]),  # worse, kept: wrong
+             edit("use a forest.", 0.4, [0.5, 0.6, 0.4]),
+             step("Execute Script", run, metric=0.3, history=[0.5, 0.6, 0.4]),
+             step(None, None, "invalid", 0.3, history=[0.5, 0.6, 0.4])]  # invalid: no decision
+    traj = SimpleNamespace(steps=steps, higher_is_better=True)
+    got = ev.conditioning(traj, [("model", "Use a forest.")])
+    assert got == {"followed": [True, False, True], "agreed": [True, False]}
+    traj.higher_is_better = False  # now 0.6 after 0.5 is worse and kept (wrong), 0.4 after 0.6 better and kept
+    assert ev.conditioning(traj, [("model", "Use a forest.")])["agreed"] == [False, True]
+
+
 def test_task_summary_counts_invalid_steps_and_undone_gains():
     task = SimpleNamespace(name="t", metric="accuracy", higher_is_better=True, leaderboard=lambda: [])
     edit, undo = "Edit Script (AI)", "Undo Edit Script"

@@ -585,6 +585,11 @@ def test_ppo_end_to_end_writes_a_loadable_checkpoint_and_resumes(pool):
     assert log["generate_vs_forward_logprob_gap"] is None and log["ratio_first_minibatch_max_dev"] < 1e-4
     assert "it 1/1 reward" in r.stdout and log["reward_config"] == dataclasses.asdict(RewardConfig())
     assert log["actor_updated"] is True
+    # beside the reward, the expert's recorded reward on the same 2 states (a mean of two of the pool's)
+    pool_rewards = [json.loads(line)["expert"]["reward"] for line in (out / "states.jsonl").read_text().splitlines()]
+    pairs = {round((a + b) / 2, 9) for i, a in enumerate(pool_rewards) for b in pool_rewards[i + 1:]}
+    assert round(log["expert_reward"], 9) in pairs
+    assert log["reward_vs_expert"] == pytest.approx(log["reward"] - log["expert_reward"])
     progress = json.loads((out / "ckpt" / "trainer_state" / "progress.json").read_text())
     assert progress["config"]["reward"] == log["reward_config"]  # the nested dataclass serialises
     lm, _ = model.load(out / "ckpt", "cpu")
