@@ -244,8 +244,8 @@ def collect(tasks, trajectories=5, workers=2, expert="scripted", base_url=None, 
         existing = agent.read_jsonl(traj_path, keys, repair=True)
         for old in {reward.from_record(t.get("reward_config")) for t in existing}:  # no key: the default
             if old != reward_config:
-                raise ValueError(f"{traj_path} holds trajectories collected with {old}, the flags give "
-                                 f"{reward_config}; pass the same reward flags or another --out")
+                raise ValueError(f"{traj_path} holds trajectories collected with {reward.mismatch(old, reward_config)}"
+                                 "; pass the same reward flags or another --out")
         loaded = env.load_tasks(tasks)  # built here, several at once, not racing in the workers
 
         # 1. idea pools, reused from ideas.json on resume

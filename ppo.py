@@ -43,7 +43,7 @@ from torch import nn
 import agent
 import env
 import model
-from reward import RewardConfig, add_flags as add_reward_flags, from_flags as reward_from_flags, from_record
+from reward import RewardConfig, add_flags as add_reward_flags, from_flags as reward_from_flags, from_record, mismatch
 
 ROOT = env.ROOT  # default paths: the project's runs/, wherever ppo.py is started from
 
@@ -528,8 +528,9 @@ def check_resume_reward(folder, cfg):
               "unfinished_invalid": recorded.get("unfinished_invalid", cfg.unfinished_invalid)}
     for key, value in theirs.items():
         if value != getattr(cfg, key):
-            raise ValueError(f"{folder} was trained with {key}={value}, the flags give {getattr(cfg, key)}; pass the "
-                             "same flags or another --out")
+            said = mismatch(value, cfg.reward) if key == "reward" else \
+                f"{key}={value}, the flags give {getattr(cfg, key)}"
+            raise ValueError(f"{folder} was trained with {said}; pass the same flags or another --out")
 
 
 # ==== Training: `setup` once, then per iteration the six steps
@@ -723,8 +724,10 @@ def log_iteration(run, it, batch, outcomes, places, data, ev, upd, timer):
     states, so the reward alone moves with them: beside it the expert's recorded reward on the same states and the
     difference, which rises when PPO learns (tests/RESULTS.md, "the miniature that teaches")."""
     ranks, times = run.ranks, timer.times
-    expert = [None if run.cfg.episodic else batch[k // run.cfg.samples_per_state]["expert"]["reward"]
-              for k in range(len(outcomes))]  # step-wise rows are state-major
+    states = [None] * len(outcomes) if run.cfg.episodic else \
+        [batch[k // run.cfg.samples_per_state] for k in range(len(outcomes))]  # step-wise rows: state-major
+    expert = [None if s is None or from_record(s.get("reward_config")) != run.cfg.reward else  # never mixed
+              s["expert"]["reward"] for s in states]
     rows = sorted(zip(ranks.gather(places), ranks.gather(outcomes), ranks.gather(expert)), key=lambda x: x[0])
     outcomes, expert = [o for _, o, _ in rows], [x for _, _, x in rows]
     kinds, n = [o["kind"] for o in outcomes], len(outcomes)

@@ -55,9 +55,14 @@ module"):
 To change the reward for an assignment, edit `reward()` below and run `pytest tests/test_reward.py`: the tests pin the
 reference numbers of every case, so a failing line shows exactly what moved.
 """
+import hashlib
 from dataclasses import dataclass, fields
+from pathlib import Path
 
 OUTCOMES = ("invalid", "error", "corner", "neutral", "final", "edit")
+# This file's code, recorded in every RewardConfig: rewards computed before an edit of reward.py are not mixed with
+# rewards computed after it (collect.py refuses to add trajectories to them; ppo.py to resume on them)
+CODE = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:12]
 
 
 @dataclass(frozen=True)
@@ -68,6 +73,7 @@ class RewardConfig:
     binary_performance: bool = False  # ablation: +1 if the edit improved the metric, else 0
     format_term: bool = True          # ablation off: invalid actions get 0 instead of -1
     corner_term: bool = True          # ablation off: corner cases get -1 like errors
+    code: str = CODE                  # sha256 of reward.py (12 hex digits): a record of another code differs
 
 
 def reward(outcome, m_prev=None, m_new=None, m_init=None, m_best=None, higher_is_better=True,
@@ -127,7 +133,14 @@ def from_flags(args) -> RewardConfig:
                         format_term=not args.no_format_term, corner_term=not args.no_corner_term)
 
 
+def mismatch(recorded: RewardConfig, given: RewardConfig) -> str:
+    """The words of a refusal to mix rewards of two configs: which code or flags differ."""
+    if recorded.code != given.code:
+        return f"reward.py's code {recorded.code}, now {given.code} (reward.py was changed since)"
+    return f"{recorded}, the flags give {given}"
+
+
 def from_record(record) -> RewardConfig:
     """The RewardConfig a run recorded as asdict(config); None (a record older than the key) or a missing field:
-    the defaults."""
+    the defaults (a record without "code" counts as this code)."""
     return RewardConfig(**{**_DEFAULTS, **(record or {})})

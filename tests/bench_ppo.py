@@ -13,7 +13,8 @@ changes the reward (reward.py) or a PPO detail runs it to see whether the change
                                                              # checkpoint; ppo.py's own resume)
 
 Writes --out/results.json and --out/results.md (the table printed at the end), and --out/<variant>/ (the actor) with
-<variant>.jsonl (ppo.py's log). A measured J_step is kept in --out/objective-<name>.json; delete it to measure again.
+<variant>.jsonl (ppo.py's log). A measured J_step is kept in --out/objective-<name>.json with reward.py's code hash
+(reward.CODE): measured again when reward.py changed, or when the file is deleted.
 """
 import json
 import os
@@ -27,6 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 import agent  # noqa: E402
 import bench_claims  # noqa: E402  (beside this file)
+import reward  # noqa: E402
 
 VARIANTS = ["gae: --batch-size 64",  # the paper's PPO with a critic, 64 actions per iteration
             "group: --advantage group --samples-per-state 4 --batch-size 16"]  # no critic, 64 actions per iteration
@@ -42,10 +44,11 @@ def parse_variant(text):
 def objective(out, name, policy, states, n, seeds):
     """J_step of `policy` over seeds x n states, kept in out/objective-<name>.json."""
     path = out / f"objective-{name}.json"
-    if path.exists():
+    if path.exists() and json.loads(path.read_text()).get("reward_code") == reward.CODE:  # else reward.py changed
         return json.loads(path.read_text())
     runs = [bench_claims.estimate_objective(policy, states, n=n, seed=s) for s in range(seeds)]
-    result = {"rewards": [r for x in runs for r in x["rewards"]], "kinds": [k for x in runs for k in x["kinds"]]}
+    result = {"rewards": [r for x in runs for r in x["rewards"]], "kinds": [k for x in runs for k in x["kinds"]],
+              "reward_code": reward.CODE}
     agent.write_atomic(path, json.dumps(result))
     return result
 

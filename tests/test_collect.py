@@ -231,6 +231,15 @@ def test_reward_flags_reach_the_recorded_rewards_and_a_resume_must_match(tmp_pat
     assert exit_.value.code == 2 and len(err.strip().splitlines()) == 1
     assert "binary_performance=True" in err and "binary_performance=False" in err
     assert (tmp_path / "trajectories.jsonl").read_bytes() == before  # nothing appended
+    # the same flags, but reward.py's code changed since (a course assignment's edit): refused, saying so
+    older = json.dumps({**traj, "reward_config": {**traj["reward_config"], "code": "0" * 12}}) + "\n"
+    (tmp_path / "trajectories.jsonl").write_text(older)
+    with pytest.raises(SystemExit) as exit_:
+        collect.main(argv + ["--binary-performance"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and len(err.strip().splitlines()) == 1
+    assert f"reward.py's code {'0' * 12}, now {reward.CODE} (reward.py was changed since)" in err
+    assert (tmp_path / "trajectories.jsonl").read_text() == older  # nothing appended
 
 
 def test_a_resume_reads_lines_without_a_reward_config_as_the_default(tmp_path):
