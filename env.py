@@ -15,6 +15,7 @@ Departures from MLAgentBench:
 5. `Edit Script (AI)` takes any editor `(instruction, code) -> code`; offline, recipe_editor applies tasks/recipes/.
 6. The built-in tasks' data ship with scikit-learn or are seeded; their leaderboard is a reference panel of
    scikit-learn pipelines (tasks/builtin.py), not human Kaggle entries.
+7. An action that raises is "EnvError: Error executing {action}: {why}" (MLAB's has no why) and leaves no trace.
 
 Run:  python env.py list | python env.py prepare [NAME ...] | python env.py run --task digits --script my_train.py
       python env.py import-mlebench --prepared ~/.cache/mle-bench/data/ID/prepared --out runs/tasks-mle/ID
@@ -458,8 +459,8 @@ class Env:
         return StepResult(observation, "edit", prev, score, run, metric_high=high)
 
     def _path(self, name, write=False) -> str:
-        """A workspace path, else an "invalid" step. With `write`, one a file can be saved under: no file of the
-        workspace or public/ lies on its way and it is no folder, or the sandbox could not lay the workspace out."""
+        """A workspace path, else an "invalid" step. `write`: a path a file can be saved under, that the sandbox can
+        lay out (no file lies on its way, it is no folder)."""
         if not isinstance(name, str):
             raise _Invalid(f"EnvError: a path must be a string, got {_short(repr(name), 80)}")
         try:
