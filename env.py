@@ -15,6 +15,7 @@ Departures from MLAgentBench:
 5. `Edit Script (AI)` takes any editor `(instruction, code) -> code`; offline, recipe_editor applies tasks/recipes/.
 6. The built-in tasks' data ship with scikit-learn or are seeded; their leaderboard is a reference panel of
    scikit-learn pipelines (tasks/builtin.py), not human Kaggle entries.
+7. An action that raises is "EnvError: Error executing {action}: {why}" (MLAB's has no why) and leaves no trace.
 
 Run:  python env.py list | python env.py prepare [NAME ...] | python env.py run --task digits --script my_train.py
       python env.py import-mlebench --prepared ~/.cache/mle-bench/data/ID/prepared --out runs/tasks-mle/ID
@@ -419,6 +420,7 @@ class Env:
     def step(self, action: str, action_input: dict) -> StepResult:
         self.step_count += 1
         spec = ACTIONS.get(action) if isinstance(action, str) else None
+        before = dict(self.files), list(self.history), self.metric, self.m_high, self.done
         try:
             if spec is None:
                 raise _Invalid(f"EnvError: unknown action {action!r}; the actions are: {', '.join(ACTIONS)}")
@@ -433,8 +435,12 @@ class Env:
                                f"\n{spec.usage()}")
             method = "_" + "_".join(action.lower().removesuffix(" (ai)").split())
             return getattr(self, method)(**action_input)
-        except _Invalid as e:
-            return self._result(str(e), "invalid")
+        except Exception as e:  # noqa: BLE001 - as MLAB's environment.py: an EnvException is its message, any
+            # other exception "EnvError: Error executing {action}." (ours adds why); either leaves no trace but the step
+            self.files, self.history, self.metric, self.m_high, self.done = before
+            if isinstance(e, _Invalid):
+                return self._result(str(e), "invalid")
+            return self._result(f"EnvError: Error executing {action}: {_short(f'{type(e).__name__}: {e}')}", "error")
 
     def _result(self, observation, kind, run=None, done=False) -> StepResult:
         """A step that leaves the metric as it is."""
@@ -452,14 +458,24 @@ class Env:
         self.metric, self.m_high = score, self._better(high, score)
         return StepResult(observation, "edit", prev, score, run, metric_high=high)
 
-    def _path(self, name) -> str:
+    def _path(self, name, write=False) -> str:
+        """A workspace path, else an "invalid" step. `write`: a path a file can be saved under, that the sandbox can
+        lay out (no file lies on its way, it is no folder)."""
         if not isinstance(name, str):
-            raise _Invalid(f"EnvError: a path must be a string, got {name!r}")
+            raise _Invalid(f"EnvError: a path must be a string, got {_short(repr(name), 80)}")
         try:
-            return _workspace_path(name)
-        except ValueError:
-            raise _Invalid(f"EnvError: {name!r} is outside the workspace; use a relative path such as train.py") \
-                from None
+            path = _workspace_path(name)
+        except ValueError as e:
+            raise _Invalid(f"EnvError: {e}; use a relative path such as train.py") from None
+        if write and ((self.task.public_dir / path).is_dir() or any(
+                path.startswith(f"{other}/") or other.startswith(f"{path}/") for other in self._every_file())):
+            raise _Invalid(f"EnvError: cannot save to {_short(repr(name), 80)}: it would be both a file and a folder")
+        return path
+
+    def _every_file(self) -> set[str]:
+        """The workspace's scripts and public/'s files, as relative paths."""
+        public = self.task.public_dir
+        return {*self.files, *(str(p.relative_to(public)) for p in public.rglob("*") if p.is_file())}
 
     def _read(self, name) -> str | None:
         """A workspace script's or public data file's text; None if there is none."""
@@ -492,8 +508,7 @@ class Env:
 
     def _list_files(self, dir_path):
         prefix = "" if str(dir_path).strip() in ("", ".", "./") else self._path(dir_path) + "/"
-        every = [str(p.relative_to(self.task.public_dir)) for p in self.task.public_dir.rglob("*") if p.is_file()]
-        below = [path[len(prefix):] for path in {*every, *self.files} if path.startswith(prefix)]
+        below = [path[len(prefix):] for path in self._every_file() if path.startswith(prefix)]
         entries = {rest.split("/")[0] + ("/" if "/" in rest else "") for rest in below}
         if not entries:
             return self._result(f"EnvError: Cannot list files in the {dir_path} directory", "error")
@@ -527,10 +542,11 @@ class Env:
         return self._result(f"Here are the lines (the file ends at line {len(lines)}):\n\n{shown}", "neutral")
 
     def _edit_script(self, script_name, edit_instruction, save_name):
-        source, save = self._path(script_name), self._path(save_name)
+        source = self._path(script_name)
         old = self._read(source)
         if old is None:  # MLAB creates an empty script_name (high_level_actions.py:80-84)
-            old = self.files[source] = ""
+            old = self.files[self._path(script_name, write=True)] = ""
+        save = self._path(save_name, write=True)
         try:
             new = self.editor(str(edit_instruction), old)
         except Exception as e:  # noqa: BLE001 - any editor failure is an edit that cannot be applied
@@ -591,7 +607,7 @@ class Env:
         return f", {'better' if better else 'not better'} than {before:.4f} before the last edit"
 
     def _copy_file(self, source, destination):
-        src, dst = self._path(source), self._path(destination)
+        src, dst = self._path(source), self._path(destination, write=True)
         if src not in self.files:
             return self._result(f"EnvError: cannot copy {source}: only scripts of the workspace can be copied", "error")
         self.files[dst] = self.files[src]  # no backup, as MLAB's copy_file
@@ -980,11 +996,26 @@ def _head_tail(path: Path) -> str:
     return data.decode("utf-8", errors="replace")
 
 
+def _short(text: str, limit=300) -> str:
+    """One line of at most `limit` characters."""
+    line = " ".join(str(text).split())
+    return line if len(line) <= limit else f"{line[:limit - 30]}... [{len(line)} characters]"
+
+
 def _workspace_path(name: str) -> str:
-    """A relative path inside the workspace, normalised; ValueError if it leaves it."""
+    """A relative path inside the workspace, normalised; ValueError if it leaves it or no file can have it."""
     norm = posixpath.normpath(str(name).strip()) if str(name).strip() else ""
+    shown = _short(repr(name), 80)
     if not norm or norm.startswith(("/", "..")) or "\\" in norm or "\0" in norm:
-        raise ValueError(f"{name!r} is not a path inside the workspace")
+        raise ValueError(f"{shown} is outside the workspace")
+    if norm == ".":
+        raise ValueError(f"{shown} is the workspace folder itself, not a file")
+    try:
+        sizes = [len(part.encode()) for part in norm.split("/")]
+    except UnicodeEncodeError:  # a lone surrogate, e.g. "\ud800" in JSON
+        raise ValueError(f"{shown} is not valid UTF-8") from None
+    if max(sizes) > 255 or len(norm.encode()) > 1024:  # Linux's NAME_MAX; far below its PATH_MAX with the work folder
+        raise ValueError(f"{shown} is too long (at most 255 bytes a name, 1024 a path)")
     return norm
 
 

@@ -32,6 +32,7 @@ import json
 import math
 import os
 import random
+import sys
 import time
 import types
 from concurrent.futures import ThreadPoolExecutor
@@ -43,7 +44,8 @@ from torch import nn
 import agent
 import env
 import model
-from reward import RewardConfig, add_flags as add_reward_flags, from_flags as reward_from_flags, from_record, mismatch
+from reward import (RewardConfig, add_flags as add_reward_flags, from_flags as reward_from_flags, from_record, mismatch,
+                    reward)
 
 ROOT = env.ROOT  # default paths: the project's runs/, wherever ppo.py is started from
 
@@ -336,12 +338,25 @@ def execute(e, text, reward_config, finished=True, unfinished_invalid=True):
         action, action_input = agent.parse_response(text)
     except agent.ParseError as err:  # invalid (R_format)
         reason = str(err)
-    result, r = agent.act(e, action, action_input, reason, reward_config)
     edit = action_input.get("edit_instruction") if action == "Edit Script (AI)" else None
     edit = edit if edit is None or isinstance(edit, str) else json.dumps(edit)  # hashable (C5)
+    try:
+        result, r = agent.act(e, action, action_input, reason, reward_config)
+    except Exception as err:  # noqa: BLE001 - one row's failure, not the run's
+        return error_outcome(f"{e.task.name} at step {e.step_count}", err, reward_config, finished, action, edit,
+                             e.metric)
     return {"kind": result.kind, "reward": r, "m_prev": result.metric_prev, "m_new": result.metric_new,
             "done": result.done, "observation": result.observation, "finished": finished, "action": action,
             "edit": edit}
+
+
+def error_outcome(where, err, reward_config, finished, action=None, edit=None, metric=None):
+    """An unexpected exception of one row's environment -> that row's "error" outcome (execute's keys; an episode
+    ends there), told on stderr: the iteration goes on, as collect.py's _safe_rollout and eval.py's run_one do."""
+    why = f"{type(err).__name__}: {err}".splitlines()[0][:300]
+    print(f"ppo.py: {where}: the environment failed, an error outcome: {why}", file=sys.stderr, flush=True)
+    return {"kind": "error", "reward": reward("error", config=reward_config), "m_prev": metric, "m_new": metric,
+            "done": True, "observation": f"EnvError: {why}", "finished": finished, "action": action, "edit": edit}
 
 
 def make_env(task, task_dir, editor):
@@ -369,8 +384,11 @@ def step_rollout(states, lm, tokenizer, cfg, pool, editor, device, timer, seeds=
     """Steps 2-3: n actions per expert state (rows state-major), each run from the restored state."""
     def run(i, text, ended):
         s = states[i // n]
-        e = make_env(s["task"], s["task_dir"], editor)
-        e.restore(s["snapshot"])  # as the expert found it at s_t
+        try:
+            e = make_env(s["task"], s["task_dir"], editor)
+            e.restore(s["snapshot"])  # as the expert found it at s_t
+        except Exception as err:  # noqa: BLE001 - one row's failure, not the run's
+            return error_outcome(f"state {s.get('id')} of {s['task']}", err, cfg.reward, ended)
         return execute(e, text, cfg.reward, ended, cfg.unfinished_invalid)
 
     prompts, tokens, gen_lp, _, outcomes = generate_and_run(lm, tokenizer, [s["messages"] for s in states], cfg,

@@ -8,10 +8,11 @@ alike. The cases, as this file implements them (default config):
     |-----------|------------------------------------------------------------------------------------|---------------|
     | "invalid" | no action read after the re-asks (entries missing or out of order, Action not a    | -1 (R_format) |
     |           | tool); an Action Input that is not the tool's arguments (bad JSON, other keys: the |               |
-    |           | step happens, not re-asked, as in MLAB); a path outside the workspace; line        |               |
-    |           | numbers that are not integers                                                      |               |
+    |           | step happens, not re-asked, as in MLAB); a path outside the workspace or that no   |               |
+    |           | file can have (too long, "."); line numbers that are not integers                  |               |
     | "error"   | crash; edit that cannot be applied; train.py without a valid submission.csv;       | -1            |
-    |           | a missing file; nothing to undo; more than 100 lines to inspect                    |               |
+    |           | a missing file; nothing to undo; more than 100 lines to inspect; an action that    |               |
+    |           | raises (MLAB's "EnvError: Error executing ...")                                    |               |
     | "corner"  | timeout, out of memory, file-size / CPU limit                                      |  0 (R_corner) |
     | "neutral" | a valid non-editing action: List Files, Inspect Script Lines, a successful         |  0            |
     |           | Execute Script, a copy or undo that leaves train.py alone, an edit of a non-script |               |

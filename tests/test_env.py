@@ -11,7 +11,8 @@ What is tested, one property per test:
 - the built-in tasks: each starter script runs and scores, `prepare` is idempotent and deterministic, the required
   tasks exist with the right metric, leaderboards, public/private split, held-in/held-out;
 - `load_task` and `grade`: each rejection says why; a perfect submission scores the best possible value;
-- the action set through `Env`: valid, invalid, edit, undo, snapshot/restore, final answer;
+- the action set through `Env`: valid, invalid, edit, undo, snapshot/restore, final answer; hostile names and
+  unwritable text are observations, never exceptions;
 - the offline recipe editor, and the command line.
 
 Sandbox tests use short timeouts and `cache=False` so that every run really runs. Tests that run every recipe of
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import csv
 import hashlib
+import itertools
 import json
 import math
 import os
@@ -1294,6 +1296,67 @@ def test_execute_script_shows_both_streams_in_order_a_stated_departure(denv):
     r = denv.step("Execute Script", {"script_name": "train.py"})
     assert r.kind == "error" and "trained" in r.observation and "a warning" in r.observation
     assert "\nEnvError: " in r.observation and "submission" in r.observation  # the grader's note follows the log
+
+
+# Issue 42: a name one action writes and the next uses must come back as an observation, never an exception.
+HOSTILE_NAMES = ["a" * 256 + ".py", "é" * 200 + ".py", "/".join(["a.py"] * 300), ".", "./", "x.py/..", "a\udc80.py",
+                 "\ud800", "train.csv/x.py", "train.py/x.py", "a\nb.py", "data", "data/", "data/notes.txt/x.py", "",
+                 " ", "b.py"]
+
+
+def _name_actions(name) -> list[tuple[str, dict]]:
+    """Each action that takes a name, with `name` in each of its name arguments."""
+    edit = {"script_name": "train.py", "edit_instruction": "x", "save_name": name}
+    return [("Edit Script (AI)", edit), ("Edit Script (AI)", {**edit, "script_name": name}),
+            ("Copy File", {"source": "train.py", "destination": name}),
+            ("Copy File", {"source": name, "destination": "train.py"}), ("Undo Edit Script", {"script_name": name}),
+            ("Execute Script", {"script_name": name}),
+            ("Understand File", {"file_name": name, "things_to_look_for": "x"}),
+            ("Inspect Script Lines", {"script_name": name, "start_line_number": 1, "end_line_number": 5}),
+            ("List Files", {"dir_path": name})]
+
+
+@pytest.fixture
+def quick_env(task_copy):
+    """digits with a starter that copies the sample submission (a run takes a moment), a public/data/ folder and an
+    editor that writes that starter."""
+    (task_copy / "public" / "train.py").write_text(COPY_SAMPLE)
+    (task_copy / "public" / "data").mkdir()
+    (task_copy / "public" / "data" / "notes.txt").write_text("notes\n")
+    e = env.Env(task_copy, editor=lambda instruction, code: COPY_SAMPLE)
+    e.reset()
+    return e
+
+
+def test_hostile_names_in_two_steps_are_observations_and_the_workspace_still_runs(quick_env):
+    start, failed = quick_env.snapshot(), []
+    for name in HOSTILE_NAMES:
+        for first, second in itertools.product(_name_actions(name), repeat=2):
+            quick_env.restore(start)
+            results = []
+            try:  # then train.py must still run: no name is left that the sandbox cannot lay out
+                for action, args in (first, second, ("Execute Script", {"script_name": "train.py"})):
+                    results.append(quick_env.step(action, args))
+            except Exception as e:  # noqa: BLE001 - counted, then reported all together
+                failed.append(f"{name[:20]!r}: {first[0]} {list(first[1].values())[:2]}, then {second[0]}: "
+                              f"step {len(results) + 1} raised {e!r:.200}")
+                continue
+            for r in results:
+                assert isinstance(r.observation, str) and r.kind in ("invalid", "error", "neutral", "edit", "corner")
+                assert r.kind != "invalid" or len(r.observation) < 300, r.observation  # a long name is shortened
+            assert results[-1].kind == "neutral", (name, first, second, results[-1].observation[-300:])
+    tried = len(HOSTILE_NAMES) * len(_name_actions("")) ** 2
+    assert not failed, f"{len(failed)} of {tried} sequences raised:\n" + "\n".join(failed)
+
+
+def test_an_edit_whose_text_cannot_be_written_is_an_error_that_leaves_no_trace(quick_env):
+    quick_env.editor = lambda instruction, code: code + "print('\ud800')\n"  # a lone surrogate from an LLM's JSON
+    files, history, steps = dict(quick_env.files), list(quick_env.history), quick_env.step_count
+    r = _edit(quick_env, "print something")
+    assert r.kind == "error" and r.observation.startswith("EnvError: Error executing Edit Script (AI): UnicodeEncode")
+    assert "\n" not in r.observation and len(r.observation) < 400
+    assert (quick_env.files, quick_env.history, quick_env.step_count) == (files, history, steps + 1)
+    assert quick_env.step("Execute Script", {"script_name": "train.py"}).kind == "neutral"
 
 
 def test_snapshot_restore(denv, digits):

@@ -534,6 +534,42 @@ def test_reward_config_reaches_the_rollouts(pool, monkeypatch, episodic):
     assert got == {"default": [("invalid", -1.0)], "no format term": [("invalid", 0.0)]}  # R_format on and off
 
 
+EXECUTE = LIST.replace("List Files", "Execute Script").replace('"dir_path": "."', '"script_name": "train.py"')
+
+
+@pytest.mark.parametrize("episodic", [False, True])
+def test_a_rows_failing_environment_is_its_error_outcome_and_the_others_go_on(pool, monkeypatch, capsys, episodic):
+    """Issue 42: an OSError out of one row's env (its step; its construction) ends that row, not the iteration."""
+    _, _, states = pool
+    monkeypatch.setattr(ppo, "generate", lambda lm, tokenizer, messages, cfg, device, seeds=None, n=1, on_done=None: (
+        [[1]] * len(messages), [[4]] * len(messages), [[-0.1]] * len(messages),
+        [EXECUTE if i == 1 else LIST for i in range(len(messages))], [True] * len(messages)))
+    step = env.Env.step
+
+    def failing_step(e, action, action_input):
+        if action == "Execute Script":
+            raise OSError(36, "File name too long")
+        return step(e, action, action_input)
+
+    monkeypatch.setattr(env.Env, "step", failing_step)
+    broken = {**states[0], "id": "broken/0", "task": "gone", "task_dir": "/nonexistent/gone"}
+    rollout_ = ppo.episode_rollout if episodic else ppo.step_rollout
+    batch = [states[0], states[0]] + ([] if episodic else [broken, states[0]])  # an episode's env is built by reset
+    with ppo.ThreadPoolExecutor(2) as pool_:
+        outcomes, nxt = rollout_(batch, None, None, ppo.Config(episode_steps=2), pool_, env.recipe_editor, "cpu",
+                                 lambda name: None)[3:]
+    kinds = [o["kind"] for o in outcomes]
+    assert kinds == (["neutral", "error", "neutral"] if episodic else ["neutral", "error", "error", "neutral"])
+    assert nxt == ([2, -1, -1] if episodic else [-1] * 4)  # the failed episode ends there
+    assert all(o.keys() == outcomes[0].keys() for o in outcomes)
+    assert [o["reward"] for o in outcomes if o["kind"] == "error"] == [-1.0] * kinds.count("error")
+    assert outcomes[1]["observation"] == "EnvError: OSError: [Errno 36] File name too long"
+    assert outcomes[1]["action"] == "Execute Script"
+    err = capsys.readouterr().err
+    assert f"ppo.py: {states[0]['task']} at step " in err and "OSError: [Errno 36] File name too long" in err
+    assert episodic or "ppo.py: state broken/0 of gone:" in err
+
+
 def test_reward_flags_reach_the_config(pool, monkeypatch, tmp_path):
     out, _, _ = pool
     seen = []
