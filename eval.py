@@ -373,7 +373,7 @@ def markdown(report: dict) -> str:
              "that are ideas of its own prompt; keep/undo right: the share of its steps after running an edit whose "
              "keep or undo matches the public score (better than before the edit: keep), with their counts. Clipped "
              f"gain: each run's gain clipped at +-{GAIN_CLIP:.0%}, the mean over runs with a 95% percentile bootstrap "
-             f"interval that resamples tasks ({RESAMPLES} draws).", "",
+             f"interval that resamples tasks ({RESAMPLES:,} draws).", "",
              "## Overall (mean over tasks)", "",
              "| scaffold | policy | tasks | runs | failed | gain avg@K | gain best@K | clipped gain [95%] | HumanRank "
              "| valid | tokens/traj | $/traj | s/traj | invalid steps | undone gains/traj | ideas followed "
