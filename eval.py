@@ -40,6 +40,8 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
+import numpy as np
+
 import agent
 import collect
 import env
@@ -48,6 +50,8 @@ import orchestrator
 ROOT = env.ROOT
 SCAFFOLDS = ("mlab", "matryoshka", "monolithic")
 FAILED_RUN_SCORE = "m_init"  # departure 3
+GAIN_CLIP = 0.5  # the bounded measure beside the gain (issue 42): a run's gain clipped at +-50%, so no one run decides
+RESAMPLES = 2000  # of the task bootstrap
 
 
 @dataclass
@@ -283,13 +287,14 @@ def task_summary(task, m_init: dict, runs: list[dict]) -> dict:
     def gain(m):  # none where m_init is missing or 0 (performance_gain's ValueError)
         return performance_gain(m, init, higher) if m is not None and init else None
     ranks = [human_rank(r["private"] if r["valid"] else None, board, higher) for r in runs] if board else []
+    clipped = [min(max(gain(m), -GAIN_CLIP), GAIN_CLIP) for m in scores] if init and None not in scores else []
     k = max(len(runs), 1)
     # the MLAB agent's "actions" ([action, kind, reward] a step): invalid steps, Undos that gave back a gain
     acted = [r["actions"] for r in runs if r.get("actions") is not None]
     steps = [a for actions in acted for a in actions]
     return {"task": task.name, "metric": task.metric, "higher_is_better": higher, "runs": len(runs),
             "m_init_public": m_init["public"], "m_init": init, "avg@K": avg, "best@K": best,
-            "gain_avg": gain(avg), "gain_best": gain(best), "human_rank_avg": _mean(ranks),
+            "gain_avg": gain(avg), "gain_best": gain(best), "gains_clipped": clipped, "human_rank_avg": _mean(ranks),
             "human_rank_best": human_rank(best, board, higher) if board and best is not None else None,
             "valid_rate": sum(r["valid"] for r in runs) / k, "failed": sum(r["status"] == "failed" for r in runs),
             "tokens_per_traj": sum(r["prompt_tokens"] + r["completion_tokens"] for r in runs) / k,
@@ -308,9 +313,39 @@ def overall(rows: list[dict]) -> dict:
             "cost_per_traj", "seconds_per_traj", "steps_per_traj", "invalid_step_rate", "undone_gains_per_traj")
     pooled = {f"{k}_rate": sum(r[k] for r in rows) / n if (n := sum(r[f"{k}_n"] for r in rows)) else None
               for k in ("followed", "agreed")}  # over every edit / decision of every run
+    mean, low, high = task_bootstrap([r["gains_clipped"] for r in rows])
     return {"tasks": len(rows), "runs": sum(r["runs"] for r in rows), "failed": sum(r["failed"] for r in rows),
-            **{k: _mean([r[k] for r in rows]) for k in keys}, **pooled,
+            **{k: _mean([r[k] for r in rows]) for k in keys}, "gain_clipped": mean, "gain_clipped_ci": [low, high],
+            **pooled,
             **{f"{k}_n": sum(r[f"{k}_n"] for r in rows) for k in ("followed", "agreed")}}
+
+
+def task_bootstrap(per_task: list[list[float]], seed: int = 0) -> tuple:
+    """(mean over runs, 95% interval) of per-task lists of run values: a percentile bootstrap of RESAMPLES draws of
+    the tasks with replacement, each drawn task bringing all its runs. Tasks, not runs, are resampled (issue 42): the
+    K runs of one task share its data and difficulty, so they are not independent draws; (None,) * 3 without runs."""
+    tasks = [np.asarray(v, dtype=float) for v in per_task if len(v)]
+    if not tasks:
+        return None, None, None
+    sums, counts = np.array([v.sum() for v in tasks]), np.array([len(v) for v in tasks])
+    draws = np.random.default_rng(seed).integers(len(tasks), size=(RESAMPLES, len(tasks)))
+    low, high = np.percentile(sums[draws].sum(1) / counts[draws].sum(1), [2.5, 97.5])
+    return float(sums.sum() / counts.sum()), float(low), float(high)
+
+
+def paired(groups: list[dict]) -> list[dict]:
+    """b - a for each policy b after a policy a of the same scaffold (ppo - sft, sft - scripted): the clipped gains
+    paired by (task, run), their mean over runs and its task-bootstrap interval. Pairing (issue 42): run r of a task
+    has the same seed, ideas and task difficulty for every policy, so the difference leaves out what the runs share."""
+    out = []
+    for j, b in enumerate(groups):
+        for a in (a for a in groups[:j] if a["scaffold"] == b["scaffold"]):
+            diffs = [[y - x for x, y in zip(ta["gains_clipped"], tb["gains_clipped"])]
+                     for ta, tb in zip(a["tasks"], b["tasks"])]
+            mean, low, high = task_bootstrap(diffs)
+            out.append({"scaffold": b["scaffold"], "a": a["policy"], "b": b["policy"], "mean": mean, "low": low,
+                        "high": high, "tasks": sum(bool(d) for d in diffs), "runs": sum(map(len, diffs))})
+    return out
 
 # ==== report and plots
 
@@ -323,6 +358,10 @@ def _f(x, pct=False, digits=4):
     return f"{x:.0f}" if abs(x) >= 1e4 else f"{x:.{digits}f}"
 
 
+def _interval(mean, low, high) -> str:
+    return f"{_f(mean, True)} [{_f(low, True)}, {_f(high, True)}]" if mean is not None else "-"
+
+
 def markdown(report: dict) -> str:
     c = report["config"]
     lines = [f"# Evaluation: {', '.join(c['scaffolds'])} on {len(report['tasks'])} task(s), K = {c['k']}", "",
@@ -331,21 +370,28 @@ def markdown(report: dict) -> str:
              f"MLAB steps {c['max_steps']}, ideas {c['ideas']}, temperature {c['temperature']}, seed {c['seed']}. "
              "Invalid steps: the share of the MLAB agent's steps that were not a valid action; undone gains: its Undo "
              "Edit Script steps that gave back an improvement, per run. Ideas followed: the share of its edits of "
-             "train.py that are ideas of its own prompt; keep/undo right: the share of its steps after running an edit whose "
-             "keep or undo matches the public score (better than before the edit: keep), with their counts.", "",
+             "train.py that are ideas of its own prompt; keep/undo right: the share of its steps after running an "
+             "edit whose keep or undo matches the public score (better than before the edit: keep), with their counts. "
+             f"Clipped gain: each run's gain clipped at +-{GAIN_CLIP:.0%}, the mean over runs with a 95% percentile "
+             f"bootstrap interval that resamples tasks ({RESAMPLES:,} draws).", "",
              "## Overall (mean over tasks)", "",
-             "| scaffold | policy | tasks | runs | failed | gain avg@K | gain best@K | HumanRank | valid | tokens/traj "
-             "| $/traj | s/traj | invalid steps | undone gains/traj | ideas followed | keep/undo right |",
-             "|" + "---|" * 16]
+             "| scaffold | policy | tasks | runs | failed | gain avg@K | gain best@K | clipped gain [95%] | HumanRank "
+             "| valid | tokens/traj | $/traj | s/traj | invalid steps | undone gains/traj | ideas followed "
+             "| keep/undo right |", "|" + "---|" * 17]
     for g in report["groups"]:
         o = g["overall"]
         lines.append(f"| {g['scaffold']} | {g['policy']} | {o['tasks']} | {o['runs']} | {o['failed']} | "
-                     f"{_f(o['gain_avg'], True)} | {_f(o['gain_best'], True)} | {_f(o['human_rank_avg'], digits=3)} | "
+                     f"{_f(o['gain_avg'], True)} | {_f(o['gain_best'], True)} | "
+                     f"{_interval(o['gain_clipped'], *o['gain_clipped_ci'])} | {_f(o['human_rank_avg'], digits=3)} | "
                      f"{_f(o['valid_rate'], digits=2)} | {_f(o['tokens_per_traj'], digits=0)} | "
                      f"{_f(o['cost_per_traj'])} | {_f(o['seconds_per_traj'], digits=1)} | "
                      f"{_f(o['invalid_step_rate'], digits=2)} | {_f(o['undone_gains_per_traj'], digits=2)} | "
                      + " | ".join(f"{_f(o[k + '_rate'], digits=2)} of {o[k + '_n']}" for k in ("followed", "agreed"))
                      + " |")
+    lines += ["", "## Paired differences", "", "Clipped gains of b minus a, paired by (task, run).", "",
+              "| scaffold | b - a | tasks | runs | mean [95%] |", "|" + "---|" * 5]
+    lines += [f"| {d['scaffold']} | {d['b']} - {d['a']} | {d['tasks']} | {d['runs']} | "
+              f"{_interval(d['mean'], d['low'], d['high'])} |" for d in report["paired"]]
     lines += ["", "## Per task", "", "| scaffold | policy | task | metric | m_init | avg@K | best@K | gain avg@K | "
               "gain best@K | HumanRank avg | HumanRank best | valid | runs |", "|" + "---|" * 13]
     for g in report["groups"]:
@@ -503,7 +549,8 @@ def evaluate(cfg: Config, log=print) -> dict:
                   "tasks": {t.name: {"split": t.split, "metric": t.metric, "higher_is_better": t.higher_is_better,
                                      "m_init": m_init[t.name], "leaderboard_size": len(t.leaderboard())}
                             for t in tasks},
-                  "groups": groups, "runs": [{k: v for k, v in x.items() if k != "context"} for x in runs]}
+                  "groups": groups, "paired": paired(groups),
+                  "runs": [{k: v for k, v in x.items() if k != "context"} for x in runs]}
         agent.write_atomic(out / "report.json", json.dumps(report, indent=1))
         agent.write_atomic(out / "report.md", markdown(report))
         report["plots"] = plots(report, runs, cfg) if cfg.plots else []

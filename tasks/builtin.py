@@ -47,7 +47,10 @@ def specs(root: Path) -> dict[str, types.SimpleNamespace]:
         info = json.loads((folder / "task.json").read_text())
         if "seeds" in info:
             code = runpy.run_path(str(folder / "prepare.py"))
-            draws = [({**info, **code["task"](s)}, functools.partial(code["rows"], s)) for s in range(info["seeds"])]
+            # the seeds past `seeds` are the family's held-out draws: evaluation only (never collected, SFT or PPO)
+            held_out = range(info["seeds"], info["seeds"] + info.get("held_out_seeds", 0))
+            draws = [({**info, **code["task"](s), **({"split": "held-out"} if s in held_out else {})},
+                      functools.partial(code["rows"], s)) for s in range(held_out.stop)]
         else:  # prepare.py is read when the rows are made: its imports (scikit-learn's datasets) are slow
             draws = [({**info, "name": folder.name, "about": (folder / "research_problem.md").read_text().rstrip("\n"),
                        "starter": (folder / "train.py").read_text()}, functools.partial(rows_of, folder))]

@@ -9,7 +9,7 @@ What is tested, one property per test:
   serves identical runs and can be turned off;
 - how a run ends: success (public and private score), error, invalid submission (with the grader's message);
 - the built-in tasks: each starter script runs and scores, `prepare` is idempotent and deterministic, the required
-  tasks exist with the right metric, leaderboards, public/private split, held-in/held-out;
+  tasks exist with the right metric, leaderboards, public/private split, held-in/held-out (16 held-out tasks);
 - `load_task` and `grade`: each rejection says why; a perfect submission scores the best possible value;
 - the action set through `Env`: valid, invalid, edit, undo, snapshot/restore, final answer; hostile names and
   unwritable text are observations, never exceptions;
@@ -674,10 +674,22 @@ def test_held_out_private_parts_are_large():
             assert (answers["part"] == "private").sum() >= 150, name
 
 
+def test_held_out_split_is_the_four_hand_made_tasks_and_three_draws_of_each_family():
+    """16 held-out tasks (issue 42): the generated ones are seeds 6-8, past the 6 held-in seeds of each family."""
+    held_out = [n for n, spec in env.BUILTIN_TASKS.items() if spec.split == "held-out"]  # from specs: nothing built
+    families = ("regression", "classification", "timeseries", "text")
+    assert held_out == ["loans", "energy", "sales", "house-prices",
+                        *(f"synth-{f}-{seed}" for f in families for seed in (6, 7, 8))]
+    assert len(held_out) == 16 and len(env.BUILTIN_TASKS) - len(held_out) == 30
+
+
 def test_generated_families_are_many_held_in_and_deterministic():
     families = [p.parent for p in sorted((ROOT / "tasks").glob("*/task.json")) if "seeds" in json.loads(p.read_text())]
-    assert len(SYNTH_NAMES) == sum(json.loads((f / "task.json").read_text())["seeds"] for f in families) >= 20
-    assert all(env.BUILTIN_TASKS[n].split == "held-in" for n in SYNTH_NAMES)
+    infos = {f.name: json.loads((f / "task.json").read_text()) for f in families}
+    assert len(SYNTH_NAMES) == sum(i["seeds"] + i.get("held_out_seeds", 0) for i in infos.values())
+    held_in = [n for n in SYNTH_NAMES if int(n.rsplit("-", 1)[1]) < infos[n.rsplit("-", 1)[0]]["seeds"]]
+    assert len(held_in) == sum(i["seeds"] for i in infos.values()) >= 20  # the seeds past `seeds` are held out
+    assert all(env.BUILTIN_TASKS[n].split == ("held-in" if n in held_in else "held-out") for n in SYNTH_NAMES)
     for folder in families:
         a, b = (runpy.run_path(str(folder / "prepare.py")) for _ in range(2))  # two loads of the family's prepare.py
         assert a["task"](1) == b["task"](1), folder.name  # the same name, metric, research problem and starter

@@ -1,6 +1,7 @@
 """Tests for eval.py: the two metrics, the failed-run accounting, the resumable run log, end to end.
 
 - performance_gain and human_rank on hand-computed cases: higher and lower is better, ties, invalid submissions;
+- the clipped gains (+-50% a run), their task bootstrap (seeded, holds the mean) and the paired differences;
 - a (scaffold, policy, task) summary with a failed run: it stays among the K runs and scores m_init / HumanRank 0;
 - runs that crash, and runs whose final train.py writes no submission, are recorded and counted, not dropped;
 - seeding: a fresh process draws the same torch numbers for the same seed (the first run of a checkpoint repeats);
@@ -72,6 +73,36 @@ def test_human_rank_empty_leaderboard_is_an_error():
     with pytest.raises(ValueError):
         ev.human_rank(0.5, [], True)
 
+# ------------------------------------------------------------------------------ clipped gains, paired, task bootstrap
+
+
+def test_task_bootstrap_interval_holds_the_mean_and_is_seeded():
+    per_task = [[0.1 * t + 0.03 * r for r in range(3)] for t in range(-4, 8)]  # 12 tasks of 3 runs
+    mean, low, high = ev.task_bootstrap(per_task)
+    assert mean == pytest.approx(sum(map(sum, per_task)) / 36) and low < mean < high
+    assert ev.task_bootstrap(per_task) == (mean, low, high)  # the same draws for the same seed
+    assert ev.task_bootstrap(per_task, seed=1) != (mean, low, high)
+    assert ev.task_bootstrap([[], []]) == (None, None, None)  # no task with a gain
+
+
+def test_task_summary_clips_each_run_gain_at_half():
+    task = SimpleNamespace(name="t", metric="accuracy", higher_is_better=True, leaderboard=lambda: [])
+    runs = [_row(0.9, True), _row(0.2, True), _row(0.44, True), _row(None, False, "failed")]  # +80%, -60%, -12%, m_init
+    s = ev.task_summary(task, {"public": 0.5, "private": 0.5}, runs)
+    assert s["gains_clipped"] == pytest.approx([0.5, -0.5, -0.12, 0.0])
+    assert s["gain_avg"] == pytest.approx((0.9 + 0.2 + 0.44 + 0.5) / 4 / 0.5 - 1)  # avg@K's gain stays unclipped
+    assert ev.overall([s])["gain_clipped"] == pytest.approx(-0.12 / 4)
+
+
+def test_a_policy_a_constant_tenth_above_another_differs_by_exactly_that():
+    def group(policy, shift):
+        return {"scaffold": "mlab", "policy": policy,
+                "tasks": [{"gains_clipped": [0.05 * t - 0.1 * r + shift for r in range(4)]} for t in range(6)]}
+    (d,) = ev.paired([group("sft", 0.0), group("ppo", 0.1)])
+    assert (d["a"], d["b"], d["tasks"], d["runs"]) == ("sft", "ppo", 6, 24)
+    assert d["mean"] == pytest.approx(0.1) and d["low"] == pytest.approx(0.1) and d["high"] == pytest.approx(0.1)
+    assert ev.paired([group("sft", 0.0), {**group("ppo", 0.1), "scaffold": "matryoshka"}]) == []  # other scaffolds
+
 # ------------------------------------------------------------------------------------------- failed-run accounting
 
 
@@ -136,7 +167,8 @@ def test_task_summary_counts_invalid_steps_and_undone_gains():
     assert s["invalid_step_rate"] == pytest.approx(2 / 8) and s["undone_gains_per_traj"] == pytest.approx(1 / 2)
     assert "| invalid steps | undone gains/traj |" in ev.markdown(
         {"config": {"scaffolds": ["mlab"], "k": 3, "max_steps": 4, "ideas": "sampled", "temperature": 0.7, "seed": 0},
-         "tasks": {"t": {}}, "groups": [{"scaffold": "mlab", "policy": "p", "overall": ev.overall([s]), "tasks": [s]}]})
+         "tasks": {"t": {}}, "groups": [{"scaffold": "mlab", "policy": "p", "overall": ev.overall([s]), "tasks": [s]}],
+         "paired": []})
 
 
 class _NoSubmission:
