@@ -11,7 +11,9 @@ Departures from MLAgentBench:
 2. The workspace is a dict of scripts in memory, so a state is snapshotted and restored exactly.
 3. An edited script is run: reward.py pays the change of train.py's metric (another file's once it reaches train.py).
 4. `Execute Script` shows the run's capped log, stdout and stderr as written (MLAB: stdout, or stderr on failure),
-   then a note at a time or resource limit, for a train.py without a valid submission.csv, or the public score.
+   then a note at a time or resource limit, for a train.py without a valid submission.csv, or the public score (as
+   Kaggle shows a submission's; `show_score`, on by default) and, after an edit of train.py, whether it beats the
+   score before that edit: the reward's keep-or-undo signal in words a tiny model can copy (issue 42).
 5. `Edit Script (AI)` takes any editor `(instruction, code) -> code`; offline, recipe_editor applies tasks/recipes/.
 6. The built-in tasks' data ship with scikit-learn or are seeded; their leaderboard is a reference panel of
    scikit-learn pipelines (tasks/builtin.py), not human Kaggle entries.
@@ -597,9 +599,7 @@ class Env:
                             "neutral" if kind == "success" else kind, run)
 
     def _verdict(self, score) -> str:
-        """With show_score, Execute Script of train.py says whether its public score beats the score before train.py's
-        last edit (what Undo Edit Script brings back): the keep-or-undo signal the reward pays, in words (our
-        departure from MLAB, whose agent compares numbers it reads: tests/RESULTS.md, "the miniature that teaches")."""
+        """Whether the public score beats the one before train.py's last edit (what Undo brings back): departure 4."""
         before = next((h["metric"] for h in reversed(self.history) if h["script"] == "train.py"), None)
         if not self.show_score or before is None:
             return ""
