@@ -15,7 +15,8 @@ Orchestrator's prompt per round against the monolithic chat's per execution (App
    leaderboard's worst entry would punish by its spread.
 4. The offline scripted expert needs ideas: `--ideas sampled` (default) draws 1-3 recipe ideas per run, seeded by
    (seed, task, run), the same for every policy; `--ideas none` is the paper's test prompt.
-5. Temperature 0.7 (summarize_from_feedback_details; the papers give none), so the K runs differ; each run has its
+5. Temperature 0.2 (the papers give none): the tiny students write fewer invalid steps than at PPO's 0.7, and the K
+   runs still differ (each has its own ideas and seed; tests/RESULTS.md, "the miniature that teaches"); each run has its
    own seed, so --workers runs go at once with the same results. Matryoshka submits its best attempt by public
    score, maybe the starter. Offline stand-ins as labelled in agent.py and orchestrator.py.
 
@@ -64,7 +65,7 @@ class Config:
     k: int = 2  # runs per task (paper: 8)
     max_steps: int = 8  # MLAB steps per trajectory (paper: 15)
     time_limit: float = 1800.0  # seconds per trajectory (paper: 30 minutes)
-    temperature: float = 0.7  # the papers give none (departure 5)
+    temperature: float = 0.2  # the papers give none (departure 5)
     max_tokens: int | None = None  # per response; None: response_tokens
     ideas: str = "sampled"  # sampled | none (departure 4)
     editor: str = "auto"  # auto | recipes | policy | an endpoint model: who executes Edit Script (AI)

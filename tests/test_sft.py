@@ -309,13 +309,13 @@ def test_loss_falls_when_overfitting_and_checkpoint_reloads(tmp_path, chats, tin
 
 def test_resume_ends_with_the_uninterrupted_weights(tmp_path, chats):
     data = write_jsonl(tmp_path / "d.jsonl", chats[:12])
-    full, lm_full = sft.train(args(tmp_path, data, epochs=3, out=str(tmp_path / "a")))  # from scratch
+    full, lm_full = sft.train(args(tmp_path, data, epochs=3, out=str(tmp_path / "a"), prompt_loss_weight=0.5))
     first = sorted((tmp_path / "a").glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))[0]
     done = int(first.name.split("-")[1])
     again, lm_again = sft.train(args(tmp_path, data, epochs=3, out=str(tmp_path / "b"), resume=str(first)))
     log = [json.loads(line) for line in open(tmp_path / "b" / "log.jsonl")]
     assert log[0]["step"] == done + 1 and again["steps"] == full["steps"] > done
-    assert again["prompt_loss_weight"] == full["prompt_loss_weight"] == 1.0  # from scratch; kept on resume
+    assert again["prompt_loss_weight"] == full["prompt_loss_weight"] == 0.5  # the resume is given none: kept
     assert again["heldout_loss"] == pytest.approx(full["heldout_loss"], rel=1e-5)
     w_full, w_again = weights(lm_full), weights(lm_again)
     for k in w_full:
