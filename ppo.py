@@ -59,7 +59,7 @@ class Config:
     seed: int = 0                         # the state order, sampling, the value head
     tasks: int = 0                        # > 0: the states of this many tasks, a seeded draw (ML-Agent Figure 5)
     epochs: float = 1.0                   # passes over the states pool (paper: 1)
-    iterations: int = 0                   # > 0: stop after this many iterations instead
+    iterations: int = 0                   # > 0: stop after this many iterations instead (0, tiny: at most 15)
     batch_size: int = 16                  # states per iteration (paper ~256: 10k states / 39 steps)
     samples_per_state: int | None = None  # actions per state (--episodic: per start); None: 1, group: 4
     num_minibatches: int = 2              # per iteration (N-details: 1)
@@ -108,6 +108,8 @@ PAPER = dict(actor_lr=1e-6, critic_lr=1e-5, critic_warmup=0, advantage="gae")  #
 # "PPO on the tiny model"; our choice); --advantage gae brings the critic back.
 TINY = dict(actor_lr=1e-4, critic_lr=3e-3, critic_warmup=2, advantage="group")
 TINY_PARAMS = 10_000_000
+TINY_ITERATIONS = 15  # a tiny model's run stops here unless --iterations says otherwise (one epoch of 3 trajectories
+# per task would be 46: three times the quick pipeline's PPO time)
 GROUP_SAMPLES = 4  # --advantage group's default --samples-per-state
 
 
@@ -630,7 +632,8 @@ def setup(cfg):
         say(f"ppo.py: resuming from {resume} at iteration {st['progress']['iteration']}")
     progress = dict(st["progress"]) if st else {"iteration": 0, "init_model": cfg.model}
     lm, tokenizer = model.load(progress["init_model"], device, torch.float32, meta=True)
-    cfg = resolve_defaults(cfg, sum(p.numel() for p in lm.parameters()))
+    n_params = sum(p.numel() for p in lm.parameters())
+    cfg = resolve_defaults(cfg, n_params)
     ranks = model.Ranks(rank, world, device)
     actor, critic, ref = build(cfg, progress["init_model"], resume, st, ranks)
     say(f"ppo.py: actor lr {cfg.actor_lr:g}, " + (f"group baseline over {cfg.samples_per_state} "
@@ -651,6 +654,8 @@ def setup(cfg):
         dist.barrier()
     editor = env.recipe_editor if cfg.editor == "recipes" else agent.LLMEditor(agent.make_backend(cfg.editor))
     total = cfg.iterations or max(math.ceil(cfg.epochs * max(len(states) // cfg.batch_size, 1)), 1)
+    if not cfg.iterations and n_params < TINY_PARAMS:
+        total = min(total, TINY_ITERATIONS)  # the quick pipeline's time (tests/RESULTS.md); --iterations: more
     return types.SimpleNamespace(cfg=cfg, ranks=ranks, states=states, actor=actor, critic=critic,
                                  ref=ref, value_net=critic if cfg.advantage == "gae" else None,
                                  tokenizer=tokenizer, opt_a=opt_a, opt_c=opt_c, progress=progress,
