@@ -15,9 +15,8 @@ Orchestrator's prompt per round against the monolithic chat's per execution (App
    leaderboard's worst entry would punish by its spread.
 4. The offline scripted expert needs ideas: `--ideas sampled` (default) draws 1-3 recipe ideas per run, seeded by
    (seed, task, run), the same for every policy; `--ideas none` is the paper's test prompt.
-5. Temperature 0.2 (the papers give none): the tiny students write fewer invalid steps than at PPO's 0.7, and the K
-   runs still differ (each has its own ideas and seed; tests/RESULTS.md, "the miniature that teaches"); each run has its
-   own seed, so --workers runs go at once with the same results. Matryoshka submits its best attempt by public
+5. Temperature 0.2 (the papers give none): fewer invalid steps of the tiny students than at 0.7 (tests/RESULTS.md);
+   each run has its own ideas and seed, so the K runs differ and --workers runs go at once with the same results. Matryoshka submits its best attempt by public
    score, maybe the starter. Offline stand-ins as labelled in agent.py and orchestrator.py.
 
 Run:  python eval.py      (offline, after collect/sft/ppo: scripted expert, runs/ckpt/sft, runs/ckpt/ppo; MLAB, K=2)
@@ -51,7 +50,7 @@ import orchestrator
 ROOT = env.ROOT
 SCAFFOLDS = ("mlab", "matryoshka", "monolithic")
 FAILED_RUN_SCORE = "m_init"  # departure 3
-GAIN_CLIP = 0.5  # the bounded measure beside the gain (issue 42): a run's gain clipped at +-50%, so no one run decides
+GAIN_CLIP = 0.5  # a run's gain clipped at +-50% beside the gain, so no one run decides (issue 42)
 RESAMPLES = 2000  # of the task bootstrap
 
 
@@ -180,10 +179,8 @@ def run_mlab(cfg: Config, policy: str, task, ideas) -> dict:
 
 
 def conditioning(traj, ideas) -> dict:
-    """Does the agent act on its prompt? "followed": per Edit Script (AI) of train.py, whether its instruction is
-    one of the run's ideas; "agreed": per valid step after a successful Execute Script of train.py with an edit to
-    undo, whether it undid (Undo Edit Script) exactly when the run's public score (the reward's m_t) was not better
-    than the score before that edit."""
+    """Does the agent act on its prompt? "followed": per edit of train.py, is it one of the run's ideas; "agreed": per
+    valid step after a successful run of an edited train.py, did it undo exactly when the score was not better."""
     texts = {idea.strip().lower() for _, idea in ideas}
     followed, agreed = [], []
     for prev, s in zip([None, *traj.steps], traj.steps):
@@ -312,19 +309,18 @@ def overall(rows: list[dict]) -> dict:
     """The mean over tasks of each per-task number."""
     keys = ("gain_avg", "gain_best", "human_rank_avg", "human_rank_best", "valid_rate", "tokens_per_traj",
             "cost_per_traj", "seconds_per_traj", "steps_per_traj", "invalid_step_rate", "undone_gains_per_traj")
-    pooled = {f"{k}_rate": sum(r[k] for r in rows) / n if (n := sum(r[f"{k}_n"] for r in rows)) else None
-              for k in ("followed", "agreed")}  # over every edit / decision of every run
+    counts = {f"{k}_n": sum(r[f"{k}_n"] for r in rows) for k in ("followed", "agreed")}  # every run's edits/steps
+    pooled = {f"{k}_rate": sum(r[k] for r in rows) / counts[f"{k}_n"] if counts[f"{k}_n"] else None
+              for k in ("followed", "agreed")}
     mean, low, high = task_bootstrap([r["gains_clipped"] for r in rows])
     return {"tasks": len(rows), "runs": sum(r["runs"] for r in rows), "failed": sum(r["failed"] for r in rows),
             **{k: _mean([r[k] for r in rows]) for k in keys}, "gain_clipped": mean, "gain_clipped_ci": [low, high],
-            **pooled,
-            **{f"{k}_n": sum(r[f"{k}_n"] for r in rows) for k in ("followed", "agreed")}}
+            **pooled, **counts}
 
 
 def task_bootstrap(per_task: list[list[float]], seed: int = 0) -> tuple:
-    """(mean over runs, 95% interval) of per-task lists of run values: a percentile bootstrap of RESAMPLES draws of
-    the tasks with replacement, each drawn task bringing all its runs. Tasks, not runs, are resampled (issue 42): the
-    K runs of one task share its data and difficulty, so they are not independent draws; (None,) * 3 without runs."""
+    """(mean over runs, 95% percentile-bootstrap interval) of per-task run values. Tasks, each with all its runs, are
+    resampled (issue 42): a task's K runs share its data and difficulty, so are not independent draws."""
     tasks = [np.asarray(v, dtype=float) for v in per_task if len(v)]
     if not tasks:
         return None, None, None
@@ -335,9 +331,8 @@ def task_bootstrap(per_task: list[list[float]], seed: int = 0) -> tuple:
 
 
 def paired(groups: list[dict]) -> list[dict]:
-    """b - a for each policy b after a policy a of the same scaffold (ppo - sft, sft - scripted): the clipped gains
-    paired by (task, run), their mean over runs and its task-bootstrap interval. Pairing (issue 42): run r of a task
-    has the same seed, ideas and task difficulty for every policy, so the difference leaves out what the runs share."""
+    """b - a of the clipped gains, paired by (task, run), for each policy b after a policy a of the same scaffold:
+    run r of a task has the same seed and ideas for every policy, so the pairs leave out what runs share (issue 42)."""
     out = []
     for j, b in enumerate(groups):
         for a in (a for a in groups[:j] if a["scaffold"] == b["scaffold"]):
