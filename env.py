@@ -12,8 +12,8 @@ Departures from MLAgentBench:
 3. An edited script is run: reward.py pays the change of train.py's metric (another file's once it reaches train.py).
 4. `Execute Script` shows the run's capped log, stdout and stderr as written (MLAB: stdout, or stderr on failure),
    then a note at a time or resource limit, for a train.py without a valid submission.csv, or the public score (as
-   Kaggle shows a submission's; `show_score`, on by default) and, after an edit of train.py, whether it beats the
-   score before that edit: the reward's keep-or-undo signal in words a tiny model can copy (issue 42).
+   Kaggle shows; `show_score`) and whether it beats the score before train.py's last edit: the reward's keep-or-undo
+   signal in words a tiny model can copy (issue 42).
 5. `Edit Script (AI)` takes any editor `(instruction, code) -> code`; offline, recipe_editor applies tasks/recipes/.
 6. The built-in tasks' data ship with scikit-learn or are seeded; their leaderboard is a reference panel of
    scikit-learn pipelines (tasks/builtin.py), not human Kaggle entries.
@@ -437,8 +437,7 @@ class Env:
                                f"\n{spec.usage()}")
             method = "_" + "_".join(action.lower().removesuffix(" (ai)").split())
             return getattr(self, method)(**action_input)
-        except Exception as e:  # noqa: BLE001 - as MLAB's environment.py: an EnvException is its message, any
-            # other exception "EnvError: Error executing {action}." (ours adds why); either leaves no trace but the step
+        except Exception as e:  # noqa: BLE001 - departure 7, as MLAB's environment.py
             self.files, self.history, self.metric, self.m_high, self.done = before
             if isinstance(e, _Invalid):
                 return self._result(str(e), "invalid")
@@ -461,8 +460,7 @@ class Env:
         return StepResult(observation, "edit", prev, score, run, metric_high=high)
 
     def _path(self, name, write=False) -> str:
-        """A workspace path, else an "invalid" step. `write`: a path a file can be saved under, that the sandbox can
-        lay out (no file lies on its way, it is no folder)."""
+        """A workspace path, else an "invalid" step; `write`: one a file can be saved under (no file or folder there)."""
         if not isinstance(name, str):
             raise _Invalid(f"EnvError: a path must be a string, got {_short(repr(name), 80)}")
         try:
@@ -599,7 +597,7 @@ class Env:
                             "neutral" if kind == "success" else kind, run)
 
     def _verdict(self, score) -> str:
-        """Whether the public score beats the one before train.py's last edit (what Undo brings back): departure 4."""
+        """Departure 4: does the score beat the one before train.py's last edit (what Undo brings back)?"""
         before = next((h["metric"] for h in reversed(self.history) if h["script"] == "train.py"), None)
         if not self.show_score or before is None:
             return ""
@@ -1014,7 +1012,7 @@ def _workspace_path(name: str) -> str:
         sizes = [len(part.encode()) for part in norm.split("/")]
     except UnicodeEncodeError:  # a lone surrogate, e.g. "\ud800" in JSON
         raise ValueError(f"{shown} is not valid UTF-8") from None
-    if max(sizes) > 255 or len(norm.encode()) > 1024:  # Linux's NAME_MAX; far below its PATH_MAX with the work folder
+    if max(sizes) > 255 or len(norm.encode()) > 1024:  # Linux's NAME_MAX; well below PATH_MAX
         raise ValueError(f"{shown} is too long (at most 255 bytes a name, 1024 a path)")
     return norm
 
