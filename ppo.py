@@ -108,8 +108,7 @@ PAPER = dict(actor_lr=1e-6, critic_lr=1e-5, critic_warmup=0, advantage="gae")  #
 # "PPO on the tiny model"; our choice); --advantage gae brings the critic back.
 TINY = dict(actor_lr=1e-4, critic_lr=3e-3, critic_warmup=2, advantage="group")
 TINY_PARAMS = 10_000_000
-TINY_ITERATIONS = 15  # a tiny model's run stops here unless --iterations says otherwise (one epoch of 3 trajectories
-# per task would be 46: three times the quick pipeline's PPO time)
+TINY_ITERATIONS = 15  # a tiny model's default (an epoch of 3 trajectories per task is 46: 3x the quick pipeline's)
 GROUP_SAMPLES = 4  # --advantage group's default --samples-per-state
 
 
@@ -353,8 +352,8 @@ def execute(e, text, reward_config, finished=True, unfinished_invalid=True):
 
 
 def error_outcome(where, err, reward_config, finished, action=None, edit=None, metric=None):
-    """An unexpected exception of one row's environment -> that row's "error" outcome (execute's keys; an episode
-    ends there), told on stderr: the iteration goes on, as collect.py's _safe_rollout and eval.py's run_one do."""
+    """One row's environment raised: an "error" outcome that ends its episode, told on stderr (as collect.py's
+    _safe_rollout)."""
     why = f"{type(err).__name__}: {err}".splitlines()[0][:300]
     print(f"ppo.py: {where}: the environment failed, an error outcome: {why}", file=sys.stderr, flush=True)
     return {"kind": "error", "reward": reward("error", config=reward_config), "m_prev": metric, "m_new": metric,
@@ -743,23 +742,20 @@ def estimate_advantages(run, data, nxt):
 
 
 def log_iteration(run, it, batch, outcomes, places, data, ev, upd, timer):
-    """The whole batch's log line (rank 0's times), printed and appended to --log-file. Each iteration draws other
-    states, so the reward alone moves with them: beside it the expert's recorded reward on the same states and the
-    difference, which rises when PPO learns (tests/RESULTS.md, "the miniature that teaches")."""
+    """The whole batch's log line (rank 0's times), printed and appended to --log-file; beside the reward, which
+    moves with the states drawn, the expert's on the same states and the difference (tests/RESULTS.md)."""
     ranks, times = run.ranks, timer.times
     states = [None] * len(outcomes) if run.cfg.episodic else \
         [batch[k // run.cfg.samples_per_state] for k in range(len(outcomes))]  # step-wise rows: state-major
-    expert = [None if s is None or from_record(s.get("reward_config")) != run.cfg.reward else  # never mixed
-              s["expert"]["reward"] for s in states]
+    expert = [None if s is None or from_record(s.get("reward_config")) != run.cfg.reward else s["expert"]["reward"]
+              for s in states]  # never mixed
     rows = sorted(zip(ranks.gather(places), ranks.gather(outcomes), ranks.gather(expert)), key=lambda x: x[0])
     outcomes, expert = [o for _, o, _ in rows], [x for _, _, x in rows]
     kinds, n = [o["kind"] for o in outcomes], len(outcomes)
-    expert_reward = None if None in expert else sum(expert) / n
+    reward_mean, expert_reward = sum(o["reward"] for o in outcomes) / n, None if None in expert else sum(expert) / n
     edits = [o for o in outcomes if o["kind"] == "edit" and o["m_new"] is not None and o["m_prev"] is not None]
-    log = {"iteration": it + 1, "states": n, "reward": sum(o["reward"] for o in outcomes) / n,
-           "expert_reward": expert_reward,
-           "reward_vs_expert": None if expert_reward is None else
-           sum(o["reward"] for o in outcomes) / n - expert_reward,
+    log = {"iteration": it + 1, "states": n, "reward": reward_mean, "expert_reward": expert_reward,
+           "reward_vs_expert": None if expert_reward is None else reward_mean - expert_reward,
            "rewards": [o["reward"] for o in outcomes],
            **{f"frac_{k}": kinds.count(k) / n for k in ("invalid", "error", "corner", "neutral", "edit", "final")},
            "frac_unfinished": sum(not o.get("finished", True) for o in outcomes) / n,
