@@ -460,7 +460,7 @@ class Env:
         return StepResult(observation, "edit", prev, score, run, metric_high=high)
 
     def _path(self, name, write=False) -> str:
-        """A workspace path, else an "invalid" step; `write`: one a file can be saved under (no file or folder there)."""
+        """A workspace path, else an "invalid" step; `write`: one a file can be saved under (no file, no folder)."""
         if not isinstance(name, str):
             raise _Invalid(f"EnvError: a path must be a string, got {_short(repr(name), 80)}")
         try:
