@@ -481,8 +481,8 @@ class ScriptedExpert:
             reflection, fact = "The diff shows the change I asked for.", "The edit was applied: confirmed by the diff."
             then = ("Run the edited script to measure the change.", *RUN_TRAIN)
         elif action == "Execute Script":  # an idea was run: keep it or undo it
-            fact = f"The {what} {score}" + (f", {verdict} than before the edit" if verdict else "") + \
-                ": confirmed by the output above."
+            said = f", {verdict} than before the edit" if verdict else ""
+            fact = f"The {what} {score}{said}: confirmed by the output above."
             if score is not None and (verdict == "better" if verdict else
                                       best is None or (score > best if higher else score < best)):
                 plan[cur][1:] = ["kept", f"{score}"]

@@ -322,8 +322,7 @@ def main(argv=None):
                      description="Collect exploration-enriched expert trajectories, SFT data and the states pool.")
     p.add_argument("--tasks", nargs="+", default=held_in,
                    help=f"built-in task names or task folders (default: the held-in tasks {' '.join(held_in)})")
-    p.add_argument("--trajectories", type=agent.POSITIVE_INT, default=3,
-                   help="trajectories per task, each with its own ideas (default 3: tests/RESULTS.md)")
+    p.add_argument("--trajectories", type=agent.POSITIVE_INT, default=3, help="trajectories per task, other ideas each")
     p.add_argument("--workers", type=agent.COUNT, default=2, help="worker processes")
     p.add_argument("--expert", default="scripted",
                    help="'scripted' (offline stand-in), an endpoint model name, or a local checkpoint folder")

@@ -12,8 +12,7 @@ Departures from MLAgentBench:
 3. An edited script is run: reward.py pays the change of train.py's metric (another file's once it reaches train.py).
 4. `Execute Script` shows the run's capped log, stdout and stderr as written (MLAB: stdout, or stderr on failure),
    then a note at a time or resource limit, for a train.py without a valid submission.csv, or the public score (as
-   Kaggle shows; `show_score`) and whether it beats the score before train.py's last edit: the reward's keep-or-undo
-   signal in words a tiny model can copy (issue 42).
+   Kaggle shows; `show_score`) and whether it beats the one before train.py's last edit, in words (issue 42).
 5. `Edit Script (AI)` takes any editor `(instruction, code) -> code`; offline, recipe_editor applies tasks/recipes/.
 6. The built-in tasks' data ship with scikit-learn or are seeded; their leaderboard is a reference panel of
    scikit-learn pipelines (tasks/builtin.py), not human Kaggle entries.
@@ -472,8 +471,7 @@ class Env:
             raise _Invalid(f"EnvError: cannot save to {_short(repr(name), 80)}: it would be both a file and a folder")
         return path
 
-    def _every_file(self) -> set[str]:
-        """The workspace's scripts and public/'s files, as relative paths."""
+    def _every_file(self) -> set[str]:  # the workspace's scripts and public/'s files, as relative paths
         public = self.task.public_dir
         return {*self.files, *(str(p.relative_to(public)) for p in public.rglob("*") if p.is_file())}
 
@@ -599,10 +597,9 @@ class Env:
     def _verdict(self, score) -> str:
         """Departure 4: does the score beat the one before train.py's last edit (what Undo brings back)?"""
         before = next((h["metric"] for h in reversed(self.history) if h["script"] == "train.py"), None)
-        if not self.show_score or before is None:
-            return ""
-        better = score != before and self._better(score, before) == score
-        return f", {'better' if better else 'not better'} than {before:.4f} before the last edit"
+        better = before is not None and self._better(score, before) == score != before
+        return f", {'better' if better else 'not better'} than {before:.4f} before the last edit" \
+            if self.show_score and before is not None else ""
 
     def _copy_file(self, source, destination):
         src, dst = self._path(source), self._path(destination, write=True)
@@ -994,8 +991,7 @@ def _head_tail(path: Path) -> str:
     return data.decode("utf-8", errors="replace")
 
 
-def _short(text: str, limit=300) -> str:
-    """One line of at most `limit` characters."""
+def _short(text: str, limit=300) -> str:  # one line of at most `limit` characters
     line = " ".join(str(text).split())
     return line if len(line) <= limit else f"{line[:limit - 30]}... [{len(line)} characters]"
 

@@ -15,10 +15,9 @@ Orchestrator's prompt per round against the monolithic chat's per execution (App
    leaderboard's worst entry would punish by its spread.
 4. The offline scripted expert needs ideas: `--ideas sampled` (default) draws 1-3 recipe ideas per run, seeded by
    (seed, task, run), the same for every policy; `--ideas none` is the paper's test prompt.
-5. Temperature 0.2 (the papers give none; issue 42's diagnosis: 43% of the SFT student's held-out steps invalid at
-   0.7, 10% at 0); each run has its own ideas and seed, so the K runs differ and --workers runs go at once with the
-   same results. Matryoshka submits its best attempt by public score, maybe the starter. Offline stand-ins as
-   labelled in agent.py and orchestrator.py.
+5. Temperature 0.2 (the papers give none): the tiny students' steps are more often invalid at PPO's 0.7 (issue 42);
+   each run has its own ideas and seed, so the K runs differ and --workers runs go at once with the same results.
+   Matryoshka submits its best attempt by public score, maybe the starter. Offline stand-ins: agent.py, orchestrator.py.
 
 Run:  python eval.py      (offline, after collect/sft/ppo: scripted expert, runs/ckpt/sft, runs/ckpt/ppo; MLAB, K=2)
       python eval.py --k 8 --max-steps 15 ;  python eval.py --scaffold matryoshka monolithic --tasks wine
@@ -51,8 +50,7 @@ import orchestrator
 ROOT = env.ROOT
 SCAFFOLDS = ("mlab", "matryoshka", "monolithic")
 FAILED_RUN_SCORE = "m_init"  # departure 3
-GAIN_CLIP = 0.5  # a run's gain clipped at +-50% beside the gain, so no one run decides (issue 42)
-RESAMPLES = 2000  # of the task bootstrap
+GAIN_CLIP, RESAMPLES = 0.5, 2000  # a run's gain clipped at +-50% (no one run decides: issue 42); bootstrap draws
 
 
 @dataclass
@@ -180,10 +178,9 @@ def run_mlab(cfg: Config, policy: str, task, ideas) -> dict:
 
 
 def conditioning(traj, ideas) -> dict:
-    """Does the agent act on its prompt? "followed": per edit of train.py, is it one of the run's ideas; "agreed": per
-    valid step after a successful run of an edited train.py, did it undo exactly when the score was not better."""
-    texts = {idea.strip().lower() for _, idea in ideas}
-    followed, agreed = [], []
+    """Per edit of train.py, is it a run's idea ("followed"); per valid step after running an edited train.py, did it
+    undo exactly when the public score was not better than before the edit ("agreed")."""
+    texts, followed, agreed = {idea.strip().lower() for _, idea in ideas}, [], []
     for prev, s in zip([None, *traj.steps], traj.steps):
         if s.action == "Edit Script (AI)" and s.action_input and s.action_input.get("save_name") == "train.py":
             followed.append(str(s.action_input.get("edit_instruction", "")).strip().lower() in texts)
@@ -311,7 +308,7 @@ def overall(rows: list[dict]) -> dict:
     keys = ("gain_avg", "gain_best", "human_rank_avg", "human_rank_best", "valid_rate", "tokens_per_traj",
             "cost_per_traj", "seconds_per_traj", "steps_per_traj", "invalid_step_rate", "undone_gains_per_traj")
     counts = {f"{k}_n": sum(r[f"{k}_n"] for r in rows) for k in ("followed", "agreed")}  # every run's edits/steps
-    pooled = {f"{k}_rate": sum(r[k] for r in rows) / counts[f"{k}_n"] if counts[f"{k}_n"] else None
+    pooled = {f"{k}_rate": sum(r[k] for r in rows) / n if (n := counts[f"{k}_n"]) else None
               for k in ("followed", "agreed")}
     mean, low, high = task_bootstrap([r["gains_clipped"] for r in rows])
     return {"tasks": len(rows), "runs": sum(r["runs"] for r in rows), "failed": sum(r["failed"] for r in rows),
@@ -366,11 +363,10 @@ def markdown(report: dict) -> str:
              f"private/leaderboard.csv (Matryoshka); a failed run scores m_init in avg@K/best@K and HumanRank 0. "
              f"MLAB steps {c['max_steps']}, ideas {c['ideas']}, temperature {c['temperature']}, seed {c['seed']}. "
              "Invalid steps: the share of the MLAB agent's steps that were not a valid action; undone gains: its Undo "
-             "Edit Script steps that gave back an improvement, per run. Ideas followed: the share of its edits of "
-             "train.py that are ideas of its own prompt; keep/undo right: the share of its steps after running an "
-             "edit whose keep or undo matches the public score (better than before the edit: keep), with their counts. "
-             f"Clipped gain: each run's gain clipped at +-{GAIN_CLIP:.0%}, the mean over runs with a 95% percentile "
-             f"bootstrap interval that resamples tasks ({RESAMPLES:,} draws).", "",
+             "Edit Script steps that gave back an improvement, per run. Ideas followed: its edits of train.py that "
+             "are ideas of its prompt; keep/undo right: its steps after running an edit that keep exactly when the "
+             f"public score beat the one before it. Clipped gain: each run's gain clipped at +-{GAIN_CLIP:.0%}, the "
+             f"mean over runs, a 95% percentile bootstrap interval over tasks ({RESAMPLES:,} draws).", "",
              "## Overall (mean over tasks)", "",
              "| scaffold | policy | tasks | runs | failed | gain avg@K | gain best@K | clipped gain [95%] | HumanRank "
              "| valid | tokens/traj | $/traj | s/traj | invalid steps | undone gains/traj | ideas followed "
@@ -433,11 +429,9 @@ def plots(report: dict, runs: list[dict], cfg: Config) -> list[str]:
         fig, ax = plt.subplots(figsize=(6, 4))
         ax.plot([r["iteration"] for r in log], [r["reward"] for r in log], marker="o", ms=3, label="policy")
         vs = [r for r in log if r.get("reward_vs_expert") is not None]  # the same states' expert reward: ppo.py
-        if vs:
-            ax.plot([r["iteration"] for r in vs], [r["reward_vs_expert"] for r in vs], marker="o", ms=3,
-                    label="policy - expert, same states")
-            ax.axhline(0, color="grey", lw=0.5)
-            ax.legend(fontsize=8)
+        ax.plot([r["iteration"] for r in vs], [r["reward_vs_expert"] for r in vs], marker="o", ms=3,
+                label="policy - expert, same states")
+        ax.legend(fontsize=8)
         save(fig, ax, "ppo_reward.png", xlabel="PPO iteration", ylabel="mean step reward",
              title=f"Step-wise PPO ({cfg.ppo_log})")
     curves: dict = {}  # (scaffold, policy) -> [each run's tokens per round]

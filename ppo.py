@@ -108,7 +108,7 @@ PAPER = dict(actor_lr=1e-6, critic_lr=1e-5, critic_warmup=0, advantage="gae")  #
 # "PPO on the tiny model"; our choice); --advantage gae brings the critic back.
 TINY = dict(actor_lr=1e-4, critic_lr=3e-3, critic_warmup=2, advantage="group")
 TINY_PARAMS = 10_000_000
-TINY_ITERATIONS = 15  # a tiny model's default (an epoch of 3 trajectories per task is 46: 3x the quick pipeline's)
+TINY_ITERATIONS = 15  # a tiny model's cap on an epoch's iterations: the quick pipeline's time
 GROUP_SAMPLES = 4  # --advantage group's default --samples-per-state
 
 
@@ -352,9 +352,8 @@ def execute(e, text, reward_config, finished=True, unfinished_invalid=True):
 
 
 def error_outcome(where, err, reward_config, finished, action=None, edit=None, metric=None):
-    """One row's environment raised: an "error" outcome that ends its episode, told on stderr (as collect.py's
-    _safe_rollout)."""
-    why = f"{type(err).__name__}: {err}".splitlines()[0][:300]
+    """One row's environment raised: an "error" outcome ending its episode, told on stderr (as collect's rollouts)."""
+    why = env._short(f"{type(err).__name__}: {err}")  # one line
     print(f"ppo.py: {where}: the environment failed, an error outcome: {why}", file=sys.stderr, flush=True)
     return {"kind": "error", "reward": reward("error", config=reward_config), "m_prev": metric, "m_new": metric,
             "done": True, "observation": f"EnvError: {why}", "finished": finished, "action": action, "edit": edit}
@@ -631,8 +630,7 @@ def setup(cfg):
         say(f"ppo.py: resuming from {resume} at iteration {st['progress']['iteration']}")
     progress = dict(st["progress"]) if st else {"iteration": 0, "init_model": cfg.model}
     lm, tokenizer = model.load(progress["init_model"], device, torch.float32, meta=True)
-    n_params = sum(p.numel() for p in lm.parameters())
-    cfg = resolve_defaults(cfg, n_params)
+    cfg = resolve_defaults(cfg, n_params := sum(p.numel() for p in lm.parameters()))
     ranks = model.Ranks(rank, world, device)
     actor, critic, ref = build(cfg, progress["init_model"], resume, st, ranks)
     say(f"ppo.py: actor lr {cfg.actor_lr:g}, " + (f"group baseline over {cfg.samples_per_state} "
@@ -654,11 +652,12 @@ def setup(cfg):
     editor = env.recipe_editor if cfg.editor == "recipes" else agent.LLMEditor(agent.make_backend(cfg.editor))
     total = cfg.iterations or max(math.ceil(cfg.epochs * max(len(states) // cfg.batch_size, 1)), 1)
     if not cfg.iterations and n_params < TINY_PARAMS:
-        total = min(total, TINY_ITERATIONS)  # the quick pipeline's time (tests/RESULTS.md); --iterations: more
+        total = min(total, TINY_ITERATIONS)  # --iterations: more
     return types.SimpleNamespace(cfg=cfg, ranks=ranks, states=states, actor=actor, critic=critic,
                                  ref=ref, value_net=critic if cfg.advantage == "gae" else None,
                                  tokenizer=tokenizer, opt_a=opt_a, opt_c=opt_c, progress=progress,
-                                 editor=editor, total=total, lock=lock, say=say)
+                                 editor=editor, total=total, lock=lock, say=say, expert_comparable=not cfg.episodic
+                                 and all(from_record(s.get("reward_config")) == cfg.reward for s in states))  # unmixed
 
 
 class Timer:
@@ -745,10 +744,8 @@ def log_iteration(run, it, batch, outcomes, places, data, ev, upd, timer):
     """The whole batch's log line (rank 0's times), printed and appended to --log-file; beside the reward, which
     moves with the states drawn, the expert's on the same states and the difference (tests/RESULTS.md)."""
     ranks, times = run.ranks, timer.times
-    states = [None] * len(outcomes) if run.cfg.episodic else \
-        [batch[k // run.cfg.samples_per_state] for k in range(len(outcomes))]  # step-wise rows: state-major
-    expert = [None if s is None or from_record(s.get("reward_config")) != run.cfg.reward else s["expert"]["reward"]
-              for s in states]  # never mixed
+    expert = [batch[k // run.cfg.samples_per_state]["expert"]["reward"] if run.expert_comparable else None
+              for k in range(len(outcomes))]  # step-wise rows are state-major
     rows = sorted(zip(ranks.gather(places), ranks.gather(outcomes), ranks.gather(expert)), key=lambda x: x[0])
     outcomes, expert = [o for _, o, _ in rows], [x for _, _, x in rows]
     kinds, n = [o["kind"] for o in outcomes], len(outcomes)

@@ -8,11 +8,10 @@ alike. The cases, as this file implements them (default config):
     |-----------|------------------------------------------------------------------------------------|---------------|
     | "invalid" | no action read after the re-asks (entries missing or out of order, Action not a    | -1 (R_format) |
     |           | tool); an Action Input that is not the tool's arguments (bad JSON, other keys: the |               |
-    |           | step happens, not re-asked, as in MLAB); a path outside the workspace or that no   |               |
-    |           | file can have (too long, "."); line numbers that are not integers                  |               |
-    | "error"   | crash; edit that cannot be applied; train.py without a valid submission.csv;       | -1            |
-    |           | a missing file; nothing to undo; more than 100 lines to inspect; an action that    |               |
-    |           | raises (MLAB's "EnvError: Error executing ...")                                    |               |
+    |           | step happens, not re-asked, as in MLAB); a bad path (outside, too long, "."); line |               |
+    |           | numbers that are not integers                                                      |               |
+    | "error"   | crash; edit that cannot be applied; train.py without a valid submission.csv; a     | -1            |
+    |           | missing file; nothing to undo; over 100 lines to inspect; an action that raises    |               |
     | "corner"  | timeout, out of memory, file-size / CPU limit                                      |  0 (R_corner) |
     | "neutral" | a valid non-editing action: List Files, Inspect Script Lines, a successful         |  0            |
     |           | Execute Script, a copy or undo that leaves train.py alone, an edit of a non-script |               |
@@ -61,8 +60,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 OUTCOMES = ("invalid", "error", "corner", "neutral", "final", "edit")
-# This file's code, recorded in every RewardConfig: rewards computed before an edit of reward.py are not mixed with
-# rewards computed after it (collect.py refuses to add trajectories to them; ppo.py to resume on them)
+# This file's code, in every RewardConfig: collect.py and ppo.py never mix rewards of an older reward.py with new ones
 CODE = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:12]
 
 
@@ -136,9 +134,8 @@ def from_flags(args) -> RewardConfig:
 
 def mismatch(recorded: RewardConfig, given: RewardConfig) -> str:
     """The words of a refusal to mix rewards of two configs: which code or flags differ."""
-    if recorded.code != given.code:
-        return f"reward.py's code {recorded.code}, now {given.code} (reward.py was changed since)"
-    return f"{recorded}, the flags give {given}"
+    return f"reward.py's code {recorded.code}, now {given.code} (reward.py was changed since)" \
+        if recorded.code != given.code else f"{recorded}, the flags give {given}"
 
 
 def from_record(record) -> RewardConfig:

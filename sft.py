@@ -9,9 +9,8 @@ step (across micro-batches and ranks), fp32 master weights with bf16 autocast on
 1. No --model: a tiny Qwen3 (width 128, 2 blocks, 4 heads) and a byte-level BPE trained on the training split, from
    scratch, so `python collect.py && python sft.py` runs offline on a CPU; random weights need far more than the
    paper's fine-tuning: lr 3e-3, 5 epochs, 2 conversations per step (our choice; tests/RESULTS.md).
-2. The loss covers the assistant tokens only (--prompt-loss-weight 0, the paper's), from scratch too: with the
-   prompt tokens at weight 1 (Instruction Modelling, Shi et al. 2024) the tiny model kept or undid an edit against
-   the score more often (tests/RESULTS.md, "the miniature that teaches").
+2. The loss covers the assistant tokens only (--prompt-loss-weight 0, the paper's), from scratch too (the pilots of
+   tests/RESULTS.md, "the miniature that teaches"; weight 1 is Instruction Modelling, Shi et al. 2024).
 3. Sequences of similar length share a micro-batch, right-padded, no packing; the rows' shared prefix (the tools'
    descriptions) is computed once (SFTModel); logits only at trained positions.
 4. Imports agent.py (the house table names model.py only) for the run-folder plumbing, the command-line checkers and
@@ -449,9 +448,7 @@ def train(args):
     batch_size = args.batch_size or (2 if from_scratch else 64)  # ML-Agent's effective batch
     micro = args.micro_batch or (2 if from_scratch else 1)
     args = dataclasses.replace(args, micro_batch=micro)
-    prompt_weight = args.prompt_loss_weight
-    if prompt_weight is None:  # a resumed run keeps its weight (older checkpoints: 0)
-        prompt_weight = st.get("prompt_weight", 0.0) if resume else 0.0
+    prompt_weight = args.prompt_loss_weight if args.prompt_loss_weight is not None else st.get("prompt_weight", 0.0)
     if batch_size < micro * world:
         raise ValueError(f"--batch-size {batch_size} < --micro-batch {micro} x {world} ranks")
     net, sharded = place(lm, source, st.get("master"), prompt_weight, args, world, device)
