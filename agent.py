@@ -795,10 +795,14 @@ def main(argv=None):
         traj = run_episode(e, backend, ideas, max_steps=args.max_steps)
     except BackendError as err:
         sys.exit(f"agent.py: {err}")
+    g = "{:.6g}".format  # the public score: the reward's m_t (env.py), not the validation score the scripts print
     for s in traj.steps:
-        print(f"--- step {s.index}: {s.action} -> {s.kind}, reward {s.reward:+.3f}, metric {s.metric}\n{s.response}\n")
-    print(f"stopped: {traj.stopped}; m_init {traj.m_init}, final metric {traj.steps[-1].metric if traj.steps else None}"
-          f"; {traj.seconds:.1f}s; tokens in/out {backend.usage.prompt_tokens}/{backend.usage.completion_tokens}")
+        print(f"--- step {s.index}: {s.action} -> {s.kind}, reward {s.reward:+.3f}, public score "
+              f"{g(s.metric) if s.metric is not None else '-'}\n{s.response}\n")
+    end = traj.steps[-1].metric if traj.steps else None
+    print(f"stopped: {traj.stopped}; public score {g(traj.m_init) if traj.m_init is not None else '-'} -> "
+          f"{g(end) if end is not None else '-'}; {traj.seconds:.1f}s; tokens in/out {backend.usage.prompt_tokens}/"
+          f"{backend.usage.completion_tokens}")
 
 
 if __name__ == "__main__":

@@ -194,8 +194,7 @@ def load_task(name_or_path) -> Task:
     else:
         folder = Path(name_or_path)
         if not folder.is_dir():
-            raise TaskError(f"unknown task {str(name_or_path)!r}: not a built-in task ({', '.join(BUILTIN_TASKS)}) "
-                            f"and not a folder")
+            raise TaskError(unknown_task(name_or_path) + " (nor a folder)")
     if not (folder / "task.json").is_file():
         raise TaskError(f"{folder}: task.json is missing")
     try:
@@ -249,6 +248,13 @@ def load_tasks(names) -> list[Task]:
 
 def list_tasks() -> list[Task]:
     return load_tasks(BUILTIN_TASKS)
+
+
+def unknown_task(name, what="task") -> str:
+    """A name that is no built-in task, in one line: the closest names, else where they are listed."""
+    close = difflib.get_close_matches(str(name), BUILTIN_TASKS, n=3, cutoff=0.7)
+    return f"unknown {what} {str(name)!r}: " + (f"did you mean {' or '.join(map(repr, close))}?" if close else
+                                                 f"`python env.py list` names the {len(BUILTIN_TASKS)}")
 
 
 @dataclass
@@ -1301,9 +1307,12 @@ def main(argv=None):
     try:
         if args.command == "list":
             print(f"{'task':<24}{'split':<10}{'metric':<10}{'better':<8}{'best':>12}  title")
-            for t in list_tasks():
-                print(f"{t.name:<24}{t.split:<10}{t.metric:<10}{'higher' if t.higher_is_better else 'lower':<8}"
-                      f"{t.best_score:>12.6g}  {t.info.get('title', '')}")
+            for name, s in BUILTIN_TASKS.items():  # from the definitions: the best score once prepared
+                built = _BUILTIN["current"](TASKS_DIR / name)
+                best = f"{load_task(TASKS_DIR / name).best_score:.6g}" if built else "-"
+                better = "higher" if METRICS[s.metric].higher_is_better else "lower"
+                print(f"{name:<24}{s.split:<10}{s.metric:<10}{better:<8}{best:>12}  {s.title}")
+            print("best: the reference panel's top, once `python env.py prepare` built the task", file=sys.stderr)
         elif args.command == "prepare":
             start = time.time()
             print(*prepare(args.names or None, force=args.force), sep="\n")

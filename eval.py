@@ -455,7 +455,7 @@ def plots(report: dict, runs: list[dict], cfg: Config) -> list[str]:
 def resolve_tasks(cfg: Config) -> list:
     if cfg.tasks:
         return env.load_tasks(cfg.tasks)
-    return [t for t in env.list_tasks() if cfg.split == "all" or t.split == cfg.split]
+    return env.load_tasks(n for n, t in env.BUILTIN_TASKS.items() if cfg.split in ("all", t.split))
 
 
 def workers_for(cfg: Config, policies, runs: int) -> int:
@@ -506,6 +506,9 @@ def evaluate(cfg: Config, log=print) -> dict:
     with agent.claim_folder(cfg.out):  # one evaluation per --out
         out = Path(cfg.out)
         tasks, policies = resolve_tasks(cfg), cfg.policies or default_policies()
+        missing = [p for p in ("runs/ckpt/sft", "runs/ckpt/ppo") if not cfg.policies and not (ROOT / p).is_dir()]
+        if missing:
+            log(f"eval.py: no {' or '.join(missing)} (sft.py / ppo.py make them): evaluating without")
         path = out / "runs.jsonl"
         done = read_runs(path)
         m_init = {}  # the starter train.py's public and private scores

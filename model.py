@@ -37,12 +37,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
-from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_optimizer_state_dict,
-                                                     set_optimizer_state_dict)
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor, distribute_tensor
-from torch.nn.attention.bias import causal_lower_right
 from torch.utils.checkpoint import checkpoint
 from tqdm import tqdm
 
@@ -202,6 +198,7 @@ class Attention(nn.Module):
             if past < T:  # is_causal aligns the first query and key: pad `past` zero queries, drop them
                 q = F.pad(q, (0, 0, past, 0))  # (tests/RESULTS.md, "model.py: causal attention over a cached prefix")
             else:  # more cached than new: the lower-right causal bias, which flash attention takes
+                from torch.nn.attention.bias import causal_lower_right  # (imported here: it imports torch._dynamo)
                 mask = causal_lower_right(T, past + T)
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None and T > 1,
                                            enable_gqa=self.n_kv != self.n_head)[:, :, -T:]  # (B, H, T, D)
@@ -1015,6 +1012,7 @@ class Ranks:
 def shard(net, blocks, world, device):
     """FSDP2: each block a unit (gathered for forward and backward, freed after), the root the rest; on CUDA bf16
     gathered copies, fp32 gradient reduction, fp32 master shards. Call it on the meta device, then `fill`."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard  # (imported here, as _dcp)
     mesh = init_device_mesh(device.type, (world,))
     bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported()
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else MixedPrecisionPolicy()
@@ -1037,7 +1035,7 @@ def reshard(*nets):
     """Free FSDP2 root units gathered by a no_grad forward, kept for a backward that does not come (embeddings and
     lm_head: 2 GiB in bf16 at 7B). VeRL reshards its reference likewise."""
     for net in nets:
-        if isinstance(net, FSDPModule):
+        if callable(getattr(net, "reshard", None)):  # an FSDPModule
             net.reshard()
 
 
@@ -1080,7 +1078,9 @@ def unwrap(net):
     return net.module if isinstance(net, nn.parallel.DistributedDataParallel) else net
 
 
-FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)  # gathered on rank 0, in CPU memory
+def _dcp():  # torch.distributed.checkpoint: imported when a sharded state is read or written (it takes ~1 s)
+    import torch.distributed.checkpoint.state_dict as dcp
+    return dcp, dcp.StateDictOptions(full_state_dict=True, cpu_offload=True)  # gathered on rank 0, in CPU memory
 
 
 def is_sharded(net):
@@ -1089,16 +1089,17 @@ def is_sharded(net):
 
 def full_state(net):
     """The full state dict; under FSDP a collective every rank calls."""
-    return get_model_state_dict(net, options=FULL) if is_sharded(net) else unwrap(net).state_dict()
+    return _dcp()[0].get_model_state_dict(net, options=_dcp()[1]) if is_sharded(net) else unwrap(net).state_dict()
 
 
 def optim_state(net, optim):
-    return get_optimizer_state_dict(net, optim, options=FULL) if is_sharded(net) else optim.state_dict()
+    return _dcp()[0].get_optimizer_state_dict(net, optim, options=_dcp()[1]) if is_sharded(net) else optim.state_dict()
 
 
 def set_optim_state(net, optim, state):  # under FSDP each rank takes its shard
     if is_sharded(net):
-        set_optimizer_state_dict(net, optim, state, options=StateDictOptions(full_state_dict=True))
+        dcp = _dcp()[0]
+        dcp.set_optimizer_state_dict(net, optim, state, options=dcp.StateDictOptions(full_state_dict=True))
     else:
         optim.load_state_dict(state)
 

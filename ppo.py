@@ -751,7 +751,7 @@ def log_iteration(run, it, batch, outcomes, places, data, ev, upd, timer):
     kinds, n = [o["kind"] for o in outcomes], len(outcomes)
     reward_mean, expert_reward = sum(o["reward"] for o in outcomes) / n, None if None in expert else sum(expert) / n
     edits = [o for o in outcomes if o["kind"] == "edit" and o["m_new"] is not None and o["m_prev"] is not None]
-    log = {"iteration": it + 1, "states": n, "reward": reward_mean, "expert_reward": expert_reward,
+    log = {"iteration": it + 1, "actions": n, "reward": reward_mean, "expert_reward": expert_reward,
            "reward_vs_expert": None if expert_reward is None else reward_mean - expert_reward,
            "rewards": [o["reward"] for o in outcomes],
            **{f"frac_{k}": kinds.count(k) / n for k in ("invalid", "error", "corner", "neutral", "edit", "final")},

@@ -69,7 +69,7 @@ class RewardConfig:
     """Knobs of the reward; defaults are this project's choices where the paper is silent."""
     alpha: float = 1.0                # scale on the normalised metric change (paper: unspecified)
     clip: float = 1.0                 # |reward| bound for edits (paper: unspecified)
-    binary_performance: bool = False  # ablation: +1 if the edit improved the metric, else 0
+    binary_performance: bool = False  # ablation: +1 if the edit set a new best score, else 0
     format_term: bool = True          # ablation off: invalid actions get 0 instead of -1
     corner_term: bool = True          # ablation off: corner cases get -1 like errors
     code: str = CODE                  # sha256 of reward.py (12 hex digits): a record of another code differs

@@ -13,7 +13,7 @@ step (across micro-batches and ranks), fp32 master weights with bf16 autocast on
    tests/RESULTS.md, "the miniature that teaches"; weight 1 is Instruction Modelling, Shi et al. 2024).
 3. Sequences of similar length share a micro-batch, right-padded, no packing; the rows' shared prefix (the tools'
    descriptions) is computed once (SFTModel); logits only at trained positions.
-4. Imports agent.py (the house table names model.py only) for the run-folder plumbing, the command-line checkers and
+4. Imports agent.py (DESIGN.md's table: model.py only) for the run-folder plumbing, the command-line checkers and
    the held-out parse rate (agent.parse_response; --eval-parse 0 turns it off).
 5. Several GPUs: a pre-trained model gets the paper's recipe, 64 conversations per step, --max-len 16384 (paper:
    15,000 tokens); a longer conversation loses its oldest tokens, one whose last assistant turn alone is longer is
@@ -21,7 +21,7 @@ step (across micro-batches and ranks), fp32 master weights with bf16 autocast on
    shards, each rank reading its own rows; checkpoints gather the weights on rank 0.
 
 Run:  python sft.py  (tiny model from scratch; run again, it resumes);  python sft.py --model Qwen/Qwen2.5-0.5B-Instruct
-      torchrun --nproc_per_node 8 sft.py --model Qwen/Qwen2.5-7B-Instruct --grad-checkpointing   (DDP; --fsdp shards)
+      torchrun --nproc_per_node 8 sft.py --model Qwen/Qwen2.5-7B --grad-checkpointing   (DDP; --fsdp shards)
 Outputs under --out (runs/ckpt/sft): the final Hugging Face folder, checkpoint-<step>/ per epoch (weights +
 trainer_state.pt), log.jsonl (a line per optimizer step).
 """

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from tqdm import tqdm
 
 # ======================================================================================== the tasks of tasks/
 # One folder per task or task family (tasks/README.md), in MLAgentBench's per-task layout (its benchmarks/<task>/:
@@ -125,7 +126,7 @@ def prepare(env, names, root: Path, force: bool, workers) -> list[Path]:
     names = list(names or env.BUILTIN_TASKS)
     unknown = [n for n in names if n not in env.BUILTIN_TASKS]
     if unknown:
-        raise env.TaskError(f"unknown built-in task {unknown[0]!r} (known: {', '.join(env.BUILTIN_TASKS)})")
+        raise env.TaskError(env.unknown_task(unknown[0], "built-in task"))
     todo = list(dict.fromkeys(n for n in names if force or not current(root / n)))
     workers = min(len(todo), workers or os.cpu_count() or 1)
     if workers > 1:
@@ -135,9 +136,9 @@ def prepare(env, names, root: Path, force: bool, workers) -> list[Path]:
         # pool of scikit-learn or numpy is the usual one); forked, the test suite once hung here with both workers idle.
         # The worker is env._build, which calls build(): a function of this file (run by runpy) cannot be pickled.
         with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-            list(pool.map(env._build, todo, [root] * len(todo), [force] * len(todo)))
+            list(tqdm(pool.map(env._build, todo, [root] * len(todo), [force] * len(todo)), "tasks", len(todo)))
     else:
-        for name in todo:
+        for name in tqdm(todo, "tasks", disable=len(todo) < 2):
             build(env, name, root, force)
     return [root / name for name in names]
 

@@ -155,7 +155,7 @@ def bench_ppo(args):
         lm(ids)[:, -R - 1:].float().logsumexp(-1).mean().backward()
     plain = time.perf_counter() - start
     total = log["time_total"]
-    print(f"ppo: one iteration of {policy}, {log['states']} states, {log['response_tokens']:.0f} response tokens per state, "
+    print(f"ppo: one iteration of {policy}, {log['actions']} actions, {log['response_tokens']:.0f} response tokens per state, "
           f"{total:.1f}s")
     for name in ("generate", "execute", "update"):
         print(f"  {name:<9}{log['time_' + name]:7.1f}s  {100 * log['time_' + name] / total:5.1f}% of the iteration")

@@ -21,6 +21,16 @@ import warnings
 import pytest
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's, which reads -n here
+def pytest_cmdline_main(config):
+    """One test file named (`pytest tests/test_reward.py`): one process and no durations table, which addopts
+    (pyproject.toml) sets for the suite; an explicit -n or --durations is kept."""
+    files = {str(a).split("::")[0] for a in config.args}
+    given = any(a.startswith(("-n", "--numprocesses", "--durations")) for a in config.invocation_params.args)
+    if len(files) == 1 and files.pop().endswith(".py") and not given:
+        config.option.numprocesses, config.option.durations = 0, None
+
+
 def run_main(main, argv, cwd=None) -> subprocess.CompletedProcess:
     """main([str(a) for a in argv]) in this process -> CompletedProcess(argv, returncode, stdout, stderr)."""
     import numpy as np

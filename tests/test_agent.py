@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -513,3 +514,12 @@ def test_run_folder_files_atomic_writes_jsonl_reading_and_log_trimming(tmp_path)
     path.write_text('{"x": 1}\n{"x": 2')
     assert agent.read_jsonl(path, repair=True) == [{"x": 1}] and path.read_text() == '{"x": 1}\n'
     assert agent.read_jsonl(tmp_path / "none.jsonl") == []
+
+
+def test_the_cli_prints_each_steps_public_score_short(cli):
+    """agent.py names the number it prints (the public score, the reward's m_t), in 6 significant digits."""
+    out = cli(agent.main, ["--task", "wine", "--max-steps", "3"])
+    assert out.returncode == 0, out.stderr
+    steps = [line for line in out.stdout.splitlines() if line.startswith("--- step")]
+    assert len(steps) == 3 and all(re.search(r"public score (-|-?[\d.e+-]+)$", s) for s in steps), steps
+    assert all(len(s.rsplit(" ", 1)[1]) <= 12 for s in steps)  # 0.171058, not 0.17105831528264418

@@ -1627,3 +1627,23 @@ def test_the_sandboxed_script_dies_with_its_parent_and_its_folder_is_swept(digit
     env._isolation.cache_clear()  # a fresh process's first run sweeps; here the same call is made again
     env._isolation()
     assert not any(f.exists() for f in folders)
+
+
+def test_list_reads_the_definitions_and_builds_nothing(tmp_path, monkeypatch, capsys):
+    """`env.py list` on a fresh clone answers at once: the 46 tasks from tasks/, a best score only where prepared."""
+    monkeypatch.setattr(env, "TASKS_DIR", tmp_path)
+    monkeypatch.setattr(env, "prepare", lambda *a, **k: pytest.fail("list built a task"))
+    env.main(["list"])
+    out, err = capsys.readouterr()
+    rows = out.splitlines()[1:]
+    assert [r.split()[0] for r in rows] == list(env.BUILTIN_TASKS) and all(r.split()[4] == "-" for r in rows)
+    assert "env.py prepare" in err
+
+
+def test_a_mistyped_task_name_gets_the_closest_names_in_a_short_line():
+    for typo, meant in (("digts", "'digits'"), ("house_prices", "'house-prices'")):
+        with pytest.raises(env.TaskError) as e:
+            env.load_task(typo)
+        assert f"did you mean {meant}" in str(e.value) and len(str(e.value)) < 150
+    with pytest.raises(env.TaskError, match="`python env.py list` names the 46"):
+        env.prepare(["zzz"])

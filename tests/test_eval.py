@@ -340,3 +340,19 @@ def test_usage_errors_exit_2_with_one_line(tmp_path, args, words, cli):  # main(
     assert out.returncode == 2
     assert words in out.stderr and len(out.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "runs.jsonl").exists()
+
+
+def test_the_default_policies_say_which_checkpoints_are_missing(tmp_path, monkeypatch):
+    """Without runs/ckpt/sft and runs/ckpt/ppo the default evaluation is the scripted expert alone, and says so."""
+    monkeypatch.setattr(ev, "ROOT", tmp_path)
+    (tmp_path / "runs/ckpt/sft").mkdir(parents=True)
+    (tmp_path / "runs/ckpt/sft/config.json").write_text("{}")  # found: not named as missing
+    monkeypatch.setattr(ev, "default_policies", lambda: ["scripted"])  # the sft folder is no loadable checkpoint
+    said = []
+    ev.evaluate(ev.Config(tasks=["wine"], k=1, max_steps=1, workers=1, plots=False, out=str(tmp_path / "o")),
+                log=said.append)
+    assert said[0] == "eval.py: no runs/ckpt/ppo (sft.py / ppo.py make them): evaluating without"
+    said.clear()
+    ev.evaluate(ev.Config(policies=["scripted"], tasks=["wine"], k=1, max_steps=1, workers=1, plots=False,
+                          out=str(tmp_path / "o")), log=said.append)
+    assert not any("evaluating without" in s for s in said)  # policies named: nothing is missing

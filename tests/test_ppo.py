@@ -616,7 +616,7 @@ def test_ppo_end_to_end_writes_a_loadable_checkpoint_and_resumes(pool):
     assert r.returncode == 0, r.stderr
     lines = (out / "log.jsonl").read_text().splitlines()
     log = json.loads(lines[-1])
-    assert len(lines) == 1 and log["iteration"] == 1 and log["states"] == 2 and -1 <= log["reward"] <= 1
+    assert len(lines) == 1 and log["iteration"] == 1 and log["actions"] == 2 and -1 <= log["reward"] <= 1
     # on CPU the old log-probs are the generation's: the first minibatch's ratio is generate against forward
     assert log["generate_vs_forward_logprob_gap"] is None and log["ratio_first_minibatch_max_dev"] < 1e-4
     assert "it 1/1 reward" in r.stdout and log["reward_config"] == dataclasses.asdict(RewardConfig())
@@ -653,7 +653,7 @@ def test_episodic_run_of_two_iterations_in_one_process(pool, tmp_path, advantage
     # 2 task starts x 2 steps (responses cut at 8 tokens are invalid, which ends no episode), x 4 episodes per start
     # with the group baseline
     logs = [json.loads(x) for x in (tmp_path / "log.jsonl").read_text().splitlines()]
-    assert [x["iteration"] for x in logs] == [1, 2] and all(x["states"] == actions for x in logs)
+    assert [x["iteration"] for x in logs] == [1, 2] and all(x["actions"] == actions for x in logs)
     assert ("group baseline over 4 episodes per task start" if advantage == "group" else "critic lr") in r.stdout
     assert all(x["generate_vs_forward_logprob_gap"] is None and x["ratio_first_minibatch_max_dev"] < 1e-4 for x in logs)
 
@@ -719,7 +719,7 @@ def test_two_gloo_ranks_match_one_process(pool, tmp_path, lora, n):
     ppo.train(cfg("one"))
     torchrun(cfg("two"))
     one, two = (json.loads((tmp_path / f"{n}.jsonl").read_text().splitlines()[-1]) for n in ("one", "two"))
-    assert two["world_size"] == 2 and one["world_size"] == 1 and two["states"] == one["states"] == 3 * n
+    assert two["world_size"] == 2 and one["world_size"] == 1 and two["actions"] == one["actions"] == 3 * n
     assert two["rewards"] == one["rewards"]  # each state sampled with its own seed, on whichever rank
     assert two["response_tokens"] == one["response_tokens"]
     assert two["pg_loss"] == pytest.approx(one["pg_loss"], abs=1e-5)
