@@ -340,3 +340,12 @@ def test_usage_errors_exit_2_with_one_line(tmp_path, args, words, cli):  # main(
     assert out.returncode == 2
     assert words in out.stderr and len(out.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "runs.jsonl").exists()
+
+
+@pytest.mark.parametrize("flag", ["--policy", "--sub-agent", "--editor"])
+def test_a_bad_model_name_is_one_line_exit_2_before_any_run(flag, tmp_path, no_endpoint):
+    """Issue 43: no endpoint configured, a missing folder, a file, a hub id not in the cache (hub offline) or an
+    endpoint's name is one line, exit 2, at once: no request, no --out made (no .lock), no run."""
+    from conftest import assert_bad_models_refused
+    assert_bad_models_refused(ev.main, ["--tasks", "wine", "--k", "1", "--no-plots", flag, "{m}", "--out", "{d}/o"],
+                              tmp_path, no_endpoint)
