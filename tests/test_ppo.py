@@ -1020,3 +1020,6 @@ def test_a_bad_model_is_one_line_exit_2_naming_it(tmp_path, no_endpoint):
              "m_best": 1.0, "higher_is_better": True}
     assert_bad_models_refused(ppo.main, ["--model", "{m}", "--states", "{d}/states.jsonl", "--out", "{d}/o"],
                               tmp_path, no_endpoint, {"states.jsonl": (json.dumps(state) + "\n").encode()})
+    # --editor (Edit Script (AI)): a model name under the same rule, checked before --out is claimed
+    assert_bad_models_refused(ppo.main, ["--model", "{d}", "--editor", "{m}", "--states", "{d}/states.jsonl", "--out",
+                                         "{d}/o"], tmp_path, no_endpoint)
