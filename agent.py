@@ -713,41 +713,48 @@ def recover_folder(path, tmp=None):
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def check_checkpoint(folder):
-    """ValueError naming `folder` when it is no loadable checkpoint (truncated weights too); reads no weights."""
+def resolve_model(name, base_url=None, endpoint="pass --base-url or set OPENAI_BASE_URL"):
+    """Every command's rule -> None/"scripted", the endpoint's name or a checkpoint folder (no weights read): base_url;
+    a folder; $OPENAI_BASE_URL or $OPENAI_API_KEY; a hub id Org/Name (HF cache, download); else ValueError."""
+    if name is None or endpoint and (name == "scripted" or base_url):
+        return name
+    if endpoint and not os.path.isdir(name):
+        if name.startswith((".", "/", "~", "runs/")) or name.count("/") > 1 or os.path.exists(name):
+            raise ValueError(f"no checkpoint folder {name!r}")
+        if os.environ.get("OPENAI_BASE_URL") or os.environ.get("OPENAI_API_KEY"):
+            return name
+        if name.count("/") != 1:
+            raise ValueError(f"{name!r} is no checkpoint folder and no endpoint is configured: {endpoint} (or "
+                             "OPENAI_API_KEY for OpenAI's), or give a checkpoint folder")
     import model
+    folder = None
     try:
+        folder = model.resolve(name)
         model.load(folder, "cpu", meta=True)
     except Exception as e:  # noqa: BLE001 - whatever the loader meets, it is unusable
         why = (str(e).splitlines() or [type(e).__name__])[0]
-        raise ValueError(f"{folder} is not a loadable checkpoint: {why}") from None
+        raise ValueError(f"{folder} is not a loadable checkpoint: {why}" if folder else why) from None
+    return folder
 
 
-def check_checkpoint_flags(parser, *flags):
-    """parser.error at the first (flag, name, url): a local folder, no url, that is no loadable checkpoint."""
-    for flag, name, url in flags:
-        if name and os.path.isdir(name) and not url:
-            try:
-                check_checkpoint(name)
-            except ValueError as e:
-                parser.error(f"{flag} {e}")
+def check_model(parser, flag, *args, **kw):
+    """resolve_model(*args, **kw), or its ValueError as parser.error(f"{flag}: {why}")."""
+    try:
+        return resolve_model(*args, **kw)
+    except ValueError as e:
+        parser.error(f"{flag}: {e}")
 
 # ==== Command line
 
 
 def make_backend(model_name: str | None, base_url: str | None = None, price_in=0.0, price_out=0.0,
                  stand_in=ScriptedExpert):
-    """"scripted"/None: stand_in(); base_url or no path: an endpoint; a folder: LocalBackend; else BackendError."""
-    if model_name in (None, "scripted"):
+    """resolve_model's backend; stand_in() for "scripted"/None."""
+    if (name := resolve_model(model_name, base_url)) in (None, "scripted"):
         return stand_in()
-    if base_url:  # it serves the model, even one named by a path
-        return OpenAIBackend(model=model_name, base_url=base_url, price_in=price_in, price_out=price_out)
-    if os.path.isdir(model_name):
-        check_checkpoint(model_name)  # before torch reads its weights
-        return LocalBackend(model_name)
-    if model_name.startswith((".", "/", "~")) or os.sep in model_name.rstrip(os.sep) and model_name.count("/") != 1:
-        raise BackendError(f"no model folder {model_name!r}; for an endpoint's model pass --base-url")
-    return OpenAIBackend(model=model_name, price_in=price_in, price_out=price_out)
+    if os.path.isdir(name) and not base_url:
+        return LocalBackend(name)
+    return OpenAIBackend(model=name, base_url=base_url, price_in=price_in, price_out=price_out)
 
 
 Parser = env.Parser  # every script's parser: a usage error is one line, exit status 2
@@ -781,13 +788,11 @@ def main(argv=None):
     p.add_argument("--max-steps", type=POSITIVE_INT, default=15)
     p.add_argument("--idea", action="append", default=[], metavar="CATEGORY:IDEA", help="inject an idea (repeatable)")
     args = p.parse_args(argv)
+    backend = make_backend(check_model(p, "--model", args.model, args.base_url), args.base_url)
     try:
-        backend = make_backend(args.model, args.base_url)
         e = env.Env(args.task, editor=env.recipe_editor if isinstance(backend, ScriptedExpert) else LLMEditor(backend))
     except (env.TaskError, OSError) as err:
         p.error(str(err))
-    except (BackendError, ValueError) as err:  # no such model folder, a broken checkpoint
-        p.error(f"--model: {err}")
     ideas = [tuple(i.split(":", 1)) if ":" in i else ("idea", i) for i in args.idea]
     if not ideas and isinstance(backend, ScriptedExpert):
         ideas = [(r.category, r.idea) for r in env.recipes_for(e.task.name)[:1]]

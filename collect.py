@@ -144,9 +144,7 @@ def sample_ideas(pool: dict[str, list[str]], rng: random.Random) -> list[tuple[s
 
 # ==== rollouts
 
-@functools.cache  # one backend per worker process, built on first use
-def expert_backend(expert: str, base_url: str | None, prices: tuple):
-    return agent.make_backend(expert, base_url, *prices)
+expert_backend = functools.cache(agent.make_backend)  # one backend per worker process, built on first use
 
 
 def usage_of(backends, since=None) -> dict:
@@ -159,7 +157,7 @@ def usage_of(backends, since=None) -> dict:
 
 def rollout(job: dict) -> dict:
     """One expert trajectory with its backend's usage; runs in a worker process."""
-    backend = expert_backend(job["expert"], job["base_url"], job["prices"])
+    backend = expert_backend(job["expert"], job["base_url"], *job["prices"])
     scripted = isinstance(backend, agent.ScriptedExpert)
     e = env.Env(job["task"], editor=env.recipe_editor if scripted else agent.LLMEditor(backend), cache=True)
     before = usage_of([backend])
@@ -252,7 +250,7 @@ def collect(tasks, trajectories=5, workers=2, expert="scripted", base_url=None, 
         ideas_path = out / "ideas.json"
         pools = read_pools(ideas_path)
         llm = expert not in ("scripted", None) and (bool(base_url) or not os.path.isdir(expert))  # an endpoint
-        backend = expert_backend(expert, base_url, prices) if llm else None
+        backend = expert_backend(expert, base_url, *prices) if llm else None
         before, ideas_line = (usage_of([backend]) if llm else None), ""
         for task in loaded:
             if task.name in pools:
@@ -339,7 +337,7 @@ def main(argv=None):
     args = p.parse_args(argv)  # each value checked by its type (exit status 2)
     try:
         reward_config = reward.from_flags(args)
-        agent.check_checkpoint_flags(p, ("--expert", args.expert, args.base_url))  # not in every rollout
+        args.expert = agent.check_model(p, "--expert", args.expert, args.base_url)  # not in every rollout
         env.load_tasks(args.tasks)
     except (ValueError, env.TaskError) as e:
         p.error(str(e))

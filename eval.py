@@ -32,7 +32,6 @@ import math
 import multiprocessing
 import os
 import random
-import re
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -131,8 +130,7 @@ def get_backend(name: str, role: str, cfg: Config):
         if os.path.isdir(name) and cfg.threads > 0:
             import torch
             torch.set_num_threads(cfg.threads)
-        b = agent.make_backend(name, cfg.base_url) if role == "agent" else \
-            orchestrator.make_backend(name, cfg.base_url, role, cfg.seed)
+        b = orchestrator.make_backend(name, cfg.base_url, role, cfg.seed)
         b.usage.price_in, b.usage.price_out = cfg.price_in, cfg.price_out
         _BACKENDS[key] = b
     return _BACKENDS[key]
@@ -575,12 +573,10 @@ def main(argv=None):
             p.add_argument(flag, dest=f.name, nargs="+" if f.type == "list" else None, type=TYPES.get(f.name),
                            choices=CHOICES.get(f.name), default=getattr(d, f.name), help=HELP.get(f.name))
     cfg = Config(**vars(p.parse_args(argv)))
-    for flag, names in (("--policy", cfg.policies or default_policies()),
-                        ("--sub-agent", [cfg.sub_agent or "scripted"]), ("--editor", [cfg.editor])):
-        for name in names:
-            if re.match(r"^(\.{0,2}/|runs/)", name) and not os.path.isdir(name):
-                p.error(f"{flag}: no checkpoint folder {name!r}")
-            agent.check_checkpoint_flags(p, (flag, name, cfg.base_url))  # not as K failed runs
+    cfg.policies = [agent.check_model(p, "--policy", n, cfg.base_url) for n in cfg.policies or default_policies()]
+    cfg.sub_agent = agent.check_model(p, "--sub-agent", cfg.sub_agent, cfg.base_url)  # not as K failed runs
+    if cfg.editor not in ("auto", "recipes", "policy"):
+        cfg.editor = agent.check_model(p, "--editor", cfg.editor, cfg.base_url)
     try:
         resolve_tasks(cfg)
         if cfg.plots:  # a plot's input, checked before the runs ([] without the file)

@@ -1245,7 +1245,7 @@ def main(argv=None):
     try:
         model, tokenizer = load(args.model, args.device, args.dtype)
     except (OSError, ValueError) as e:
-        parser.exit(2, f"model.py: error: {e}\n")
+        parser.error(f"--model: {e}")
     text = args.prompt if args.raw else tokenizer.apply_chat_template([{"role": "user", "content": args.prompt}])
     gen = model.generate([tokenizer.encode(text)], args.max_new_tokens, args.temperature, args.top_p,
                          stop_token_ids=stop_ids(model, tokenizer))

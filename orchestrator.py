@@ -493,8 +493,8 @@ class RecipeCoder(StandIn):
 
 def make_backend(name: str | None, base_url: str | None, role: str, seed=0):
     """agent.make_backend with the role's offline stand-in for "scripted"."""
-    return agent.make_backend(name, base_url, stand_in=lambda: ScriptedOrchestrator(seed) if role == "orchestrator"
-                              else RecipeCoder())
+    return agent.make_backend(name, base_url, stand_in={"orchestrator": lambda: ScriptedOrchestrator(seed),
+                                                        "sub-agent": RecipeCoder}.get(role, agent.ScriptedExpert))
 
 # ==== the runs: Matryoshka, monolithic
 
@@ -1043,14 +1043,12 @@ def main(argv=None):
     cfg = Config(**{f.name: getattr(args, f.name) for f in dataclasses.fields(Config)
                     if getattr(args, f.name, None) is not None})
     out = Path(args.out or env.ROOT / "runs" / "matryoshka" / Path(args.task).name)
-    model_path = getattr(args, "model", None)
-    if args.cmd == "train" and args.collector == "policy" and not model_path:
+    args.model = agent.check_model(p, "--model", vars(args).get("model"), endpoint=None)
+    if args.cmd == "train" and args.collector == "policy" and not args.model:
         p.error("--collector policy needs --model (the orchestrator checkpoint that collects)")
-    if model_path and not os.path.isdir(model_path):
-        p.error(f"--model {model_path!r} is not a folder; pass a local Qwen2/Qwen3 checkpoint folder "
-                "(config.json, *.safetensors, tokenizer.json), or no --model for a tiny model from scratch")
-    agent.check_checkpoint_flags(p, ("--orchestrator", args.orchestrator, args.orchestrator_url),
-                                 ("--sub-agent", args.sub_agent, args.sub_agent_url), ("--model", model_path, None))
+    for r, flag in (("orchestrator", "--orchestrator"), ("sub_agent", "--sub-agent")):
+        setattr(args, r, agent.check_model(p, flag, getattr(args, r), getattr(args, r + "_url"),
+                                           f"pass {flag}-url or set OPENAI_BASE_URL"))
     try:
         env.load_task(cfg.task)
         lock = agent.claim_folder(out)  # one command per --out

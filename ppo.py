@@ -835,9 +835,10 @@ def main(argv=None):
                      reward=reward_from_flags(args))
         if not find_resume(cfg.out):
             model.resolve(cfg.model)
+        agent.check_model(p, "--editor", None if cfg.editor == "recipes" else cfg.editor, None, "set OPENAI_BASE_URL")
     except (OSError, ValueError) as e:
-        missing = isinstance(e, OSError) and args.model == Config.model  # the default, not made yet
-        p.error(f"{e}; run sft.py first or pass --model" if missing else str(e))
+        hint = "; run sft.py first or pass --model" * (args.model == Config.model)  # the default, not made yet
+        p.error(f"--model: {e}{hint}" if isinstance(e, OSError) else str(e))
     model.run_main("ppo.py", train, cfg, (OSError, ValueError, env.TaskError))
 
 

@@ -324,7 +324,7 @@ def resume_point(args, say):
                 not (key == "data" and os.path.abspath(recorded[key]) == os.path.abspath(mine)):
             raise ValueError(f"{resume} was trained with --{key.replace('_', '-')} {recorded[key]}, not {mine}; "
                              "pass the same or another --out")
-    agent.check_checkpoint(resume)
+    agent.resolve_model(resume, endpoint=None)  # loadable
     return resume, st
 
 
@@ -561,7 +561,7 @@ def main(argv=None):
     if args.scratch_hidden % (2 * args.scratch_heads):
         p.error(f"--scratch-hidden {args.scratch_hidden} does not split into --scratch-heads {args.scratch_heads} "
                 "heads of an even size")
-    agent.check_checkpoint_flags(p, ("--model", args.model, None))  # a hub id: checked when fetched
+    agent.check_model(p, "--model", args.model, endpoint=None)  # before --out is made
     model.run_main("sft.py", train, args)
 
 

@@ -78,3 +78,43 @@ def run_main(main, argv, cwd=None) -> subprocess.CompletedProcess:
 def cli():
     """run_main: a script's main(argv) run here as its command line would run (see the module's docstring)."""
     return run_main
+
+
+BAD_MODELS = ["{d}/nope", "runs/ckpt/nope", "README.md", "nobody/no-such-model", "gpt-4o-mini"]  # issue 43
+
+
+@pytest.fixture
+def no_endpoint(monkeypatch, tmp_path):
+    """No endpoint configured, the HF hub unreachable and its cache empty: -> the URLs any request was sent to
+    besides the hub's (a request to the hub fails as offline)."""
+    import requests
+    for name in ("OPENAI_BASE_URL", "OPENAI_API_KEY"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HF_ENDPOINT", "http://hub.invalid")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path.parent / f"{tmp_path.name}-hf"))
+    sent = []
+
+    def request(self, method, url, *a, **kw):
+        if not url.startswith("http://hub.invalid/"):
+            sent.append(url)
+        raise requests.ConnectionError(f"offline: {url}")
+    monkeypatch.setattr(requests.Session, "request", request)
+    return sent
+
+
+def assert_bad_models_refused(main, argv, tmp_path, sent, files=None, bad_models=BAD_MODELS):
+    """main(argv with {m}: each bad model name, {d}: tmp_path) run in tmp_path (README.md there, `files` too): exit 2,
+    one stderr line `prog: error: --flag: ...` naming the name, no request sent, no file made."""
+    (tmp_path / "README.md").write_text("not a model\n")
+    for rel, data in (files or {}).items():
+        (tmp_path / rel).write_bytes(data)
+    flag = argv[argv.index("{m}") - 1]
+    listing = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    for bad in bad_models:
+        name = bad.format(d=tmp_path)
+        r = run_main(main, [a.format(m=name, d=tmp_path) for a in argv], cwd=tmp_path)
+        lines = r.stderr.strip().splitlines()
+        assert r.returncode == 2 and len(lines) == 1 and f": error: {flag}: " in lines[0] and name in lines[0], \
+            (name, r.stderr)
+        assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == listing, name
+        assert sent == [], name

@@ -275,10 +275,37 @@ def test_routing_a_folder_with_a_base_url_goes_to_the_endpoint_and_a_missing_pat
     b = agent.make_backend(str(folder), "http://127.0.0.1:9/v1")  # transformers serve names models by path
     assert isinstance(b, agent.OpenAIBackend) and b.model == str(folder)
     start = time.time()
-    with pytest.raises(agent.BackendError, match="no model folder"):
+    with pytest.raises(ValueError, match="no checkpoint folder"):
         agent.make_backend("./no-such-checkpoint")
     assert time.time() - start < 1
-    assert isinstance(agent.make_backend("Qwen/Qwen2.5-7B-Instruct"), agent.OpenAIBackend)  # a hub-style name
+
+
+def test_one_rule_for_model_names(tmp_path, monkeypatch, no_endpoint):
+    """Issue 43: "scripted" is the stand-in; a folder a checkpoint; with no endpoint configured a hub id is a
+    checkpoint (here not in the cache and the hub offline) and any other name is refused at once, no request sent;
+    with $OPENAI_BASE_URL or $OPENAI_API_KEY a name (a hub id too) is the endpoint's, a path never."""
+    assert isinstance(agent.make_backend("scripted"), agent.ScriptedExpert)
+    for name, words in [("gpt-4o-mini", "no endpoint is configured: pass --base-url or set OPENAI_BASE_URL"),
+                        ("Qwen/Qwen2.5-0.5B-Instruct", "is not in the cache"), ("./nope", "no checkpoint folder"),
+                        (agent.__file__, "no checkpoint folder")]:
+        with pytest.raises(ValueError, match=words):
+            agent.make_backend(name)
+    assert no_endpoint == []
+    for var, url in [("OPENAI_BASE_URL", "http://127.0.0.1:9/v1"), ("OPENAI_API_KEY", "https://api.openai.com/v1")]:
+        with monkeypatch.context() as m:
+            m.setenv(var, url if var == "OPENAI_BASE_URL" else "sk-test")
+            for name in ("gpt-4o-mini", "Qwen/Qwen2.5-0.5B-Instruct"):
+                b = agent.make_backend(name)
+                assert isinstance(b, agent.OpenAIBackend) and (b.model, b.base_url) == (name, url)
+            with pytest.raises(ValueError, match="no checkpoint folder"):
+                agent.make_backend("runs/ckpt/nope")
+    assert isinstance(agent.make_backend("Qwen/Qwen2.5-0.5B-Instruct", "http://127.0.0.1:9"), agent.OpenAIBackend)
+    assert no_endpoint == []  # nothing was sent
+
+
+def test_a_bad_model_name_is_one_line_exit_2(tmp_path, no_endpoint):
+    from conftest import assert_bad_models_refused
+    assert_bad_models_refused(agent.main, ["--model", "{m}", "--max-steps", "1"], tmp_path, no_endpoint)
 
 
 # ------------------------------------------------------------------------------------------------------- editor

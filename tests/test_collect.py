@@ -321,3 +321,11 @@ def test_sft_and_states_follow_the_trajectory_ids_not_the_finishing_order(tmp_pa
     collect.collect(["digits"], trajectories=3, workers=1, out=tmp_path, rollout_fn=short, progress=False)
     assert ids(path)[0] == "digits-0002"  # the record itself is left as it was written
     assert (tmp_path / "sft.jsonl").read_bytes() == sft and (tmp_path / "states.jsonl").read_bytes() == states
+
+
+def test_a_bad_expert_is_one_line_exit_2_before_any_rollout(tmp_path, no_endpoint):
+    """Issue 43: a missing folder, a file, a hub id not in the cache (hub offline), an endpoint's name with no
+    endpoint configured: `collect.py: error: --expert: ...`, exit 2, no request, no --out made."""
+    from conftest import assert_bad_models_refused
+    assert_bad_models_refused(collect.main, ["--tasks", "digits", "--trajectories", "1", "--expert", "{m}", "--out",
+                                             "{d}/o"], tmp_path, no_endpoint)

@@ -356,3 +356,12 @@ def test_the_default_policies_say_which_checkpoints_are_missing(tmp_path, monkey
     ev.evaluate(ev.Config(policies=["scripted"], tasks=["wine"], k=1, max_steps=1, workers=1, plots=False,
                           out=str(tmp_path / "o")), log=said.append)
     assert not any("evaluating without" in s for s in said)  # policies named: nothing is missing
+
+
+@pytest.mark.parametrize("flag", ["--policy", "--sub-agent", "--editor"])
+def test_a_bad_model_name_is_one_line_exit_2_before_any_run(flag, tmp_path, no_endpoint):
+    """Issue 43: no endpoint configured, a missing folder, a file, a hub id not in the cache (hub offline) or an
+    endpoint's name is one line, exit 2, at once: no request, no --out made (no .lock), no run."""
+    from conftest import assert_bad_models_refused
+    assert_bad_models_refused(ev.main, ["--tasks", "wine", "--k", "1", "--no-plots", flag, "{m}", "--out", "{d}/o"],
+                              tmp_path, no_endpoint)

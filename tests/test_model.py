@@ -998,3 +998,9 @@ def test_a_wave_sizes_its_kv_cache_once_for_its_longest_request(cases, monkeypat
     g = c.ours.generate([short, short, longer], max_new_tokens=6, stop_token_ids=[], max_batch=1)  # one at a time
     assert [len(t) for t in g.tokens] == [6, 6, 6]
     assert made == [(1, len(longer) + 6 + 1)]
+
+
+def test_cli_a_bad_model_is_one_line_exit_2_naming_the_flag(tmp_path, no_endpoint):
+    """Issue 43: `model.py: error: --model: ...` for a missing folder, a file, a hub id not in the cache offline."""
+    from conftest import assert_bad_models_refused
+    assert_bad_models_refused(model.main, ["generate", "--model", "{m}", "--prompt", "hi"], tmp_path, no_endpoint)

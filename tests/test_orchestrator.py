@@ -649,3 +649,19 @@ def test_bad_numbers_are_one_line_exit_2(argv, capsys):
         orc.main(argv)
     err = capsys.readouterr().err
     assert e.value.code == 2 and len(err.strip().splitlines()) == 1 and "error" in err
+
+
+@pytest.mark.parametrize("argv", [["run", "--orchestrator", "{m}"], ["tree", "--sub-agent", "{m}"],
+                                  ["run", "--monolithic", "--sub-agent", "{m}"], ["train", "--model", "{m}"]])
+def test_a_bad_model_name_is_one_line_exit_2_and_leaves_no_lock(argv, tmp_path, no_endpoint):
+    """Issue 43: was a BackendError traceback, exit 1, and a .lock left under --out."""
+    from conftest import assert_bad_models_refused
+    assert_bad_models_refused(orc.main, [*argv, "--task", "wine", "--out", "{d}/o"], tmp_path, no_endpoint)
+
+
+def test_an_endpoint_name_goes_to_the_role_s_endpoint(monkeypatch):
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    monkeypatch.setenv("OPENAI_BASE_URL", "http://127.0.0.1:9/v1")
+    b = orc.make_backend("Qwen/Qwen2.5-0.5B-Instruct", None, "orchestrator")  # not a checkpoint: an endpoint is set
+    assert isinstance(b, agent.OpenAIBackend) and b.base_url == "http://127.0.0.1:9/v1"
+    assert isinstance(orc.make_backend("scripted", None, "orchestrator"), orc.ScriptedOrchestrator)

@@ -1011,3 +1011,15 @@ def test_two_gloo_ranks_free_gathered_roots_and_gather_the_rollout_copy_in_bf16(
         got = json.loads((tmp_path / f"rank{r}.json").read_text())
         assert got["before"] == [True, True] and got["after"] == [True, True], got
         assert got["gathered"] == ["torch.bfloat16"] and got["n"] > 0 and got["same"], got
+
+
+def test_a_bad_model_is_one_line_exit_2_naming_it(tmp_path, no_endpoint):
+    """Issue 43: ppo.py's --model is always a checkpoint (a folder or a hub id); an endpoint's name is no model."""
+    from conftest import assert_bad_models_refused
+    state = {"task": "digits", "task_dir": "tasks/digits", "step": 0, "messages": [], "snapshot": {}, "m_init": 0.9,
+             "m_best": 1.0, "higher_is_better": True}
+    assert_bad_models_refused(ppo.main, ["--model", "{m}", "--states", "{d}/states.jsonl", "--out", "{d}/o"],
+                              tmp_path, no_endpoint, {"states.jsonl": (json.dumps(state) + "\n").encode()})
+    # --editor (Edit Script (AI)): a model name under the same rule, checked before --out is claimed
+    assert_bad_models_refused(ppo.main, ["--model", "{d}", "--editor", "{m}", "--states", "{d}/states.jsonl", "--out",
+                                         "{d}/o"], tmp_path, no_endpoint)

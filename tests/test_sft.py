@@ -593,3 +593,12 @@ def test_torchrun_with_one_process_takes_the_fsdp2_path(tmp_path, chats, tiny_di
     assert r.returncode == 0, r.stderr[-3000:]
     assert "1 rank(s) on cpu (FSDP2)" in r.stdout
     assert model.load(str(tmp_path / "o"), "cpu")[0].config.num_hidden_layers == 2
+
+
+def test_a_bad_model_is_one_line_exit_2_before_out_is_made(tmp_path, no_endpoint):
+    """Issue 43: a hub id not in the cache (hub offline) made --out (with its .lock) before it was fetched."""
+    from conftest import assert_bad_models_refused
+    chat = {"messages": [{"role": "user", "content": "1+1"}, {"role": "assistant", "content": "2"}]}
+    assert_bad_models_refused(sft.main, ["--data", "{d}/d.jsonl", "--model", "{m}", "--out", "{d}/o"], tmp_path,
+                              no_endpoint, {"d.jsonl": (json.dumps(chat) + "\n").encode() * 4})
+
