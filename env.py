@@ -476,7 +476,7 @@ class Env:
             raise _Invalid(f"EnvError: cannot save to {_short(repr(name), 80)}: it would be both a file and a folder")
         return path
 
-    def _every_file(self) -> set[str]:  # the workspace's scripts and public/'s files, as relative paths
+    def _every_file(self) -> set[str]:  # the workspace's scripts and public/'s files, relative
         public = self.task.public_dir
         return {*self.files, *(str(p.relative_to(public)) for p in public.rglob("*") if p.is_file())}
 
@@ -1172,8 +1172,7 @@ def _write_task(folder: Path, files: dict):
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
-# ==== built-in tasks
-# tasks/builtin.py reads tasks/ (tasks/README.md) into BUILTIN_TASKS; prepare() writes them under runs/tasks.
+# ==== built-in tasks: tasks/builtin.py reads tasks/ (tasks/README.md) into BUILTIN_TASKS, prepare() their folders
 _BUILTIN = runpy.run_path(str(DATA_DIR / "builtin.py"))
 BUILTIN_ORDER = _BUILTIN["ORDER"]  # the hand-made tasks, built first; then the others by name
 BUILTIN_TASKS = _BUILTIN["specs"](DATA_DIR)
@@ -1210,8 +1209,7 @@ def recipe_editor(instruction: str, code: str) -> str:
     except ValueError as e:
         raise EditError(str(e)) from None
 
-# ==== MLE-bench competitions
-# tasks/mlebench/prepare.py: the task folder of an MLE-bench prepared competition, graded by its grade.py or METRICS.
+# ==== MLE-bench competitions (tasks/mlebench/prepare.py)
 GRADE_TIMEOUT = 600.0  # seconds for one grading by a competition's grade.py
 _MLEBENCH = runpy.run_path(str(DATA_DIR / "mlebench" / "prepare.py"))
 
