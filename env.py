@@ -1,10 +1,10 @@
 """What every task shares: task folders and their grading, the agent's actions (Env), the sandbox that runs agent code,
 and MLE-bench import (tasks/builtin.py builds the built-in tasks; tasks/mlebench/prepare.py imports competitions).
 
-The actions follow MLAgentBench ("MLAgentBench: Evaluating Language Agents on Machine Learning Experimentation",
-arXiv:2310.03302; its high_level_actions.py, low_level_actions.py), the environment ML-Agent trains in
-(arXiv:2505.23723, §Experiments). A task folder is an MLE-bench prepared competition ("MLE-bench", arXiv:2410.07095):
-`public/` what the agent sees, `private/answers.csv` the answers with a `part` column (Kaggle's public/private split).
+The actions follow MLAgentBench (arXiv:2310.03302; its high_level_actions.py, low_level_actions.py), the environment
+ML-Agent trains in (arXiv:2505.23723, §Experiments). A task folder is an MLE-bench prepared competition
+(arXiv:2410.07095): `public/` what the agent sees, `private/answers.csv` the answers with a `part` column (Kaggle's
+public/private split).
 
 Departures from MLAgentBench:
 1. No LLM answers `Understand File`: it shows a CSV's shape, columns and first rows, or a script's first lines.
@@ -90,8 +90,7 @@ def _labels(values) -> np.ndarray:
 
 
 def _f1_macro(y, p) -> float:
-    """sklearn's f1_score(average="macro"): the mean over the labels seen in y or p of their F1,
-    2 tp / (2 tp + fp + fn), whose denominator is the label's count in y plus its count in p."""
+    """sklearn's f1_score(average="macro"): mean over labels in y or p of 2 tp / (2 tp + fp + fn) = 2 tp / (#y + #p)."""
     return float(np.mean([2 * np.sum((y == c) & (p == c)) / (np.sum(y == c) + np.sum(p == c))
                           for c in np.union1d(y, p)]))
 
@@ -102,8 +101,7 @@ def _roc_auc(y, p) -> float:
     if y.ndim == 2:
         return float(np.mean([_roc_auc(y[:, j], p[:, j]) for j in range(y.shape[1])]))
     ranks = pd.Series(p).rank().to_numpy()
-    n1 = y.sum()
-    n0 = len(y) - n1
+    n1, n0 = y.sum(), len(y) - y.sum()
     return float((ranks[y == 1].sum() - n1 * (n1 + 1) / 2) / (n1 * n0))
 
 
@@ -195,24 +193,25 @@ def load_task(name_or_path) -> Task:
         folder = Path(name_or_path)
         if not folder.is_dir():
             raise TaskError(unknown_task(name_or_path) + " (nor a folder)")
-    if not (folder / "task.json").is_file():
+    meta = folder / "task.json"
+    if not meta.is_file():
         raise TaskError(f"{folder}: task.json is missing")
     try:
-        info = json.loads((folder / "task.json").read_text())
+        info = json.loads(meta.read_text())
     except json.JSONDecodeError as e:
-        raise TaskError(f"{folder / 'task.json'}: not valid JSON ({e})") from None
+        raise TaskError(f"{meta}: not valid JSON ({e})") from None
     if not isinstance(info, dict):
-        raise TaskError(f"{folder / 'task.json'}: not a JSON object")
+        raise TaskError(f"{meta}: not a JSON object")
     missing = [k for k in REQUIRED_KEYS if k not in info]
     if missing:
-        raise TaskError(f"{folder / 'task.json'}: missing field(s) {', '.join(missing)}")
+        raise TaskError(f"{meta}: missing field(s) {', '.join(missing)}")
     wrong = [f"{k} must be {rule}, not {info[k]!r}" for k, (ok, rule) in FIELD_CHECKS.items()
              if k in info and info[k] is not None and not ok(info[k])]
     if wrong:
-        raise TaskError(f"{folder / 'task.json'}: {'; '.join(wrong)}")
+        raise TaskError(f"{meta}: {'; '.join(wrong)}")
     grade_py = info.get("mlebench", {}).get("grade_fn")  # graded by the competition's grade.py
     if info["metric"] not in METRICS and not grade_py:
-        raise TaskError(f"{folder / 'task.json'}: unknown metric {info['metric']!r} (known: {', '.join(METRICS)})")
+        raise TaskError(f"{meta}: unknown metric {info['metric']!r} (known: {', '.join(METRICS)})")
     optional = ("public/train.csv", "public/test.csv") if "mlebench" in info else ()
     missing = [f for f in REQUIRED_FILES if not (folder / f).is_file() and f not in optional]
     if missing:
@@ -238,7 +237,7 @@ def load_task(name_or_path) -> Task:
 
 
 def load_tasks(names) -> list[Task]:
-    """load_task of each; the built-in ones are prepared first, in parallel (load_task alone builds one at a time)."""
+    """load_task of each, the built-in ones prepared first in parallel (load_task builds one at a time)."""
     names = list(names)
     builtin = [str(n) for n in names if not isinstance(n, Task) and str(n) in BUILTIN_TASKS]
     if builtin:
@@ -477,7 +476,7 @@ class Env:
             raise _Invalid(f"EnvError: cannot save to {_short(repr(name), 80)}: it would be both a file and a folder")
         return path
 
-    def _every_file(self) -> set[str]:  # the workspace's scripts and public/'s files, as relative paths
+    def _every_file(self) -> set[str]:  # the workspace's scripts and public/'s files, relative
         public = self.task.public_dir
         return {*self.files, *(str(p.relative_to(public)) for p in public.rglob("*") if p.is_file())}
 
@@ -622,23 +621,23 @@ class Env:
         return self._result("end", "final", done=True)
 
 # ==== the sandbox
-# The sandbox (`run_script`) treats agent code as untrusted. It protects against:
+# `run_script` treats agent code as untrusted. It protects against:
 # - altering the task: the code runs in a fresh temporary folder holding *copies* of `public/`;
-# - reading the answers: as root, the code runs as a dedicated unprivileged uid (one per run, 60000+), and `private/`,
-#   the cache and the logs are root-only (0700); that uid can neither read them nor signal the parent;
+# - reading the answers: as root, the code runs as its own unprivileged uid (one per run, 60000+), and `private/`,
+#   the cache and the logs are root-only (0700): that uid can neither read them nor signal the parent;
 # - leaking secrets: the environment is rebuilt from a short whitelist (no API keys or tokens);
 # - runaway processes: a new session/process group, stdin closed, a wall-clock limit (TERM, a grace period, KILL),
 #   the group killed after every run and, as root, every process of the run's uid (daemons that left the group too);
 #   rlimits on CPU time, file size, open files, processes (per uid, as root), core dumps, address space (CPU-only runs);
-# - floods: output goes to a log file on disk capped by RLIMIT_FSIZE; the caller gets its head and tail;
-# - links planted for the root parent: the submission and the outputs a caller keeps (`keep`) must be plain files in
-#   the work folder, so neither the grader nor the copy follows a symlink to `private/`;
-# - the network: a new, empty network namespace (`unshare(CLONE_NEWNET)`) where the kernel allows it.
+# - floods: output goes to a log file capped by RLIMIT_FSIZE; the caller gets its head and tail;
+# - links planted for the root parent: the submission and the outputs kept (`keep`) must be plain files in the work
+#   folder, so neither the grader nor the copy follows a symlink to `private/`;
+# - the network: a new, empty network namespace (`unshare(CLONE_NEWNET)`) where the kernel allows it (else it stays
+#   reachable: RunResult.isolation says what applied).
 # It does NOT protect against: kernel exploits (same kernel, no seccomp filter), reading world-readable files
-# elsewhere on the machine, filling the disk with many files below the size limit, using the GPU it is given
-# (set_script_gpu: a torchrun rank's own, or none; not isolated from the trainer's memory) or all CPU cores; without
-# root there is no separate uid, so `private/` is readable and a daemon that calls setsid escapes the group kill.
-# Where `unshare` fails the network stays reachable (RunResult.isolation says what applied).
+# elsewhere, filling the disk with many files below the size limit, using the GPU it is given (set_script_gpu: a
+# torchrun rank's own, or none; not isolated from the trainer's memory) or all CPU cores; without root there is no
+# separate uid, so `private/` is readable and a daemon that calls setsid escapes the group kill.
 # An interpreter under a folder the sandbox uid cannot enter (e.g. /root/.pyenv) is bound back into an empty tmpfs
 # over that folder, in a private mount namespace.
 
@@ -744,7 +743,7 @@ def _sweep_stale(where=None, pattern="mlenv-*-p*-*"):
             shutil.rmtree(path, ignore_errors=True)
 
 
-@functools.cache  # probed once per process
+@functools.cache
 def _isolation() -> tuple[_Isolation, str]:
     """The strongest isolation that starts the interpreter here, falling back step by step."""
     root = os.geteuid() == 0
@@ -810,15 +809,11 @@ def _kill_uid(uid: int):
 # and one server's runs share Python's hash seed. Where it cannot start, or FORK_SERVER is False: a new interpreter.
 
 FORK_SERVER = True
-PRELOAD = ("numpy", "pandas", "scipy.sparse", "sklearn.base", "sklearn.calibration", "sklearn.compose",
-           "sklearn.decomposition", "sklearn.ensemble", "sklearn.feature_extraction.text", "sklearn.feature_selection",
-           "sklearn.impute", "sklearn.linear_model", "sklearn.metrics", "sklearn.model_selection",
-           "sklearn.naive_bayes", "sklearn.neighbors", "sklearn.neural_network", "sklearn.pipeline",
-           "sklearn.preprocessing", "sklearn.svm", "sklearn.tree")  # what the starters and recipes import
+PRELOAD = ("numpy", "pandas", "scipy.sparse", *(f"sklearn.{m}" for m in (  # what the starters and recipes import
+    "base calibration compose decomposition ensemble feature_extraction.text feature_selection impute linear_model "
+    "metrics model_selection naive_bayes neighbors neural_network pipeline preprocessing svm tree").split()))
 _SERVER: list = []  # [_ForkServer], or [None] when it could not start
 _SERVER_LOCK = threading.Lock()
-
-
 SCRIPT_GPU: str | None = None  # CUDA_VISIBLE_DEVICES of every sandboxed run; None: the parent's (set_script_gpu)
 
 
@@ -858,7 +853,7 @@ class _ForkedRun:
     """A fork server's run as Popen to _run; the server writes two 4-byte numbers to the pipe: pid, exit status."""
 
     def __init__(self, server: _ForkServer, request: dict):
-        self.r, w = os.pipe()  # the server writes the run's pid, then its exit status, into w
+        self.r, w = os.pipe()
         try:
             socket.send_fds(server.sock, [json.dumps(request).encode()], [w])
         finally:
@@ -1177,8 +1172,7 @@ def _write_task(folder: Path, files: dict):
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
-# ==== built-in tasks
-# tasks/builtin.py reads tasks/ (tasks/README.md) into BUILTIN_TASKS; prepare() writes them under runs/tasks.
+# ==== built-in tasks: tasks/builtin.py reads tasks/ (tasks/README.md) into BUILTIN_TASKS, prepare() their folders
 _BUILTIN = runpy.run_path(str(DATA_DIR / "builtin.py"))
 BUILTIN_ORDER = _BUILTIN["ORDER"]  # the hand-made tasks, built first; then the others by name
 BUILTIN_TASKS = _BUILTIN["specs"](DATA_DIR)
@@ -1189,8 +1183,7 @@ def prepare(names=None, root=TASKS_DIR, force=False, workers=None) -> list[Path]
     return _BUILTIN["prepare"](sys.modules[__name__], names, Path(root), force, workers)
 
 
-def _build(name: str, root: Path, force: bool):
-    """prepare's worker."""
+def _build(name: str, root: Path, force: bool):  # prepare's worker
     _BUILTIN["build"](sys.modules[__name__], name, root, force)
 
 # ==== offline recipes for Edit Script (AI)
@@ -1216,8 +1209,7 @@ def recipe_editor(instruction: str, code: str) -> str:
     except ValueError as e:
         raise EditError(str(e)) from None
 
-# ==== MLE-bench competitions
-# tasks/mlebench/prepare.py: the task folder of an MLE-bench prepared competition, graded by its grade.py or METRICS.
+# ==== MLE-bench competitions (tasks/mlebench/prepare.py)
 GRADE_TIMEOUT = 600.0  # seconds for one grading by a competition's grade.py
 _MLEBENCH = runpy.run_path(str(DATA_DIR / "mlebench" / "prepare.py"))
 

@@ -7,8 +7,8 @@ Departures from Hugging Face `transformers`:
   - Dense models with the default RoPE only: no MoE, sliding-window attention or RoPE scaling (YaRN).
   - The chat template is ChatML in Python, not the checkpoint's Jinja: no tools, `<think>` or default system message.
   - Downloads put plain files into `snapshots/<commit>/` of the hub cache, not blobs plus symlinks.
-  - `forward` returns fp32 logits; positions always come from the attention mask (cumsum - 1, as HF `generate`), so
-    left-padded batches need no position_ids. No dropout (Qwen trains without it).
+  - `forward` returns fp32 logits; positions come from the attention mask (cumsum - 1, as HF `generate`): left-padded
+    batches need no position_ids. No dropout (Qwen trains without it).
   - safetensors tensors are readinto() their parameters (built on the meta device), not memory-mapped: a load never
     holds a second copy of the weights.
 
@@ -64,7 +64,7 @@ class Config:
     bos_token_id: int | None = None
     eos_token_id: int | list[int] | None = None
     torch_dtype: str = "bfloat16"
-    # not in config.json: `load` fills them, so that Qwen(lm.config) stops and samples the same
+    # not in config.json: set by `load`, so Qwen(lm.config) stops and samples alike
     stop_token_ids: list[int] | None = None  # None -> eos_token_id
     sample_vocab_size: int | None = None     # the rows generate samples; None -> vocab_size
 
@@ -242,7 +242,7 @@ class Qwen(nn.Module):
         super().__init__()
         self.config = cfg = config
         self.model = nn.ModuleDict(dict(  # HF's parameter names: state dicts load both ways
-            # from_pretrained skips nn.Embedding's init (normal_ on the meta device pulls in heavy imports)
+            # from_pretrained skips nn.Embedding's init (normal_ on the meta device imports much)
             embed_tokens=nn.Embedding.from_pretrained(torch.empty(cfg.vocab_size, cfg.hidden_size), freeze=False),
             layers=nn.ModuleList(Block(cfg) for _ in range(cfg.num_hidden_layers)),
             norm=RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)))
@@ -266,13 +266,13 @@ class Qwen(nn.Module):
         B, T = input_ids.shape
         dev, past = input_ids.device, cache.length if cache is not None else 0
         if attention_mask is not None and bool(attention_mask.all()):
-            attention_mask = None  # no padding: the causal path lets SDPA pick its fastest kernel
+            attention_mask = None  # no padding: causal, SDPA picks its fastest kernel
         if attention_mask is None:
             positions = torch.arange(past, past + T, device=dev).expand(B, T)
-            mask = None  # causal, offset by past (Attention picks a mask-free form)
+            mask = None  # causal, offset by past
         else:
             keep = attention_mask.bool()  # (B, Tk)
-            positions = (keep.long().cumsum(-1) - 1).clamp(min=0)[:, -T:]  # skipping the padding (HF generate)
+            positions = (keep.long().cumsum(-1) - 1).clamp(min=0)[:, -T:]  # past the padding (HF generate)
             q_idx = torch.arange(past, past + T, device=dev)[:, None]  # (T, 1)
             k_idx = torch.arange(past + T, device=dev)[None]  # (1, Tk)
             # causal AND not padding; a padding query sees itself: no softmax row is empty
@@ -298,7 +298,7 @@ class Qwen(nn.Module):
                  stop_fn=None, seeds=None, prefill_chunk=2048, max_batch=None, n=1, on_done=None):
         """Token-id prompts -> Generation, n rows a prompt, max_batch (default all) at a time. stop_fn(i, tokens):
         row i stops (stop strings); on_done(i, tokens, reason) as row i ends (ppo.py acts then). seeds (one a
-        prompt): a generator per row, so its tokens do not depend on its batch (torchrun); else `generator`."""
+        prompt): a generator per row, tokens independent of the batch (torchrun); else `generator`."""
         stops = set(self.stop_token_ids if stop_token_ids is None else stop_token_ids)
         dev, seqs = self.lm_head.weight.device, []
         for j, p in enumerate(prompts):
@@ -318,7 +318,7 @@ class Qwen(nn.Module):
 @dataclasses.dataclass
 class Sequence:
     prompt: list
-    generator: object = None       # its own (seeded requests)
+    generator: object = None       # its own (seeded)
     index: int = 0                 # its row in generate's output
     tokens: list = dataclasses.field(default_factory=list)
     logprobs: list = dataclasses.field(default_factory=list)
@@ -336,9 +336,8 @@ class SlotCache:
         self.rows, self.start, self.pos, self.end = rows, start, pos, end
 
     def update(self, layer, k, v):  # (R, Hkv, T, D) -> the rows' keys/values so far (R, Hkv, Tk, D)
-        if layer not in self.k:
+        if layer not in self.k:  # zeros, not empty: a masked position's value is still multiplied by 0; 0 * NaN is NaN
             shape = (self.slots, k.shape[1], self.capacity, k.shape[3])
-            # zeros, not empty: a masked-out position still multiplies its value by 0, and 0 * NaN is NaN
             self.k[layer] = torch.zeros(shape, dtype=self.dtype, device=k.device)
             self.v[layer] = torch.zeros(shape, dtype=self.dtype, device=k.device)
         K, V, r = self.k[layer], self.v[layer], self.rows
@@ -361,8 +360,8 @@ TRANSPOSED_COPY_BYTES = 1 << 30
 
 class Engine:
     """Continuous batching (Orca, Yu et al. OSDI 2022; vLLM), our slots, no paging: a finished sequence frees its slot
-    for waiting groups (a prompt's n samples, prefilled once, copied to n - 1 slots). One host sync a step.
-    All rows share the sampling settings; a seeded row draws from its own generator."""
+    for waiting groups (a prompt's n samples, prefilled once, copied to n - 1 slots). One host sync a step. Rows
+    share the sampling settings; a seeded row draws from its own generator."""
 
     def __init__(self, model, max_new_tokens=128, temperature=0.0, top_p=1.0, stop_ids=(),
                  max_batch=16, prefill_chunk=2048, generator=None, stop_fn=None, on_done=None):
@@ -370,7 +369,7 @@ class Engine:
         self.max_new_tokens, self.temperature, self.top_p = max_new_tokens, temperature, top_p
         self.stop_ids, self.stop_fn, self.on_done = stop_ids, stop_fn, on_done
         self.waiting, self.live, self.fresh = [], [], None
-        # on CPU every Linear reads a transposed copy until `close`, or none does
+        # on CPU every Linear reads a transposed copy until `close`, or none
         self.linears = [m for m in model.modules() if isinstance(m, Linear)]
         if any(m.weight.device.type != "cpu" for m in self.linears) or \
                 sum(m.weight.nbytes for m in self.linears) > TRANSPOSED_COPY_BYTES:
@@ -391,11 +390,10 @@ class Engine:
         # sized once for the longest request: regrowing would hold two caches at once (vLLM sizes it at start-up)
         need = max((len(s.prompt) for g in groups for s in g), default=0) + self.max_new_tokens + 1
         self.cache = SlotCache(B, need, dtype)
-        # per slot: cached positions, newest token
-        self.lengths = torch.zeros(B, dtype=torch.long, device=dev)
+        self.lengths = torch.zeros(B, dtype=torch.long, device=dev)  # per slot: cached positions, newest token
         self.last = torch.zeros_like(self.lengths)
         while self.live or self.waiting:
-            self._admit()  # a group fits max_batch: with no sequence live, one is admitted
+            self._admit()  # a group fits max_batch: with none live, one is admitted
             self._decode()
 
     def _logits(self, h):  # (R, C) -> fp32 logits
@@ -441,7 +439,7 @@ class Engine:
             if self.top_p < 1:
                 probs, order = probs.sort(-1, descending=True)  # nucleus: the shortest prefix reaching top_p
                 probs[(probs.cumsum(-1) - probs) > self.top_p] = 0  # (the first token stays)
-            # inverse CDF: a uniform per row, one batched search (torch.multinomial per seeded row was slow on CPU)
+            # inverse CDF: a uniform per row, one batched search (multinomial per seeded row was slow on CPU)
             u = torch.rand(len(seqs), generator=self.generator, device=probs.device)
             own = [j for j, s in enumerate(seqs) if s.generator is not None]
             if own:
@@ -457,7 +455,7 @@ class Engine:
         at = [len(s.prompt) + max(len(s.tokens) - 1, 0) for s in self.live]  # cached positions
         pos, end = self.lengths[:A], max(at) + 1
         self.cache.at(slice(0, A), pos=pos, end=end)
-        mask = None  # all at one position (batch 1, a prompt's n samples)
+        mask = None  # all at one position (batch 1, n samples)
         if min(at) < max(at):
             mask = (torch.arange(end, device=pos.device) <= pos[:, None])[:, None, None]  # (A, 1, 1, end)
         h = self.model.blocks(self.last[:A, None], pos[:, None], mask, self.cache)[:, -1]
@@ -466,7 +464,7 @@ class Engine:
         fresh, toks, lps = self.fresh or ([], tok[:0], lp[:0])  # the last admission's first tokens
         self.fresh = None
         host = torch.stack([torch.cat([toks, tok]).double(), torch.cat([lps, lp]).double()]).tolist()  # the one sync
-        for s, t, l in zip([*fresh, *self.live], *host):  # a fresh sequence's first token before its second
+        for s, t, l in zip([*fresh, *self.live], *host):  # a fresh sequence's first token, then its second
             if s.reason is None:
                 self._append(s, int(t), l)
         self._compact()
@@ -494,9 +492,9 @@ class Engine:
 def response_hidden(lm, ids, lengths, starts):
     """Hidden states predicting each response token (output t - 1 predicts t), and the tokens: (B, R, C), (B, R), R
     the longest. Response b is columns starts[b] .. lengths[b] - 1 of row b // n of ids (G, W). n = 1: rows are
-    prompt + response, right-padded, no mask (SDPA's causal kernel). n > 1 (ppo.py): a row is a prompt, then its n
-    responses, run as n rows over its KV cache; not with gradient checkpointing. Columns past a response's end:
-    padding or clamped, for the caller to mask."""
+    prompt + response, right-padded, no mask (SDPA's causal kernel). n > 1 (ppo.py): a prompt, then its n responses,
+    run as n rows over its KV cache; not with gradient checkpointing. Columns past a response's end: for the caller
+    to mask."""
     B, (G, W), dev = lengths.shape[0], ids.shape, ids.device
     n, R = B // G, max(int((lengths - starts).max()), 1)
     if n * G != B:
@@ -548,7 +546,7 @@ def _read_header(path):
                              f"download?)")
         try:
             header = json.loads(f.read(n))
-        except ValueError:  # invalid JSON or UTF-8
+        except ValueError:  # JSON or UTF-8
             header = None
     if not isinstance(header, dict) or not all(isinstance(v, dict) for v in header.values()):
         raise ValueError(f"{path}: not a safetensors file (its header is not a JSON object of tensors)")
@@ -574,7 +572,7 @@ def _read_file(path, params=None):
             done = 0
             while done < len(buf):  # one read() returns at most ~2 GiB on Linux
                 got = f.readinto(buf[done:])
-                if not got:  # cut after the header was read (readinto returns 0 forever: no hang)
+                if not got:  # cut after the header (readinto returns 0 forever: no hang)
                     raise ValueError(f"{path}: truncated ({start + a + done} bytes, the header needs {start + b})")
                 done += got
             yield name, t
@@ -625,7 +623,7 @@ def bytes_to_unicode():
 def _merge(parts, pair):
     """parts with each adjacent occurrence of pair joined, left to right."""
     out = []
-    for p in parts:  # a joined symbol never equals pair[0]: no overlaps
+    for p in parts:  # a joined symbol is never pair[0]: no overlaps
         if out and (out[-1], p) == pair:
             out[-1] += p
         else:
@@ -645,7 +643,7 @@ class Tokenizer:
         self.added = {t["content"]: t["id"] for t in data.get("added_tokens", [])}
         self.special_ids = {t["id"] for t in data.get("added_tokens", []) if t.get("special")}
         self.id_to_token = {i: s for d in (self.vocab, self.added) for s, i in d.items()}
-        # added tokens split out first, longest first (leftmost-longest like `tokenizers`)
+        # added tokens split out first, longest first (leftmost-longest, as `tokenizers`)
         alts = "|".join(regex.escape(s) for s in sorted(self.added, key=len, reverse=True))
         self.added_re = regex.compile(f"({alts})") if alts else None
         norm = data.get("normalizer") or {}
@@ -653,10 +651,10 @@ class Tokenizer:
         self.pattern = regex.compile(_split_pattern(data.get("pre_tokenizer")))
         self.byte_enc = bytes_to_unicode()
         self.byte_dec = {c: b for b, c in self.byte_enc.items()}
-        self._bpe = functools.lru_cache(100_000)(self._bpe)  # words recur: each merged once
+        self._bpe = functools.lru_cache(100_000)(self._bpe)  # words recur
 
-        def token(key):  # a string or {"content": ...}
-            v = self.config.get(key, "<|endoftext|>")  # Qwen's eos and pad when the config is silent
+        def token(key):  # a string or {"content": ...}; Qwen's eos and pad when the config is silent
+            v = self.config.get(key, "<|endoftext|>")
             return v.get("content") if isinstance(v, dict) else v
         self.eos_token_id = self.added.get(token("eos_token"))
         self.pad_token_id = self.added.get(token("pad_token"), self.eos_token_id)
@@ -700,7 +698,7 @@ class Tokenizer:
 
     @functools.cached_property
     def _bytes(self):  # once: stop strings decode every sequence's tail every step
-        ok = lambda tok: all(c in self.byte_dec for c in tok)  # else its own UTF-8 (tokenizers' ByteLevel decoder)
+        ok = lambda tok: all(c in self.byte_dec for c in tok)  # else its UTF-8 (tokenizers' ByteLevel decoder)
         return {i: bytes(self.byte_dec[c] for c in t) if ok(t) else t.encode() for i, t in self.id_to_token.items()}
 
     def apply_chat_template(self, messages, add_generation_prompt=True):
@@ -724,9 +722,9 @@ def train_tokenizer(texts, vocab_size, special_tokens=("<|endoftext|>", "<|im_st
     counts = Counter(w for t in texts for w in pattern.findall(unicodedata.normalize("NFC", t)))
     words, freqs = [[] for _ in counts], list(counts.values())
     vocab, merges, heap = {enc[b]: b for b in range(256)}, [], []  # heap: most frequent pair first, ties by text
-    pairs, where = Counter(), defaultdict(set)  # pair -> frequency; pair -> words (indices) holding it
+    pairs, where = Counter(), defaultdict(set)  # pair -> frequency; pair -> indices of words holding it
 
-    def rewrite(wi, new):  # word wi becomes `new`; changed pairs are queued again
+    def rewrite(wi, new):  # word wi becomes `new`; changed pairs queued again
         old, words[wi] = words[wi], new
         for p in zip(old, old[1:]):
             pairs[p] -= freqs[wi]
@@ -901,15 +899,16 @@ def _write_json(path, obj, indent=2):
 def save(model, tokenizer, path, max_shard_bytes=5 * 2**30, dtype=None, weights=None):
     """An HF model folder; dtype and weights (a state dict) default to the model's; LoRA merged in."""
     os.makedirs(path, exist_ok=True)
+    at = functools.partial(os.path.join, path)
     for name in os.listdir(path):  # an earlier save's weights would confuse loaders
         if name.startswith("model") and name.endswith((".safetensors", ".safetensors.index.json")):
-            os.remove(os.path.join(path, name))
+            os.remove(at(name))
     cfg, dtype = model.config, dtype or model.lm_head.weight.dtype
-    _write_json(os.path.join(path, "config.json"), {**cfg.to_dict(), "torch_dtype": str(dtype).removeprefix("torch.")})
+    _write_json(at("config.json"), {**cfg.to_dict(), "torch_dtype": str(dtype).removeprefix("torch.")})
     weights = {k.replace(".base.", "."): v for k, v in (weights or model.state_dict()).items()
                if not k.endswith((".A", ".B"))}  # LoRA: the base layer's bias; below, its weight merged
     for name, m in model.named_modules():
-        if isinstance(m, LoRALinear):  # a folder any loader reads
+        if isinstance(m, LoRALinear):
             weights[name + ".weight"] = m.merged()
     tensors = {k: v.to(dtype) for k, v in weights.items() if not (cfg.tie_word_embeddings and k == "lm_head.weight")}
     shards = [{}]
@@ -920,20 +919,20 @@ def save(model, tokenizer, path, max_shard_bytes=5 * 2**30, dtype=None, weights=
     names = ["model.safetensors"] if len(shards) == 1 else \
         [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
     for name, shard in zip(names, shards):
-        write_safetensors(os.path.join(path, name), shard)
+        write_safetensors(at(name), shard)
     if len(shards) > 1:
         weight_map = {k: name for name, shard in zip(names, shards) for k in shard}
-        _write_json(os.path.join(path, "model.safetensors.index.json"),
+        _write_json(at("model.safetensors.index.json"),
                     {"metadata": {"total_size": sum(v.nbytes for v in tensors.values())}, "weight_map": weight_map})
-    tokenizer.save(os.path.join(path, "tokenizer.json"))
+    tokenizer.save(at("tokenizer.json"))
     token = tokenizer.id_to_token.get
     tok_cfg = {"chat_template": CHATML_JINJA, **tokenizer.config, "tokenizer_class": "Qwen2Tokenizer",
                "eos_token": token(tokenizer.eos_token_id), "pad_token": token(tokenizer.pad_token_id),
                "bos_token": None, "errors": "replace", "model_max_length": cfg.max_position_embeddings,
                "clean_up_tokenization_spaces": False, "split_special_tokens": False}
     tok_cfg.pop("added_tokens_decoder", None)  # tokenizer.json rules the added tokens
-    _write_json(os.path.join(path, "tokenizer_config.json"), tok_cfg)
-    _write_json(os.path.join(path, "generation_config.json"), {
+    _write_json(at("tokenizer_config.json"), tok_cfg)
+    _write_json(at("generation_config.json"), {
         "bos_token_id": cfg.bos_token_id, "eos_token_id": model.stop_token_ids or tokenizer.eos_token_id,
         "pad_token_id": tokenizer.pad_token_id, "do_sample": False})
 
@@ -948,7 +947,7 @@ def keep_end(ids, context, reserve):  # a prompt's last ids, so `reserve` more t
 
 
 def stop_strings(tokenizer, strings):
-    """generate's stop_fn (or None): True once a sequence's decoded tail holds a string, so generation ends at the
+    """generate's stop_fn (or None): True once a sequence's decoded tail holds a string: generation ends at the
     token completing it, as vLLM's; the caller cuts the text."""
     strings = [s for s in strings or [] if s]
     if not strings:
@@ -958,7 +957,6 @@ def stop_strings(tokenizer, strings):
 
 
 # ==== 6. Devices (sft.py, ppo.py, orchestrator.py): torchrun, FSDP2, autocast, sharded checkpoints, rollout copy, LoRA
-
 
 def enable_grad_checkpointing(lm):  # each block's forward recomputed in backward
     for block in lm.model.layers:
@@ -975,10 +973,9 @@ def setup_distributed(args):
     if cuda:  # one process may name its GPU
         device = device if world == 1 and device.index is not None else torch.device("cuda", local)
         torch.cuda.set_device(device)
-    torchrun = "RANK" in os.environ and "MASTER_ADDR" in os.environ  # (also with one process: sft.py --fsdp shards)
+    torchrun = "RANK" in os.environ and "MASTER_ADDR" in os.environ  # (one process too: sft.py --fsdp shards)
     if (world > 1 or torchrun) and not dist.is_initialized():
-        # NCCL's 10-minute timeout is shorter than a task script or saving a 7B trainer state
-        # (torchtitan, OpenRLHF raise it)
+        # NCCL's 10-minute timeout is shorter than a task script or saving a 7B trainer state (torchtitan, OpenRLHF)
         dist.init_process_group("nccl" if cuda else "gloo", timeout=datetime.timedelta(hours=2))
     return (dist.get_rank() if world > 1 else 0), world, device
 
@@ -1050,7 +1047,7 @@ def fill(lm, tensors):
             if p is None or tuple(p.shape) != tuple(full.shape):
                 unexpected.append(name if p is None else f"{name}{list(full.shape)}!={list(p.shape)}")
                 continue
-            if isinstance(p, DTensor):  # each rank cuts its shard from the full tensor: no communication
+            if isinstance(p, DTensor):  # each rank cuts its shard: no communication
                 full = full.to(p.device_mesh.device_type, p.dtype)
                 p.copy_(distribute_tensor(full, p.device_mesh, p.placements, src_data_rank=None))
             elif full.data_ptr() != p.data_ptr():  # (`load` may have read it in place)
@@ -1078,7 +1075,7 @@ def unwrap(net):
     return net.module if isinstance(net, nn.parallel.DistributedDataParallel) else net
 
 
-def _dcp():  # torch.distributed.checkpoint: imported when a sharded state is read or written (it takes ~1 s)
+def _dcp():  # torch.distributed.checkpoint, imported on use (it takes ~1 s)
     import torch.distributed.checkpoint.state_dict as dcp
     return dcp, dcp.StateDictOptions(full_state_dict=True, cpu_offload=True)  # gathered on rank 0, in CPU memory
 
@@ -1104,7 +1101,7 @@ def set_optim_state(net, optim, state):  # under FSDP each rank takes its shard
         optim.load_state_dict(state)
 
 
-def autocast(device):  # bf16 matmuls on CUDA, fp32 master weights (an lr of 1e-6 vanishes in bf16); fp32 on CPU
+def autocast(device):  # bf16 matmuls on CUDA, fp32 master weights (an lr of 1e-6 vanishes in bf16); CPU: fp32
     if device.type == "cuda" and torch.cuda.is_bf16_supported():
         return torch.autocast("cuda", dtype=torch.bfloat16)
     return contextlib.nullcontext()
@@ -1121,8 +1118,7 @@ def save_checkpoint_folder(lm, tokenizer, path, dtype, state):
     tmp = path.rstrip("/") + ".tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     save(lm, tokenizer, tmp, dtype=dtype, weights=weights if is_sharded(lm) else None)
-    lora = any(isinstance(m, LoRALinear) for m in lm.modules())
-    return tmp, None if dtype == torch.float32 or lora else weights
+    return tmp, None if dtype == torch.float32 or has_lora(lm) else weights
 
 
 def load_trainer_state(path, need, script, advice):
@@ -1153,8 +1149,7 @@ def run_main(script, train, cfg, errors=(OSError, ValueError)):
 def rollout_copy(lm, device, dtype=None):
     """Through FSDP every token would all-gather every block: each rank gathers a full copy to roll out with (cast
     first; bf16 on CUDA), freed before the update (VeRL's "hybrid engine"); one GPU's fp32 weights too, not LoRA."""
-    lora = any(isinstance(m, LoRALinear) for m in lm.modules())
-    if lora or not (is_sharded(lm) or (device.type == "cuda" and lm.lm_head.weight.dtype == torch.float32)):
+    if has_lora(lm) or not (is_sharded(lm) or (device.type == "cuda" and lm.lm_head.weight.dtype == torch.float32)):
         return lm
     dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
     copy = _empty(lm.config, dtype, device)
@@ -1189,6 +1184,10 @@ def add_lora(lm, rank, alpha):  # freeze lm; adapters on its blocks' linear laye
             for name, child in list(parent.named_children()):
                 if isinstance(child, nn.Linear):
                     setattr(parent, name, LoRALinear(child, rank, alpha))
+
+
+def has_lora(lm):
+    return any(isinstance(m, LoRALinear) for m in lm.modules())
 
 
 def set_lora(lm, enabled):  # off: the frozen base, the reference policy
