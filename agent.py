@@ -24,6 +24,7 @@ Run one episode:  python agent.py --task digits                          (script
 """
 import argparse
 import fcntl
+import inspect
 import json
 import math
 import os
@@ -32,7 +33,7 @@ import re
 import shutil
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import requests
 import urllib3
@@ -778,6 +779,21 @@ COUNT = checked(int, lambda v: v >= 0, ">= 0")
 POSITIVE = checked(float, lambda v: v > 0, "> 0")
 NONNEGATIVE = checked(float, lambda v: v >= 0, ">= 0")
 FRACTION = checked(float, lambda v: 0 <= v <= 1, "in [0, 1]")
+KINDS = {"int": POSITIVE_INT, "float": POSITIVE, "str": str, "list": str, "bool": None}  # by a field's type
+
+
+def add_fields(p, cls, types, choices={}, names=(), flags={}, more={}, switch=argparse.BooleanOptionalAction):
+    """A flag per field of dataclass cls (or of names) named flags[name] or --field-name, its help the field's
+    trailing comment (written once), checked by types or KINDS (a field of another type: not a flag)."""
+    lines = (line.strip().partition("  # ") for line in inspect.getsource(cls).splitlines())
+    d, helps = cls(), {code.partition(":")[0]: text.replace("%", "%%") for code, _, text in lines if text}
+    for f in fields(cls):
+        kind = (getattr(f.type, "__name__", None) or str(f.type)).split(" |")[0]  # int | None: int
+        if kind in KINDS and f.name in (names or [f.name]):
+            kw = dict(type=types.get(f.name, KINDS[kind]), choices=choices.get(f.name))
+            kw = {"action": switch} if kind == "bool" else kw | {"nargs": "+"} if kind == "list" else kw
+            p.add_argument(flags.get(f.name, "--" + f.name.replace("_", "-")), dest=f.name, default=getattr(d, f.name),
+                           help=helps[f.name], **kw | more.get(f.name, {}))
 
 
 def main(argv=None):
@@ -785,8 +801,9 @@ def main(argv=None):
     p.add_argument("--task", default="digits", help="a built-in task name or a task folder")
     p.add_argument("--model", default="scripted", help="'scripted', a local checkpoint folder, or an endpoint model")
     p.add_argument("--base-url", help="OpenAI-compatible endpoint (default: $OPENAI_BASE_URL)")
-    p.add_argument("--max-steps", type=POSITIVE_INT, default=15)
-    p.add_argument("--idea", action="append", default=[], metavar="CATEGORY:IDEA", help="inject an idea (repeatable)")
+    p.add_argument("--max-steps", type=POSITIVE_INT, default=15, help="steps at most (ML-Agent: 15)")
+    p.add_argument("--idea", action="append", default=[], metavar="CATEGORY:IDEA",
+                   help="inject an idea (repeatable; []: the scripted expert's first recipe)")
     args = p.parse_args(argv)
     backend = make_backend(check_model(p, "--model", args.model, args.base_url), args.base_url)
     try:

@@ -318,8 +318,7 @@ def main(argv=None):
     held_in = [name for name, spec in env.BUILTIN_TASKS.items() if spec.split == "held-in"]
     p = agent.Parser(prog="collect.py",
                      description="Collect exploration-enriched expert trajectories, SFT data and the states pool.")
-    p.add_argument("--tasks", nargs="+", default=held_in,
-                   help=f"built-in task names or task folders (default: the held-in tasks {' '.join(held_in)})")
+    p.add_argument("--tasks", nargs="+", default=held_in, help="built-in task names or task folders (held-in)")
     p.add_argument("--trajectories", type=agent.POSITIVE_INT, default=3, help="trajectories per task, other ideas each")
     p.add_argument("--workers", type=agent.COUNT, default=2, help="worker processes")
     p.add_argument("--expert", default="scripted",

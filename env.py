@@ -1243,7 +1243,16 @@ def import_mlebench(prepared, out, metric=None, leaderboard=None, id_column=None
 # ==== command line
 
 
+class Help(argparse.ArgumentDefaultsHelpFormatter):  # " (default: X)" unless the help says it, or a switch's (off)
+    def _get_help_string(self, a):
+        says = any(w in (a.help or "").lower() for w in ("default:", "none:", "[]:")) or a.required
+        return a.help if says or a.nargs == 0 and not isinstance(a, argparse.BooleanOptionalAction) else \
+            super()._get_help_string(a)
+
+
 class Parser(argparse.ArgumentParser):  # agent.Parser too: a usage error is one line, exit status 2
+    __init__ = functools.partialmethod(argparse.ArgumentParser.__init__, formatter_class=Help)
+
     def error(self, message):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
@@ -1281,19 +1290,18 @@ def main(argv=None):
     imp = sub.add_parser("import-mlebench", help="make a task folder from an MLE-bench prepared competition")
     imp.add_argument("--prepared", required=True, help="<data>/<competition id>/prepared")
     imp.add_argument("--out", required=True, help="the task folder to write")
-    imp.add_argument("--metric", help=f"one of: {', '.join(METRICS)} (with --mlebench: optional, a name)")
-    imp.add_argument("--mlebench", metavar="PATH", help="an MLE-bench checkout: grade with its grade.py")
+    imp.add_argument("--metric", help=f"one of: {', '.join(METRICS)}; with --mlebench any name (None: only there)")
+    imp.add_argument("--mlebench", metavar="PATH", help="an MLE-bench checkout, its grade.py grades (None: --metric)")
     imp.add_argument("--config", help="the competition's config.yaml, for its file names (default: the checkout's)")
-    imp.add_argument("--score-rows", metavar="COLUMN=VALUE",
-                     help="score only rows with COLUMN == VALUE (e.g. u_out=0)")
-    imp.add_argument("--leaderboard", help="mlebench/competitions/<id>/leaderboard.csv (a `score` column)")
+    imp.add_argument("--score-rows", metavar="COLUMN=VALUE", help="score only rows with COLUMN == VALUE (None: all)")
+    imp.add_argument("--leaderboard", help="leaderboard.csv (default: the checkout's; None: the perfect score is best)")
     imp.add_argument("--id-column", help="default: the first column of sample_submission.csv")
-    imp.add_argument("--higher-is-better", dest="higher", action="store_const", const=True,
-                     help="a check: must agree with the metric")
-    imp.add_argument("--lower-is-better", dest="higher", action="store_const", const=False)
+    for way in ("higher", "lower"):
+        imp.add_argument(f"--{way}-is-better", dest="higher", action="store_const", const=way == "higher",
+                         help="a check: must agree with the metric")
     imp.add_argument("--starter", type=_script, help="the starting train.py (default: copy sample_submission.csv)")
     imp.add_argument("--name", help="the task name (default: the competition id)")
-    imp.add_argument("--split", choices=("held-in", "held-out"), default="held-out")
+    imp.add_argument("--split", choices=("held-in", "held-out"), default="held-out", help="the task's split")
     imp.add_argument("--time-limit", type=_seconds, default=600.0, help="seconds per run of the agent's script")
     args = parser.parse_args(argv)
     try:

@@ -36,7 +36,7 @@ import sys
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -54,30 +54,30 @@ GAIN_CLIP, RESAMPLES = 0.5, 2000  # a run's gain clipped at +-50% (no one run de
 
 @dataclass
 class Config:
-    scaffolds: list = field(default_factory=lambda: ["mlab"])  # SCAFFOLDS
-    policies: list = field(default_factory=list)  # []: default_policies()
+    scaffolds: list = field(default_factory=lambda: ["mlab"])  # agents around each policy
+    policies: list = field(default_factory=list)  # scripted, folders, endpoints; []: scripted + runs/ckpt/{sft,ppo}
     sub_agent: str | None = None  # Matryoshka's Sub-Agent; None: the policy itself
-    tasks: list = field(default_factory=list)  # []: the built-in tasks of `split`
-    split: str = "held-out"  # held-out | held-in | all
+    tasks: list = field(default_factory=list)  # built-in names or task folders; []: the built-in tasks of --split
+    split: str = "held-out"  # the built-in tasks evaluated
     k: int = 2  # runs per task (paper: 8)
     max_steps: int = 8  # MLAB steps per trajectory (paper: 15)
     time_limit: float = 1800.0  # seconds per trajectory (paper: 30 minutes)
-    temperature: float = 0.2  # the papers give none (departure 5)
-    max_tokens: int | None = None  # per response; None: response_tokens
-    ideas: str = "sampled"  # sampled | none (departure 4)
-    editor: str = "auto"  # auto | recipes | policy | an endpoint model: who executes Edit Script (AI)
-    base_url: str | None = None  # default $OPENAI_BASE_URL
+    temperature: float = 0.2  # of the policy; the papers give none (departure 5)
+    max_tokens: int | None = None  # per response; None: 1024 mlab, 4096 matryoshka, <= a local model's context / 4
+    ideas: str = "sampled"  # the ideas injected (departure 4)
+    editor: str = "auto"  # recipes, policy or an endpoint model run Edit Script (AI); auto: policy if an endpoint
+    base_url: str | None = None  # OpenAI-compatible endpoint; None: $OPENAI_BASE_URL
     price_in: float = 0.0  # dollars per million prompt tokens
     price_out: float = 0.0  # dollars per million completion tokens
     rounds: int = orchestrator.Config.rounds  # Matryoshka (monolithic: rounds x calls x sub_iters runs)
     calls: int = orchestrator.Config.calls  # Matryoshka: tool calls per round
     sub_iters: int = orchestrator.Config.sub_iters  # Matryoshka: executions per Sub-Agent (the paper: 10)
     seed: int = 0  # run r of a task uses seed * 100003 + r
-    out: str = str(ROOT / "runs/eval")
-    ppo_log: str = str(ROOT / "runs/ppo/log.jsonl")  # its "reward" field is plotted
-    plots: bool = True  # PNG plots when matplotlib is installed
+    out: str = str(ROOT / "runs/eval")  # runs.jsonl, report.json, report.md, plots
+    ppo_log: str = str(ROOT / "runs/ppo/log.jsonl")  # ppo.py's log: its "reward" field is plotted
+    plots: bool = True  # PNG plots when matplotlib is installed; --no-plots: none
     threads: int = 1  # torch CPU threads of a local checkpoint (tiny models: 1 is fastest)
-    workers: int = 0  # runs at once, a process each; 0: workers_for; 1: every run in this process
+    workers: int = 0  # runs at once, a process each; 0: a core each up to 4 (CUDA + checkpoint: 1)
 
 # ==== the two metrics
 
@@ -551,27 +551,15 @@ def evaluate(cfg: Config, log=print) -> dict:
 # ==== command line
 
 
-TYPES = {**dict.fromkeys(("k", "max_steps", "max_tokens", "rounds", "calls", "sub_iters"), agent.POSITIVE_INT),
-         **dict.fromkeys(("threads", "workers"), agent.COUNT), "time_limit": agent.POSITIVE, "seed": int,
+TYPES = {**dict.fromkeys(("threads", "workers"), agent.COUNT), "seed": int,
          **dict.fromkeys(("temperature", "price_in", "price_out"), agent.NONNEGATIVE)}
 CHOICES = {"scaffolds": SCAFFOLDS, "split": ("held-out", "held-in", "all"), "ideas": ("sampled", "none")}
 FLAGS = {"scaffolds": "--scaffold", "policies": "--policy", "plots": "--no-plots"}  # else --field-name
-HELP = {"policies": "'scripted', checkpoint folders, endpoint models (default: scripted + runs/ckpt/{sft,ppo})",
-        "sub_agent": "Matryoshka's Sub-Agent (default: the policy itself)", "tasks": "built-in names or task folders",
-        "editor": "auto | recipes | policy | an endpoint model name",
-        "base_url": "OpenAI-compatible endpoint (default: $OPENAI_BASE_URL)"}
 
 
 def main(argv=None):
     p = agent.Parser(prog="eval.py", description="Evaluate agents on held-out tasks: gain avg@K/best@K, HumanRank, cost.")
-    d = Config()
-    for f in fields(Config):  # a flag per field, checked by its type (exit status 2)
-        flag = FLAGS.get(f.name, "--" + f.name.replace("_", "-"))
-        if f.name == "plots":
-            p.add_argument(flag, dest=f.name, action="store_false")
-        else:
-            p.add_argument(flag, dest=f.name, nargs="+" if f.type == "list" else None, type=TYPES.get(f.name),
-                           choices=CHOICES.get(f.name), default=getattr(d, f.name), help=HELP.get(f.name))
+    agent.add_fields(p, Config, TYPES, CHOICES, flags=FLAGS, switch="store_false")  # checked by type (exit status 2)
     cfg = Config(**vars(p.parse_args(argv)))
     cfg.policies = [agent.check_model(p, "--policy", n, cfg.base_url) for n in cfg.policies or default_policies()]
     cfg.sub_agent = agent.check_model(p, "--sub-agent", cfg.sub_agent, cfg.base_url)  # not as K failed runs

@@ -1232,13 +1232,15 @@ def main(argv=None):
     parser = _Parser(prog="model.py", description="Generate with a Qwen2/Qwen2.5/Qwen3 checkpoint.")
     p = parser.add_subparsers(dest="command", required=True).add_parser("generate")
     p.add_argument("--model", required=True, help="a local folder or a hub id such as Qwen/Qwen2.5-0.5B-Instruct")
-    p.add_argument("--device", type=refusing(str, bad_device))
-    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"])
-    p.add_argument("--prompt", required=True)
-    p.add_argument("--max-new-tokens", type=refusing(int, lambda v: v < 1 and "must be at least 1"), default=128)
+    p.add_argument("--device", type=refusing(str, bad_device), help="default: cuda if available, else cpu")
+    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], help="default: the config's; CPU: float32")
+    p.add_argument("--prompt", required=True, help="the user message (--raw: the whole text)")
+    p.add_argument("--max-new-tokens", type=refusing(int, lambda v: v < 1 and "must be at least 1"), default=128,
+                   help="tokens generated at most (default: %(default)s)")
     p.add_argument("--temperature", type=refusing(float, lambda v: not 0 <= v < math.inf and "must be finite and >= 0"),
-                   default=0.0)
-    p.add_argument("--top-p", type=refusing(float, lambda v: not 0 < v <= 1 and "must be in (0, 1]"), default=1.0)
+                   default=0.0, help="0: greedy (default: %(default)s)")
+    p.add_argument("--top-p", type=refusing(float, lambda v: not 0 < v <= 1 and "must be in (0, 1]"), default=1.0,
+                   help="nucleus sampling (default: %(default)s)")
     p.add_argument("--raw", action="store_true", help="no chat template around the prompt")
     args = parser.parse_args(argv)
     try:

@@ -68,18 +68,18 @@ class Config:
     # --- Solution Refinement Trees
     depth: int = 3  # decisions from the starter to a leaf
     children: int = 2  # decisions sampled per node (binary trees in the paper)
-    tree_temperature: float = 1.0
+    tree_temperature: float = 1.0  # of the Orchestrator's sampled decisions
     # --- Orchestrator training
     beta: float = 0.1  # scale of the log-ratio scores (DPO's default; the paper gives none)
     lr: float = 1e-5  # AdamW (the paper's tables; the tiny model too: tests/RESULTS.md)
     epochs: int = 2  # passes over the groups per iteration (the paper's tables)
     iterations: int = 1  # online: collect, train, the trained model is the next reference
     max_len: int = 8192  # tokens of prompt + decision kept (the prompt's oldest are cut)
-    lora_rank: int | None = None  # None: 16 from LARGE parameters, else 0 (every weight)
+    lora_rank: int | None = None  # None: 16 from 10M parameters (LARGE), else 0 (every weight)
     imitation_steps: int = 1000  # updates of the tiny ckpt-0 imitating scripted decisions
     imitation_lr: float = 6e-3  # peak, decaying linearly to 0 (from scratch: not 1e-5)
     tree_tasks: int = 2  # held-in tasks per (kind, modality, metric direction) with a depth-1 tree
-    seed: int = 0
+    seed: int = 0  # of the stand-ins and of training
 
 
 SUMMARY_KEYS = ("approach", "changed", "result", "errors", "next")  # an attempt's structured summary
@@ -1000,14 +1000,11 @@ def train_loop(cfg: Config, model_path: str | None, collector: str, sub, out: Pa
 # ==== command line
 
 
-P_INT, COUNT, POSITIVE = agent.POSITIVE_INT, agent.COUNT, agent.POSITIVE  # argparse type= checkers
-TREE_FLAGS = {"depth": P_INT, "children": P_INT, "tree_temperature": agent.NONNEGATIVE}
-FLAGS = {  # each command's Config fields as flags
-    "common": {"calls": P_INT, "sub_iters": P_INT, "time_limit": POSITIVE, "script_timeout": POSITIVE,
-               "workers": P_INT, "max_tokens": P_INT, "seed": agent.checked(int)},
-    "run": {"rounds": P_INT}, "tree": TREE_FLAGS,
-    "train": {**TREE_FLAGS, "iterations": P_INT, "beta": POSITIVE, "lr": POSITIVE, "epochs": P_INT,
-              "imitation_steps": COUNT, "imitation_lr": POSITIVE, "tree_tasks": COUNT, "lora_rank": COUNT}}
+TREE = "depth children tree_temperature"
+FLAGS = {"common": "task calls sub_iters time_limit script_timeout workers max_tokens seed", "run": "rounds",
+         "tree": TREE, "train": TREE + " iterations beta lr epochs imitation_steps imitation_lr tree_tasks lora_rank"}
+TYPES = {"seed": agent.checked(int), "tree_temperature": agent.NONNEGATIVE,
+         **dict.fromkeys(("imitation_steps", "tree_tasks", "lora_rank"), agent.COUNT)}
 
 
 def token_table(records) -> str:
@@ -1023,21 +1020,20 @@ def main(argv=None):
     p = agent.Parser(prog="orchestrator.py", description="Matryoshka Agent: runs, trees, orchestrator training.")
     sub = p.add_subparsers(dest="cmd", required=True, parser_class=agent.Parser)
     common = agent.Parser(add_help=False)
-    common.add_argument("--task", default=Config.task, help="a built-in task name or a task folder")
     for role in ("orchestrator", "sub-agent"):
         common.add_argument(f"--{role}", default="scripted", help="'scripted', a checkpoint folder, or a model name")
-        common.add_argument(f"--{role}-url", help=f"OpenAI-compatible endpoint of the {role}")
+        common.add_argument(f"--{role}-url", help=f"OpenAI-compatible endpoint of the {role}; None: $OPENAI_BASE_URL")
     common.add_argument("--out", help="output folder (default: the project's runs/matryoshka/<task>)")
     cmds = {c: sub.add_parser(c, parents=[common], help=h) for c, h in (
         ("run", "a Matryoshka run (or --monolithic) on one task"), ("tree", "collect a Solution Refinement Tree"),
         ("train", "train the Orchestrator with the ranking loss on trees (online iterations)"))}
     for c, parser in cmds.items():
-        for name, check in {**FLAGS["common"], **FLAGS[c]}.items():
-            parser.add_argument("--" + name.replace("_", "-"), type=check)
+        agent.add_fields(parser, Config, TYPES, names=f"{FLAGS['common']} {FLAGS[c]}".split())  # Config fields
     cmds["run"].add_argument("--monolithic", action="store_true", help="the single-agent baseline instead")
     cmds["run"].add_argument("--fresh", action="store_true", help="start over instead of resuming out/run.json")
     cmds["train"].add_argument("--model", help="orchestrator checkpoint (default: a tiny model from scratch)")
-    cmds["train"].add_argument("--collector", choices=("auto", "policy", "scripted"), default="auto")
+    cmds["train"].add_argument("--collector", choices=("auto", "policy", "scripted"), default="auto",
+                               help="who collects the trees; auto: policy with --model, else scripted")
     cmds["train"].set_defaults(depth=2)
     args = p.parse_args(argv)
     cfg = Config(**{f.name: getattr(args, f.name) for f in dataclasses.fields(Config)

@@ -26,7 +26,6 @@ Run:  python collect.py && python sft.py && python ppo.py               (tiny mo
 Outputs: runs/ckpt/ppo (the actor's Hugging Face folder, trainer_state/ to resume), runs/ppo/log.jsonl; a resume
 with other reward flags stops rather than mix two rewards.
 """
-import argparse
 import dataclasses
 import json
 import math
@@ -67,12 +66,12 @@ class Config:
     micro_tokens: int = 16384             # and tokens (rows x the longest; a longer row alone)
     logits_chunk: int = 1024              # response tokens whose fp32 logits exist at once
     gen_batch: int = 16                   # prompts per generate call (their KV cache bounds the memory)
-    grad_checkpointing: bool = False      # always on past TINY_PARAMS
+    grad_checkpointing: bool = False      # always on from 10M parameters (TINY_PARAMS)
     update_epochs: int = 1                # PPO epochs over each batch (OpenRLHF examples: 1; N-details: 4)
     target_kl: float = 0.0                # > 0: the actor stops for the iteration past 1.5 x this (Spinning Up)
-    actor_lr: float | None = None         # None: 1e-6 (ML-Agent §Experiments "Training"), tiny: TINY
-    critic_lr: float | None = None        # None: 1e-5 (ML-Agent §Experiments "Training"), tiny: TINY
-    critic_warmup: int | None = None      # first iterations that update only the critic; None: 0, tiny: TINY
+    actor_lr: float | None = None         # None: 1e-6 (ML-Agent §Experiments "Training"), tiny: 1e-4
+    critic_lr: float | None = None        # None: 1e-5 (ML-Agent §Experiments "Training"), tiny: 3e-3
+    critic_warmup: int | None = None      # first iterations that update only the critic; None: 0, tiny: 2
     adam_eps: float = 1e-5                # N-details (TF Adam's)
     max_grad_norm: float = 1.0            # OpenRLHF default
     max_new_tokens: int = 400             # tokens per action (the scripted expert's longest fit)
@@ -81,7 +80,7 @@ class Config:
     kl_coef: float = 0.05                 # N-details: per-token KL penalty
     gamma: float = 1.0                    # N-details: no discount
     lam: float = 0.95                     # GAE lambda (N-details)
-    advantage: str | None = None          # "gae" (the paper's critic) or "group" (RLOO); None: gae, tiny: TINY
+    advantage: str | None = None          # "gae" (the paper's critic) or "group" (RLOO); None: gae, tiny: group
     clip_coef: float = 0.2                # PPO ratio clip (Schulman et al. 2017; N-details)
     vf_clip: float = 0.2                  # value clip around the rollout values (N-details)
     unfinished_invalid: bool = True       # no stop token within max_new_tokens: invalid (N-details: score -1)
@@ -92,7 +91,7 @@ class Config:
     save_every: int = 5                   # checkpoint every N iterations (and at the end)
     editor: str = "recipes"               # "recipes" (offline stand-in) or an endpoint model for Edit Script (AI)
     device: str | None = None             # default: cuda if available
-    lora_rank: int = 0                    # > 0: train rank-r adapters instead of all weights
+    lora_rank: int = 0                    # > 0: train rank-r adapters instead of all weights (not tiny: 10x actor_lr)
     lora_alpha: float = 16.0              # adapter scale alpha / r (Hu et al. 2021)
     save_dtype: str = "auto"              # auto: bfloat16 from CUDA, float32 on CPU; or float32
     reward: RewardConfig = dataclasses.field(default_factory=RewardConfig)  # reward.py's flags (ML-Agent Table 3)
@@ -807,22 +806,15 @@ def train(cfg):
 
 # ==== Command line: a flag per Config field, checked by its type (exit 2)
 
-KINDS = {int: agent.POSITIVE_INT, float: agent.POSITIVE}  # unless TYPES names another
 TYPES = {**dict.fromkeys(("tasks", "iterations", "critic_warmup", "lora_rank"), agent.COUNT), "seed": int,
          **dict.fromkeys(("target_kl", "kl_coef"), agent.NONNEGATIVE), "gamma": agent.FRACTION, "lam": agent.FRACTION,
          "device": model.refusing(str, model.bad_device)}
-CHOICES = {"advantage": ("gae", "group"), "save_dtype": ("auto", "float32")}
 
 
 def parser():
-    p = agent.Parser(prog="ppo.py", description="Step-wise PPO (ML-Agent) over the expert states pool.")
-    for f in dataclasses.fields(Config):
-        flag = "--" + f.name.replace("_", "-")
-        if f.type is bool:  # --flag / --no-flag
-            p.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default)
-        elif f.name != "reward":  # reward.py's own flags, below
-            kind = KINDS.get(getattr(f.type, "__args__", (f.type,))[0], str)  # int | None: int
-            p.add_argument(flag, type=TYPES.get(f.name, kind), choices=CHOICES.get(f.name), default=f.default)
+    p = agent.Parser(prog="ppo.py", description="Step-wise PPO (ML-Agent) over the expert states pool (tiny: under "
+                     f"{TINY_PARAMS:,} parameters).")
+    agent.add_fields(p, Config, TYPES, {"advantage": ("gae", "group"), "save_dtype": ("auto", "float32")})
     add_reward_flags(p)
     return p
 

@@ -109,17 +109,14 @@ _DEFAULTS = {f.name: f.default for f in fields(RewardConfig)}
 
 def add_flags(parser):
     """--reward-alpha, --reward-clip and the three ablation switches of ML-Agent Table 3 on an argparse parser."""
-    g = parser.add_argument_group("reward (reward.py)")
+    g = parser.add_argument_group("reward (reward.py; the switches: ablations of ML-Agent Table 3)")
     g.add_argument("--reward-alpha", type=float, default=_DEFAULTS["alpha"], metavar="FLOAT",
-                   help="scale on the normalised metric change of an edit (default %(default)s)")
+                   help="scale on the normalised metric change of an edit")
     g.add_argument("--reward-clip", type=float, default=_DEFAULTS["clip"], metavar="FLOAT",
-                   help="bound on |reward| of an edit (default %(default)s)")
-    g.add_argument("--binary-performance", action="store_true",
-                   help="ablation (ML-Agent Table 3): +1 for a new best submission score, else 0")
-    g.add_argument("--no-format-term", action="store_true",
-                   help="ablation (ML-Agent Table 3): invalid actions get 0 instead of -1")
-    g.add_argument("--no-corner-term", action="store_true",
-                   help="ablation (ML-Agent Table 3): corner cases get -1 like errors instead of 0")
+                   help="bound on |reward| of an edit")
+    g.add_argument("--binary-performance", action="store_true", help="+1 for a new best submission score, else 0")
+    g.add_argument("--no-format-term", action="store_true", help="invalid actions get 0 instead of -1")
+    g.add_argument("--no-corner-term", action="store_true", help="corner cases get -1 like errors instead of 0")
 
 
 def from_flags(args) -> RewardConfig:

@@ -67,7 +67,7 @@ class Config:
     grad_checkpointing: bool = False        # recompute each block in backward (less memory)
     fsdp: bool = False                      # torchrun: FSDP2, not DDP (anyway on CUDA if one GPU is short)
     save_dtype: str = "auto"                # auto: bfloat16 from CUDA (vLLM reads fp32 as fp16), float32 on CPU
-    resume: str | None = None               # a checkpoint-<step> folder; None / "auto": the latest under --out
+    resume: str | None = None               # a checkpoint-<step> folder; None: the latest under --out (as "auto")
     seed: int = 0                           # data order, held-out split, scratch init
     device: str | None = None               # default: this rank's GPU if available, else cpu
     threads: int = 0                        # torch.set_num_threads (0: its default)
@@ -528,12 +528,9 @@ def train(args):
 
 
 HALF_OPEN = agent.checked(float, lambda v: 0 <= v < 1, "in [0, 1)")
-TYPES = {**dict.fromkeys(("epochs", "batch_size", "micro_batch", "max_len", "max_new_tokens", "scratch_vocab",
-                          "scratch_hidden", "scratch_layers", "scratch_heads"), agent.POSITIVE_INT),
-         **dict.fromkeys(("eval_parse", "threads"), agent.COUNT), "lr": agent.POSITIVE, "seed": int,
+TYPES = {**dict.fromkeys(("eval_parse", "threads"), agent.COUNT), "seed": int,
          **dict.fromkeys(("weight_decay", "prompt_loss_weight", "grad_clip"), agent.NONNEGATIVE),
-         **dict.fromkeys(("warmup_ratio", "heldout"), HALF_OPEN),
-         "device": model.refusing(str, model.bad_device),
+         **dict.fromkeys(("warmup_ratio", "heldout"), HALF_OPEN), "device": model.refusing(str, model.bad_device),
          "data": agent.checked(str, os.path.exists, "an existing file (python collect.py writes it)"),
          "resume": agent.checked(str, lambda v: v == "auto" or os.path.isfile(os.path.join(v, "trainer_state.pt")),
                                  "a checkpoint-<step> folder (with trainer_state.pt)")}
@@ -542,16 +539,8 @@ TYPES = {**dict.fromkeys(("epochs", "batch_size", "micro_batch", "max_len", "max
 def parser():
     """A flag per Config field, checked by its type (one line, exit status 2); torchrun passes them on unchanged."""
     p = agent.Parser(prog="sft.py", description="Supervised fine-tuning on chat JSONL, loss on assistant tokens.")
-    for f in dataclasses.fields(Config):
-        flag, default = "--" + f.name.replace("_", "-"), f"(default {f.default})"
-        if f.type is bool:
-            p.add_argument(flag, action="store_true", help=default)
-        elif f.name == "resume":
-            p.add_argument(flag, type=TYPES[f.name], nargs="?", const="auto", default=None,
-                           help="a checkpoint-<step> folder; no value: the latest under --out")
-        else:
-            p.add_argument(flag, type=TYPES.get(f.name, str), default=f.default, help=default,
-                           choices=("auto", "float32") if f.name == "save_dtype" else None)
+    agent.add_fields(p, Config, TYPES, {"save_dtype": ("auto", "float32")}, switch="store_true",
+                     more={"resume": dict(nargs="?", const="auto")})  # --resume alone: "auto"
     return p
 
 

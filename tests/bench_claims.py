@@ -395,7 +395,7 @@ def claims_plots(out: Path, logs: dict, ctx: dict) -> list[str]:
 def main(argv=None) -> None:
     p = agent.Parser(prog="bench_claims.py", description="Measure the papers' claims in miniature (runs/claims).")
     p.add_argument("--quick", action="store_true", help="a small run that shows the report's shape, not the claims")
-    p.add_argument("--out", default=str(ROOT / "runs/claims"))
+    p.add_argument("--out", default=str(ROOT / "runs/claims"), help="claims.json, claims.md and the plots")
     p.add_argument("--lanes", type=int, default=0, help="independent steps run at once, each with one torch thread "
                    "(default: one per CPU core; 1: one step at a time with torch's default threads)")
     args = p.parse_args(argv)

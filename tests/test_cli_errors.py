@@ -5,6 +5,7 @@ would, warnings included), since a python and torch start per case cost most of 
 as a real subprocess, so the script's own start is covered. The arguments are checked before any heavy work."""
 from __future__ import annotations
 
+import argparse
 import importlib
 import pickle
 import shutil
@@ -147,3 +148,67 @@ def test_an_out_in_use_by_another_run_is_refused(argv, tmp_path, ck, cli):
         r = run_cli(argv + ["--out", "{d}/o"], tmp_path, ck, cli)  # open of .lock is refused, in this process too)
     assert_one_line_error(r, "in use")
     assert sorted(p.name for p in (tmp_path / "o").iterdir()) == [".lock"]  # it wrote nothing
+
+
+# ---- --help (issue 43): every flag says what it is and its default, resolved (the help of a None says what it means)
+
+CLIS = ["model.py", "ppo.py", "sft.py", "env.py", "agent.py", "orchestrator.py", "collect.py", "eval.py",
+        "tests/bench_ppo.py", "tests/bench_claims.py"]  # reward.py's flags: in ppo.py's and collect.py's
+
+
+class Built(Exception):
+    pass
+
+
+def built_parser(script, monkeypatch):
+    """The parser script's main() builds, caught at its parse_args (nothing runs); help lines not wrapped."""
+    monkeypatch.syspath_prepend(str(ROOT / "tests"))
+    monkeypatch.setenv("COLUMNS", "1000")
+
+    def caught(self, *args, **kwargs):
+        raise Built(self)
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_args", caught)
+    with pytest.raises(Built) as e:
+        importlib.import_module(Path(script).stem).main([])
+    return e.value.args[0]
+
+
+def flags(parser):
+    """(parser, action) of each optional flag but -h of parser and of its subcommands."""
+    for a in parser._actions:
+        if isinstance(a, argparse._SubParsersAction):
+            yield from (x for sub in a.choices.values() for x in flags(sub))
+        elif a.option_strings and not isinstance(a, argparse._HelpAction):
+            yield parser, a
+
+
+@pytest.mark.parametrize("script", CLIS)
+def test_every_flag_has_a_help_naming_its_default(script, monkeypatch):
+    parser = built_parser(script, monkeypatch)
+    for p, a in flags(parser):
+        text, flag = p._get_formatter()._expand_help(a) if a.help else "", f"{p.prog} {a.dest}"
+        assert text.strip(), f"{flag}: no help"
+        assert "(default: None)" not in text and "(default: [])" not in text, f"{flag}: what None means: {text}"
+        if not (a.required or a.nargs == 0 and not isinstance(a, argparse.BooleanOptionalAction)):  # a switch: off
+            said = any(w in a.help for w in ("default:", "None:", "[]:"))
+            assert said or f"(default: {a.default})" in text, f"{flag}: no default in {text!r}"
+
+
+def test_help_says_the_resolved_defaults(monkeypatch):
+    import orchestrator
+    import ppo
+    import sft
+    helps = {a.dest: a.help for a in sft.parser()._actions}
+    for name, says in (("lr", "None: 2e-5 (ML-Agent), 3e-3 from scratch"), ("epochs", "None: 2 (ML-Agent), 5 from"),
+                       ("batch_size", "None: 64 (ML-Agent), 2 from"), ("micro_batch", "None: 1, 2 from scratch"),
+                       ("prompt_loss_weight", "None: 0 (ML-Agent)")):
+        assert says in helps[name]
+    assert "2e-5" in sft.parser().format_help()  # what --help prints
+    helps = {a.dest: a.help for a in ppo.parser()._actions}
+    for name, value in ppo.TINY.items():  # the Config comments' tiny values are ppo.TINY's, what resolve_defaults sets
+        assert type(value)(helps[name].rsplit("tiny: ", 1)[1]) == value, helps[name]
+    assert f"None: {ppo.PAPER['actor_lr']:.0e}".replace("e-0", "e-") in helps["actor_lr"]
+    assert f"{ppo.TINY_PARAMS // 10**6}M parameters" in helps["grad_checkpointing"]
+    train = built_parser("orchestrator.py", monkeypatch)._actions[-1].choices["train"]
+    lora = next(a for a in train._actions if a.dest == "lora_rank")
+    assert f"from {orchestrator.LARGE // 10**6}M parameters" in lora.help
