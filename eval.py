@@ -115,9 +115,12 @@ def policy_id(name: str) -> str:
     return f"{Path(name).resolve()}@{hashlib.sha256(repr(stamp).encode()).hexdigest()[:12]}"
 
 
-def default_policies() -> list[str]:
-    """The scripted expert and the quick pipeline's checkpoints."""
-    return ["scripted"] + [str(p) for p in (ROOT / "runs/ckpt/sft", ROOT / "runs/ckpt/ppo") if p.is_dir()]
+def default_policies(log=None) -> list[str]:
+    """The scripted expert and the quick pipeline's checkpoints; log(a line) names those not made yet."""
+    missing = [p for p in ("runs/ckpt/sft", "runs/ckpt/ppo") if not (ROOT / p).is_dir()]
+    if missing and log:
+        log(f"eval.py: no {' or '.join(missing)} (sft.py / ppo.py make them): evaluating without")
+    return ["scripted"] + [str(ROOT / p) for p in ("runs/ckpt/sft", "runs/ckpt/ppo") if p not in missing]
 
 
 _BACKENDS: dict = {}  # a checkpoint loads once for all its runs and roles
@@ -503,10 +506,7 @@ def evaluate(cfg: Config, log=print) -> dict:
     """Run what runs.jsonl lacks, then write report.json, report.md and the plots."""
     with agent.claim_folder(cfg.out):  # one evaluation per --out
         out = Path(cfg.out)
-        tasks, policies = resolve_tasks(cfg), cfg.policies or default_policies()
-        missing = [p for p in ("runs/ckpt/sft", "runs/ckpt/ppo") if not cfg.policies and not (ROOT / p).is_dir()]
-        if missing:
-            log(f"eval.py: no {' or '.join(missing)} (sft.py / ppo.py make them): evaluating without")
+        tasks, policies = resolve_tasks(cfg), cfg.policies or default_policies(log)
         path = out / "runs.jsonl"
         done = read_runs(path)
         m_init = {}  # the starter train.py's public and private scores
@@ -561,7 +561,8 @@ def main(argv=None):
     p = agent.Parser(prog="eval.py", description="Evaluate agents on held-out tasks: gain avg@K/best@K, HumanRank, cost.")
     agent.add_fields(p, Config, TYPES, CHOICES, flags=FLAGS, switch="store_false")  # checked by type (exit status 2)
     cfg = Config(**vars(p.parse_args(argv)))
-    cfg.policies = [agent.check_model(p, "--policy", n, cfg.base_url) for n in cfg.policies or default_policies()]
+    named = [agent.check_model(p, "--policy", n, cfg.base_url) for n in cfg.policies or default_policies()]
+    cfg.policies = named if cfg.policies else []  # the defaults: evaluate() says which are missing
     cfg.sub_agent = agent.check_model(p, "--sub-agent", cfg.sub_agent, cfg.base_url)  # not as K failed runs
     if cfg.editor not in ("auto", "recipes", "policy"):
         cfg.editor = agent.check_model(p, "--editor", cfg.editor, cfg.base_url)

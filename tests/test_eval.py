@@ -345,13 +345,15 @@ def test_usage_errors_exit_2_with_one_line(tmp_path, args, words, cli):  # main(
 def test_the_default_policies_say_which_checkpoints_are_missing(tmp_path, monkeypatch):
     """Without runs/ckpt/sft and runs/ckpt/ppo the default evaluation is the scripted expert alone, and says so."""
     monkeypatch.setattr(ev, "ROOT", tmp_path)
-    (tmp_path / "runs/ckpt/sft").mkdir(parents=True)
-    (tmp_path / "runs/ckpt/sft/config.json").write_text("{}")  # found: not named as missing
-    monkeypatch.setattr(ev, "default_policies", lambda: ["scripted"])  # the sft folder is no loadable checkpoint
+    (tmp_path / "runs/ckpt/ppo").mkdir(parents=True)  # found: not named as missing
     said = []
+    assert ev.default_policies(said.append) == ["scripted", str(tmp_path / "runs/ckpt/ppo")]
+    assert said == ["eval.py: no runs/ckpt/sft (sft.py / ppo.py make them): evaluating without"]
+    said.clear()
+    (tmp_path / "runs/ckpt/ppo").rmdir()
     ev.evaluate(ev.Config(tasks=["wine"], k=1, max_steps=1, workers=1, plots=False, out=str(tmp_path / "o")),
                 log=said.append)
-    assert said[0] == "eval.py: no runs/ckpt/ppo (sft.py / ppo.py make them): evaluating without"
+    assert said[0] == "eval.py: no runs/ckpt/sft or runs/ckpt/ppo (sft.py / ppo.py make them): evaluating without"
     said.clear()
     ev.evaluate(ev.Config(policies=["scripted"], tasks=["wine"], k=1, max_steps=1, workers=1, plots=False,
                           out=str(tmp_path / "o")), log=said.append)
