@@ -28,6 +28,7 @@ import pickle
 import shutil
 import struct
 import sys
+import traceback
 import unicodedata
 from collections import Counter, defaultdict
 
@@ -1133,17 +1134,23 @@ def load_trainer_state(path, need, script, advice):
 
 
 def run_main(script, train, cfg, errors=(OSError, ValueError)):
-    """train(cfg); an error of `errors`: one line naming the rank, exit status 2. The process group is always left
-    (the C++ runtime aborts a process holding a gloo group, hiding the line and the exit status)."""
+    """train(cfg); an error of `errors`: one line naming the rank, exit status 2 (any other: its traceback, 1). Under
+    torchrun an error is printed, then the process leaves at once: destroy_process_group would block while the other
+    ranks wait in a collective (pytorch/torchtitan#1342), and exiting with a gloo group alive aborts in C++."""
     try:
         train(cfg)
-    except errors as e:
-        rank = f" (rank {dist.get_rank()})" if dist.is_initialized() else ""
-        print(f"{script}: error{rank}: {e}", file=sys.stderr, flush=True)
+    except BaseException as e:
+        mine, ranked = isinstance(e, errors), dist.is_initialized()
+        if not (mine or ranked):
+            raise
+        rank = f" (rank {dist.get_rank()})" if ranked else ""
+        print(f"{script}: error{rank}: {e}", file=sys.stderr) if mine else traceback.print_exc()
+        sys.stdout.flush(), sys.stderr.flush()
+        if ranked:
+            os._exit(2 if mine else 1)
         sys.exit(2)
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def rollout_copy(lm, device, dtype=None):

@@ -890,6 +890,33 @@ def test_cli_missing_model_is_one_line_exit_2(tmp_path, cli):
     assert len(r.stderr.strip().splitlines()) == 1, r.stderr
 
 
+
+@pytest.mark.parametrize("error, status", [(ValueError("bad --out"), 2), (RuntimeError("CUDA out of memory"), 1)])
+def test_an_error_under_torchrun_is_printed_first_and_leaves_without_destroying_the_group(monkeypatch, capsys, error,
+                                                                                         status):
+    """Issue 44: destroy_process_group on the error path blocks under NCCL while the other ranks wait in a collective,
+    and an uncaught error's traceback came only after it. Now (a faked process group) the error is printed, then the
+    process leaves (os._exit) with no destroy; a run that ends well still leaves the group cleanly."""
+    events = []
+    monkeypatch.setattr(model.dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(model.dist, "get_rank", lambda: 1)
+    monkeypatch.setattr(model.dist, "destroy_process_group", lambda: events.append("destroy"))
+
+    def leave(code):  # what stderr holds when the process leaves
+        events.append((code, capsys.readouterr().err))
+        raise SystemExit(code)
+    monkeypatch.setattr(model.os, "_exit", leave)
+
+    def train(cfg):
+        raise error
+    with pytest.raises(SystemExit):
+        model.run_main("x.py", train, None)
+    assert len(events) == 1 and events[0][0] == status, events
+    err = events[0][1]
+    assert err == "x.py: error (rank 1): bad --out\n" if status == 2 else "Traceback" in err and str(error) in err
+    model.run_main("x.py", lambda cfg: None, None)
+    assert events[1:] == ["destroy"]
+
 # ---------------------------------------------------------------------------------------------------------------
 # Other dtypes and devices
 # ---------------------------------------------------------------------------------------------------------------
