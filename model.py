@@ -19,6 +19,7 @@ import argparse
 import contextlib
 import dataclasses
 import datetime
+import fcntl
 import functools
 import heapq
 import json
@@ -553,8 +554,9 @@ def _read_header(path):
         raise ValueError(f"{path}: not a safetensors file (its header is not a JSON object of tensors)")
     header.pop("__metadata__", None)
     need = 8 + n + max((int(t["data_offsets"][1]) for t in header.values()), default=0)
-    if size < need:
-        raise ValueError(f"{path}: truncated ({size} of {need} bytes; an interrupted download?)")
+    if size != need:  # the safetensors library refuses extra bytes too
+        raise ValueError(f"{path}: {'truncated' if size < need else 'too long'} ({size} bytes, its header says {need}; "
+                         "an interrupted download?)")
     return header, 8 + n
 
 
@@ -770,7 +772,7 @@ def _weight_files(folder):
 
 
 def _download(repo_id, repo_dir):
-    """Fetch a model's files into the hub-cache layout, resumably."""
+    """Fetch a model's files into the hub-cache layout, resumably (under resolve's lock: .incomplete files are ours)."""
     endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co").rstrip("/")
     headers = {"Authorization": f"Bearer {os.environ['HF_TOKEN']}"} if os.environ.get("HF_TOKEN") else {}
 
@@ -793,6 +795,7 @@ def _download(repo_id, repo_dir):
                         tqdm(total=total, initial=have, unit="B", unit_scale=True, desc=name) as bar:
                     for chunk in r.iter_content(1 << 20):
                         bar.update(f.write(chunk))
+                    os.fsync(f.fileno())  # on disk before its name says it is whole
         os.replace(part, dest)
         return dest
 
@@ -833,12 +836,17 @@ def resolve(path_or_id):
     cache = os.path.expanduser(os.environ.get("HF_HUB_CACHE", os.path.join(home, "hub")))
     repo_dir = os.path.join(cache, "models--" + path_or_id.replace("/", "--"))
     ref = os.path.join(repo_dir, "refs", "main")
-    if os.path.exists(ref):
-        with open(ref) as f:
+
+    def cached():  # the snapshot refs/main names, if whole (each file appears whole: fetch renames it)
+        with contextlib.suppress(OSError), open(ref) as f:
             folder = os.path.join(repo_dir, "snapshots", f.read().strip())
-        if os.path.exists(os.path.join(folder, "config.json")) and _weight_files(folder):
-            return folder
-    return _download(path_or_id, repo_dir)
+            return folder if os.path.exists(os.path.join(folder, "config.json")) and _weight_files(folder) else None
+    if folder := cached():
+        return folder
+    os.makedirs(os.path.join(cache, ".locks"), exist_ok=True)  # (huggingface_hub's lock folder)
+    with open(os.path.join(cache, ".locks", os.path.basename(repo_dir) + ".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one process a node downloads (torchrun's ranks); the others wait, then
+        return cached() or _download(path_or_id, repo_dir)  # find it whole
 
 
 def weight_tensors(path_or_hub_id):

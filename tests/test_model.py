@@ -25,6 +25,7 @@ import shutil
 import subprocess
 import sys
 import threading
+import time
 import unicodedata
 import unittest.mock
 from pathlib import Path
@@ -793,7 +794,9 @@ class FakeHub(http.server.BaseHTTPRequestHandler):
             self.wfile.write(data[:len(data) // 2])  # then the connection drops
             self.close_connection = True
             return
-        self.wfile.write(data[start:])
+        for a in range(start, len(data), 1 << 16):  # server.delay apart: concurrent downloads overlap
+            self.wfile.write(data[a:a + (1 << 16)])
+            time.sleep(getattr(self.server, "delay", 0))
 
     def log_message(self, *args):
         pass
@@ -825,6 +828,49 @@ def test_download_from_hub_resumes(cases, tmp_path, monkeypatch):
     finally:
         srv.shutdown()
         srv.server_close()
+
+
+RESOLVE = """import os, sys, time
+sys.path.insert(0, sys.argv[1])
+import model
+open(f"{sys.argv[2]}.{os.getpid()}", "w").close()
+while not os.path.exists(sys.argv[2]):
+    time.sleep(0.01)
+print(model.resolve("tiny-org/tiny-qwen"))
+"""
+
+
+def test_processes_resolving_one_id_at_once_download_it_once_and_whole(cases, tmp_path):
+    """Issue 44: torchrun's ranks resolve a hub id at once. They shared <file>.incomplete: 3 of 4 crashed, a file grew
+    past what was served. Now one process downloads (a lock per repo), the others wait and find every file whole."""
+    c = cases("qwen2-untied")
+    torch.manual_seed(0)  # weights of a few MiB, sent in pieces: the four processes overlap
+    big = model.Qwen(model.tiny_config("qwen2", vocab_size=8192, tie_word_embeddings=False)).eval()
+    model.save(big, c.tok, str(tmp_path / "repo"))
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), FakeHub)
+    srv.root, srv.requests, srv.cut, srv.delay = tmp_path / "repo", [], True, 0.005
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    go, env = tmp_path / "go", dict(os.environ, HF_HUB_CACHE=str(tmp_path / "hub"), OMP_NUM_THREADS="1",
+                                    HF_ENDPOINT=f"http://127.0.0.1:{srv.server_address[1]}")
+    try:
+        procs = [subprocess.Popen([sys.executable, "-c", RESOLVE, str(ROOT), str(go)], env=env, text=True,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE) for _ in range(4)]
+        deadline = time.time() + 120
+        while len(list(tmp_path.glob("go.*"))) < 4 and time.time() < deadline:  # every one imported: start at once
+            time.sleep(0.05)
+        go.touch()
+        outs = [p.communicate(timeout=120) for p in procs]
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    assert [p.returncode for p in procs] == [0] * 4, [err[-400:] for _, err in outs]
+    folders = {Path(out.strip()) for out, _ in outs}
+    assert len(folders) == 1, folders
+    folder = folders.pop()
+    assert {"config.json", "tokenizer.json", "model.safetensors"} <= set(os.listdir(folder))
+    for f in folder.iterdir():  # and nothing left over (.incomplete)
+        assert f.read_bytes() == (tmp_path / "repo" / f.name).read_bytes(), f.name
+    assert len([p for p, _ in srv.requests if p.endswith("/model.safetensors")]) == 1, srv.requests
 
 
 class RefusingHub(http.server.BaseHTTPRequestHandler):
@@ -948,17 +994,19 @@ def test_cuda_matches_cpu(cases):
     assert (lo16[valid] - lo[valid]).abs().max() < 0.1 * lo.abs().max() + 0.05
 
 
-def test_truncated_safetensors_is_one_clear_error_not_a_hang(cases, tmp_path):
+@pytest.mark.parametrize("change, what", [(lambda b: b[:-1000], "truncated"),  # an interrupted download
+                                          (lambda b: b + b"\0" * 64, "too long")])  # two writers (issue 44)
+def test_truncated_or_too_long_safetensors_is_one_clear_error_not_a_hang(cases, tmp_path, change, what):
     c = cases("qwen2-tied")
     shutil.copytree(c.path, tmp_path / "ckpt")
     f = tmp_path / "ckpt" / "model.safetensors"
-    f.write_bytes(f.read_bytes()[:-1000])  # an interrupted download
-    with pytest.raises(ValueError, match="truncated"):
+    f.write_bytes(change(f.read_bytes()))
+    with pytest.raises(ValueError, match=what):
         model.load(str(tmp_path / "ckpt"), "cpu")
-    with pytest.raises(ValueError, match="truncated"):  # and before anything is built or sharded
+    with pytest.raises(ValueError, match=what):  # and before anything is built or sharded
         model.load(str(tmp_path / "ckpt"), "cpu", meta=True)
     r = run_cli("generate", "--model", str(tmp_path / "ckpt"), "--prompt", "hi")
-    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "truncated" in r.stderr
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and what in r.stderr
 
 
 @pytest.mark.parametrize("name, content", [("config.json", b'{"hidden_size": 6'), ("tokenizer.json", b"\xff\xfe"),
