@@ -363,15 +363,19 @@ def make_env(task, task_dir, editor):
 
 
 def generate_and_run(lm, tokenizer, messages, cfg, pool, device, timer, run, seeds=None, n=1):
-    """generate; each action runs in the pool (run(row, text, ended)) once its response is complete."""
-    running = {}
+    """generate; each action runs in the pool (run(row, text, ended)) once its response is complete, or, when scripts
+    see this rank's GPU (--script-gpu), after generation, its KV cache freed: not at the memory peak (issue 44)."""
+    running, gpu = {}, str(device).startswith("cuda") and bool(env.SCRIPT_GPU)
 
     def start(i, text, ended):  # once per row -> its future
         if i not in running:
             running[i] = pool.submit(run, i, text, ended)
         return running[i]
 
-    prompts, tokens, gen_lp, texts, ended = generate(lm, tokenizer, messages, cfg, device, seeds, n, start)
+    prompts, tokens, gen_lp, texts, ended = generate(lm, tokenizer, messages, cfg, device, seeds, n,
+                                                     None if gpu else start)
+    if gpu:
+        torch.cuda.empty_cache()  # the cache's memory back to the driver, for the scripts
     timer("generate")  # with the executions under way
     futures = [start(i, text, end) for i, (text, end) in enumerate(zip(texts, ended))]
     outcomes = [f.result() for f in futures]

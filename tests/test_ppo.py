@@ -20,6 +20,7 @@
 """
 from __future__ import annotations
 
+import concurrent.futures
 import copy
 import dataclasses
 import json
@@ -493,6 +494,34 @@ def test_episodic_rollout_links_the_steps_of_each_episode(pool, monkeypatch):
     assert states[0]["ideas"][0][1] in seen[0][0][1]["content"]
     assert "Step 0:" in seen[1][0][1]["content"] and "train.py" in seen[1][0][1]["content"]  # the observation
 
+
+class RunAtOnce:
+    """A pool running each job where it is submitted."""
+
+    def submit(self, fn, *args):
+        done = concurrent.futures.Future()
+        done.set_result(fn(*args))
+        return done
+
+
+@pytest.mark.parametrize("gpu, device, order", [("3", "cuda:0", ["generated", "freed", "run"]),
+                                                ("", "cuda:0", ["run", "generated"]), (None, "cpu", ["run", "generated"])])
+def test_scripts_that_see_the_gpu_start_after_generation_has_freed_its_cache(monkeypatch, gpu, device, order):
+    """Issue 44: with --script-gpu a rank's scripts share its GPU; started as each response completed, they ran during
+    generation, the memory plan's peak. Now they start after it, the KV cache freed; without a GPU, as before."""
+    events = []
+
+    def fake_generate(lm, tokenizer, messages, cfg, device, seeds=None, n=1, on_done=None):
+        if on_done:
+            on_done(0, LIST, True)
+        events.append("generated")
+        return [[1]], [[4]], [[-0.1]], [LIST], [True]
+    monkeypatch.setattr(ppo, "generate", fake_generate)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: events.append("freed"))
+    monkeypatch.setattr(env, "SCRIPT_GPU", gpu)
+    ppo.generate_and_run(None, None, [[]], ppo.Config(), RunAtOnce(), torch.device(device), lambda part: None,
+                         lambda i, text, ended: events.append("run"))
+    assert events == order
 
 def test_n_samples_per_state_are_state_major_each_from_the_restored_state(pool, monkeypatch):
     _, _, states = pool
