@@ -12,7 +12,7 @@ no step is one), retried by the next run; .lock, one collect.py per folder.
 Departures from the paper:
 1. The paper collects 10k GPT-4o-mini trajectories on 9 MLAgentBench/MLE-bench tasks; offline, agent.ScriptedExpert
    (a STAND-IN for the LLM expert) works the held-in tasks with env.py's recipe ideas (a handful per category, all
-   kept by the filter) instead of >= 100 LLM ideas.
+   kept by the filter) instead of >= 100 LLM ideas. Scripts see no GPU (as eval.py's; ppo.py's --script-gpu: one).
 2. The paper names no embedding or diversity filter: the endpoint's /v1/embeddings (TF-IDF offline) and greedy
    farthest-point selection on cosine distance (Gonzalez, 1985: the 2-approximation of k-center) from the idea
    nearest the centroid, so that the pick is deterministic.

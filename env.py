@@ -1036,8 +1036,9 @@ def run_script(task, code: str, timeout=None, cache=True, files: dict[str, str] 
     timeout = float(timeout or task.time_limit)
     files = {_workspace_path(k): v for k, v in {**(files or {}), script: code}.items()}
     keep = sorted({_workspace_path(k) for k in keep})
+    limit = [GPU_MEMORY_LIMIT, "gpu"] if SCRIPT_GPU else MEMORY_LIMIT  # runs that see a GPU apart
     key = hashlib.sha256(json.dumps([task.name, _task_hash(task), _workspace_path(script), sorted(files.items()),
-                                     timeout, MEMORY_LIMIT, FILE_SIZE_LIMIT, *([keep] if keep else [])]).encode()
+                                     timeout, limit, FILE_SIZE_LIMIT, *([keep] if keep else [])]).encode()
                          ).hexdigest()  # `keep` joins the key only when given: old entries stay valid
     cached = CACHE_DIR / f"{key}.json"
     if cache and cached.exists():

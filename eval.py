@@ -18,6 +18,7 @@ Orchestrator's prompt per round against the monolithic chat's per execution (App
 5. Temperature 0.2 (the papers give none): the tiny students' steps are more often invalid at PPO's 0.7 (issue 42);
    each run has its own ideas and seed, so the K runs differ and --workers runs go at once with the same results.
    Matryoshka submits its best attempt by public score, maybe the starter. Offline stand-ins: agent.py, orchestrator.py.
+6. Scripts see no GPU (env.py's CPU-only limits), as collect.py's: only ppo.py's --script-gpu gives them one.
 
 Run:  python eval.py      (offline, after collect/sft/ppo: scripted expert, runs/ckpt/sft, runs/ckpt/ppo; MLAB, K=2)
       python eval.py --k 8 --max-steps 15 ;  python eval.py --scaffold matryoshka monolithic --tasks wine

@@ -542,6 +542,17 @@ def test_cache_serves_an_identical_run(digits):
     assert second.output == first.output
 
 
+def test_cache_keeps_runs_with_and_without_a_gpu_apart(digits, monkeypatch):
+    """Issue 44: a script that sees a GPU (set_script_gpu: ppo.py's --script-gpu) runs under other limits and may take
+    another path: a result cached under one setting is not replayed under the other."""
+    code = f"# nonce {uuid.uuid4().hex}\n" + COPY_SAMPLE
+    monkeypatch.setattr(env, "SCRIPT_GPU", None)
+    assert run(digits, code, cache=True).cached is False
+    monkeypatch.setattr(env, "SCRIPT_GPU", "0")
+    assert [run(digits, code, cache=True).cached for _ in range(2)] == [False, True]
+    monkeypatch.setattr(env, "SCRIPT_GPU", "")  # none: the first entry
+    assert run(digits, code, cache=True).cached is True
+
 def test_cache_off_reruns(digits):
     code = f"# nonce {uuid.uuid4().hex}\nimport uuid\n" + COPY_SAMPLE + "print('RUN', uuid.uuid4().hex)\n"
     first = run(digits, code, cache=True)
