@@ -974,8 +974,9 @@ def enable_grad_checkpointing(lm):  # each block's forward recomputed in backwar
         block.forward = fwd
 
 
-def setup_distributed(args):
-    """(rank, world, device) from torchrun's variables; on CUDA with the rank's index (set_device refuses "cuda")."""
+def setup_distributed(args, timeout=2 * 3600):
+    """(rank, world, device) from torchrun's variables; on CUDA with the rank's index (set_device refuses "cuda");
+    a collective waits `timeout` seconds (NCCL's 10 minutes are shorter than a task script: torchtitan, OpenRLHF)."""
     world, local = int(os.environ.get("WORLD_SIZE", 1)), int(os.environ.get("LOCAL_RANK", 0))
     cuda = torch.cuda.is_available() and (args.device or "cuda").startswith("cuda")
     device = torch.device(args.device or "cpu")
@@ -984,8 +985,7 @@ def setup_distributed(args):
         torch.cuda.set_device(device)
     torchrun = "RANK" in os.environ and "MASTER_ADDR" in os.environ  # (one process too: sft.py --fsdp shards)
     if (world > 1 or torchrun) and not dist.is_initialized():
-        # NCCL's 10-minute timeout is shorter than a task script or saving a 7B trainer state (torchtitan, OpenRLHF)
-        dist.init_process_group("nccl" if cuda else "gloo", timeout=datetime.timedelta(hours=2))
+        dist.init_process_group("nccl" if cuda else "gloo", timeout=datetime.timedelta(seconds=timeout))
     return (dist.get_rank() if world > 1 else 0), world, device
 
 

@@ -602,16 +602,26 @@ def build(cfg, init, resume, st, ranks):
     return actor, critic, ref
 
 
+def collective_timeout(cfg, states):
+    """Seconds a rank may wait in a collective: 2 h, or twice the longest rollout if longer (this rank's actions, of
+    WORLD_SIZE's share, in waves of --workers, each wave a script run at the longest time limit of the pool's tasks)."""
+    world = int(os.environ.get("WORLD_SIZE", 1))
+    limit = max(env.BUILTIN_TASKS[t].time_limit if t in env.BUILTIN_TASKS else env.load_task(d).time_limit
+                for t, d in {(s["task"], s["task_dir"]) for s in states})
+    actions = math.ceil(cfg.batch_size / world) * (cfg.samples_per_state or GROUP_SAMPLES)
+    return max(2 * 3600, 2 * limit * (math.ceil(actions / cfg.workers) + cfg.episodic * cfg.episode_steps))
+
+
 def setup(cfg):
     """This rank, the states (of the --tasks drawn), --out, the resume point, models, optimizers ->
     the run. The critic is built with either advantage (one checkpoint layout); value_net: None if
     --advantage group neither runs nor trains it; ref: None with LoRA (the actor, adapters off)."""
-    rank, world, device = model.setup_distributed(cfg)
+    states = load_states(cfg.states)  # first: the process group's timeout is the rollout's
+    rank, world, device = model.setup_distributed(cfg, collective_timeout(cfg, states))
     if device.type == "cuda":  # each rank's scripts on its own GPU, or on none
         env.set_script_gpu(device.index if cfg.script_gpu else None)
     say = (lambda *a: print(*a, flush=True)) if rank == 0 else (lambda *a: None)
     torch.manual_seed(cfg.seed)  # the adapters' init
-    states = load_states(cfg.states)
     if cfg.tasks:
         states = pick_tasks(states, cfg.tasks, cfg.seed)
         say(f"ppo.py: training on the {len(states)} states of {len({s['task'] for s in states})} task(s): "

@@ -30,6 +30,7 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -987,13 +988,25 @@ def test_a_pool_smaller_than_the_ranks_is_refused_before_any_collective(pool, tm
     out, _, states = pool
     one = tmp_path / "one.jsonl"
     one.write_text(json.dumps(states[0]) + "\n")
-    monkeypatch.setattr(model, "setup_distributed", lambda cfg: (0, 2, torch.device("cpu")))
+    monkeypatch.setattr(model, "setup_distributed", lambda cfg, timeout: (0, 2, torch.device("cpu")))
     cfg = ppo.Config(model=str(out / "tiny"), states=str(one), out=str(tmp_path / "o"), batch_size=4,
                      log_file=str(tmp_path / "log.jsonl"), device="cpu")
     with pytest.raises(ValueError, match=r"one\.jsonl: 1 state\(s\) for 2 ranks"):
         ppo.train(cfg)
     assert not (tmp_path / "o").exists()
 
+
+def test_the_collective_timeout_outlasts_the_longest_rollout(monkeypatch):
+    """Issue 44: NCCL's 2-hour timeout could be shorter than one rollout (--advantage group at the README's batch: 128
+    actions a rank, 4 workers, MLE-bench's 600 s: 32 waves). Now twice the rollout's waves at the longest limit."""
+    monkeypatch.setattr(env, "load_task", lambda folder: SimpleNamespace(time_limit=600.0))  # a prepared competition
+    comp, digits = {"task": "comp", "task_dir": "/data/comp"}, {"task": "digits", "task_dir": "tasks/digits"}
+    monkeypatch.setenv("WORLD_SIZE", "8")
+    cfg = ppo.Config(batch_size=256, samples_per_state=4, advantage="group", workers=4)
+    assert ppo.collective_timeout(cfg, [digits, comp]) == 2 * 32 * 600
+    assert ppo.collective_timeout(dataclasses.replace(cfg, episodic=True), [comp]) == 2 * (32 + 4) * 600
+    monkeypatch.setenv("WORLD_SIZE", "1")  # the built-in tasks' 60 s: the 2-hour floor
+    assert ppo.collective_timeout(ppo.Config(), [digits]) == 2 * 3600
 
 def _fsdp_paths_worker(rank, world, port, out):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
