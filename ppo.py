@@ -464,7 +464,8 @@ def ppo_update(actor, critic, opt_a, opt_c, data, cfg, device, gen, step_actor=T
             s = torch.zeros(4, device=device)  # pg_loss, vf_loss, clipfrac, approx_kl
             for idx, weight, (i, ln, st) in micro_batches(ids, lengths, starts, mine, cfg, ranks):
                 with model.autocast(device):
-                    lp = actor(i, ln, st)
+                    with torch.set_grad_enabled(step_actor):  # no step, no graph (FSDP2 keeps its root for one)
+                        lp = actor(i, ln, st)
                     n = lp.shape[1]
                     m, old = mask[idx, :n] * weight, data["logprobs"][idx, :n]
                     pg, cf, ratio = policy_loss(lp, old, data["advantages"][idx, :n], m, cfg.clip_coef, denom)
@@ -493,6 +494,7 @@ def ppo_update(actor, critic, opt_a, opt_c, data, cfg, device, gen, step_actor=T
                 opt.step()
                 opt.zero_grad(set_to_none=True)
             stats.append(s)
+    model.reshard(actor)  # gathered by its no-grad forwards if it did not step
     mean = dict(zip(("pg_loss", "vf_loss", "clipfrac", "approx_kl"), torch.stack(stats).mean(0).tolist()))
     return {**mean, "ratio_first_minibatch_max_dev": ranks.max(first_ratio), "actor_steps": actor_steps}
 

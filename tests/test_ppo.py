@@ -1037,22 +1037,28 @@ def _fsdp_paths_worker(rank, world, port, out):
     copy = model.rollout_copy(actor.lm, cpu, torch.bfloat16)
     DTensor.full_tensor = full_tensor
     same = all(torch.equal(p, full.state_dict()[k].to(torch.bfloat16)) for k, p in copy.state_dict().items())
+    data = dict(ids=ids[rank:rank + 1], lengths=torch.tensor([12]), starts=torch.tensor([6]), mask=torch.ones(1, 6),
+                logprobs=torch.zeros(1, 6), advantages=torch.ones(1, 6))
+    ppo.ppo_update(actor, None, None, None, data, ppo.Config(), cpu, torch.Generator().manual_seed(0), False,
+                   model.Ranks(rank, world, cpu))  # the actor does not step (critic warm-up, a target-KL stop)
+    idle = roots()[0] and all(p.grad is None for p in actor.parameters())
     with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
         json.dump({"before": before, "after": after, "gathered": sorted(set(gathered)), "n": len(gathered),
-                   "same": same}, f)
+                   "same": same, "idle": idle}, f)
     torch.distributed.destroy_process_group()
 
 
 def test_two_gloo_ranks_free_gathered_roots_and_gather_the_rollout_copy_in_bf16(tmp_path):
     """FSDP2 keeps the root unit (embeddings, lm_head) gathered after a forward for the backward that follows; after
     the no-grad scoring forward none follows, so it must be resharded (the reference would otherwise hold it for the
-    whole run). The rollout copy casts each shard before the all-gather: bf16 crosses the wire, not fp32."""
+    whole run). The rollout copy casts each shard before the all-gather: bf16 crosses the wire, not fp32. An update
+    in which the actor does not step leaves it sharded, with no gradient (issue 44)."""
     import torch.multiprocessing as mp
     mp.spawn(_fsdp_paths_worker, args=(2, _free_port(), str(tmp_path)), nprocs=2, join=True)
     for r in range(2):
         got = json.loads((tmp_path / f"rank{r}.json").read_text())
         assert got["before"] == [True, True] and got["after"] == [True, True], got
-        assert got["gathered"] == ["torch.bfloat16"] and got["n"] > 0 and got["same"], got
+        assert got["gathered"] == ["torch.bfloat16"] and got["n"] > 0 and got["same"] and got["idle"], got
 
 
 def test_a_bad_model_is_one_line_exit_2_naming_it(tmp_path, no_endpoint):
