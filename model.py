@@ -69,6 +69,7 @@ class Config:
     # not in config.json: set by `load`, so Qwen(lm.config) stops and samples alike
     stop_token_ids: list[int] | None = None  # None -> eos_token_id
     sample_vocab_size: int | None = None     # the rows generate samples; None -> vocab_size
+    generation: dict | None = None           # generation_config.json (sampling defaults), which `save` keeps
 
     def __post_init__(self):
         if self.model_type not in ("qwen2", "qwen3"):
@@ -93,7 +94,8 @@ class Config:
 
     def to_dict(self):
         arch = "Qwen3ForCausalLM" if self.model_type == "qwen3" else "Qwen2ForCausalLM"
-        saved = {k: v for k, v in dataclasses.asdict(self).items() if k not in ("stop_token_ids", "sample_vocab_size")}
+        local = ("stop_token_ids", "sample_vocab_size", "generation")  # set by `load`
+        saved = {k: v for k, v in dataclasses.asdict(self).items() if k not in local}
         return {"architectures": [arch], **saved, "hidden_act": "silu",
                 "use_sliding_window": False, "attention_dropout": 0.0, "use_cache": True}
 
@@ -891,8 +893,8 @@ def load(path_or_hub_id, device=None, dtype=None, meta=False):
     tokenizer = Tokenizer.from_file(os.path.join(folder, "tokenizer.json"))
     cfg.sample_vocab_size = min(len(tokenizer), cfg.vocab_size)
     gen_path = os.path.join(folder, "generation_config.json")  # instruct models add <|im_end|> as eos here
-    extra = _as_list(read_json(gen_path).get("eos_token_id")) if os.path.exists(gen_path) else []
-    cfg.stop_token_ids = list(dict.fromkeys(_as_list(cfg.eos_token_id) + extra))
+    cfg.generation = read_json(gen_path) if os.path.exists(gen_path) else {}
+    cfg.stop_token_ids = list(dict.fromkeys(_as_list(cfg.eos_token_id) + _as_list(cfg.generation.get("eos_token_id"))))
     model = _empty(cfg, dtype, None if meta else device)
     if not meta:
         params = dict(model.named_parameters())
@@ -941,9 +943,9 @@ def save(model, tokenizer, path, max_shard_bytes=5 * 2**30, dtype=None, weights=
                "clean_up_tokenization_spaces": False, "split_special_tokens": False}
     tok_cfg.pop("added_tokens_decoder", None)  # tokenizer.json rules the added tokens
     _write_json(at("tokenizer_config.json"), tok_cfg)
-    _write_json(at("generation_config.json"), {
+    _write_json(at("generation_config.json"), {"do_sample": False, **(cfg.generation or {}),  # the source's sampling
         "bos_token_id": cfg.bos_token_id, "eos_token_id": model.stop_token_ids or tokenizer.eos_token_id,
-        "pad_token_id": tokenizer.pad_token_id, "do_sample": False})
+        "pad_token_id": tokenizer.pad_token_id})
 
 
 def stop_ids(lm, tokenizer):  # where a response ends

@@ -17,6 +17,7 @@ What is tested, all on CPU with tiny random checkpoints built here (no network, 
 - bf16 on CPU close to fp32; CUDA parity where a GPU is present.
 """
 import contextlib
+import dataclasses
 import http.server
 import json
 import os
@@ -693,6 +694,21 @@ def test_save_loads_in_transformers_and_back(ckpt, tmp_path):
         ckpt.tok.apply_chat_template(msgs, add_generation_prompt=True)
     assert hf_tk.eos_token == "<|im_end|>"
 
+
+def test_save_keeps_the_source_models_sampling_defaults(cases, tmp_path):
+    """Issue 44: `save` wrote generation_config.json anew, so `vllm serve runs/ckpt/ppo` sampled at temperature 1 where
+    the instruct model's own defaults say 0.7; now the loaded model's are kept (a model from scratch: greedy)."""
+    c = cases("qwen2-tied")
+    shutil.copytree(c.path, tmp_path / "src")
+    sampling = {"do_sample": True, "temperature": 0.7, "top_p": 0.8, "top_k": 20, "repetition_penalty": 1.05}
+    (tmp_path / "src" / "generation_config.json").write_text(json.dumps({**sampling, "eos_token_id": 7}))
+    m, tk = model.load(str(tmp_path / "src"), "cpu")
+    model.save(m, tk, str(tmp_path / "out"))
+    saved = json.loads((tmp_path / "out" / "generation_config.json").read_text())
+    assert {k: saved[k] for k in sampling} == sampling and 7 in saved["eos_token_id"]
+    assert transformers.GenerationConfig.from_pretrained(tmp_path / "out").temperature == 0.7
+    model.save(model.Qwen(dataclasses.replace(m.config, generation=None)), tk, str(tmp_path / "new"))
+    assert json.loads((tmp_path / "new" / "generation_config.json").read_text())["do_sample"] is False
 
 def test_save_sharded_loads_in_transformers(cases, tmp_path):
     c = cases("qwen3-untied")
