@@ -262,7 +262,7 @@ class Qwen(nn.Module):
         self.stop_token_ids = _as_list(cfg.eos_token_id if cfg.stop_token_ids is None else cfg.stop_token_ids)
 
     def tie_weights(self):
-        if self.config.tie_word_embeddings:
+        if self.config.tie_word_embeddings and self.lm_head is not None:  # (ppo.Critic's backbone has none)
             self.lm_head.weight = self.model.embed_tokens.weight
 
     def hidden(self, input_ids, attention_mask=None, cache=None):

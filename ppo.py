@@ -138,13 +138,13 @@ class Actor(nn.Module):
 
 
 class Critic(nn.Module):
-    """V(s_t) for every response token: a Qwen backbone (the policy's copy) and a linear head."""
+    """V(s_t) for every response token: a Qwen backbone (the policy's copy, no lm_head: never gathered, trained or
+    saved) and a linear head."""
 
     def __init__(self, backbone):
         super().__init__()
-        self.backbone = backbone
-        C = backbone.config.hidden_size
-        self.head = nn.Linear(C, 1, device=backbone.lm_head.weight.device, dtype=torch.float32)
+        self.backbone, backbone.lm_head, C = backbone, None, backbone.config.hidden_size
+        self.head = nn.Linear(C, 1, device=backbone.model.norm.weight.device, dtype=torch.float32)
 
     def head_init(self, seed):
         """N-details layer_init: weight ~ N(0, 1/(C + 1)) from its own seed, bias 0 (CPU)."""

@@ -178,16 +178,14 @@ def plan(cfg, mode, world=8, max_prompt=15000, max_new=1024, gen_batch=16, micro
         who = "actor" if mode == "ppo" else "model"
         add("states", f"{who} fp32 master weights", 4 * P / N, f"{P:,} params x 4 B / {N} rank{'s' if N > 1 else ''}")
         add("states", f"{who} AdamW exp_avg + exp_avg_sq", 8 * P / N, f"{P:,} x 2 x 4 B / {N}")
-    Pc = P + C + 1  # the policy's backbone and lm_head + a scalar value head
-    head = 0 if cfg.tie_word_embeddings else V * C  # the critic never calls its lm_head: no grad, no AdamW state
+    Pc = P - (0 if cfg.tie_word_embeddings else V * C) + C + 1  # the policy's backbone (no lm_head) + a value head
     if mode == "ppo":
-        add("states", "critic fp32 weights + AdamW", (12 * (Pc - head) + 4 * head) / N,
-            f"({Pc - head:,} x 12 B + its unused lm_head {head:,} x 4 B) / {N}")
+        add("states", "critic fp32 weights + AdamW", 12 * Pc / N, f"{Pc:,} x 12 B / {N} (ppo.Critic has no lm_head)")
         add("states", "reference bf16, frozen", 2 * P / N, f"{P:,} x 2 B / {N}, no grads, no optimizer")
     A = lora_params(cfg, lora_rank)
     if mode == "ppo-lora":
         add("states", "actor base bf16, frozen", 2 * P, f"{P:,} x 2 B")
-        add("states", "critic base bf16, frozen", 2 * P, f"{P:,} x 2 B (a separate copy)")
+        add("states", "critic base bf16, frozen", 2 * (Pc - C - 1), f"{Pc - C - 1:,} x 2 B (a copy, no lm_head)")
         add("states", "reference", 0, "the actor with its adapters off: no copy")
         add("states", f"adapters r={lora_rank}, actor + critic", 2 * A * 12,
             f"2 x {A:,} (r x (in + out) per q,k,v,o,gate,up,down) x 12 B (fp32 weight, AdamW)")
@@ -210,8 +208,7 @@ def plan(cfg, mode, world=8, max_prompt=15000, max_new=1024, gen_batch=16, micro
 
     # update: gradients, FSDP's gathered params and its reduce-scatter, activations, logits
     if mode == "ppo":
-        add("update", "actor + critic fp32 grads, sharded", (4 * P + 4 * (Pc - head)) / N,
-            f"({P:,} + {Pc - head:,}) x 4 B / {N}")
+        add("update", "actor + critic fp32 grads, sharded", (4 * P + 4 * Pc) / N, f"({P:,} + {Pc:,}) x 4 B / {N}")
     elif mode == "sft":
         add("update", "fp32 grads, sharded (reduce-scattered every micro-batch)", 4 * P / N, f"{P:,} x 4 B / {N}")
     else:

@@ -336,6 +336,14 @@ def test_target_kl_stops_the_actor_once_it_has_moved_and_the_critic_goes_on(tiny
     assert all(p.grad is None for p in actor.parameters())  # the skipped steps leave no gradient behind
 
 
+def test_the_critic_carries_no_lm_head():
+    """Issue 44: the critic's untied lm_head was gathered in every critic forward and saved in every trainer state,
+    never used; its values come from the hidden states."""
+    lm = model.Qwen(model.tiny_config(tie_word_embeddings=False))
+    critic = ppo.Critic(lm)
+    assert not [n for n, _ in critic.named_parameters() if "lm_head" in n] and critic.backbone.lm_head is None
+    assert critic(torch.randint(0, 512, (1, 8)), torch.tensor([8]), torch.tensor([4])).shape == (1, 4)
+
 def test_critic_warmup_leaves_the_actor_and_fits_the_critic(tiny):
     lm, _ = tiny
     cfg = ppo.Config(micro_batch=2, actor_lr=1e-2, critic_lr=1e-2)
