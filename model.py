@@ -1071,6 +1071,14 @@ def fill(lm, tensors):
                          f"unexpected [{short(unexpected)}]")
 
 
+def check_fits(n_params, per_param, device, advice):
+    """One line, not an out-of-memory traceback, where training states of per_param bytes a parameter exceed the GPU."""
+    total = torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else math.inf
+    if per_param * n_params > total:
+        raise ValueError(f"{n_params / 1e9:.1f}B parameters at {per_param} B each (weights, gradients, AdamW) need "
+                         f"{per_param * n_params / 2**30:.0f} GiB; this GPU has {total / 2**30:.0f}: {advice}")
+
+
 def too_big_for_one_gpu(n_params, device):
     """fp32 weights, gradients, AdamW moments (16 bytes a parameter) over half the GPU: FSDP without --fsdp."""
     return device.type == "cuda" and 16 * n_params > 0.5 * torch.cuda.get_device_properties(device).total_memory

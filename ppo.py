@@ -646,6 +646,8 @@ def setup(cfg):
     progress = dict(st["progress"]) if st else {"iteration": 0, "init_model": cfg.model}
     lm, tokenizer = model.load(progress["init_model"], device, torch.float32, meta=True)
     cfg = resolve_defaults(cfg, n_params := sum(p.numel() for p in lm.parameters()))
+    if world == 1 and not cfg.lora_rank:  # actor and critic 16 B a parameter, the reference 2
+        model.check_fits(n_params, 34, device, "pass --lora-rank 16, or shard over GPUs (torchrun --nproc_per_node 8)")
     ranks = model.Ranks(rank, world, device)
     actor, critic, ref = build(cfg, progress["init_model"], resume, st, ranks)
     say(f"ppo.py: actor lr {cfg.actor_lr:g}, " + (f"group baseline over {cfg.samples_per_state} "

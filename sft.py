@@ -253,6 +253,8 @@ def place(lm, source, master, prompt_weight, args, world, device):
     if args.grad_checkpointing:
         model.enable_grad_checkpointing(lm)
     n_params = sum(p.numel() for p in lm.parameters())
+    if world == 1:
+        model.check_fits(n_params, 16, device, "shard over GPUs (torchrun --nproc_per_node 8 sft.py)")
     sharded = dist.is_initialized() and (args.fsdp or model.too_big_for_one_gpu(n_params, device))
     net = SFTModel(lm, prompt_weight, share_prefix=not (args.grad_checkpointing or sharded))
     if source:  # tensor by tensor into fp32 master weights; sharded, each rank its rows

@@ -1004,6 +1004,20 @@ def test_a_pool_smaller_than_the_ranks_is_refused_before_any_collective(pool, tm
     assert not (tmp_path / "o").exists()
 
 
+def test_full_fine_tuning_too_big_for_one_gpu_is_one_line_naming_what_fits(pool, tmp_path, monkeypatch):
+    """Issue 44: one process fine-tuning every weight of a 7B model ran out of memory with a traceback; now one line
+    (here the GPU is faked, with too little memory for the tiny model's 34 B a parameter)."""
+    out, _, _ = pool
+    monkeypatch.setattr(env, "SCRIPT_GPU", None)  # (setup sets it on CUDA)
+    monkeypatch.setattr(model, "setup_distributed", lambda cfg, timeout: (0, 1, torch.device("cuda", 0)))
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d: SimpleNamespace(total_memory=2**20))
+    cfg = ppo.Config(model=str(out / "tiny"), states=str(out / "states.jsonl"), out=str(tmp_path / "o"),
+                     log_file=str(tmp_path / "log.jsonl"))
+    with pytest.raises(ValueError, match=r"this GPU has 0: pass --lora-rank 16, or shard over GPUs") as e:
+        ppo.train(cfg)
+    assert "\n" not in str(e.value)
+    model.check_fits(10**12, 34, torch.device("cpu"), "")  # a CPU: no limit known
+
 def test_the_collective_timeout_outlasts_the_longest_rollout(monkeypatch):
     """Issue 44: NCCL's 2-hour timeout could be shorter than one rollout (--advantage group at the README's batch: 128
     actions a rank, 4 workers, MLE-bench's 600 s: 32 waves). Now twice the rollout's waves at the longest limit."""
