@@ -138,8 +138,7 @@ class Actor(nn.Module):
 
 
 class Critic(nn.Module):
-    """V(s_t) for every response token: a Qwen backbone (the policy's copy, no lm_head: never gathered, trained or
-    saved) and a linear head."""
+    """V(s_t) for every response token: the policy's Qwen copy (its lm_head dropped, never used) and a linear head."""
 
     def __init__(self, backbone):
         super().__init__()
@@ -453,8 +452,7 @@ def ppo_update(actor, critic, opt_a, opt_c, data, cfg, device, gen, step_actor=T
     local = {g: k for k, g in enumerate(places)}
     B = int(ranks.sum(torch.tensor(len(places), device=device)))
     sharded = model.is_sharded(actor)
-    scale = ranks.world if sharded else 1.0
-    stats, first_ratio, actor_steps = [], 0.0, 0
+    stats, first_ratio, actor_steps, scale = [], 0.0, 0, ranks.world if sharded else 1.0
     for _ in range(cfg.update_epochs):
         perm = torch.randperm(B // group, generator=gen)
         for mb in perm.split(max(B // group // cfg.num_minibatches, 1)):  # of states
@@ -605,8 +603,7 @@ def build(cfg, init, resume, st, ranks):
 
 
 def collective_timeout(cfg, states):
-    """Seconds a rank may wait in a collective: 2 h, or twice the longest rollout if longer (this rank's actions, of
-    WORLD_SIZE's share, in waves of --workers, each wave a script run at the longest time limit of the pool's tasks)."""
+    """Seconds a collective waits: 2 h, or twice this rank's rollout (waves of --workers scripts, the longest limit)."""
     world = int(os.environ.get("WORLD_SIZE", 1))
     limit = max(env.BUILTIN_TASKS[t].time_limit if t in env.BUILTIN_TASKS else env.load_task(d).time_limit
                 for t, d in {(s["task"], s["task_dir"]) for s in states})
@@ -648,8 +645,7 @@ def setup(cfg):
     cfg = resolve_defaults(cfg, n_params := sum(p.numel() for p in lm.parameters()))
     if world == 1 and not cfg.lora_rank:  # actor and critic 16 B a parameter, the reference 2
         model.check_fits(n_params, 34, device, "pass --lora-rank 16, or shard over GPUs (torchrun --nproc_per_node 8)")
-    ranks = model.Ranks(rank, world, device)
-    actor, critic, ref = build(cfg, progress["init_model"], resume, st, ranks)
+    actor, critic, ref = build(cfg, progress["init_model"], resume, st, ranks := model.Ranks(rank, world, device))
     say(f"ppo.py: actor lr {cfg.actor_lr:g}, " + (f"group baseline over {cfg.samples_per_state} "
         f"{'episodes per task start' if cfg.episodic else 'samples per state'}, no "
         "critic" if cfg.advantage == "group" else f"critic lr {cfg.critic_lr:g}, critic alone for the first "
@@ -792,8 +788,7 @@ def log_iteration(run, it, batch, outcomes, places, data, ev, upd, timer):
 
 def train(cfg):
     """The whole run -> its progress: setup once, then per iteration the six steps, a log line, a checkpoint."""
-    run = setup(cfg)
-    cfg, pool = run.cfg, ThreadPoolExecutor(run.cfg.workers)
+    cfg, pool = (run := setup(cfg)).cfg, ThreadPoolExecutor(run.cfg.workers)
     for it in range(run.progress["iteration"], run.total):
         timer = Timer()
         # 1. sample a batch of states from d^{pi_e}; this rank takes every world-th, each with its seed
@@ -838,8 +833,7 @@ def parser():
 
 
 def main(argv=None):
-    p = parser()
-    args = p.parse_args(argv)
+    args = (p := parser()).parse_args(argv)
     try:  # reward.py's flags, what Config refuses, a --model found nowhere (unless resuming)
         cfg = Config(**{f.name: getattr(args, f.name) for f in dataclasses.fields(Config) if f.name != "reward"},
                      reward=reward_from_flags(args))
