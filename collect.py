@@ -109,8 +109,7 @@ def tfidf_embed(texts: list[str]) -> np.ndarray:
 
 
 def farthest_point(X: np.ndarray, k: int) -> list[int]:
-    """k rows of X picked greedily on cosine distance: the row nearest the centroid, then the row farthest from
-    its nearest picked row (ties: the lowest index)."""
+    """k rows of X, greedy on cosine distance: nearest the centroid, then farthest from the picked (ties: lowest)."""
     X = np.asarray(X, dtype=np.float64)
     X = X / np.maximum(np.linalg.norm(X, axis=1, keepdims=True), 1e-12)  # (N, D) unit rows
     if len(X) <= k:

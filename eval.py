@@ -141,8 +141,7 @@ def get_backend(name: str, role: str, cfg: Config):
 
 
 def seed_everything(seed: int):
-    """Python's and torch's generators (a checkpoint samples with torch's), torch's before one loads too:
-    unseeded, it differs per process."""
+    """Python's and torch's generators, torch's before a checkpoint loads and samples (unseeded: per process)."""
     import torch
     random.seed(seed)
     torch.manual_seed(seed)
@@ -151,8 +150,7 @@ def seed_everything(seed: int):
 
 
 def response_tokens(cfg: Config, scaffold: str, backend) -> int:
-    """The scaffold's default (MLAB 1024, orchestrator.Config 4096), at most a quarter of a local model's
-    context (the tiny models have 2048 positions)."""
+    """MLAB 1024 or orchestrator.Config's 4096, at most a local model's context / 4 (tiny models: 2048 positions)."""
     n = cfg.max_tokens or (1024 if scaffold == "mlab" else orchestrator.Config.max_tokens)
     lm = getattr(backend, "lm", None)
     return min(n, lm.config.max_position_embeddings // 4) if lm is not None and not cfg.max_tokens else n
@@ -224,8 +222,7 @@ def run_hierarchical(cfg: Config, scaffold: str, policy: str, task, seed: int) -
 
 
 def run_one(cfg: Config, scaffold: str, policy: str, task, r: int) -> dict:
-    """One seeded run; an exception is a failed run, except agent.BackendError: it stops the evaluation, so a
-    restart retries the run."""
+    """One seeded run; an exception is a failed run, but agent.BackendError stops the evaluation (a restart retries)."""
     seed = cfg.seed * 100003 + r
     ideas = []
     if scaffold == "mlab" and cfg.ideas == "sampled":  # the same for every policy

@@ -231,8 +231,7 @@ def parse_decision(text: str, known, max_calls: int) -> tuple[list[dict], bool]:
         if name != "refine" or not isinstance(args, dict):
             raise ParseError(f"unknown tool {name!r} or arguments not an object; the tools are refine and finish")
         try:
-            parent = int(args.get("parent"))
-            refs = [int(r) for r in args.get("references") or []]
+            parent, refs = int(args.get("parent")), [int(r) for r in args.get("references") or []]
         except (TypeError, ValueError):
             raise ParseError("parent and references must be attempt ids") from None
         if parent not in known:
@@ -427,8 +426,7 @@ class ScriptedOrchestrator(StandIn):
     @staticmethod
     def decide(state, rng, sample_parent=True) -> str:
         """rng None: greedy; sample_parent=False: only the ideas sampled."""
-        # the attempts as memory_text shows them
-        nodes = {a.id: (a.parent, shown(a.score)) for a in state.attempts}
+        nodes = {a.id: (a.parent, shown(a.score)) for a in state.attempts}  # the attempts as memory_text shows them
         said = {a.id: _short(a.instruction, 300) for a in state.attempts if a.parent is not None}
         ranked = sorted((i for i in nodes if nodes[i][1] is not None),
                         key=lambda i: (-signed(nodes[i][1], state.task.higher_is_better), i))
@@ -538,16 +536,14 @@ def _result(task, attempts, records, finished, seconds, **more) -> dict:
 
 
 def run_matryoshka(cfg: Config, orch, sub, out: Path | None = None, resume=True, log=print) -> dict:
-    """Rounds of: the Orchestrator's tool calls from compact memory -> Tools in parallel -> new attempts;
-    saved to out/run.json after every round, resumed from it."""
+    """Rounds: Orchestrator calls from compact memory -> Tools in parallel -> attempts; saved, resumed: run.json."""
     task = env.load_task(cfg.task)
     saved = load_json(out / "run.json", lambda o: ([Attempt(**a) for a in o["attempts"]], list(o["records"]),
                       int(o["round"]), float(o["seconds"]), bool(o["finished"]))) if out and resume else None
     attempts, records, rnd, spent, finished = saved or ([starter_attempt(task, cfg)], [], 0, 0.0, False)
     if saved:
         log(f"resumed {out / 'run.json'} at round {rnd}")
-    start = time.time()
-    deadline = start + cfg.time_limit - spent
+    deadline = (start := time.time()) + cfg.time_limit - spent
     tool = partial(refine, task, sub, cfg, deadline, records)
     result = lambda: _result(task, attempts, records, finished, spent + time.time() - start, round=rnd)  # noqa: E731
     while not finished and rnd < cfg.rounds and time.time() < deadline:
@@ -567,8 +563,7 @@ def run_matryoshka(cfg: Config, orch, sub, out: Path | None = None, resume=True,
 
 
 def run_monolithic(cfg: Config, coder, out: Path | None = None, log=print) -> dict:
-    """MLE-Dojo's single agent: one chat keeping every script and output, the same clock and budget
-    (rounds x calls x sub_iters executions). Not resumed."""
+    """MLE-Dojo's single agent: one chat of every script and output; the same clock and budget. Not resumed."""
     task = env.load_task(cfg.task)
     steps, started = cfg.rounds * cfg.calls * cfg.sub_iters, time.time()
     starter, records = starter_attempt(task, cfg), []
@@ -603,8 +598,7 @@ class Node:
 
 @dataclass
 class Tree:
-    """A Solution Refinement Tree: cfg.children decisions per node, a node's state its path's attempts (the
-    shared prefix run once); tree.json holds to_json()."""
+    """A Solution Refinement Tree: cfg.children decisions a node; its state: its path's attempts (prefix run once)."""
     task: str
     higher_is_better: bool
     next_id: int  # the id of the next attempt
@@ -642,8 +636,7 @@ def collect_tree(cfg: Config, orch, sub, path: Path, log=print) -> Tree:
     """Expand every node to cfg.depth with cfg.children decisions sampled from its state, run their calls, r(v)
     from the environment; saved after every decision and attempt, so it resumes where it stopped."""
     task = env.load_task(cfg.task)
-    tree = Tree.load(path)
-    if tree is None:
+    if (tree := Tree.load(path)) is None:
         starter = starter_attempt(task, cfg)
         tree = Tree(task.name, task.higher_is_better, 1, {0: starter},
                     [Node(0, None, 0, None, [], "done", None, starter.score)])
@@ -686,8 +679,7 @@ def collect_tree(cfg: Config, orch, sub, path: Path, log=print) -> Tree:
             made = [tree.attempts[c["attempt"]] for c in node.calls]
             node.score = best_attempt(made, tree.higher_is_better).score if made else None  # r(v)
             node.status = "done"
-        log(f"tree: {len(tree.nodes)} nodes, {len(tree.attempts)} attempts, "
-            f"depth {max(n.depth for n in tree.nodes)}")
+        log(f"tree: {len(tree.nodes)} nodes, {len(tree.attempts)} attempts, depth {max(n.depth for n in tree.nodes)}")
         save()
 
 
@@ -816,9 +808,8 @@ def other_tasks(tree_task: str, per_group: int) -> list[str]:
 
 
 def resampled_states(tree, n: int, rng) -> list[list[Attempt]]:
-    """n states as a run would hold them: random ancestor-closed subsets of the tree's attempts, renumbered
-    0, 1, 2, ... in order of addition (parents, references, summaries' "parent #k" too). Their best attempt
-    varies more than along the tree's paths."""
+    """n states as a run holds them: random ancestor-closed subsets of the tree's attempts, renumbered 0, 1, ... in
+    order of addition (parents, references, summaries' "parent #k"); their best varies more than along tree paths."""
     pool, states = tree.attempts, []
     for _ in range(n if len(pool) > 1 else 0):
         order = [0]
@@ -937,8 +928,7 @@ def save_checkpoint(lm, tok, path: Path, dtype=None, notes: dict | None = None):
     agent.swap_folder(tmp, path)
 
 
-LARGE = 10_000_000  # parameters (ppo.py's TINY_PARAMS) from which LoRA and checkpointing: a 7B model's fp32
-# weights and AdamW states alone would take 112 GB
+LARGE = 10_000_000  # parameters (ppo.py's TINY_PARAMS) from which LoRA and checkpointing (7B: 112 GB of fp32 + AdamW)
 
 
 def load_for_training(path: Path, cfg: Config):
@@ -1065,8 +1055,7 @@ def main(argv=None):
 
 
 def command(args, cfg: Config, orch, coder, out: Path):
-    """run, tree or train, writing under out: a run's best script and submission.csv beside run.json or
-    monolithic.json; successful Sub-Agent trajectories as sft.jsonl."""
+    """run, tree or train under out: a run's best script and submission.csv, successful Sub-Agent chats as sft.jsonl."""
     if args.cmd == "tree":
         tree = collect_tree(cfg, orch, coder, out / "tree.json")
         save_json(out / "sft.jsonl", sft_rows([asdict(a) for a in tree.attempts.values()], tree.higher_is_better),
@@ -1084,8 +1073,7 @@ def command(args, cfg: Config, orch, coder, out: Path):
               f"{len(res['attempts'])} attempts in {res['seconds']:.0f} s; saved under {out}")
         (out / f"best_{name}.py").write_text(best["code"])
         if best.get("submission") and os.path.exists(best["submission"]):
-            shutil.copyfile(best["submission"], out / ("best_monolithic_submission.csv" if args.monolithic
-                                                       else "best_submission.csv"))
+            shutil.copyfile(best["submission"], out / f"best{'_monolithic' * args.monolithic}_submission.csv")
         if not args.monolithic:
             save_json(out / "sft.jsonl", sft_rows(res["attempts"], env.load_task(cfg.task).higher_is_better),
                       lines=True)

@@ -193,8 +193,7 @@ def gae_rows(rewards, values, mask, nxt, gamma, lam):
         idx = [r for r in range(len(nxt)) if depth[r] == d]
         succ = torch.tensor([max(nxt[r], 0) for r in idx], device=rewards.device)
         has = torch.tensor([nxt[r] >= 0 for r in idx], device=rewards.device)
-        nv = torch.where(has, values[succ, 0], 0.0)  # V and A of the next step's first token
-        na = torch.where(has, adv[succ, 0], 0.0)
+        nv, na = (torch.where(has, x[succ, 0], 0.0) for x in (values, adv))  # V and A of the next step's first token
         adv[idx], ret[idx] = gae(rewards[idx], values[idx], mask[idx], gamma, lam, nv, na)
     return adv, ret
 
@@ -313,9 +312,8 @@ def generate(lm, tokenizer, messages, cfg, device, seeds=None, n=1, on_done=None
                for m in messages]
     text = lambda t: agent.cut_at_stop(tokenizer.decode(t, skip_special_tokens=True), agent.STOP)  # noqa: E731
     done = None if on_done is None else lambda i, t, reason: on_done(i, text(t), reason == "stop")  # noqa: E731
-    threads = torch.get_num_threads()
-    if device.type == "cpu":  # the scripts share the cores: waiting OpenMP threads crawl
-        torch.set_num_threads(1)  # (tests/RESULTS.md, "ppo.py: generation threads")
+    threads = torch.get_num_threads()  # on CPU 1: the scripts share the cores, waiting OpenMP threads crawl
+    torch.set_num_threads(1 if device.type == "cpu" else threads)  # (tests/RESULTS.md, "ppo.py: generation threads")
     try:
         with model.autocast(device):  # continuous batching
             g = lm.generate(prompts, cfg.max_new_tokens, cfg.temperature, stop_token_ids=model.stop_ids(lm, tokenizer),
@@ -399,8 +397,7 @@ def step_rollout(states, lm, tokenizer, cfg, pool, editor, device, timer, seeds=
 
 
 def episode_rollout(starts, lm, tokenizer, cfg, pool, editor, device, timer, seeds=None):
-    """Steps 2-3, --episodic: episodes from task starts (the expert's ideas), a batch per step -> rows in step order,
-    nxt: the row of the episode's next step (-1: none)."""
+    """Steps 2-3, --episodic: episodes from task starts, a batch a step -> rows in step order, nxt (-1: none)."""
     envs = [make_env(s["task"], s["task_dir"], editor) for s in starts]
     problems = list(pool.map(lambda e: e.reset(), envs))  # runs the starter script (cached)
     timer("execute")
@@ -428,9 +425,8 @@ def forward_scores(actor, critic, ref, ids, lengths, starts, R, cfg, device, ran
     """No-grad forwards -> logprobs, ref_logprobs, values (B, R); given logprobs, no actor forward."""
     B = lengths.shape[0]
     out = [torch.zeros(B, R, device=device) if x is None else x for x in (logprobs, None, None)]
-    everyone = torch.arange(B, device=device)
     with torch.no_grad(), model.autocast(device):
-        for idx, weight, (i, ln, st) in micro_batches(ids, lengths, starts, everyone, cfg, ranks):
+        for idx, weight, (i, ln, st) in micro_batches(ids, lengths, starts, torch.arange(B, device=device), cfg, ranks):
             lp = actor(i, ln, st) if logprobs is None else None
             model.set_lora(actor, ref is not None)  # LoRA: the reference is the actor, adapters off
             ref_lp = (actor if ref is None else ref)(i, ln, st)
@@ -500,8 +496,7 @@ def ppo_update(actor, critic, opt_a, opt_c, data, cfg, device, gen, step_actor=T
 # ==== Checkpoints: the actor's Hugging Face folder with trainer_state/ in it
 
 def save_checkpoint(run):
-    """Every rank calls this (FSDP gathers); rank 0 writes <out>.tmp (the actor folder; trainer_state/: master
-    weights, critic, optimizers) and swaps it in."""
+    """Every rank (FSDP gathers); rank 0 writes <out>.tmp (actor folder, trainer_state/) and swaps it in."""
     cfg, actor, critic = run.cfg, run.actor, run.critic
     adapters = lambda net: {k: v for k, v in model.full_state(net).items()  # noqa: E731
                             if not cfg.lora_rank or k.startswith("head.") or ".A" in k or ".B" in k}
@@ -572,8 +567,7 @@ def pick_tasks(states, n, seed):
 
 
 def build(cfg, init, resume, st, ranks):
-    """Actor (fp32), critic and frozen reference, or with LoRA a frozen base (bf16 on CUDA) with fp32 adapters;
-    without LoRA over several ranks, FSDP2 shards."""
+    """fp32 actor, critic, frozen reference (ranks: FSDP2), or LoRA: fp32 adapters on a frozen base (CUDA: bf16)."""
     device, lora = ranks.device, cfg.lora_rank
     low = torch.bfloat16 if device.type == "cuda" else torch.float32  # weights never updated
     world = ranks.world if ranks.world > 1 and not lora else 0  # LoRA: whole models
@@ -663,9 +657,8 @@ def setup(cfg):
     if world > 1:
         dist.barrier()
     editor = env.recipe_editor if cfg.editor == "recipes" else agent.LLMEditor(agent.make_backend(cfg.editor))
-    total = cfg.iterations or max(math.ceil(cfg.epochs * max(len(states) // cfg.batch_size, 1)), 1)
-    if not cfg.iterations and n_params < TINY_PARAMS:
-        total = min(total, TINY_ITERATIONS)  # --iterations: more
+    total = cfg.iterations or min(max(math.ceil(cfg.epochs * max(len(states) // cfg.batch_size, 1)), 1),
+                                  TINY_ITERATIONS if n_params < TINY_PARAMS else math.inf)  # --iterations: more
     return types.SimpleNamespace(cfg=cfg, ranks=ranks, states=states, actor=actor, critic=critic,
                                  ref=ref, value_net=critic if cfg.advantage == "gae" else None,
                                  tokenizer=tokenizer, opt_a=opt_a, opt_c=opt_c, progress=progress,
@@ -686,8 +679,7 @@ class Timer:
 
 
 def sample_states(run, it):
-    """Step 1: the next batch_size states, shuffled per epoch (seeded), or batch_size / episode_steps task starts
-    -> this rank's share, their seeds and places."""
+    """Step 1: batch_size states (seeded shuffle per epoch) or task starts -> this rank's share, seeds, places."""
     cfg, states, ranks = run.cfg, run.states, run.ranks
     epoch, k = divmod(it, max(len(states) // cfg.batch_size, 1))
     if cfg.episodic:
@@ -727,8 +719,7 @@ def score(run, prompts, tokens, gen_lp, outcomes):
     group = 1 if cfg.episodic else cfg.samples_per_state
     ids, lengths, mask, starts = make_batch(prompts, tokens, run.tokenizer.pad_token_id, device,
                                             1 if cfg.grad_checkpointing or model.is_sharded(run.actor) else group)
-    # old log-probs: on CPU the generation's, from the actor's fp32 weights; on CUDA the rollout's bf16 weights
-    # differ: recomputed (as VeRL, OpenRLHF)
+    # old log-probs: CPU: the generation's (fp32 actor); CUDA's bf16 rollout differs: recomputed (VeRL, OpenRLHF)
     generated = torch.zeros(mask.shape, device=device)
     generated[mask.bool()] = torch.tensor([x for lps in gen_lp for x in lps], device=device)
     kept = generated if device.type == "cpu" else None
@@ -742,8 +733,7 @@ def score(run, prompts, tokens, gen_lp, outcomes):
 
 
 def estimate_advantages(run, data, nxt):
-    """Step 5: GAE (--episodic: across an episode's steps) whitened over the whole batch, or the group baseline
-    -> advantages, returns, explained variance."""
+    """Step 5: GAE (--episodic: across steps) whitened over the batch, or the group baseline -> adv, returns, ev."""
     cfg, mask = run.cfg, data["mask"]
     if run.value_net is None:
         adv = episode_group_advantages(data["scores"], data["kl"], mask, nxt, cfg.samples_per_state, cfg.kl_coef) \

@@ -146,8 +146,7 @@ def collate(examples, pad_id, device):
 
 
 def shared_prefix(examples):
-    """The number of leading (id, label) pairs all examples share, at most the shortest length - 1 (SFTModel
-    computes them once; every row keeps a position of its own)."""
+    """Leading (id, label) pairs all examples share (SFTModel computes them once), at most the shortest length - 1."""
     (x0, y0), n = examples[0], min(len(x) for x, _ in examples) - 1
     for p in range(n):
         if any(x[p] != x0[p] or y[p] != y0[p] for x, y in examples[1:]):
@@ -268,8 +267,7 @@ def place(lm, source, master, prompt_weight, args, world, device):
 
 
 def save_checkpoint(net, lm, tokenizer, optim, sched, info, args, rank, device):
-    """out/checkpoint-<step>/ (weights + trainer_state.pt, with fp32 master weights when saved in bf16), and its
-    model files at out/ itself."""
+    """out/checkpoint-<step>/ (weights, trainer_state.pt: fp32 masters if saved in bf16); its model files at out/."""
     state, ostate = model.full_state(net), model.optim_state(net, optim)  # FSDP: a collective, every rank
     if rank != 0:
         return
@@ -282,8 +280,7 @@ def save_checkpoint(net, lm, tokenizer, optim, sched, info, args, rank, device):
 
 
 def publish(ckpt, out):
-    """The checkpoint's model files copied to out/ (each rename atomic), stale weight shards removed; a kill
-    leaves a mix, which recover_out repairs."""
+    """The checkpoint's model files to out/ (atomic renames), stale shards removed; recover_out repairs a kill's mix."""
     names = [n for n in os.listdir(ckpt) if n != "trainer_state.pt"]
     marker = os.path.join(out, ".publishing")  # while out/ may hold a mix of two checkpoints
     open(marker, "w").close()
@@ -297,8 +294,7 @@ def publish(ckpt, out):
 
 
 def recover_out(out):
-    """Repairs what a kill while saving left: checkpoint-<step>.old back or gone, *.tmp deleted, out/'s model files
-    the latest checkpoint's if mixed."""
+    """After a kill while saving: checkpoint-<step>.old back or gone, *.tmp deleted, a mixed out/ republished."""
     for old in glob.glob(os.path.join(out, "checkpoint-*.old")):
         agent.recover_folder(old.removesuffix(".old"))
     # checkpoint-<step>.tmp, publish's and write_atomic's temporaries
@@ -357,8 +353,7 @@ def heldout_loss(net, data, args, rank, world, pad_id, device):
 
 @torch.no_grad()
 def parse_rate(lm, tokenizer, rows, max_new_tokens, batch=8):
-    """Shares of greedy responses to the held-out prompts that agent.parse_response accepts, and that choose the
-    expert's action."""
+    """Shares of greedy held-out responses that agent.parse_response accepts, and that choose the expert's action."""
     prompts, expert = [], []
     for r in rows:
         last = max(i for i, m in enumerate(r["messages"]) if m["role"] == "assistant")
