@@ -92,13 +92,11 @@ class OpenAIBackend:
         self.model = model or os.environ.get("OPENAI_MODEL")  # None: the endpoint's first
         self.embedding_model = os.environ.get("OPENAI_EMBEDDING_MODEL", "text-embedding-3-small")
         self.timeout = float(timeout or os.environ.get("OPENAI_TIMEOUT") or 600.0)  # a whole answer's
-        self.max_retries, self.backoff = max_retries, backoff
-        self.usage = Usage(price_in=price_in, price_out=price_out)
+        self.max_retries, self.backoff, self.usage = max_retries, backoff, Usage(price_in=price_in, price_out=price_out)
 
     def _request(self, method: str, path: str, payload=None, read=lambda out: out):
         """read(the answer's JSON); its None, rate limits, server trouble, broken answers: retried with backoff."""
-        url = self.base_url + path
-        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        url, headers = self.base_url + path, ({"Authorization": f"Bearer {self.api_key}"} if self.api_key else {})
         for attempt in range(self.max_retries + 1):
             retry_after = None
             try:
@@ -204,8 +202,7 @@ class LocalBackend:
         import model  # torch only when used
         if lm is None:
             lm, tokenizer = model.load(path_or_id)
-        self.lm, self.tokenizer, self.model = lm, tokenizer, model
-        self.usage = Usage()
+        self.lm, self.tokenizer, self.model, self.usage = lm, tokenizer, model, Usage()
 
     def chat(self, messages, n=1, temperature=0.0, max_tokens=1024, stop=None) -> Completion:
         start, tok, model = time.time(), self.tokenizer, self.model
@@ -579,8 +576,7 @@ def act(env_, action, action_input, reason=None, reward_config=RewardConfig()) -
 def run_episode(env_, backend, ideas=(), max_steps=15, time_limit=1800.0, max_retries=2, temperature=0.0,
                 max_tokens=1024, reward_config=RewardConfig()) -> Trajectory:
     """Reset `env_`; the agent acts until Final Answer, `max_steps` or `time_limit` (ML-Agent: 15 steps, 30 min)."""
-    start = time.time()
-    problem = env_.reset()
+    start, problem = time.time(), env_.reset()
     reset_seconds = time.time() - start
     traj = Trajectory(env_.task.name, [list(i) for i in ideas], env_.m_init, env_.m_best, env_.task.higher_is_better)
     while len(traj.steps) < max_steps:

@@ -114,8 +114,7 @@ def farthest_point(X: np.ndarray, k: int) -> list[int]:
     X = X / np.maximum(np.linalg.norm(X, axis=1, keepdims=True), 1e-12)  # (N, D) unit rows
     if len(X) <= k:
         return list(range(len(X)))
-    centroid = X.mean(axis=0)
-    picked = [int(np.argmax(X @ centroid))]  # the most typical idea
+    picked = [int(np.argmax(X @ X.mean(axis=0)))]  # the most typical idea: nearest the centroid
     nearest = 1.0 - X @ X[picked[0]]  # (N,) cosine distance of each row to its nearest picked row
     while len(picked) < k:
         nearest[picked] = -np.inf
@@ -281,8 +280,7 @@ def collect(tasks, trajectories=5, workers=2, expert="scripted", base_url=None, 
                 for name, tid in ids if tid not in done]
 
         # 3. rollouts in worker processes; only this one writes, a whole line at a time
-        new = 0
-        pool = mp.Pool(workers) if workers > 1 and len(jobs) > 1 else None
+        new, pool = 0, (mp.Pool(workers) if workers > 1 and len(jobs) > 1 else None)
         safe = functools.partial(_safe_rollout, rollout_fn)
         results = pool.imap_unordered(safe, jobs) if pool else map(safe, jobs)
         try:

@@ -288,8 +288,7 @@ def _check_submission(task: Task, path: Path) -> tuple[np.ndarray, np.ndarray, n
     if metric.kind == "label":
         if sub[task.target_columns].isna().any().any():
             raise ValueError(f"missing (NaN/empty) labels in {path.name}")
-        truth = _labels(ans[task.target_columns[0]])
-        pred = _labels(sub[task.target_columns[0]])
+        truth, pred = _labels(ans[task.target_columns[0]]), _labels(sub[task.target_columns[0]])
     else:
         values = sub[task.target_columns].apply(pd.to_numeric, errors="coerce")
         bad = [c for c in task.target_columns if not np.isfinite(values[c]).all()]  # NaN is not finite either
@@ -1082,8 +1081,7 @@ def _run(task: Task, files: dict[str, str], script: str, timeout: float, keep: l
                       (resource.RLIMIT_AS, (MEMORY_LIMIT,) * 2))
         limits += [(resource.RLIMIT_NPROC, (PROCESS_LIMIT,) * 2)] if uid is not None else []
         server = _fork_server(stage) if FORK_SERVER else None
-        start = time.monotonic()
-        proc = None
+        start, proc = time.monotonic(), None
         if server is not None:
             with contextlib.suppress(OSError):  # it died: a new interpreter now, a new server next time
                 proc = _ForkedRun(server, {"cwd": str(work), "script": script, "log": str(log_path), "env": env,

@@ -87,8 +87,7 @@ def performance_gain(m_avg, m_init, higher_is_better) -> float:
     """ML-Agent's Delta_r = beta * (m_avg - m_init) / |m_init|, beta = -1 when lower is better."""
     if m_init == 0:
         raise ValueError("m_init is 0: the relative gain is undefined")
-    beta = 1.0 if higher_is_better else -1.0
-    return beta * (m_avg - m_init) / abs(m_init) + 0.0  # + 0.0: no "-0.00%"
+    return (1.0 if higher_is_better else -1.0) * (m_avg - m_init) / abs(m_init) + 0.0  # + 0.0: no "-0.00%"
 
 
 def human_rank(score, leaderboard_scores, higher_is_better) -> float:
@@ -134,9 +133,8 @@ def get_backend(name: str, role: str, cfg: Config):
         if os.path.isdir(name) and cfg.threads > 0:
             import torch
             torch.set_num_threads(cfg.threads)
-        b = orchestrator.make_backend(name, cfg.base_url, role, cfg.seed)
+        b = _BACKENDS[key] = orchestrator.make_backend(name, cfg.base_url, role, cfg.seed)
         b.usage.price_in, b.usage.price_out = cfg.price_in, cfg.price_out
-        _BACKENDS[key] = b
     return _BACKENDS[key]
 
 
@@ -163,8 +161,7 @@ def run_mlab(cfg: Config, policy: str, task, ideas) -> dict:
         editor = env.recipe_editor  # Config.editor
     else:
         editor = agent.LLMEditor(backend if cfg.editor in ("auto", "policy") else get_backend(cfg.editor, "agent", cfg))
-    e = env.Env(task, editor=editor)
-    backends = [backend, getattr(editor, "backend", backend)]
+    e, backends = env.Env(task, editor=editor), [backend, getattr(editor, "backend", backend)]
     before = collect.usage_of(backends)
     traj = agent.run_episode(e, backend, ideas, max_steps=cfg.max_steps, time_limit=cfg.time_limit,
                              temperature=cfg.temperature, max_tokens=response_tokens(cfg, "mlab", backend))
@@ -223,8 +220,7 @@ def run_hierarchical(cfg: Config, scaffold: str, policy: str, task, seed: int) -
 
 def run_one(cfg: Config, scaffold: str, policy: str, task, r: int) -> dict:
     """One seeded run; an exception is a failed run, but agent.BackendError stops the evaluation (a restart retries)."""
-    seed = cfg.seed * 100003 + r
-    ideas = []
+    seed, ideas = cfg.seed * 100003 + r, []
     if scaffold == "mlab" and cfg.ideas == "sampled":  # the same for every policy
         ideas = collect.sample_ideas(collect.recipe_ideas(task.name), random.Random(f"{cfg.seed}:{task.name}:{r}"))
     seed_everything(seed)
@@ -273,11 +269,9 @@ def _mean(xs):
 
 def task_summary(task, m_init: dict, runs: list[dict]) -> dict:
     """avg@K, best@K, gains and HumanRank of one (scaffold, policy, task) from its K runs."""
-    higher, board = task.higher_is_better, [s for _, s in task.leaderboard()]
-    init = m_init["private"]
+    higher, board, init = task.higher_is_better, [s for _, s in task.leaderboard()], m_init["private"]
     scores = [r["private"] if r["valid"] else init for r in runs]  # FAILED_RUN_SCORE
-    avg = _mean(scores)
-    best = (max if higher else min)(scores) if scores and None not in scores else None
+    avg, best = _mean(scores), ((max if higher else min)(scores) if scores and None not in scores else None)
 
     def gain(m):  # none where m_init is missing or 0 (performance_gain's ValueError)
         return performance_gain(m, init, higher) if m is not None and init else None
@@ -452,9 +446,7 @@ def plots(report: dict, runs: list[dict], cfg: Config) -> list[str]:
 
 
 def resolve_tasks(cfg: Config) -> list:
-    if cfg.tasks:
-        return env.load_tasks(cfg.tasks)
-    return env.load_tasks(n for n, t in env.BUILTIN_TASKS.items() if cfg.split in ("all", t.split))
+    return env.load_tasks(cfg.tasks or [n for n, t in env.BUILTIN_TASKS.items() if cfg.split in ("all", t.split)])
 
 
 def workers_for(cfg: Config, policies, runs: int) -> int:
@@ -469,10 +461,9 @@ def workers_for(cfg: Config, policies, runs: int) -> int:
 
 
 def run_all(cfg: Config, todo, tasks, policies):
-    """Yield (job, row) for each job (scaffold, policy, task index, run) as it finishes. Several workers: new
-    processes (spawn: no inherited sandbox server or torch threads) with their own backends; run_one seeds every
-    generator, so where a run runs does not matter. agent.BackendError stops the rest: the runs under way
-    finish and are yielded, then it is raised."""
+    """Yield (job, row) for each job (scaffold, policy, task index, run) as it ends. Several workers: new processes
+    (spawn: no inherited sandbox server or torch threads), own backends; run_one seeds every generator, so where a run
+    runs does not matter. agent.BackendError stops the rest: runs under way finish and are yielded, then it raises."""
     workers = workers_for(cfg, policies, len(todo))
     if workers == 1:
         for job in todo:
@@ -506,8 +497,7 @@ def evaluate(cfg: Config, log=print) -> dict:
         out = Path(cfg.out)
         tasks, policies = resolve_tasks(cfg), cfg.policies or default_policies(log)
         path = out / "runs.jsonl"
-        done = read_runs(path)
-        m_init = {}  # the starter train.py's public and private scores
+        done, m_init = read_runs(path), {}  # m_init: the starter train.py's public and private scores
         for t in tasks:
             run = env.run_script(t, (t.public_dir / "train.py").read_text())
             m_init[t.name] = {"status": run.status, "public": run.score, "private": run.test_score}
@@ -527,8 +517,7 @@ def evaluate(cfg: Config, log=print) -> dict:
                    f"INVALID ({row['error'] or row['submission']})")
                 + f", {row['steps']} steps, {row['prompt_tokens'] + row['completion_tokens']} tokens, "
                   f"{row['seconds']:.1f}s")
-        runs = [done[key] for key in keys.values()]
-        groups = []
+        runs, groups = [done[key] for key in keys.values()], []
         for scaffold in cfg.scaffolds:
             for policy in policies:
                 rows = [task_summary(t, m_init[t.name], [done[keys[scaffold, policy, i, r]] for r in range(cfg.k)])

@@ -884,8 +884,7 @@ def load(path_or_hub_id, device=None, dtype=None, meta=False):
     cfg = Config.from_dict(read_json(os.path.join(folder, "config.json")))
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     dtype = dtype or (cfg.torch_dtype if device.type == "cuda" else torch.float32)
-    dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
-    files = _weight_files(folder)
+    dtype, files = (getattr(torch, dtype) if isinstance(dtype, str) else dtype), _weight_files(folder)
     if not files:
         raise FileNotFoundError(f"{folder}: no model.safetensors (or incomplete shards)")
     for path in files:  # a cut download fails here, before any memory or sharding
@@ -1133,8 +1132,7 @@ def save_dtype(name, device):
 def save_checkpoint_folder(lm, tokenizer, path, dtype, state):
     """Rank 0: lm's HF folder (LoRA merged) in `dtype` at <path>.tmp for the trainer state, from `state` (full_state of
     lm's holder, as `.lm`). -> (.tmp, fp32 master weights if dtype rounds them, else None)"""
-    weights = {k.removeprefix("lm."): v for k, v in state.items()}
-    tmp = path.rstrip("/") + ".tmp"
+    weights, tmp = {k.removeprefix("lm."): v for k, v in state.items()}, path.rstrip("/") + ".tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     save(lm, tokenizer, tmp, dtype=dtype, weights=weights if is_sharded(lm) else None)
     return tmp, None if dtype == torch.float32 or has_lora(lm) else weights

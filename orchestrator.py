@@ -1,9 +1,8 @@
-"""Matryoshka Agent (Qiang et al., arXiv:2607.25090): an Orchestrator on compact history whose tool calls launch
-fresh Sub-Agents in parallel (§3.4), the monolithic baseline, and the Orchestrator's training on Solution
-Refinement Trees: branch labels R(c) = max of r(v) over c's subtree, a ranking (NCE) loss on
-beta * log(pi_theta / pi_ref) against the previous orchestrator (§3.6, Eqs. 1-4), successful Sub-Agent
-trajectories as SFT data. A Sub-Agent runs at most 10 code-execute-debug iterations; output over 5k tokens keeps
-its first and last 2.5k (App. B).
+"""Matryoshka Agent (Qiang et al., arXiv:2607.25090): an Orchestrator on compact history whose tool calls launch fresh
+Sub-Agents in parallel (§3.4), the monolithic baseline, and the Orchestrator's training on Solution Refinement Trees:
+branch labels R(c) = max of r(v) over c's subtree, a ranking (NCE) loss on beta * log(pi_theta / pi_ref) against the
+previous orchestrator (§3.6, Eqs. 1-4), successful Sub-Agent trajectories as SFT data. A Sub-Agent runs at most 10
+code-execute-debug iterations; output over 5k tokens keeps its first and last 2.5k (App. B).
 
 Departures and choices where the paper's text is silent:
 1. K > 2 children: Plackett-Luce over the children ranked by R, ties skipped; for two it is DPO's loss.
@@ -205,8 +204,7 @@ REASK = ("Your answer could not be used ({reason}). Answer with one JSON object:
 
 def orchestrator_messages(task, attempts, rnd: int, rounds: int, calls: int, seconds_left=None) -> Prompt:
     """The Orchestrator's prompt; its state (for the stand-in): task, attempts, calls allowed."""
-    higher = "higher" if task.higher_is_better else "lower"
-    best = best_attempt(attempts, task.higher_is_better)
+    higher, best = ("higher" if task.higher_is_better else "lower"), best_attempt(attempts, task.higher_is_better)
     clock = f", about {seconds_left:.0f} s left" if seconds_left is not None else ""
     user = (f"Task: {task.name} | metric {task.metric} ({higher} is better)\n{_short(task.description, 1500)}\n\n"
             f"Round {rnd} of {rounds}{clock}. At most {calls} tool calls this round.\n\nAttempts so far:\n"
@@ -830,10 +828,10 @@ def resampled_states(tree, n: int, rng) -> list[list[Attempt]]:
 
 
 def imitation_examples(trees, cfg: Config) -> list[dict]:
-    """What the tiny ckpt-0 imitates: each tree's done nodes and resampled_states (--task's first), each
-    IMITATION_VIEWS times (as collect_tree asks, then as runs ask). A node's own prompt keeps the tree's decisions,
-    others get greedy parents with sampled ideas (tests/RESULTS.md, "what the tiny ckpt-0 imitates").
-    -> [{"messages", "responses", "known": the state's ids, "tree": a node's own prompt}]"""
+    """What the tiny ckpt-0 imitates: each tree's done nodes and resampled_states (--task's first), IMITATION_VIEWS
+    times each (as collect_tree asks, then as runs ask); a node's own prompt keeps the tree's decisions, others get
+    greedy parents with sampled ideas (tests/RESULTS.md, "what the tiny ckpt-0 imitates"). -> [{"messages",
+    "responses", "known": the state's ids, "tree": a node's own prompt}]"""
     rng, states = random.Random(f"{cfg.seed}:imitation"), []  # (task, state, node, tree, tree depth)
     for i, tree in enumerate(trees):
         task, depth = env.load_task(cfg.task if i == 0 else tree.task), cfg.depth if i == 0 else OTHER_TREE_DEPTH
@@ -932,9 +930,8 @@ LARGE = 10_000_000  # parameters (ppo.py's TINY_PARAMS) from which LoRA and chec
 
 
 def load_for_training(path: Path, cfg: Config):
-    """(policy, tokenizer, reference): the previous orchestrator is the reference (§3.6). Small: fp32 master
-    weights, a frozen copy. Large (or --lora-rank): fp32 LoRA adapters on the frozen base, which is the reference
-    (None); blocks recomputed in backward."""
+    """(policy, tokenizer, reference), the previous orchestrator the reference (§3.6). Small: fp32 master weights, a
+    frozen copy; large (or --lora-rank): fp32 LoRA on the frozen base, the reference (None), blocks recomputed."""
     import model
     policy, tok = model.load(str(path), meta=True)
     n = sum(p.numel() for p in policy.parameters())
@@ -950,9 +947,8 @@ def load_for_training(path: Path, cfg: Config):
 
 
 def train_loop(cfg: Config, model_path: str | None, collector: str, sub, out: Path, log=print) -> Path:
-    """Online iterations: trees collected with the current orchestrator (out/tree-<i>.json; other_tasks'
-    out/tree-<i>-<task>.json), the ranking loss on their groups with it as reference; the trained one is the next.
-    Resumes from out/ckpt-<i> and the trees."""
+    """Online iterations: trees by the current orchestrator (out/tree-<i>.json, other_tasks' tree-<i>-<task>.json),
+    the ranking loss on their groups, it the reference; the trained one is next. Resumes: out/ckpt-<i>, the trees."""
     import model
     for folder in list(out.glob("ckpt-*.*")):  # a kill in save_checkpoint: .old back, .tmp gone
         agent.recover_folder(folder.with_suffix(""), folder.with_suffix(".tmp"))
@@ -1008,8 +1004,7 @@ def token_table(records) -> str:
 
 def main(argv=None):
     p = agent.Parser(prog="orchestrator.py", description="Matryoshka Agent: runs, trees, orchestrator training.")
-    sub = p.add_subparsers(dest="cmd", required=True, parser_class=agent.Parser)
-    common = agent.Parser(add_help=False)
+    sub, common = p.add_subparsers(dest="cmd", required=True, parser_class=agent.Parser), agent.Parser(add_help=False)
     for role in ("orchestrator", "sub-agent"):
         common.add_argument(f"--{role}", default="scripted", help="'scripted', a checkpoint folder, or a model name")
         common.add_argument(f"--{role}-url", help=f"OpenAI-compatible endpoint of the {role}; None: $OPENAI_BASE_URL")

@@ -161,8 +161,7 @@ class Critic(nn.Module):
 def token_rewards(scores, logprobs, ref_logprobs, mask, kl_coef):
     """The N-details reward: -kl_coef * (log pi - log pi_ref) on every token, the score (B,) added on the last."""
     kl = (logprobs - ref_logprobs) * mask
-    rewards = -kl_coef * kl
-    last = (mask.sum(1).long() - 1).clamp(min=0)
+    rewards, last = -kl_coef * kl, (mask.sum(1).long() - 1).clamp(min=0)
     rewards[torch.arange(len(scores), device=scores.device), last] += scores
     return rewards, kl
 
@@ -233,8 +232,7 @@ def masked_mean(x, mask, ranks=model.Ranks()):  # over the valid tokens of every
 
 def whiten(x, mask, eps=1e-8, ranks=model.Ranks()):
     """Zero mean, unit (unbiased) variance over the valid tokens of every rank's rows (TRL's masked_whiten)."""
-    mean = masked_mean(x, mask, ranks)
-    n = ranks.sum(mask.sum())
+    mean, n = masked_mean(x, mask, ranks), ranks.sum(mask.sum())
     var = ranks.sum(((x - mean) ** 2 * mask).sum()) / (n - 1).clamp(min=1)
     return (x - mean) * torch.rsqrt(var + eps) * mask
 
@@ -244,8 +242,7 @@ def policy_loss(logprobs, old_logprobs, advantages, mask, clip_coef, denom=None)
     valid tokens / denom (default: their number) -> loss, clip fraction, ratio."""
     ratio = torch.exp(logprobs - old_logprobs)
     losses = torch.max(-advantages * ratio, -advantages * ratio.clamp(1 - clip_coef, 1 + clip_coef))
-    denom = mask.sum() if denom is None else denom
-    clipped = ((ratio - 1).abs() > clip_coef).float()
+    denom, clipped = (mask.sum() if denom is None else denom), ((ratio - 1).abs() > clip_coef).float()
     return (losses * mask).sum() / denom, (clipped * mask).sum() / denom, ratio
 
 
@@ -289,8 +286,7 @@ def micro_batches(ids, lengths, starts, idx, cfg, ranks=model.Ranks()):
     rows and cfg.micro_tokens tokens each, then fillers (row 0, weight 0) up to any rank's most (FSDP)."""
     shared = lengths.shape[0] // ids.shape[0]  # responses per row of ids (make_batch's group)
     groups = idx.view(-1, shared)
-    row_len = lengths[groups].max(1).values
-    out = []
+    row_len, out = lengths[groups].max(1).values, []
     for g in torch.argsort(row_len, stable=True).tolist():
         if not out or len(out[-1]) == cfg.micro_batch or (len(out[-1]) + 1) * int(row_len[g]) > cfg.micro_tokens:
             out.append([])
@@ -440,13 +436,11 @@ def forward_scores(actor, critic, ref, ids, lengths, starts, R, cfg, device, ran
 
 
 def ppo_update(actor, critic, opt_a, opt_c, data, cfg, device, gen, step_actor=True, ranks=model.Ranks()):
-    """Clipped losses over minibatches (a state's "group" in one) and epochs on this rank's rows of `score`'s data.
-    Every rank draws the same permutation and divides by the minibatch's tokens on all ranks: the summed gradient
-    is one process's (FSDP averages: hence * world)."""
+    """Clipped losses over minibatches (a state's "group" in one) and epochs on this rank's rows; all ranks draw one
+    permutation, divide by the minibatch's tokens: the summed gradient is one process's (FSDP averages: * world)."""
     ids, lengths, starts, mask, group = data["ids"], data["lengths"], data["starts"], data["mask"], data.get("group", 1)
     places = data.get("rows") or [ranks.rank + k * ranks.world for k in range(lengths.shape[0])]
-    local = {g: k for k, g in enumerate(places)}
-    B = int(ranks.sum(torch.tensor(len(places), device=device)))
+    local, B = {g: k for k, g in enumerate(places)}, int(ranks.sum(torch.tensor(len(places), device=device)))
     sharded = model.is_sharded(actor)
     stats, first_ratio, actor_steps, scale = [], 0.0, 0, ranks.world if sharded else 1.0
     for _ in range(cfg.update_epochs):
@@ -683,8 +677,7 @@ def sample_states(run, it):
     cfg, states, ranks = run.cfg, run.states, run.ranks
     epoch, k = divmod(it, max(len(states) // cfg.batch_size, 1))
     if cfg.episodic:
-        starts = [s for s in states if s["step"] == 0] or states
-        rng = random.Random(f"{cfg.seed}:{it}")
+        starts, rng = ([s for s in states if s["step"] == 0] or states), random.Random(f"{cfg.seed}:{it}")
         batch = [rng.choice(starts) for _ in range(max(cfg.batch_size // cfg.episode_steps, 1))]
     else:
         order = list(range(len(states)))

@@ -125,8 +125,7 @@ def split_heldout(n, share, seed):
 def micro_batches(lengths, micro, seed, epoch, bucket=16):
     """Length-bucketed micro-batches of indices: shuffle, sort each window of `bucket` micro-batches by length
     (little padding), cut, shuffle them. Deterministic in (seed, epoch)."""
-    rng = random.Random(seed * 1000 + epoch)
-    order = list(range(len(lengths)))
+    rng, order = random.Random(seed * 1000 + epoch), list(range(len(lengths)))
     rng.shuffle(order)
     out, w = [], micro * bucket
     for i in range(0, len(order), w):
@@ -196,8 +195,7 @@ class SFTModel(nn.Module):
     the assistant tokens' loss summed, their count). Other real tokens weigh `prompt_weight`: 0 is ML-Agent's SFT;
     > 0 also models the prompt, as Instruction Modelling (Shi et al. 2024, arXiv 2405.14394; weighted: Chatterjee
     et al. 2025, arXiv 2507.07817). prefix > 1: the rows' common prefix goes once into a KV cache, its losses counted
-    B times: the same result (tests/test_sft.py). share_prefix=False ignores it (FSDP; gradient checkpointing would
-    write the cache again)."""
+    B times, the same result (tests/test_sft.py); share_prefix=False ignores it (FSDP; checkpointing rewrites it)."""
 
     def __init__(self, lm, prompt_weight=0.0, share_prefix=False):
         super().__init__()
@@ -218,8 +216,7 @@ class SFTModel(nn.Module):
     def loss(self, h, input_ids, labels, lengths):
         """h (B, T, C): the outputs at input_ids' (B, T) positions; the one at t predicts token t + 1."""
         targets = labels[:, 1:]  # labels are not pre-shifted (as in HF)
-        ours = targets != IGNORE  # (B, T-1)
-        rows = ours
+        rows = ours = targets != IGNORE  # (B, T-1)
         if self.prompt_weight:  # every real position (padding predicts nothing)
             rows = torch.arange(targets.shape[1], device=lengths.device) < (lengths[:, None] - 1)
             targets = input_ids[:, 1:]  # the labels wherever they are not -100
@@ -246,9 +243,8 @@ def scratch_model(rows, args):
 
 
 def place(lm, source, master, prompt_weight, args, world, device):
-    """The SFTModel around lm (meta when read from `source`) on this rank's device, in training mode: sharded by
-    FSDP2 (--fsdp, or on CUDA when the training states do not fit) or whole (DDP). master: fp32 weights of a bf16
-    checkpoint. -> net, sharded"""
+    """-> (net, sharded): the SFTModel around lm (meta if read from `source`) on this device, training: FSDP2-sharded
+    (--fsdp, or on CUDA when training states do not fit) or whole (DDP); master: a bf16 checkpoint's fp32 weights."""
     if args.grad_checkpointing:
         model.enable_grad_checkpointing(lm)
     n_params = sum(p.numel() for p in lm.parameters())
@@ -338,8 +334,7 @@ def latest_checkpoint(out):
 def heldout_loss(net, data, args, rank, world, pad_id, device):
     """Mean loss per assistant token of the held-out conversations, each rank its share."""
     net.eval()
-    total = torch.zeros(2, device=device)
-    per_round = world * args.micro_batch
+    total, per_round = torch.zeros(2, device=device), world * args.micro_batch
     with model.autocast(device):
         for i in range(rank * args.micro_batch, math.ceil(len(data) / per_round) * per_round, per_round):
             batch = data[i:i + args.micro_batch]  # as many forwards on every rank (FSDP gathers in each)
@@ -407,8 +402,7 @@ def optimizer_step(net, optim, sched, batches, pad_id, device, args, world):
             with model.autocast(device):
                 weighted, loss, _ = net(ids, labels, lengths, prefix)
             (weighted * world / n[1].clamp(min=1)).backward()
-        total += loss.item()
-        seen += ids.numel()
+        total, seen = total + loss.item(), seen + ids.numel()
     if args.grad_clip:
         nn.utils.clip_grad_norm_(net.parameters(), args.grad_clip)
     optim.step()
@@ -443,14 +437,12 @@ def train(args):
     epochs = args.epochs or (5 if from_scratch else 2)  # ML-Agent: 2 epochs
     lr = args.lr or (3e-3 if from_scratch else 2e-5)  # ML-Agent: 2e-5
     batch_size = args.batch_size or (2 if from_scratch else 64)  # ML-Agent's effective batch
-    micro = args.micro_batch or (2 if from_scratch else 1)
-    args = dataclasses.replace(args, micro_batch=micro)
+    args = dataclasses.replace(args, micro_batch=(micro := args.micro_batch or (2 if from_scratch else 1)))
     prompt_weight = args.prompt_loss_weight if args.prompt_loss_weight is not None else st.get("prompt_weight", 0.0)
     if batch_size < micro * world:
         raise ValueError(f"--batch-size {batch_size} < --micro-batch {micro} x {world} ranks")
     net, sharded = place(lm, source, st.get("master"), prompt_weight, args, world, device)
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    counts = {"cut": 0}
+    pad_id, counts = (tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0), {"cut": 0}
     data = [encode_chat(tokenizer, r["messages"], args.max_len, counts) for r in rows]
     train_set = [data[i] for i in train_idx if any(y != IGNORE for y in data[i][1][1:])]
     dropped = len(train_idx) - len(train_set)
