@@ -50,26 +50,26 @@ from tqdm import tqdm
 @dataclasses.dataclass
 class Config:
     """The `config.json` fields the architecture needs (defaults: Qwen3-0.6B)."""
-    model_type: str = "qwen3"             # "qwen2" (Qwen2 and Qwen2.5) or "qwen3"
-    vocab_size: int = 151936              # embedding rows, often padded beyond the tokenizer's size
-    hidden_size: int = 1024               # C
-    intermediate_size: int = 3072         # SwiGLU width
+    model_type: str = "qwen3"  # "qwen2" (Qwen2 and Qwen2.5) or "qwen3"
+    vocab_size: int = 151936  # embedding rows, often padded beyond the tokenizer's size
+    hidden_size: int = 1024  # C
+    intermediate_size: int = 3072  # SwiGLU width
     num_hidden_layers: int = 28
-    num_attention_heads: int = 16         # H
-    num_key_value_heads: int = 8          # Hkv (GQA)
-    head_dim: int | None = None           # D; None -> C // H
+    num_attention_heads: int = 16  # H
+    num_key_value_heads: int = 8  # Hkv (GQA)
+    head_dim: int | None = None  # D; None -> C // H
     rms_norm_eps: float = 1e-6
-    rope_theta: float = 1000000.0         # RoPE base
+    rope_theta: float = 1000000.0  # RoPE base
     max_position_embeddings: int = 40960
     tie_word_embeddings: bool = True
-    attention_bias: bool | None = None    # None -> model_type == "qwen2"
+    attention_bias: bool | None = None  # None -> model_type == "qwen2"
     bos_token_id: int | None = None
     eos_token_id: int | list[int] | None = None
     torch_dtype: str = "bfloat16"
     # not in config.json: set by `load`, so Qwen(lm.config) stops and samples alike
     stop_token_ids: list[int] | None = None  # None -> eos_token_id
-    sample_vocab_size: int | None = None     # the rows generate samples; None -> vocab_size
-    generation: dict | None = None           # generation_config.json (sampling defaults), which `save` keeps
+    sample_vocab_size: int | None = None  # the rows generate samples; None -> vocab_size
+    generation: dict | None = None  # generation_config.json (sampling defaults), which `save` keeps
 
     def __post_init__(self):
         if self.model_type not in ("qwen2", "qwen3"):
@@ -236,9 +236,9 @@ class Block(nn.Module):
 
 @dataclasses.dataclass
 class Generation:
-    tokens: list[list[int]]       # new tokens per row, a stop token included
-    logprobs: list[list[float]]   # under softmax(logits / temperature)
-    finish_reasons: list[str]     # "stop" or "length"
+    tokens: list[list[int]]  # new tokens per row, a stop token included
+    logprobs: list[list[float]]  # under softmax(logits / temperature)
+    finish_reasons: list[str]  # "stop" or "length"
 
 
 class Qwen(nn.Module):
@@ -322,11 +322,11 @@ class Qwen(nn.Module):
 @dataclasses.dataclass
 class Sequence:
     prompt: list
-    generator: object = None       # its own (seeded)
-    index: int = 0                 # its row in generate's output
+    generator: object = None  # its own (seeded)
+    index: int = 0  # its row in generate's output
     tokens: list = dataclasses.field(default_factory=list)
     logprobs: list = dataclasses.field(default_factory=list)
-    reason: str | None = None      # "stop" or "length"
+    reason: str | None = None  # "stop" or "length"
 
 
 class SlotCache:

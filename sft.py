@@ -50,31 +50,31 @@ ROOT = agent.env.ROOT  # default paths: the project's runs/, wherever sft.py is 
 @dataclasses.dataclass
 class Config:
     data: str = str(ROOT / "runs/data/sft.jsonl")  # chat JSONL (collect.py)
-    model: str | None = None                # a Hugging Face folder or hub id; None: the tiny model
+    model: str | None = None  # a Hugging Face folder or hub id; None: the tiny model
     out: str = str(ROOT / "runs/ckpt/sft")  # the final model, checkpoint-<step>/ folders, log.jsonl
-    epochs: int | None = None               # None: 2 (ML-Agent), 5 from scratch
-    lr: float | None = None                 # None: 2e-5 (ML-Agent), 3e-3 from scratch
-    warmup_ratio: float = 0.03              # linear warmup over this share of the steps (TRL recipes)
-    weight_decay: float = 0.0               # AdamW's (HF Trainer default)
+    epochs: int | None = None  # None: 2 (ML-Agent), 5 from scratch
+    lr: float | None = None  # None: 2e-5 (ML-Agent), 3e-3 from scratch
+    warmup_ratio: float = 0.03  # linear warmup over this share of the steps (TRL recipes)
+    weight_decay: float = 0.0  # AdamW's (HF Trainer default)
     prompt_loss_weight: float | None = None  # loss weight of non-assistant tokens; None: 0 (ML-Agent)
-    batch_size: int | None = None           # per optimizer step, all ranks; None: 64 (ML-Agent), 2 from scratch
-    micro_batch: int | None = None          # per forward on one rank (accumulated); None: 1, 2 from scratch
-    max_len: int = 16384                    # per conversation, oldest tokens cut (paper: 15k)
-    grad_clip: float = 1.0                  # max gradient norm (HF Trainer default)
-    heldout: float = 0.1                    # share of the conversations held out
-    eval_parse: int = 32                    # held-out prompts answered for the parse rate (0: off)
-    max_new_tokens: int = 512               # their length limit
-    grad_checkpointing: bool = False        # recompute each block in backward (less memory)
-    fsdp: bool = False                      # torchrun: FSDP2, not DDP (anyway on CUDA if one GPU is short)
-    save_dtype: str = "auto"                # auto: bfloat16 from CUDA (vLLM reads fp32 as fp16), float32 on CPU
-    resume: str | None = None               # a checkpoint-<step> folder; None: the latest under --out (as "auto")
-    seed: int = 0                           # data order, held-out split, scratch init
-    device: str | None = None               # default: this rank's GPU if available, else cpu
-    threads: int = 0                        # torch.set_num_threads (0: its default)
-    scratch_vocab: int = 8192               # from scratch: BPE vocabulary size (at most)
-    scratch_hidden: int = 128               # from scratch: width (sizes tried: tests/RESULTS.md)
-    scratch_layers: int = 2                 # from scratch: blocks (more no better: tests/RESULTS.md)
-    scratch_heads: int = 4                  # from scratch: query heads (half as many KV heads)
+    batch_size: int | None = None  # per optimizer step, all ranks; None: 64 (ML-Agent), 2 from scratch
+    micro_batch: int | None = None  # per forward on one rank (accumulated); None: 1, 2 from scratch
+    max_len: int = 16384  # per conversation, oldest tokens cut (paper: 15k)
+    grad_clip: float = 1.0  # max gradient norm (HF Trainer default)
+    heldout: float = 0.1  # share of the conversations held out
+    eval_parse: int = 32  # held-out prompts answered for the parse rate (0: off)
+    max_new_tokens: int = 512  # their length limit
+    grad_checkpointing: bool = False  # recompute each block in backward (less memory)
+    fsdp: bool = False  # torchrun: FSDP2, not DDP (anyway on CUDA if one GPU is short)
+    save_dtype: str = "auto"  # auto: bfloat16 from CUDA (vLLM reads fp32 as fp16), float32 on CPU
+    resume: str | None = None  # a checkpoint-<step> folder; None: the latest under --out (as "auto")
+    seed: int = 0  # data order, held-out split, scratch init
+    device: str | None = None  # default: this rank's GPU if available, else cpu
+    threads: int = 0  # torch.set_num_threads (0: its default)
+    scratch_vocab: int = 8192  # from scratch: BPE vocabulary size (at most)
+    scratch_hidden: int = 128  # from scratch: width (sizes tried: tests/RESULTS.md)
+    scratch_layers: int = 2  # from scratch: blocks (more no better: tests/RESULTS.md)
+    scratch_heads: int = 4  # from scratch: query heads (half as many KV heads)
 
 
 # ==== Data: ChatML rendering with labels on the assistant turns only
