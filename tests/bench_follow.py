@@ -6,6 +6,8 @@ running any script (not collected by pytest; a pilot takes minutes, not an evalu
   exactly after "not better". Printed as right of valid, with the (wanted, got) counts.
 - first plans: first states (step 0) with injected ideas; right when the ideas of the plan the policy writes (its
   "Try [category] idea" lines, or lines that repeat the prompt's "[category] idea") are the prompt's, in its order.
+- edits: later states (step > 0) where the expert edits (Edit Script (AI)), its plan with the prompt's ideas in the
+  history the policy reads; right when the policy's edit instruction holds an idea of the prompt.
 
   python tests/bench_follow.py --model runs/ckpt/sft --states runs/data/states.jsonl   # held-in (seen) states
   python collect.py --tasks loans energy ... --trajectories 2 --seed 7 --out runs/heldout-states  # unseen states
@@ -66,8 +68,19 @@ def main(argv=None):
     firsts = [s for s in states if s["step"] == 0 and s["ideas"]][:a.n]
     same = sum(PLAN_IDEA.findall(act(s)[0]) == [idea for _, idea in s["ideas"]] for s in firsts)
     print(f"first plans: {same} of {len(firsts)} list the prompt's ideas in its order")
+    edits = [s for s in states if s["step"] > 0 and s["ideas"] and s["expert"]["action"] == "Edit Script (AI)"][:a.n]
+    ours = Counter()
+    for state in edits:
+        text, action = act(state)
+        if action != "Edit Script (AI)":
+            ours["invalid" if action is None else "other action"] += 1
+            continue
+        said = agent.parse_response(text)[1].get("edit_instruction", "")
+        ours["own idea" if any(idea in str(said) for _, idea in state["ideas"]) else "other idea"] += 1
+    print(f"edits: {ours['own idea']} of {len(edits)} edit with an idea of the prompt ("
+          + ", ".join(f"{k} {n}" for k, n in sorted(ours.items())) + ")")
     print(json.dumps({"decisions": {f"{w}->{g}": n for (w, g), n in counts.items()}, "first_plans": same,
-                      "first_states": len(firsts)}))
+                      "first_states": len(firsts), "edits": dict(ours), "edit_states": len(edits)}))
 
 
 if __name__ == "__main__":
