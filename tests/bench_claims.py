@@ -44,7 +44,7 @@ import model  # noqa: E402
 import ppo  # noqa: E402
 import sft  # noqa: E402
 from agent import write_atomic  # noqa: E402
-from eval import performance_gain, policy_label  # noqa: E402
+from eval import task_bootstrap  # noqa: E402
 from reward import OUTCOMES, RewardConfig  # noqa: E402
 
 ROOT = env.ROOT
@@ -53,9 +53,10 @@ CLAIM_PRESETS = {
     # the full run: every held-in task, two SFT seeds, PPO for 16 iterations of 16 states (ppo.py's tiny defaults:
     # 4 samples each, the group baseline), J_step over 8 x 64 states, K = 2 on the held-out tasks; C8 on all of them.
     # J_step is cheap beside training; over 3 x 64 states its paired intervals were as wide as the effects they
-    # measured (tests/RESULTS.md, "The claims")
+    # measured (tests/RESULTS.md, "The claims"); C3's two policies over 24 x 64: the 8 x 64 of 2026-12-03 gave
+    # +0.047 [-0.008, +0.101], whose spread needs about 1,400 pairs to find that mean (`power`)
     "full": dict(tasks=HELD_IN, few_tasks=4, trajectories=1, sft_seeds=(0, 1), sft=[], unseen_states=150,
-                 ppo=["--iterations", "16"], objective_states=64, objective_seeds=8,
+                 ppo=["--iterations", "16"], objective_states=64, objective_seeds=8, c3_seeds=24,
                  eval=["--k", "2", "--max-steps", "8"], eval_tasks=[], orch_task="breast-cancer",
                  orch=["--iterations", "1", "--depth", "2"], c7_rounds=6,
                  c8_tasks=[n for n, s in env.BUILTIN_TASKS.items() if s.split == "held-out"]),
@@ -175,15 +176,45 @@ def _distinct_ideas(data: str) -> dict:
             "trajectories": len(trajs)}
 
 
-def _gains(report: dict) -> dict:
-    """policy -> the performance gain of each held-out run (a failed run scores m_init, as in task_summary)."""
-    out: dict = {}
-    for r in report["runs"]:
-        t = report["tasks"][r["task"]]
-        init = t["m_init"]["private"]
-        m = r["private"] if r["valid"] else init
-        out.setdefault(r["policy"], []).append(performance_gain(m, init, t["higher_is_better"]) if init else None)
-    return out
+Z_POWER = 1.96 + 0.84  # a two-sided test at 5% finds an effect of Z_POWER standard errors 80% of the time
+
+
+def power(units) -> dict:
+    """What a paired comparison over these units (numbers, or each task's list of runs, averaged per task) can
+    detect: the smallest effect found 80% of the time at 5%, and how many units the observed mean would need."""
+    import numpy as np
+    x = np.array([np.mean(u) if isinstance(u, list) else u for u in units if u is not None and u != []], dtype=float)
+    if len(x) < 2 or x.std(ddof=1) == 0:
+        return {"detectable": None, "units_needed": None}
+    sd, mean = x.std(ddof=1), x.mean()
+    return {"detectable": float(Z_POWER * sd / len(x) ** 0.5),
+            "units_needed": int(np.ceil((Z_POWER * sd / mean) ** 2)) if mean else None}
+
+
+def _group(report: dict, path: str) -> dict:
+    return next(g for g in report["groups"] if g["policy_path"] == path)
+
+
+def _gain(report: dict, path: str) -> dict:
+    """eval.py's measure of a policy on the held-out tasks: the clipped gain, its interval resampling tasks."""
+    o = _group(report, path)["overall"]
+    return {"mean": o["gain_clipped"], "lo": o["gain_clipped_ci"][0], "hi": o["gain_clipped_ci"][1], "n": o["runs"]}
+
+
+def _gain_diff(report: dict, a: str, b: str) -> dict:
+    """b - a of the clipped gains on the held-out tasks, paired by (task, run) as eval.py's report pairs them, with
+    the interval resampling tasks and the power over tasks."""
+    diffs = [[y - x for x, y in zip(ta["gains_clipped"], tb["gains_clipped"])]
+             for ta, tb in zip(_group(report, a)["tasks"], _group(report, b)["tasks"])]
+    mean, lo, hi = task_bootstrap(diffs)
+    return {"mean": mean, "lo": lo, "hi": hi, "n": sum(map(len, diffs)), **power(diffs)}
+
+
+def _decided(*diffs) -> bool | None:
+    """True when every interval is above 0, False when one is below, None (undecided) otherwise."""
+    if any(d["mean"] is None or d["hi"] < 0 for d in diffs):
+        return None if any(d["mean"] is None for d in diffs) else False
+    return True if all(d["lo"] > 0 for d in diffs) else None
 
 
 def _claim(name, mirrors, what, value, holds, **more) -> dict:
@@ -221,8 +252,8 @@ def _run_claims(preset: dict, out: Path, log, lanes) -> dict:
     # reward ablations (C6), and from the SFT model of the less diverse data (C5)
     runs = {"ppo": [], "episodic": ["--episodic"], "few": ["--tasks", p["few_tasks"]],
             "binary": ["--binary-performance"], "no-format": ["--no-format-term"], "no-corner": ["--no-corner-term"]}
-    ppo_ckpt = {name: R.path(f"ppo-{name}") for name in [*runs, "k1"]}  # the actors' folders (their base names
-    policies = {"sft": sft0, **ppo_ckpt, "sft-k1": sft1}                 # label the policies in eval's report)
+    ppo_ckpt = {name: R.path(f"ppo-{name}") for name in [*runs, "k1", "episodic-time"]}  # the actors (base names
+    policies = {"sft": sft0, **ppo_ckpt, "sft-k1": sft1}                               # label eval's policies)
     orch, ev, ev7, ev8 = R.path("orch"), R.path("eval"), R.path("eval-context"), R.path("eval-orchestrator")
     R.steps(*[(f"sft-{s}", "sft.py", ["--data", f"{data}/sft.jsonl", "--out", c, "--seed", s, *p["sft"]], [c])
               for s, c in sft_ckpt.items()],
@@ -240,6 +271,15 @@ def _run_claims(preset: dict, out: Path, log, lanes) -> dict:
                [ppo_ckpt[name], f"{ppo_ckpt[name]}.jsonl"])
               for name, (start, states, extra) in {**{k: (sft0, data, v) for k, v in runs.items()},
                                                    "k1": (sft1, data1, [])}.items()])
+    # C3 at equal time: episode-wise for as many iterations as fit in the step-wise run's training seconds
+    secs = {k: [r["time_total"] for r in agent.read_jsonl(Path(f"{ppo_ckpt[k]}.jsonl"), complete_only=True)]
+            for k in ("ppo", "episodic")}
+    equal_time = max(1, round(sum(secs["ppo"]) / (sum(secs["episodic"]) / len(secs["episodic"]))))
+    R.steps(("ppo-episodic-time", "ppo.py", ["--model", sft0, "--states", f"{data}/states.jsonl", "--out",
+                                             ppo_ckpt["episodic-time"], "--log-file",
+                                             f"{ppo_ckpt['episodic-time']}.jsonl", *p["ppo"], "--episodic",
+                                             "--iterations", equal_time],
+             [ppo_ckpt["episodic-time"], f"{ppo_ckpt['episodic-time']}.jsonl"]))
     # held-out evaluation of every policy (Δr avg@K), and of the Orchestrator before and after tree training
     R.steps(("eval", "eval.py", ["--policy", *[policies[k] for k in ("sft", "ppo", "few", "k1", "sft-k1")], "--out", ev,
                                  *(["--tasks", *p["eval_tasks"]] if p["eval_tasks"] else []), *p["eval"], "--no-plots"],
@@ -255,8 +295,11 @@ def _run_claims(preset: dict, out: Path, log, lanes) -> dict:
                    if json.dumps(r["messages"]) not in seen][: p["unseen_states"]]  # states SFT never trained on
     c1 = {s: R.measure(f"parse-sft-{s}", lambda c=c: _parse_rate(c, unseen_rows)) for s, c in sft_ckpt.items()}
     # J_step of each policy: objective_seeds fresh samples of objective_states states, the same for every policy
+    # (C3's policies over more seeds: their first seeds are every policy's, so pairs with the others stay in order)
+    c3 = {"step-wise": "ppo", "episode-wise": "episodic", "episode-wise, equal time": "episodic-time"}
     obj = {k: [R.measure(f"objective-{k}-{s}", lambda c=c, s=s: estimate_objective(
-        c, f"{data}/states.jsonl", n=p["objective_states"], seed=s)) for s in range(p["objective_seeds"])]
+        c, f"{data}/states.jsonl", n=p["objective_states"], seed=s))
+        for s in range(p.get("c3_seeds", p["objective_seeds"]) if k in c3.values() else p["objective_seeds"])]
         for k, c in policies.items() if k != "sft-k1"}
     # the agent's action diversity (ML-Agent Figure 7): distinct edit instructions among its actions in each seed's
     # states (runs before the "edits" key have none)
@@ -266,14 +309,17 @@ def _run_claims(preset: dict, out: Path, log, lanes) -> dict:
     for v in obj.values():
         v["mean_reward"] = sum(v["rewards"]) / len(v["rewards"])
     report = json.loads((Path(ev) / "report.json").read_text())
-    gains = {k: _gains(report).get(policy_label(c), []) for k, c in policies.items()}
-    gain = {k: bootstrap(v) for k, v in gains.items()}
+    gain = {k: _gain(report, policies[k]) for k in ("sft", "ppo", "few", "k1")}
     div = {"with ideas": _distinct_ideas(data), "one idea per category": _distinct_ideas(data1)}
-    c3 = {"step-wise": "ppo", "episode-wise": "episodic"}
     logs = {k: agent.read_jsonl(Path(f"{ppo_ckpt[run]}.jsonl"), complete_only=True) for k, run in c3.items()}
-    diff = lambda a, b: bootstrap([x - y for x, y in zip(obj[a]["rewards"], obj[b]["rewards"])])  # noqa: E731
+
+    def diff(a, b):  # J_step a - b, paired by (seed, state), with its power over pairs
+        d = [x - y for x, y in zip(obj[a]["rewards"], obj[b]["rewards"])]
+        return {**bootstrap(d), **power(d)}
     corner = {k: bootstrap([r["frac_corner"] for r in agent.read_jsonl(f"{ppo_ckpt[k]}.jsonl", complete_only=True)])
               ["mean"] for k in ("ppo", "binary", "no-format", "no-corner")}  # corner cases' share of training actions
+    terms = ["binary", "no-format"] + (["no-corner"] if corner["ppo"] else [])  # C6's reachable terms
+    held_out = lambda a, b: _gain_diff(report, policies[a], policies[b])  # noqa: E731
     rep8 = json.loads((Path(ev8) / "report.json").read_text())
     ranks = {Path(g["policy_path"]).name: bootstrap([t["human_rank_avg"] for t in g["tasks"]])
              for g in rep8["groups"]}
@@ -289,23 +335,29 @@ def _run_claims(preset: dict, out: Path, log, lanes) -> dict:
                "per seed", {"per_seed": rates, "seeds": bootstrap(list(rates.values()))},
                bool(unseen_rows) and min(rates.values()) >= 0.9, aim="at least 90% for every seed"),
         _claim("C2 PPO beats SFT", "ML-Agent Table 1, Figure 3",
-               f"mean step reward on {p['objective_seeds']} x {p['objective_states']} held-in states (PPO - SFT, "
-               "paired) and Δr avg@K on the held-out tasks",
-               {"step_reward": {k: obj[k]["mean_reward"] for k in ("sft", "ppo")},
-                "step_reward_ppo_minus_sft": diff("ppo", "sft"), "gain": {k: gain[k] for k in ("sft", "ppo")}},
-               diff("ppo", "sft")["lo"] is not None and diff("ppo", "sft")["lo"] > 0 and _gt(gain["ppo"], gain["sft"])),
+               "clipped gain on the held-out tasks, PPO - SFT paired by (task, run) (eval.py's report; decides), and "
+               f"the mean step reward on {p['objective_seeds']} x {p['objective_states']} held-in states (paired)",
+               {"gain": {k: gain[k] for k in ("sft", "ppo")}, "gain_ppo_minus_sft": held_out("sft", "ppo"),
+                "step_reward": {k: obj[k]["mean_reward"] for k in ("sft", "ppo")},
+                "step_reward_ppo_minus_sft": diff("ppo", "sft")},
+               _decided(held_out("sft", "ppo"))),
         _claim("C3 step-wise beats episode-wise", "ML-Agent Figure 3",
-               "mean step reward on the held-in states after at most the same number of actions per update (paired), "
-               "and the training reward against wall time (plot)",
+               "mean step reward on the held-in states (paired) after the same iterations with at most the same "
+               "actions per update, and after the episode-wise run's iterations that fit the step-wise seconds; the "
+               "training reward against wall time (plot); decided by the equal-iteration difference",
                {"step_reward": {k: obj[run]["mean_reward"] for k, run in c3.items()},
                 "stepwise_minus_episodic": diff("ppo", "episodic"),
-                "seconds": {k: sum(r["time_total"] for r in v) for k, v in logs.items()}},
-               diff("ppo", "episodic")["lo"] is not None and diff("ppo", "episodic")["lo"] > 0),
+                "stepwise_minus_episodic_equal_time": diff("ppo", "episodic-time"),
+                "seconds": {k: sum(r["time_total"] for r in v) for k, v in logs.items()},
+                "iterations": {k: len(v) for k, v in logs.items()}},
+               _decided(diff("ppo", "episodic"))),
         _claim("C4 more RL tasks help", "ML-Agent Figure 5",
-               f"Δr avg@K on the held-out tasks after PPO on 0 (the SFT model), {p['few_tasks']} and "
-               f"{len(p['tasks'])} held-in tasks", {"0": gain["sft"], str(p["few_tasks"]): gain["few"],
-                                                    str(len(p["tasks"])): gain["ppo"]},
-               None if gain["ppo"]["mean"] is None else bool(gain["ppo"]["mean"] > gain["few"]["mean"] > gain["sft"]["mean"])),
+               f"clipped gain on the held-out tasks after PPO on 0 (the SFT model), {p['few_tasks']} and "
+               f"{len(p['tasks'])} held-in tasks, each step paired by (task, run); undecided where an interval holds "
+               "0 (its detectable effect beside it)",
+               {"0": gain["sft"], str(p["few_tasks"]): gain["few"], str(len(p["tasks"])): gain["ppo"],
+                "few_minus_sft": held_out("sft", "few"), "all_minus_few": held_out("few", "ppo")},
+               _decided(held_out("sft", "few"), held_out("few", "ppo"))),
         _claim("C5 exploration-enriched data helps", "ML-Agent Figures 4 and 7",
                f"distinct edit instructions among the RL agent's actions in each seed's {p['objective_states']} "
                "held-in states (the same states for both), and Δr avg@K after RL, from the data of the diverse idea "
@@ -317,11 +369,11 @@ def _run_claims(preset: dict, out: Path, log, lanes) -> dict:
                bool(_gt(acted["ppo"]["per_seed"], acted["k1"]["per_seed"])) and bool(_gt(gain["ppo"], gain["k1"]))),
         _claim("C6 each reward term matters", "ML-Agent Table 3",
                "mean step reward (full reward) on the held-in states after PPO with the full reward and with each "
-               "ablation (full - ablation, paired); the share of corner cases among each run's training actions "
-               "(without any, the no-corner run is the full run)",
-               {**{k: diff("ppo", k) for k in ("binary", "no-format", "no-corner")}, "corner_share": corner},
-               all(diff("ppo", k)["mean"] is not None and diff("ppo", k)["mean"] > 0
-                   for k in ("binary", "no-format", "no-corner"))),
+               "ablation (full - ablation, paired); the share of corner cases among each run's training actions: "
+               "without any, the no-corner run is the full run and its term is not reachable here (left out)",
+               {**{k: diff("ppo", k) for k in terms}, "corner_share": corner,
+                **({} if "no-corner" in terms else {"no-corner": "not reachable: no corner case in training"})},
+               _decided(*[diff("ppo", k) for k in terms])),
         _claim("C7 the Orchestrator's context grows slowly", "Matryoshka Figure 2",
                "prompt tokens added per round: the Orchestrator against the monolithic agent's chat",
                {k: slope(v) for k, v in ctx.items()},
@@ -342,7 +394,9 @@ def _run_claims(preset: dict, out: Path, log, lanes) -> dict:
 
 def _v(x) -> str:
     if isinstance(x, dict) and "mean" in x:
-        return "-" if x["mean"] is None else f"{x['mean']:+.4f} [{x['lo']:+.4f}, {x['hi']:+.4f}] (n={x['n']})"
+        return "-" if x["mean"] is None else (f"{x['mean']:+.4f} [{x['lo']:+.4f}, {x['hi']:+.4f}] (n={x['n']}"
+                                              + (f"; detectable {x['detectable']:.4f}, needs n={x['units_needed']}"
+                                                 if x.get("detectable") is not None else "") + ")")
     if isinstance(x, dict):
         return "; ".join(f"{k}: {_v(v)}" for k, v in x.items())
     return f"{x:.4f}" if isinstance(x, float) else str(x)
@@ -353,7 +407,7 @@ def claims_markdown(result: dict) -> str:
              "Means with 95% bootstrap intervals [lo, hi]; n = states, runs or seeds resampled.", "",
              "| claim | mirrors | measured | value | holds |", "|---|---|---|---|---|"]
     for c in result["claims"]:
-        holds = {True: "yes", False: "no", None: "not measured"}[c["holds"]]
+        holds = {True: "yes", False: "no", None: "undecided"}[c["holds"]]
         lines.append(f"| {c['claim']} | {c['mirrors']} | {c['measured']} | {_v(c['value'])} | {holds} |")
     lines += ["", "Step seconds: " + ", ".join(f"{k} {v:.0f}" for k, v in result["seconds"].items())]
     return "\n".join(lines) + "\n"

@@ -53,11 +53,16 @@ def objective(out, name, policy, states, n, seeds):
     return result
 
 
-def row(name, flags, obj, base, log):
-    d = bench_claims.bootstrap([a - b for a, b in zip(obj["rewards"], base["rewards"])])
+def paired(a, b):
+    """a - b of J_step, paired by (seed, state): the same states and sampling seeds for every policy."""
+    return bench_claims.bootstrap([x - y for x, y in zip(a["rewards"], b["rewards"])])
+
+
+def row(name, flags, obj, base, first, log):
     last = log[-1] if log else {}
     return {"variant": name, "flags": " ".join(flags), "j_step": sum(obj["rewards"]) / len(obj["rewards"]),
-            "minus_sft": d, "invalid": obj["kinds"].count("invalid") / len(obj["kinds"]),
+            "minus_sft": paired(obj, base), "minus_first": None if first is None else paired(obj, first),
+            "invalid": obj["kinds"].count("invalid") / len(obj["kinds"]),
             "clipfrac_max": max((x["clipfrac"] for x in log), default=None), "kl_end": last.get("kl"),
             "explained_variance_end": last.get("explained_variance"), "iterations": len(log),
             "seconds": sum(x["time_total"] for x in log)}
@@ -68,13 +73,15 @@ def markdown(result):
     lines = [f"PPO from `{result['model']}`, J_step on {result['objective_seeds']} x {result['objective_states']} "
              f"seeded states ({result['date']}): SFT {result['sft']['j_step']:+.3f}, invalid "
              f"{result['sft']['invalid']:.1%}", "",
-             "| variant | flags | iterations | J_step | PPO - SFT [95%] | invalid | clip fraction (max) | KL at the end "
-             "| EV at the end | seconds |", "|---|---|---|---|---|---|---|---|---|---|"]
+             f"| variant | flags | iterations | J_step | PPO - SFT [95%] | - {result['rows'][0]['variant']} [95%] | "
+             "invalid | clip fraction (max) | KL at the end | EV at the end | seconds |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    ci = lambda d: "-" if d is None else f"{f(d['mean'])} [{f(d['lo'])}, {f(d['hi'])}]"  # noqa: E731
     for r in result["rows"]:
-        d = r["minus_sft"]
-        lines.append(f"| {r['variant']} | `{r['flags']}` | {r['iterations']} | {r['j_step']:+.3f} | {f(d['mean'])} "
-                     f"[{f(d['lo'])}, {f(d['hi'])}] | {r['invalid']:.1%} | {f(r['clipfrac_max'], 4)} | "
-                     f"{f(r['kl_end'], 2)} | {f(r['explained_variance_end'], 2)} | {r['seconds']:.0f} |")
+        lines.append(f"| {r['variant']} | `{r['flags']}` | {r['iterations']} | {r['j_step']:+.3f} | "
+                     f"{ci(r['minus_sft'])} | {ci(r['minus_first'])} | {r['invalid']:.1%} | "
+                     f"{f(r['clipfrac_max'], 4)} | {f(r['kl_end'], 2)} | {f(r['explained_variance_end'], 2)} | "
+                     f"{r['seconds']:.0f} |")
     return "\n".join(lines) + "\n"
 
 
@@ -100,7 +107,7 @@ def main(argv=None):
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     base = objective(out, "sft", a.model, a.states, a.objective_states, a.objective_seeds)
-    rows = []
+    rows, first = [], None
     for name, flags in variants:
         cmd = [sys.executable, str(ROOT / "ppo.py"), "--model", a.model, "--states", a.states, "--out",
                str(out / name), "--log-file", str(out / f"{name}.jsonl"), "--iterations", str(a.iterations), *flags]
@@ -110,7 +117,8 @@ def main(argv=None):
         log = [json.loads(line) for line in open(out / f"{name}.jsonl", encoding="utf-8")]
         obj = objective(out, f"{name}-{a.iterations}", str(out / name), a.states, a.objective_states,
                         a.objective_seeds)
-        rows.append(row(name, flags, obj, base, log))
+        rows.append(row(name, flags, obj, base, first, log))
+        first = first or obj  # later variants are also paired against the first
     result = {"date": time.strftime("%Y-%m-%d"), "model": a.model, "objective_states": a.objective_states,
               "objective_seeds": a.objective_seeds, "sft": {"j_step": sum(base["rewards"]) / len(base["rewards"]),
                                                             "invalid": base["kinds"].count("invalid") / len(base["kinds"])},
