@@ -2,7 +2,8 @@
 
 - usage errors (an unknown flag, --lanes below one) exit 2 with one line and start nothing;
 - independent steps run at once or in turn, each once, and a failure is raised after the others finished;
-- the bootstrap interval brackets the mean and narrows with n;
+- the bootstrap interval brackets the mean and narrows with n; the power arithmetic; a claim is decided only by an
+  interval clear of 0; bench_ppo.py pairs each variant against the first;
 - a claims run at the smallest size runs every step, writes every claim C1-C8, and a rerun finds everything done
   (the steps' commands at their least sizes; how steps run, once each, in lanes, is the test of the second item).
 """
@@ -52,6 +53,40 @@ def test_bootstrap_interval_brackets_the_mean_and_narrows_with_n():
     assert small["mean"] == large["mean"] == 0.5 and small["n"] == 10
     assert small["lo"] < 0.5 < small["hi"] and (large["hi"] - large["lo"]) < (small["hi"] - small["lo"]) / 5
     assert bench.bootstrap([None])["mean"] is None
+
+
+def test_power_is_the_detectable_effect_and_the_units_its_mean_needs():
+    units = [1.0, -1.0] * 8 + [0.5] * 4  # sd 0.9403 (ddof 1), mean 0.1, 20 units
+    got = bench.power(units)
+    assert got["detectable"] == pytest.approx(2.80 * 0.9403 / 20 ** 0.5, rel=1e-3)
+    assert got["units_needed"] == 694  # ceil((2.80 * 0.9403 / 0.1) ** 2)
+    by_task = bench.power([[1.0, 3.0], [0.0], [2.0, 2.0, 2.0]])  # each task's runs averaged: 2, 0, 2
+    assert by_task["detectable"] == pytest.approx(2.80 * 1.1547 / 3 ** 0.5, rel=1e-3)
+    assert bench.power([1.0])["detectable"] is None and bench.power([2.0, 2.0])["detectable"] is None
+
+
+def test_a_claim_is_decided_only_by_intervals_clear_of_zero():
+    up, down, across = ({"mean": m, "lo": lo, "hi": hi} for m, lo, hi in ((0.2, 0.1, 0.3), (-0.2, -0.3, -0.1),
+                                                                          (0.1, -0.1, 0.3)))
+    assert bench._decided(up) is True and bench._decided(up, up) is True
+    assert bench._decided(down) is False and bench._decided(up, down) is False
+    assert bench._decided(across) is None and bench._decided(up, across) is None
+    assert bench._decided({"mean": None, "lo": None, "hi": None}) is None
+
+
+def test_bench_ppo_pairs_each_variant_against_the_sft_start_and_the_first_variant():
+    spec = importlib.util.spec_from_file_location("bench_ppo", PATH.parent / "bench_ppo.py")
+    bench_ppo = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench_ppo)
+    sft, first, second = ({"rewards": r, "kinds": ["edit"] * 4} for r in
+                          ([0.0, 0.0, 0.0, 0.0], [0.5, -1.0, 0.5, 0.0], [0.0, 0.0, 1.0, -1.0]))
+    log = [{"clipfrac": 0.1, "kl": 0.2, "explained_variance": None, "time_total": 3.0}]
+    a, b = bench_ppo.row("a", [], first, sft, None, log), bench_ppo.row("b", ["--x"], second, sft, first, log)
+    assert a["minus_first"] is None and a["minus_sft"]["mean"] == 0.0
+    assert b["minus_first"]["mean"] == pytest.approx((-0.5 + 1.0 + 0.5 - 1.0) / 4) and b["minus_first"]["n"] == 4
+    table = bench_ppo.markdown({"model": "m", "objective_seeds": 1, "objective_states": 4, "date": "d",
+                                "sft": {"j_step": 0.0, "invalid": 0.0}, "rows": [a, b]})
+    assert "- a [95%]" in table and "| b | `--x` |" in table
 
 
 # A claims run at the smallest size that still runs every step: it checks the report's shape, never the outcomes.
