@@ -40,7 +40,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.tensor import DTensor, distribute_tensor
+from torch.distributed.tensor import DTensor
 from torch.utils.checkpoint import checkpoint
 from tqdm import tqdm
 
@@ -1057,9 +1057,9 @@ def fill(lm, tensors):
             if p is None or tuple(p.shape) != tuple(full.shape):
                 unexpected.append(name if p is None else f"{name}{list(full.shape)}!={list(p.shape)}")
                 continue
-            if isinstance(p, DTensor):  # each rank cuts its shard: no communication
-                full = full.to(p.device_mesh.device_type, p.dtype)
-                p.copy_(distribute_tensor(full, p.device_mesh, p.placements, src_data_rank=None))
+            if isinstance(p, DTensor):  # FSDP2's Shard(0): this rank cuts its rows (torch.chunk's split) on the
+                rows, rank = full.chunk(p.device_mesh.size(), 0), p.device_mesh.get_local_rank()  # CPU: only they
+                p.to_local().copy_(rows[rank] if rank < len(rows) else full[:0])  # reach the GPU, no communication
             elif full.data_ptr() != p.data_ptr():  # (`load` may have read it in place)
                 p.copy_(full)
             seen.add(name)

@@ -1048,6 +1048,24 @@ def _fsdp_paths_worker(rank, world, port, out):
         model.fill(lm, full.state_dict().items())
         return net
     actor, ref = sharded(), sharded().requires_grad_(False)
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Copies(TorchDispatchMode):  # the largest plain tensor a copy or cast makes or fills, in elements
+        most = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if func in (torch.ops.aten._to_copy.default, torch.ops.aten.copy_.default) and type(out) is torch.Tensor:
+                Copies.most = max(Copies.most, out.numel())
+            return out
+    with torch.device("meta"):
+        lm64 = model.Qwen(full.config)
+    model.shard(ppo.Actor(lm64), lm64.model.layers, world, cpu).to_empty(device=cpu)
+    lm64.tie_weights()
+    checkpoint = [(k, v.double()) for k, v in full.state_dict().items()]
+    with Copies():  # a float64 checkpoint into fp32 shards: each rank casts and copies only its rows
+        model.fill(lm64, checkpoint)
+    rows_only = Copies.most <= max(-(-len(v) // world) * v[0].numel() for v in full.state_dict().values())
     roots = lambda: [isinstance(n.lm.model.embed_tokens.weight, DTensor) for n in (actor, ref)]  # noqa: E731
     before = roots()
     ids = torch.randint(0, 64, (2, 12), generator=torch.Generator().manual_seed(1))
@@ -1066,7 +1084,7 @@ def _fsdp_paths_worker(rank, world, port, out):
     idle = roots()[0] and all(p.grad is None for p in actor.parameters())
     with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
         json.dump({"before": before, "after": after, "gathered": sorted(set(gathered)), "n": len(gathered),
-                   "same": same, "idle": idle}, f)
+                   "same": same, "idle": idle, "rows_only": rows_only, "most": Copies.most}, f)
     torch.distributed.destroy_process_group()
 
 
@@ -1074,13 +1092,15 @@ def test_two_gloo_ranks_free_gathered_roots_and_gather_the_rollout_copy_in_bf16(
     """FSDP2 keeps the root unit (embeddings, lm_head) gathered after a forward for the backward that follows; after
     the no-grad scoring forward none follows, so it must be resharded (the reference would otherwise hold it for the
     whole run). The rollout copy casts each shard before the all-gather: bf16 crosses the wire, not fp32. An update
-    in which the actor does not step leaves it sharded, with no gradient (issue 44)."""
+    in which the actor does not step leaves it sharded, with no gradient. Loading cuts each rank's rows before they
+    are cast or copied: no rank makes a full tensor on its device (issue 44)."""
     import torch.multiprocessing as mp
     mp.spawn(_fsdp_paths_worker, args=(2, _free_port(), str(tmp_path)), nprocs=2, join=True)
     for r in range(2):
         got = json.loads((tmp_path / f"rank{r}.json").read_text())
         assert got["before"] == [True, True] and got["after"] == [True, True], got
         assert got["gathered"] == ["torch.bfloat16"] and got["n"] > 0 and got["same"] and got["idle"], got
+        assert got["rows_only"], {k: got[k] for k in ("rows_only", "most")}
 
 
 def test_a_bad_model_is_one_line_exit_2_naming_it(tmp_path, no_endpoint):
