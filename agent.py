@@ -18,9 +18,9 @@ with these departures:
 4. `ScriptedExpert` is an offline STAND-IN for the LLM expert (GPT-4o-mini in the paper) when no endpoint is
    configured: a rule-based policy following the idea plan of its first prompt, not a model of GPT-4o-mini.
 
-Run one episode:  python agent.py --task digits                          (scripted expert, offline)
+Run one episode:  python agent.py --task digits  (scripted expert, offline)
                   OPENAI_BASE_URL=... OPENAI_API_KEY=... python agent.py --task digits --model gpt-4o-mini
-                  python agent.py --task digits --model runs/ckpt/sft   (a local checkpoint through model.py)
+                  python agent.py --task digits --model runs/ckpt/sft  (a local checkpoint through model.py)
 """
 import argparse
 import fcntl
@@ -359,7 +359,7 @@ def read_action_input(text: str, spec) -> dict:
                f"{', '.join(map(str, (k for k in obj if k not in keys))) or 'none'}")
     except ParseError as e:
         why = str(e)
-    body = text[text.find("{") + 1:]  # from the first { to the last }
+    body = text[text.find("{") + 1:]
     body = body[:body.rfind("}")] if "}" in body else body
     values, end = {}, len(body)
     for i, key in reversed(list(enumerate(keys))):  # the last `, "key":` before the next key's value
@@ -378,7 +378,7 @@ def json_object(text: str, what="the answer") -> dict:
     if start < 0 or end < start:
         raise ParseError(f"{what} holds no JSON object")
     try:
-        return json.loads(raw[start:end + 1], strict=False)  # from { to }: an object if valid
+        return json.loads(raw[start:end + 1], strict=False)
     except json.JSONDecodeError as e:
         raise ParseError(f"{what} is not valid JSON: {e}") from None
 
@@ -754,7 +754,7 @@ def make_backend(model_name: str | None, base_url: str | None = None, price_in=0
     return OpenAIBackend(model=name, base_url=base_url, price_in=price_in, price_out=price_out)
 
 
-Parser = env.Parser  # every script's parser: a usage error is one line, exit status 2
+Parser = env.Parser  # every script's (env.py)
 
 
 def checked(kind, ok=None, says="finite"):

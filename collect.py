@@ -17,7 +17,7 @@ Departures from the paper:
    farthest-point selection on cosine distance (Gonzalez, 1985: the 2-approximation of k-center) from the idea
    nearest the centroid, so that the pick is deterministic.
 
-Run:  python collect.py                     (offline: scripted expert, held-in tasks, ~minutes)
+Run:  python collect.py  (offline: scripted expert, held-in tasks, ~minutes)
       python collect.py --tasks digits wine --trajectories 20 --workers 2
       OPENAI_API_KEY=... python collect.py --expert gpt-4o-mini --base-url https://api.openai.com/v1
       python collect.py --no-corner-term --out runs/data-no-corner  (ML-Agent Table 3 ablation of the reward)
@@ -330,7 +330,7 @@ def main(argv=None):
     p.add_argument("--price", type=agent.NONNEGATIVE, nargs=2, default=(0.0, 0.0), metavar=("IN", "OUT"),
                    help="dollars per million input and output tokens of the expert, for the reported cost")
     reward.add_flags(p)  # the reward of the recorded steps
-    args = p.parse_args(argv)  # each value checked by its type (exit status 2)
+    args = p.parse_args(argv)
     try:
         reward_config = reward.from_flags(args)
         args.expert = agent.check_model(p, "--expert", args.expert, args.base_url)  # not in every rollout

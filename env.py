@@ -12,15 +12,14 @@ Departures from MLAgentBench:
 3. An edited script is run: reward.py pays the change of train.py's metric (another file's once it reaches train.py).
 4. `Execute Script` shows the run's capped log, stdout and stderr as written (MLAB: stdout, or stderr on failure),
    then a note at a time or resource limit, for a train.py without a valid submission.csv, or the public score (as
-   Kaggle shows; `show_score`) and whether it beats the one before train.py's last edit, in words (issue 42).
+   Kaggle shows; `show_score`) and whether it beats the one before train.py's last edit, in words.
 5. `Edit Script (AI)` takes any editor `(instruction, code) -> code`; offline, recipe_editor applies tasks/recipes/.
 6. The built-in tasks' data ship with scikit-learn or are seeded; their leaderboard is a reference panel of
    scikit-learn pipelines (tasks/builtin.py), not human Kaggle entries.
 7. An action that raises is "EnvError: Error executing {action}: {why}" (MLAB's has no why) and leaves no trace.
 
 Run:  python env.py list | python env.py prepare [NAME ...] | python env.py run --task digits --script my_train.py
-      python env.py import-mlebench --prepared ~/.cache/mle-bench/data/ID/prepared --out runs/tasks-mle/ID
-          --mlebench ../mle-bench   (graded by the competition's grade.py; or --metric accuracy --leaderboard ...)
+      python env.py import-mlebench --prepared <data>/ID/prepared --out runs/tasks-mle/ID --mlebench ../mle-bench
 """
 from __future__ import annotations
 
@@ -1077,7 +1076,7 @@ def _run(task: Task, files: dict[str, str], script: str, timeout: float, keep: l
         cpu = int(timeout * (os.cpu_count() or 1)) + 1  # a backstop to the wall clock
         limits = [(resource.RLIMIT_CPU, (cpu, cpu + 5)), (resource.RLIMIT_FSIZE, (FILE_SIZE_LIMIT,) * 2),
                   (resource.RLIMIT_NOFILE, (OPEN_FILES_LIMIT,) * 2), (resource.RLIMIT_CORE, (0, 0))]
-        limits.append((resource.RLIMIT_DATA, (GPU_MEMORY_LIMIT,) * 2) if SCRIPT_GPU else  # the run sees a GPU
+        limits.append((resource.RLIMIT_DATA, (GPU_MEMORY_LIMIT,) * 2) if SCRIPT_GPU else
                       (resource.RLIMIT_AS, (MEMORY_LIMIT,) * 2))
         limits += [(resource.RLIMIT_NPROC, (PROCESS_LIMIT,) * 2)] if uid is not None else []
         server = _fork_server(stage) if FORK_SERVER else None

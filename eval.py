@@ -8,19 +8,18 @@ N its size, an invalid submission 0 (Matryoshka Agent, arXiv:2607.25090, App. A 
 Orchestrator's prompt per round against the monolithic chat's per execution (App. F). Departures:
 1. We divide by |m_init|: the sign stays right for a negative m_init. Every score is a PRIVATE-part score: a
    run's final train.py re-run in the sandbox (cached), graded on the hidden rows.
-2. A tie is not "strictly better"; the built-in leaderboards are panels of scikit-learn pipelines (env.py), not
-   human Kaggle entries.
+2. A tie is not "strictly better"; the built-in leaderboards are not human entries (env.py, departure 6).
 3. A failed run stays among the K: invalid (HumanRank 0: MLE-bench gives no medal), scored m_init (MLAgentBench's
    success rate credits only a final submission that beats the baseline); dropping it would reward failures, the
    leaderboard's worst entry would punish by its spread.
 4. The offline scripted expert needs ideas: `--ideas sampled` (default) draws 1-3 recipe ideas per run, seeded by
    (seed, task, run), the same for every policy; `--ideas none` is the paper's test prompt.
-5. Temperature 0.2 (the papers give none): the tiny students' steps are more often invalid at PPO's 0.7 (issue 42);
-   each run has its own ideas and seed, so the K runs differ and --workers runs go at once with the same results.
-   Matryoshka submits its best attempt by public score, maybe the starter. Offline stand-ins: agent.py, orchestrator.py.
+5. Temperature 0.2 (the papers give none): the tiny students' steps are more often invalid at PPO's 0.7; each run
+   has its own ideas and seed, so the K runs differ and --workers runs go at once with the same results. Matryoshka
+   submits its best attempt by public score, maybe the starter. Offline stand-ins: agent.py, orchestrator.py.
 6. Scripts see no GPU (env.py's CPU-only limits), as collect.py's: only ppo.py's --script-gpu gives them one.
 
-Run:  python eval.py      (offline, after collect/sft/ppo: scripted expert, runs/ckpt/sft, runs/ckpt/ppo; MLAB, K=2)
+Run:  python eval.py  (offline, after collect/sft/ppo: scripted expert, runs/ckpt/sft, runs/ckpt/ppo; MLAB, K=2)
       python eval.py --k 8 --max-steps 15 ;  python eval.py --scaffold matryoshka monolithic --tasks wine
       OPENAI_API_KEY=... python eval.py --policy gpt-4o-mini --price-in 0.15 --price-out 0.6 --split held-in
 Outputs under --out (runs/eval): runs.jsonl (a restart skips its runs), report.json, report.md, and plots (.png).
@@ -50,7 +49,7 @@ import orchestrator
 ROOT = env.ROOT
 SCAFFOLDS = ("mlab", "matryoshka", "monolithic")
 FAILED_RUN_SCORE = "m_init"  # departure 3
-GAIN_CLIP, RESAMPLES = 0.5, 2000  # a run's gain clipped at +-50% (no one run decides: issue 42); bootstrap draws
+GAIN_CLIP, RESAMPLES = 0.5, 2000  # a run's gain clipped at +-50% (no one run decides); bootstrap draws
 
 
 @dataclass
@@ -311,7 +310,7 @@ def overall(rows: list[dict]) -> dict:
 
 def task_bootstrap(per_task: list[list[float]], seed: int = 0) -> tuple:
     """(mean over runs, 95% percentile-bootstrap interval) of per-task run values. Tasks, each with all its runs, are
-    resampled (issue 42): a task's K runs share its data and difficulty, so are not independent draws."""
+    resampled: a task's K runs share its data and difficulty, so are not independent draws."""
     tasks = [np.asarray(v, dtype=float) for v in per_task if len(v)]
     if not tasks:
         return None, None, None
@@ -323,7 +322,7 @@ def task_bootstrap(per_task: list[list[float]], seed: int = 0) -> tuple:
 
 def paired(groups: list[dict]) -> list[dict]:
     """b - a of the clipped gains, paired by (task, run), for each policy b after a policy a of the same scaffold:
-    run r of a task has the same seed and ideas for every policy, so the pairs leave out what runs share (issue 42)."""
+    run r of a task has the same seed and ideas for every policy, so the pairs leave out what runs share."""
     out = []
     for j, b in enumerate(groups):
         for a in (a for a in groups[:j] if a["scaffold"] == b["scaffold"]):
@@ -546,7 +545,7 @@ FLAGS = {"scaffolds": "--scaffold", "policies": "--policy", "plots": "--no-plots
 
 def main(argv=None):
     p = agent.Parser(prog="eval.py", description="Evaluate agents on held-out tasks: gain avg@K/best@K, HumanRank, cost.")
-    agent.add_fields(p, Config, TYPES, CHOICES, flags=FLAGS, switch="store_false")  # checked by type (exit status 2)
+    agent.add_fields(p, Config, TYPES, CHOICES, flags=FLAGS, switch="store_false")
     cfg = Config(**vars(p.parse_args(argv)))
     named = [agent.check_model(p, "--policy", n, cfg.base_url) for n in cfg.policies or default_policies()]
     cfg.policies = named if cfg.policies else []  # the defaults: evaluate() says which are missing

@@ -14,15 +14,14 @@ Departures and choices where the paper's text is silent:
 6. Training keeps fp32 master weights (bf16 autocast on CUDA) and saves in the checkpoint's dtype; models of
    LARGE parameters or more train LoRA adapters, the frozen base the reference.
 7. Each iteration trains on --task's tree and on depth-1 trees of --tree-tasks held-in tasks of each kind.
-8. OFFLINE STAND-INS when no endpoint or checkpoint is named: ScriptedOrchestrator (untried recipe ideas on the
-   best attempts) and RecipeCoder (env.py's recipe for its instruction), reading their state from the prompt
-   (Prompt.state); offline `train` collects with the scripted orchestrator (not on-policy).
+8. OFFLINE STAND-INS when no endpoint or checkpoint is named: ScriptedOrchestrator and RecipeCoder, reading their
+   state from the prompt (Prompt.state); offline `train` collects with the scripted orchestrator (not on-policy).
 9. OFFLINE STAND-IN for the pre-trained Orchestrator: without --model, ckpt-0 is a tiny model from scratch that
    imitates scripted decisions (sft.py's loss and step), then the ranking loss trains it at the paper's lr.
-Run:  python orchestrator.py run --task breast-cancer               (scripted orchestrator + recipe sub-agent)
+Run:  python orchestrator.py run --task breast-cancer  (scripted orchestrator + recipe sub-agent)
       python orchestrator.py run --task breast-cancer --monolithic  (the baseline)
-      python orchestrator.py tree --task breast-cancer --depth 3    (a Solution Refinement Tree; resumable)
-      python orchestrator.py train --task breast-cancer             (trees -> ranking loss -> checkpoints)
+      python orchestrator.py tree --task breast-cancer --depth 3  (a Solution Refinement Tree; resumable)
+      python orchestrator.py train --task breast-cancer  (trees -> ranking loss -> checkpoints)
       python orchestrator.py run --orchestrator runs/ckpt/orch --sub-agent gpt-4o-mini --sub-agent-url https://...
 """
 from __future__ import annotations
@@ -829,9 +828,9 @@ def resampled_states(tree, n: int, rng) -> list[list[Attempt]]:
 
 def imitation_examples(trees, cfg: Config) -> list[dict]:
     """What the tiny ckpt-0 imitates: each tree's done nodes and resampled_states (--task's first), IMITATION_VIEWS
-    times each (as collect_tree asks, then as runs ask); a node's own prompt keeps the tree's decisions, others get
-    greedy parents with sampled ideas (tests/RESULTS.md, "what the tiny ckpt-0 imitates"). -> [{"messages",
-    "responses", "known": the state's ids, "tree": a node's own prompt}]"""
+    times each; a node's own prompt keeps the tree's decisions, others get greedy parents with sampled ideas
+    (tests/RESULTS.md, "what the tiny ckpt-0 imitates"). -> [{"messages", "responses", "known": the state's ids,
+    "tree": a node's own prompt}]"""
     rng, states = random.Random(f"{cfg.seed}:imitation"), []  # (task, state, node, tree, tree depth)
     for i, tree in enumerate(trees):
         task, depth = env.load_task(cfg.task if i == 0 else tree.task), cfg.depth if i == 0 else OTHER_TREE_DEPTH

@@ -19,10 +19,9 @@ advantages, clipped policy and value losses, no dropout. Departures:
 7. torchrun ranks share each batch (each state with its own seed: any world size samples alike); FSDP2 shards the
    three models; each rank generates from a gathered bf16 copy (VeRL's "hybrid engine").
 
-Run:  python collect.py && python sft.py && python ppo.py               (tiny model, offline, minutes)
-      torchrun --nproc_per_node 8 ppo.py --model runs/ckpt/sft --batch-size 256 --max-new-tokens 1024   (GPU node)
-      python ppo.py --model runs/ckpt/sft --lora-rank 16 --batch-size 256 --max-new-tokens 1024      (one GPU)
-      python ppo.py --episodic;  python ppo.py --binary-performance     (ablations: episode-wise RL, ML-Agent Table 3)
+Run:  python collect.py && python sft.py && python ppo.py  (tiny model, offline, minutes)
+      python ppo.py --episodic;  python ppo.py --binary-performance  (ablations: episode-wise RL, ML-Agent Table 3)
+      GPU node (torchrun, FSDP2) or one GPU (--lora-rank 16): README, "On a GPU node with a real model and endpoint"
 Outputs: runs/ckpt/ppo (the actor's Hugging Face folder, trainer_state/ to resume), runs/ppo/log.jsonl; a resume
 with other reward flags stops rather than mix two rewards.
 """
@@ -103,8 +102,8 @@ class Config:
 
 
 PAPER = dict(actor_lr=1e-6, critic_lr=1e-5, critic_warmup=0, advantage="gae")  # ML-Agent's, for a pre-trained 7B
-# The tiny model does not move at the paper's rates; only the group baseline raised its J_step (tests/RESULTS.md,
-# "PPO on the tiny model"; our choice); --advantage gae brings the critic back.
+# The tiny model does not move at the paper's rates; only the group baseline raised its J_step (our choice;
+# tests/RESULTS.md, "PPO on the tiny model").
 TINY = dict(actor_lr=1e-4, critic_lr=3e-3, critic_warmup=2, advantage="group")
 TINY_PARAMS = 10_000_000
 TINY_ITERATIONS = 15  # a tiny model's cap on an epoch's iterations: the quick pipeline's time
@@ -311,7 +310,7 @@ def generate(lm, tokenizer, messages, cfg, device, seeds=None, n=1, on_done=None
     threads = torch.get_num_threads()  # on CPU 1: the scripts share the cores, waiting OpenMP threads crawl
     torch.set_num_threads(1 if device.type == "cpu" else threads)  # (tests/RESULTS.md, "ppo.py: generation threads")
     try:
-        with model.autocast(device):  # continuous batching
+        with model.autocast(device):
             g = lm.generate(prompts, cfg.max_new_tokens, cfg.temperature, stop_token_ids=model.stop_ids(lm, tokenizer),
                             seeds=seeds, max_batch=cfg.gen_batch, n=n,
                             stop_fn=model.stop_strings(tokenizer, agent.STOP), on_done=done)
@@ -345,7 +344,7 @@ def execute(e, text, reward_config, finished=True, unfinished_invalid=True):
 
 def error_outcome(where, err, reward_config, finished, action=None, edit=None, metric=None):
     """One row's environment raised: an "error" outcome ending its episode, told on stderr (as collect's rollouts)."""
-    why = env._short(f"{type(err).__name__}: {err}")  # one line
+    why = env._short(f"{type(err).__name__}: {err}")
     print(f"ppo.py: {where}: the environment failed, an error outcome: {why}", file=sys.stderr, flush=True)
     return {"kind": "error", "reward": reward("error", config=reward_config), "m_prev": metric, "m_new": metric,
             "done": True, "observation": f"EnvError: {why}", "finished": finished, "action": action, "edit": edit}
@@ -357,7 +356,7 @@ def make_env(task, task_dir, editor):
 
 def generate_and_run(lm, tokenizer, messages, cfg, pool, device, timer, run, seeds=None, n=1):
     """generate; each action runs in the pool (run(row, text, ended)) once its response is complete, or, when scripts
-    see this rank's GPU (--script-gpu), after generation, its KV cache freed: not at the memory peak (issue 44)."""
+    see this rank's GPU (--script-gpu), after generation, its KV cache freed: not at the memory peak."""
     running, gpu = {}, str(device).startswith("cuda") and bool(env.SCRIPT_GPU)
 
     def start(i, text, ended):  # once per row -> its future
@@ -368,7 +367,7 @@ def generate_and_run(lm, tokenizer, messages, cfg, pool, device, timer, run, see
     prompts, tokens, gen_lp, texts, ended = generate(lm, tokenizer, messages, cfg, device, seeds, n,
                                                      None if gpu else start)
     if gpu:
-        torch.cuda.empty_cache()  # the cache's memory back to the driver, for the scripts
+        torch.cuda.empty_cache()  # the KV cache's memory to the scripts
     timer("generate")  # with the executions under way
     futures = [start(i, text, end) for i, (text, end) in enumerate(zip(texts, ended))]
     outcomes = [f.result() for f in futures]
@@ -605,7 +604,7 @@ def setup(cfg):
     --advantage group neither runs nor trains it; ref: None with LoRA (the actor, adapters off)."""
     states = load_states(cfg.states)  # first: the process group's timeout is the rollout's
     rank, world, device = model.setup_distributed(cfg, collective_timeout(cfg, states))
-    if device.type == "cuda":  # each rank's scripts on its own GPU, or on none
+    if device.type == "cuda":
         env.set_script_gpu(device.index if cfg.script_gpu else None)
     say = (lambda *a: print(*a, flush=True)) if rank == 0 else (lambda *a: None)
     torch.manual_seed(cfg.seed)  # the adapters' init

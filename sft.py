@@ -9,13 +9,11 @@ step (across micro-batches and ranks), fp32 master weights with bf16 autocast on
 1. No --model: a tiny Qwen3 (width 128, 2 blocks, 4 heads) and a byte-level BPE trained on the training split, from
    scratch, so `python collect.py && python sft.py` runs offline on a CPU; random weights need far more than the
    paper's fine-tuning: lr 3e-3, 5 epochs, 2 conversations per step (our choice; tests/RESULTS.md).
-2. The loss covers the assistant tokens only (--prompt-loss-weight 0, the paper's), from scratch too (the pilots of
-   tests/RESULTS.md, "the miniature that teaches"; weight 1 is Instruction Modelling, Shi et al. 2024).
+2. The loss covers the assistant tokens only (--prompt-loss-weight 0, the paper's), from scratch too (tests/RESULTS.md,
+   "the miniature that teaches"; weights > 0: SFTModel).
 3. Sequences of similar length share a micro-batch, right-padded, no packing; the rows' shared prefix (the tools'
    descriptions) is computed once (SFTModel); logits only at trained positions.
-4. Imports agent.py (DESIGN.md's table: model.py only) for the run-folder plumbing, the command-line checkers and
-   the held-out parse rate (agent.parse_response; --eval-parse 0 turns it off).
-5. Several GPUs: a pre-trained model gets the paper's recipe, 64 conversations per step, --max-len 16384 (paper:
+4. Several GPUs: a pre-trained model gets the paper's recipe, 64 conversations per step, --max-len 16384 (paper:
    15,000 tokens); a longer conversation loses its oldest tokens, one whose last assistant turn alone is longer is
    dropped, both reported. DDP replicates; FSDP2 (--fsdp, or on CUDA when fp32 training states do not fit half a GPU)
    shards, each rank reading its own rows; checkpoints gather the weights on rank 0.
@@ -44,7 +42,7 @@ from tqdm import tqdm
 import agent
 import model
 
-ROOT = agent.env.ROOT  # default paths: the project's runs/, wherever sft.py is started from
+ROOT = agent.env.ROOT  # as ppo.py's
 
 
 @dataclasses.dataclass
@@ -95,7 +93,7 @@ def encode_chat(tokenizer, messages, max_len=None, counts=None):
             piece = tokenizer.encode(text)
             ids += piece
             labels += piece if on else [IGNORE] * len(piece)
-    if max_len and len(ids) > max_len:  # the oldest tokens go, as in ppo.py's prompts
+    if max_len and len(ids) > max_len:  # as ppo.py's prompts
         cut = len(ids) - max_len
         ids, labels = ids[cut:], labels[cut:] if cut <= target else [IGNORE] * max_len  # no room: no label
         if counts is not None:
@@ -414,7 +412,7 @@ def optimizer_step(net, optim, sched, batches, pad_id, device, args, world):
 
 def train(args):
     """The whole run -> (the summary, also printed; this rank's trained model.Qwen)."""
-    if args.threads:  # a busy machine: 1 thread per process, no OpenMP oversubscription (README)
+    if args.threads:  # 1 on a busy machine: no OpenMP oversubscription (README)
         torch.set_num_threads(args.threads)
     rank, world, device = model.setup_distributed(args)
     say = (lambda *a: print(*a, flush=True)) if rank == 0 else (lambda *a: None)
