@@ -604,7 +604,7 @@ def setup(cfg):
     --advantage group neither runs nor trains it; ref: None with LoRA (the actor, adapters off)."""
     states = load_states(cfg.states)  # first: the process group's timeout is the rollout's
     rank, world, device = model.setup_distributed(cfg, collective_timeout(cfg, states))
-    if device.type == "cuda":
+    if device.type == "cuda":  # each rank's scripts on its own GPU, or on none
         env.set_script_gpu(device.index if cfg.script_gpu else None)
     say = (lambda *a: print(*a, flush=True)) if rank == 0 else (lambda *a: None)
     torch.manual_seed(cfg.seed)  # the adapters' init

@@ -42,7 +42,7 @@ from tqdm import tqdm
 import agent
 import model
 
-ROOT = agent.env.ROOT  # as ppo.py's
+ROOT = agent.env.ROOT  # default paths: the project's runs/, wherever sft.py is started from
 
 
 @dataclasses.dataclass
@@ -93,7 +93,7 @@ def encode_chat(tokenizer, messages, max_len=None, counts=None):
             piece = tokenizer.encode(text)
             ids += piece
             labels += piece if on else [IGNORE] * len(piece)
-    if max_len and len(ids) > max_len:  # as ppo.py's prompts
+    if max_len and len(ids) > max_len:  # the oldest tokens go, as in ppo.py's prompts
         cut = len(ids) - max_len
         ids, labels = ids[cut:], labels[cut:] if cut <= target else [IGNORE] * max_len  # no room: no label
         if counts is not None:
