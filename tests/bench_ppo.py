@@ -12,6 +12,15 @@ changes the reward (reward.py) or a PPO detail runs it to see whether the change
   python tests/bench_ppo.py --iterations 16                  # longer runs (an existing run resumes from its last
                                                              # checkpoint; ppo.py's own resume)
 
+The course loop (README, "The reward, and how to change it"): after the quick pipeline, a reward change as a variant
+against the reward as it is, each trained as the pipeline's ppo.py (15 iterations), over 8 J_step seeds:
+
+  python tests/bench_ppo.py --variant "full:" --variant "no-format: --no-format-term" --iterations 15 \
+      --objective-seeds 8
+
+Each later variant is paired against the first too: J_step, the share of invalid actions (what the format term acts
+on), and the J_step difference the pairs can detect (bench_claims.power).
+
 Writes --out/results.json and --out/results.md (the table printed at the end), and --out/<variant>/ (the actor) with
 <variant>.jsonl (ppo.py's log). A measured J_step is kept in --out/objective-<name>.json with reward.py's code hash
 (reward.CODE): measured again when reward.py changed, or when the file is deleted.
@@ -54,8 +63,11 @@ def objective(out, name, policy, states, n, seeds):
 
 
 def paired(a, b):
-    """a - b of J_step, paired by (seed, state): the same states and sampling seeds for every policy."""
-    return bench_claims.bootstrap([x - y for x, y in zip(a["rewards"], b["rewards"])])
+    """a - b of J_step and of the invalid share, paired by (seed, state): the same states and sampling seeds for every
+    policy; with J_step's power (bench_claims.power: the difference these pairs detect, the pairs a mean needs)."""
+    d = [x - y for x, y in zip(a["rewards"], b["rewards"])]
+    invalid = [(x == "invalid") - (y == "invalid") for x, y in zip(a["kinds"], b["kinds"])]
+    return {**bench_claims.bootstrap(d), **bench_claims.power(d), "invalid": bench_claims.bootstrap(invalid)}
 
 
 def row(name, flags, obj, base, first, log):
@@ -74,14 +86,19 @@ def markdown(result):
              f"seeded states ({result['date']}): SFT {result['sft']['j_step']:+.3f}, invalid "
              f"{result['sft']['invalid']:.1%}", "",
              f"| variant | flags | iterations | J_step | PPO - SFT [95%] | - {result['rows'][0]['variant']} [95%] | "
-             "invalid | clip fraction (max) | KL at the end | EV at the end | seconds |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             f"invalid | invalid - {result['rows'][0]['variant']} [95%] | clip fraction (max) | KL at the end | "
+             "EV at the end | seconds |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     ci = lambda d: "-" if d is None else f"{f(d['mean'])} [{f(d['lo'])}, {f(d['hi'])}]"  # noqa: E731
     for r in result["rows"]:
         lines.append(f"| {r['variant']} | `{r['flags']}` | {r['iterations']} | {r['j_step']:+.3f} | "
                      f"{ci(r['minus_sft'])} | {ci(r['minus_first'])} | {r['invalid']:.1%} | "
-                     f"{f(r['clipfrac_max'], 4)} | {f(r['kl_end'], 2)} | {f(r['explained_variance_end'], 2)} | "
-                     f"{r['seconds']:.0f} |")
+                     f"{ci(r['minus_first'] and r['minus_first']['invalid'])} | {f(r['clipfrac_max'], 4)} | "
+                     f"{f(r['kl_end'], 2)} | {f(r['explained_variance_end'], 2)} | {r['seconds']:.0f} |")
+    power = [f"{r['variant']} - {result['rows'][0]['variant']}: {r['minus_first']['detectable']:.3f} ("
+             f"{r['minus_first']['units_needed']} pairs for its mean)" for r in result["rows"][1:]
+             if r["minus_first"]["detectable"] is not None]
+    if power:
+        lines += ["", "J_step differences these pairs detect (80% power, 5%): " + "; ".join(power)]
     return "\n".join(lines) + "\n"
 
 

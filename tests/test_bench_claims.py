@@ -78,15 +78,19 @@ def test_bench_ppo_pairs_each_variant_against_the_sft_start_and_the_first_varian
     spec = importlib.util.spec_from_file_location("bench_ppo", PATH.parent / "bench_ppo.py")
     bench_ppo = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench_ppo)
-    sft, first, second = ({"rewards": r, "kinds": ["edit"] * 4} for r in
-                          ([0.0, 0.0, 0.0, 0.0], [0.5, -1.0, 0.5, 0.0], [0.0, 0.0, 1.0, -1.0]))
+    sft, first, second = ({"rewards": r, "kinds": k} for r, k in
+                          (([0.0, 0.0, 0.0, 0.0], ["edit"] * 4),
+                           ([0.5, -1.0, 0.5, 0.0], ["edit", "invalid", "edit", "edit"]),
+                           ([0.0, 0.0, 1.0, -1.0], ["edit", "edit", "edit", "invalid"])))
     log = [{"clipfrac": 0.1, "kl": 0.2, "explained_variance": None, "time_total": 3.0}]
     a, b = bench_ppo.row("a", [], first, sft, None, log), bench_ppo.row("b", ["--x"], second, sft, first, log)
     assert a["minus_first"] is None and a["minus_sft"]["mean"] == 0.0
     assert b["minus_first"]["mean"] == pytest.approx((-0.5 + 1.0 + 0.5 - 1.0) / 4) and b["minus_first"]["n"] == 4
     table = bench_ppo.markdown({"model": "m", "objective_seeds": 1, "objective_states": 4, "date": "d",
                                 "sft": {"j_step": 0.0, "invalid": 0.0}, "rows": [a, b]})
-    assert "- a [95%]" in table and "| b | `--x` |" in table
+    assert b["minus_first"]["invalid"]["mean"] == 0.0 and a["minus_sft"]["invalid"]["mean"] == 0.25
+    assert b["minus_first"]["detectable"] == pytest.approx(2.80 * 0.9129 / 2, rel=1e-3)  # sd of the 4 differences
+    assert "- a [95%]" in table and "| b | `--x` |" in table and "b - a: " in table
 
 
 # A claims run at the smallest size that still runs every step: it checks the report's shape, never the outcomes.
