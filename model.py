@@ -1171,8 +1171,17 @@ def run_main(script, train, cfg, errors=(OSError, ValueError)):
 
 def rollout_copy(lm, device, dtype=None):
     """Through FSDP every token would all-gather every block: each rank gathers a full copy to roll out with (cast
-    first; bf16 on CUDA), freed before the update (VeRL's "hybrid engine"); one GPU's fp32 weights too, not LoRA."""
-    if has_lora(lm) or not (is_sharded(lm) or (device.type == "cuda" and lm.lm_head.weight.dtype == torch.float32)):
+    first; bf16 on CUDA), freed before the update (VeRL's "hybrid engine"); one GPU's fp32 weights too. LoRA: the
+    adapted layers merged (W + scale B A) beside the shared rest, so a decode step runs no adapter matmuls."""
+    if has_lora(lm):
+        with torch.no_grad():
+            merged = {f"{n}.weight": m.merged() for n, m in lm.named_modules() if isinstance(m, LoRALinear)}
+        copy = _empty(lm.config, lm.lm_head.weight.dtype)  # on the meta device: every tensor is assigned
+        state = {k.replace(".base.", "."): v for k, v in lm.state_dict().items() if not k.endswith((".A", ".B"))}
+        copy.load_state_dict(state | merged, assign=True)
+        copy.tie_weights()
+        return copy.eval()
+    if not (is_sharded(lm) or (device.type == "cuda" and lm.lm_head.weight.dtype == torch.float32)):
         return lm
     dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
     copy = _empty(lm.config, dtype, device)

@@ -689,7 +689,7 @@ def sample_states(run, it):
 def rollout(run, batch, seeds, index, pool, timer):
     """Steps 2-3 on this rank's states (--episodic: episodes from each), and each row's place in the batch."""
     cfg, ranks, n = run.cfg, run.ranks, run.cfg.samples_per_state
-    policy = model.rollout_copy(run.actor.lm, ranks.device)  # FSDP: a gathered copy (bf16 on CUDA)
+    policy = model.rollout_copy(run.actor.lm, ranks.device)  # FSDP: a gathered copy (bf16 on CUDA); LoRA: merged
     if cfg.episodic:
         out = episode_rollout([s for s in batch for _ in range(n)], policy, run.tokenizer, cfg, pool, run.editor,
                               ranks.device, timer, seeds=[s * n + j for s in seeds for j in range(n)])

@@ -86,13 +86,14 @@ def count_params(cfg):
     return {"total": total, "block": block, "root": total - cfg.num_hidden_layers * block}
 
 
-def lora_params(cfg, rank):
+def lora_params(cfg, rank, merged=False):
     """Adapter parameters of one model: rank x (in + out) per linear layer of attention and MLP, every block
-    (the layers model.add_lora wraps)."""
+    (the layers model.add_lora wraps); merged: those layers' weights (in x out), as model.rollout_copy merges them."""
     with torch.device("meta"):
         block = model.Block(cfg)
     linears = [m for parent in (block.self_attn, block.mlp) for m in parent.children() if isinstance(m, nn.Linear)]
-    return cfg.num_hidden_layers * sum(rank * (m.in_features + m.out_features) for m in linears)
+    return cfg.num_hidden_layers * sum(m.weight.numel() if merged else rank * (m.in_features + m.out_features)
+                                       for m in linears)
 
 
 def kv_bytes_per_token(cfg):
@@ -196,6 +197,10 @@ def plan(cfg, mode, world=8, max_prompt=15000, max_new=1024, gen_batch=16, micro
         if mode == "ppo":
             add("rollout", "actor inference copy, bf16, full", 2 * P, f"{P:,} x 2 B, gathered then freed before update")
             add("rollout", "its gather: the largest tensor, bf16", 2 * V * C, f"{V:,} x {C} x 2 B, once at a time")
+        else:
+            W = lora_params(cfg, lora_rank, merged=True)
+            add("rollout", "actor with its adapters merged, bf16", 2 * W,
+                f"{W:,} x 2 B: the adapted layers' weights (the rest shared), freed before update")
         add("rollout", "KV cache, bf16", kv_bytes_per_token(cfg) * gen_batch * (row + 1),
             f"{kv_bytes_per_token(cfg):,} B/token (2 x {L} layers x {cfg.num_key_value_heads} kv heads x "
             f"{cfg.head_dim} x 2 B) x {gen_batch} slots x ({max_prompt:,} + {max_new:,} + 1) positions")

@@ -74,8 +74,8 @@ def row(rows, start):
 
 def test_the_plans_bytes_are_the_bytes_the_code_allocates(monkeypatch):
     """For a tiny model, each row the code can show on CPU: the KV cache model.generate allocates for a wave (bf16,
-    the longest prompt at --max-prompt-len), AdamW's moments of the actor, the critic's parameters and LoRA's
-    trainable adapters."""
+    the longest prompt at --max-prompt-len), AdamW's moments of the actor, the critic's parameters, LoRA's
+    trainable adapters and the layers its rollout copy merges."""
     import ppo
     torch.manual_seed(0)
     cfg = model.tiny_config(vocab_size=96)
@@ -96,9 +96,13 @@ def test_the_plans_bytes_are_the_bytes_the_code_allocates(monkeypatch):
     assert moments == row(rows, "actor AdamW")
     critic = ppo.Critic(model.Qwen(cfg))
     assert cfg.tie_word_embeddings and 12 * sum(p.numel() for p in critic.parameters()) == row(rows, "critic fp32")
-    lora = model.Qwen(cfg)
+    lora = model.Qwen(cfg).to(torch.bfloat16)
     model.add_lora(lora, 4, 8.0)
     assert sum(p.numel() for p in lora.parameters() if p.requires_grad) == bench.lora_params(cfg, 4)
+    shared = {p.data_ptr() for p in lora.parameters()}
+    merged = model.rollout_copy(lora, torch.device("cpu"))  # only the merged layers are new
+    rows = bench.plan(cfg, "ppo-lora", world=1, max_prompt=prompt, max_new=new, gen_batch=G, lora_rank=4, act=ACT)
+    assert sum(p.nbytes for p in merged.parameters() if p.data_ptr() not in shared) == row(rows, "actor with its")
 
 
 def test_measured_block_bytes_are_positive():

@@ -442,6 +442,40 @@ def test_lora_starts_at_the_base_switches_off_to_it_and_saves_merged(tiny, tmp_p
         assert torch.allclose(loaded(ids), moved, atol=1e-4)
 
 
+def test_lora_rollouts_run_a_merged_copy_sharing_the_frozen_weights(tiny):
+    """A LoRA actor rolls out with its adapters merged (issue 44): the same logits and greedy tokens, no adapter
+    matmuls in a decode step, the base's tensors shared (not copied) and left as they were."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+    lm, _ = tiny
+    lora = copy.deepcopy(lm)
+    model.add_lora(lora, rank=2, alpha=4.0)
+    with torch.no_grad():
+        for m in lora.modules():
+            if isinstance(m, model.LoRALinear):
+                m.B.normal_(std=0.1)
+    before = {k: v.clone() for k, v in lora.state_dict().items()}
+    merged = model.rollout_copy(lora, torch.device("cpu"))
+    assert not model.has_lora(merged) and model.has_lora(lora)
+    assert merged.model.embed_tokens.weight.data_ptr() == lora.model.embed_tokens.weight.data_ptr()
+    ids = torch.tensor([[5, 6, 7, 8, 9, 10]])
+
+    class Ops(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.n = getattr(self, "n", 0) + 1
+            return func(*args, **(kwargs or {}))
+    with torch.no_grad():
+        assert torch.allclose(merged(ids), lora(ids), atol=1e-5)
+        counts = []
+        for net in (lora, merged):
+            with Ops() as ops:
+                net(ids[:, :1])
+            counts.append(ops.n)
+    assert counts[1] < counts[0] * 0.8, counts  # 4 ops a wrapped layer fewer
+    prompts = [[5, 6, 7], [9, 10, 11, 12]]
+    assert merged.generate(prompts, 8).tokens == lora.generate(prompts, 8).tokens
+    assert all(torch.equal(v, before[k]) for k, v in lora.state_dict().items())
+
+
 # ------------------------------------------------------------------------------------------ states and the CLI
 
 @pytest.fixture(scope="module")
