@@ -302,14 +302,12 @@ class Qwen(nn.Module):
                  stop_fn=None, seeds=None, prefill_chunk=2048, max_batch=None, n=1, on_done=None):
         """Token-id prompts -> Generation, n rows a prompt, max_batch (default all) at a time. stop_fn(i, tokens):
         row i stops (stop strings); on_done(i, tokens, reason) as row i ends (ppo.py acts then). seeds (one a
-        prompt): a generator per row, tokens independent of the batch (torchrun); else `generator`."""
-        stops = set(self.stop_token_ids if stop_token_ids is None else stop_token_ids)
-        dev, seqs = self.lm_head.weight.device, []
+        prompt): a row's draws hash its seed, the same in any batch (torchrun); else `generator`."""
+        stops, seqs = set(self.stop_token_ids if stop_token_ids is None else stop_token_ids), []
         for j, p in enumerate(prompts):
             for k in range(n):  # distinct, reproducible streams
                 seed = None if seeds is None else (seeds[j] * 1000003 + k if k else seeds[j])
-                gen = None if seed is None else torch.Generator(dev).manual_seed(seed)
-                seqs.append(Sequence(list(p), gen, index=j * n + k))
+                seqs.append(Sequence(list(p), seed, index=j * n + k))
         engine = Engine(self, max_new_tokens, temperature, top_p, stops, max_batch or len(seqs),
                         prefill_chunk, generator, stop_fn, on_done)
         try:
@@ -319,10 +317,21 @@ class Qwen(nn.Module):
         return Generation([s.tokens for s in seqs], [s.logprobs for s in seqs], [s.reason for s in seqs])
 
 
+# ---- Decoding: continuous batching over a step of fixed shapes (issue 44). Eager, a token cost some 1,070 operations
+# of host time, not GPU time: so the KV cache is allocated whole, RoPE read from a table, the rows and the key length
+# rounded up to a few sizes, one mask built a step; on CUDA each size's step is captured once as a CUDA graph (of a
+# compiled step), then replayed (gpt-fast (pytorch-labs), generate.py and model.py: static cache, RoPE table, fixed
+# shapes, torch.compile; nanochat (karpathy), engine.py: a length per row).
+DECODE = os.environ.get("MODEL_DECODE", "compile")  # CUDA: "compile" (+ CUDA graphs), "graphs" (eager kernels), "eager"
+GRAPH_MIN_TOKENS = 64  # shorter calls decode eagerly: capturing would cost more than it saves
+GRAPH_DEVICES = ("cuda",)  # where steps are captured (a test fakes CUDA graphs on "cpu")
+KEY_BUCKETS = 8  # key lengths: multiples of capacity / 8
+
+
 @dataclasses.dataclass
 class Sequence:
     prompt: list
-    generator: object = None  # its own (seeded)
+    seed: int | None = None  # its own draws (_uniform); None: the engine's generator
     index: int = 0  # its row in generate's output
     tokens: list = dataclasses.field(default_factory=list)
     logprobs: list = dataclasses.field(default_factory=list)
@@ -330,33 +339,68 @@ class Sequence:
 
 
 class SlotCache:
-    """The Engine's KV cache (slots, Hkv, capacity, D) a layer; live sequences in slots 0 .. live-1."""
+    """The Engine's KV cache (slots, Hkv, capacity, D) a layer, allocated whole by the first prefill (zeros, not empty:
+    a masked value is still multiplied by 0, and 0 * NaN is NaN); live sequences in slots 0 .. live-1."""
 
     def __init__(self, slots, capacity, dtype):
         self.slots, self.capacity, self.dtype, self.k, self.v = slots, capacity, dtype, {}, {}
 
-    def at(self, rows, start=0, pos=None, end=None):
-        """Next forward: rows (a slice) write at start .. start + T, or (decode) each at pos; read to end."""
-        self.rows, self.start, self.pos, self.end = rows, start, pos, end
+    def at(self, rows, start=0, pos=None, keys=None):
+        """Next forward: rows (a slice) write at start .. start + T; or (decode) rows 0 .. R-1 (rows (R,)) each at
+        pos (R,), reading keys 0 .. Tk-1 (keys (Tk,)). A step's inputs are views at fixed addresses (CUDA graphs),
+        sized R or Tk: the only sizes a compiled step sees change."""
+        self.rows, self.start, self.pos, self.keys = rows, start, pos, keys
+        if pos is not None:
+            self.kv = {i: (K[:len(rows)], self.v[i][:len(rows)]) for i, K in self.k.items()}
 
     def update(self, layer, k, v):  # (R, Hkv, T, D) -> the rows' keys/values so far (R, Hkv, Tk, D)
-        if layer not in self.k:  # zeros, not empty: a masked position's value is still multiplied by 0; 0 * NaN is NaN
+        if self.pos is not None:  # (the prefill before any decode step allocated every layer)
+            (K, V), r = self.kv[layer], self.rows
+            K[r, :, self.pos], V[r, :, self.pos] = k[:, :, 0], v[:, :, 0]
+            return K[:, :, :self.keys.shape[0]], V[:, :, :self.keys.shape[0]]
+        if layer not in self.k:
             shape = (self.slots, k.shape[1], self.capacity, k.shape[3])
             self.k[layer] = torch.zeros(shape, dtype=self.dtype, device=k.device)
             self.v[layer] = torch.zeros(shape, dtype=self.dtype, device=k.device)
-        K, V, r = self.k[layer], self.v[layer], self.rows
-        if self.pos is None:
-            end = self.start + k.shape[2]
-            K[r, :, self.start:end], V[r, :, self.start:end] = k, v
-        else:
-            idx = torch.arange(r.start, r.stop, device=k.device)
-            K[idx, :, self.pos], V[idx, :, self.pos] = k[:, :, 0], v[:, :, 0]
-            end = self.end
+        K, V, r, end = self.k[layer], self.v[layer], self.rows, self.start + k.shape[2]
+        K[r, :, self.start:end], V[r, :, self.start:end] = k, v
         return K[r, :, :end], V[r, :, :end]
 
     def copy(self, src, dst, length):
         for buf in (*self.k.values(), *self.v.values()):
             buf[dst, :, :length] = buf[src, :, :length]
+
+
+def _mix32(x):  # an integer hash of int64 tensors in 0 .. 2^32-1 (Mueller's 0x45d9f3b: no product reaches 2^63)
+    for _ in range(2):
+        x = ((x >> 16) ^ x) * 0x45D9F3B & 0xFFFFFFFF
+    return (x >> 16) ^ x
+
+
+def _uniform(seeds, at):
+    """Counter-based uniforms in [0, 1), as Philox (Salmon et al., SC 2011): a hash of a row's seed and the position
+    it draws for, so a row draws alike in any batch, every row in one call."""
+    return (_mix32(_mix32(seeds) ^ _mix32(at)) >> 8).float() / 2 ** 24
+
+
+def logits_of(lm, h):  # (R, C) -> fp32 logits of the rows generate samples
+    return lm.lm_head(h).float()[:, :lm.sample_vocab_size]
+
+
+def decode_step(lm, cache, tok, cos, sin):
+    """Rows 0 .. R-1 feed tok (R,) at cache.pos over keys 0 .. Tk-1 -> fp32 logits (R, V'). Every shape comes from a
+    tensor's: torch.compile keeps R and Tk symbolic, and a CUDA graph replays the step."""
+    pos = cache.pos
+    mask = torch.where(cache.keys <= pos[:, None], 0.0, -math.inf).to(cache.dtype)[:, None, None]  # (R, 1, 1, Tk)
+    x, cos, sin = lm.model.embed_tokens(tok[:, None]), cos[pos, None, None], sin[pos, None, None]  # (R, 1, 1, D)
+    for i, layer in enumerate(lm.model.layers):
+        x = layer(x, cos, sin, mask, cache, i)
+    return logits_of(lm, lm.model.norm(x)[:, 0])
+
+
+@functools.cache
+def _compiled():  # once a process; dynamic: new R, Tk or capacity, no recompile
+    return torch.compile(decode_step, dynamic=True)
 
 
 TRANSPOSED_COPY_BYTES = 1 << 30
@@ -365,7 +409,7 @@ TRANSPOSED_COPY_BYTES = 1 << 30
 class Engine:
     """Continuous batching (Orca, Yu et al. OSDI 2022; vLLM), our slots, no paging: a finished sequence frees its slot
     for waiting groups (a prompt's n samples, prefilled once, copied to n - 1 slots). One host sync a step. Rows
-    share the sampling settings; a seeded row draws from its own generator."""
+    share the sampling settings; a seeded row draws its own uniforms."""
 
     def __init__(self, model, max_new_tokens=128, temperature=0.0, top_p=1.0, stop_ids=(),
                  max_batch=16, prefill_chunk=2048, generator=None, stop_fn=None, on_done=None):
@@ -384,24 +428,32 @@ class Engine:
     def close(self):
         for m in self.linears:
             m.weight_t = None
+        self.graphs = self.cache = None
 
     @torch.inference_mode()
     def run(self, groups):
-        """Generate every group (a prompt's Sequences)."""
-        self.waiting = [g[i:i + self.max_batch] for g in groups for i in range(0, len(g), self.max_batch)]
-        w, B, dev = self.model.lm_head.weight, self.max_batch, self.model.lm_head.weight.device
+        """Generate every group (a prompt's Sequences), the longest prompts first: rows admitted together have
+        similar lengths (less padding in prefill and in the keys read)."""
+        self.waiting = sorted((g[i:i + self.max_batch] for g in groups for i in range(0, len(g), self.max_batch)),
+                              key=lambda g: -len(g[0].prompt))
+        lm, B, cfg = self.model, self.max_batch, self.model.config
+        w, dev = lm.lm_head.weight, lm.lm_head.weight.device
         dtype = torch.get_autocast_dtype(dev.type) if torch.is_autocast_enabled(dev.type) else w.dtype
         # sized once for the longest request: regrowing would hold two caches at once (vLLM sizes it at start-up)
         need = max((len(s.prompt) for g in groups for s in g), default=0) + self.max_new_tokens + 1
-        self.cache = SlotCache(B, need, dtype)
-        self.lengths = torch.zeros(B, dtype=torch.long, device=dev)  # per slot: cached positions, newest token
-        self.last = torch.zeros_like(self.lengths)
+        self.cache, self.quantum = SlotCache(B, need, dtype), -(-need // KEY_BUCKETS)
+        # per slot: the newest token, its position, the seed (apart: a compiled step's inputs start at offset 0)
+        self.last, self.lengths, self.seeds = (torch.zeros(B, dtype=torch.long, device=dev) for _ in range(3))
+        self.ids = torch.arange(max(B, need), device=dev)  # slots and key positions
+        self.rope = [t[0, 0] for t in rope_cos_sin(self.ids[None, :need], cfg.head_dim, cfg.rope_theta,
+                                                   lm.model.embed_tokens.weight.dtype)]  # cos, sin (capacity, D)
+        graphs = dev.type in GRAPH_DEVICES and DECODE != "eager" and self.max_new_tokens >= GRAPH_MIN_TOKENS
+        self.graphs = {} if graphs and not is_sharded(lm) else None  # (sharded: FSDP hooks gather weights)
+        if self.graphs is not None:  # every graph's logits in one buffer
+            self.pool, self.out = torch.cuda.graph_pool_handle(), torch.empty(B, lm.sample_vocab_size, device=dev)
         while self.live or self.waiting:
             self._admit()  # a group fits max_batch: with none live, one is admitted
             self._decode()
-
-    def _logits(self, h):  # (R, C) -> fp32 logits
-        return self.model.lm_head(h).float()[:, :self.model.sample_vocab_size]
 
     def _admit(self):
         free, groups = self.max_batch - len(self.live), []
@@ -428,14 +480,17 @@ class Engine:
                 self.cache.copy(A + b, A + len(seqs), lens[b])
                 seqs.append(s)
                 leaders.append(b)
+        at = torch.tensor([len(s.prompt) for s in seqs], device=dev)
+        seeds = torch.tensor([-1 if s.seed is None else s.seed % 4294967291 for s in seqs], device=dev)
+        tok, lp = self._sample(logits_of(self.model, h_last)[leaders], seeds, at)
         new = slice(A, A + len(seqs))  # sequence i in slot A + i
-        tok, lp = self._sample(self._logits(h_last)[leaders], seqs)
-        self.last[new], self.lengths[new] = tok, torch.tensor([len(s.prompt) for s in seqs], device=dev)
+        self.last[new], self.lengths[new], self.seeds[new] = tok, at, seeds
         self.live += seqs
         self.fresh = (seqs, tok, lp)  # reported at the next decode's sync
 
-    def _sample(self, logits, seqs):
-        """-> tokens, log-probs (R,) of the rows `seqs` under softmax(logits / T) (T = 0: greedy)."""
+    def _sample(self, logits, seeds, at):
+        """-> tokens, log-probs (R,) under softmax(logits / T) (T = 0: greedy); row i draws for position at[i] with
+        its seed (seeds[i] >= 0), else from the engine's generator."""
         logp = torch.log_softmax(logits / (self.temperature or 1.0), -1)
         tok = logits.argmax(-1)
         if self.temperature:
@@ -443,27 +498,44 @@ class Engine:
             if self.top_p < 1:
                 probs, order = probs.sort(-1, descending=True)  # nucleus: the shortest prefix reaching top_p
                 probs[(probs.cumsum(-1) - probs) > self.top_p] = 0  # (the first token stays)
-            # inverse CDF: a uniform per row, one batched search (multinomial per seeded row was slow on CPU)
-            u = torch.rand(len(seqs), generator=self.generator, device=probs.device)
-            own = [j for j, s in enumerate(seqs) if s.generator is not None]
-            if own:
-                u[own] = torch.cat([torch.rand(1, generator=seqs[j].generator, device=probs.device) for j in own])
+            # inverse CDF: a uniform a row, one batched search (multinomial per seeded row was slow on CPU)
+            u = torch.rand(len(seeds), generator=self.generator, device=probs.device)
+            u = torch.where(seeds >= 0, _uniform(seeds, at), u)
             cdf = probs.cumsum(-1)
             draw = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True)
             draw = draw.clamp(max=probs.shape[-1] - 1)  # only rounding could pass the end
             tok = (draw if order is None else order.gather(-1, draw)).squeeze(-1)
         return tok, logp.gather(-1, tok[:, None]).squeeze(-1)
 
+    def _step(self, A, end):
+        """decode_step for the A live rows over keys 0 .. end-1, rounded up: R rows a power of two (the dead ones'
+        results unread), Tk keys a multiple of capacity / KEY_BUCKETS. On CUDA each (R, Tk) is captured once a run
+        as a CUDA graph and replayed: one launch a token, not about a thousand."""
+        R = min(self.max_batch, 1 << (A - 1).bit_length())
+        Tk = min(self.cache.capacity, -(-end // self.quantum) * self.quantum)
+        if self.graphs is None or (R, Tk) not in self.graphs:
+            self.cache.at(self.ids[:R], pos=self.lengths[:R], keys=self.ids[:Tk])
+        if self.graphs is None:
+            return decode_step(self.model, self.cache, self.last[:R], *self.rope)[:A]
+        if (R, Tk) not in self.graphs:
+            step = _compiled() if DECODE == "compile" else decode_step
+            run = lambda: self.out[:R].copy_(step(self.model, self.cache, self.last[:R], *self.rope))  # noqa: E731
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):  # compiled, autotuned, allocated before the capture (torch.cuda.graph docs)
+                run()
+            torch.cuda.current_stream().wait_stream(side)
+            self.graphs[R, Tk] = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graphs[R, Tk], self.pool, capture_error_mode="thread_local"):
+                run()  # recorded, not run: the replay below runs it (the warm-up's writes were the same)
+        self.graphs[R, Tk].replay()
+        return self.out[:A]
+
     def _decode(self):
         A = len(self.live)
-        at = [len(s.prompt) + max(len(s.tokens) - 1, 0) for s in self.live]  # cached positions
-        pos, end = self.lengths[:A], max(at) + 1
-        self.cache.at(slice(0, A), pos=pos, end=end)
-        mask = None  # all at one position (batch 1, n samples)
-        if min(at) < max(at):
-            mask = (torch.arange(end, device=pos.device) <= pos[:, None])[:, None, None]  # (A, 1, 1, end)
-        h = self.model.blocks(self.last[:A, None], pos[:, None], mask, self.cache)[:, -1]
-        tok, lp = self._sample(self._logits(h), self.live)
+        end = max(len(s.prompt) + max(len(s.tokens) - 1, 0) for s in self.live) + 1  # cached positions, then this one
+        logits, pos = self._step(A, end), self.lengths[:A]
+        tok, lp = self._sample(logits, self.seeds[:A], pos + 1)
         self.last[:A], self.lengths[:A] = tok, pos + 1
         fresh, toks, lps = self.fresh or ([], tok[:0], lp[:0])  # the last admission's first tokens
         self.fresh = None
@@ -489,7 +561,8 @@ class Engine:
             last, s = len(self.live) - 1, self.live.pop()
             if hole != last:
                 self.cache.copy(last, hole, len(s.prompt) + len(s.tokens))
-                self.last[hole], self.lengths[hole] = self.last[last], self.lengths[last]
+                for t in (self.last, self.lengths, self.seeds):
+                    t[hole] = t[last]
                 self.live[hole] = s
 
 
