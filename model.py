@@ -47,9 +47,9 @@ from tqdm import tqdm
 
 @dataclasses.dataclass
 class Config:
-    """The `config.json` fields the architecture needs (defaults: Qwen3-0.6B)."""
+    """The `config.json` fields the architecture needs (defaults: Qwen3-0.6B's)."""
     model_type: str = "qwen3"  # "qwen2" (Qwen2 and Qwen2.5) or "qwen3"
-    vocab_size: int = 151936  # embedding rows (often more than the tokenizer's)
+    vocab_size: int = 151936  # embedding rows (often beyond the tokenizer's)
     hidden_size: int = 1024  # C
     intermediate_size: int = 3072  # SwiGLU width
     num_hidden_layers: int = 28
@@ -67,7 +67,7 @@ class Config:
     # set by `load` (not config.json): Qwen(lm.config) stops and samples alike
     stop_token_ids: list[int] | None = None  # None -> eos_token_id
     sample_vocab_size: int | None = None  # the rows generate samples; None -> vocab_size
-    generation: dict | None = None  # generation_config.json (sampling defaults), kept by `save`
+    generation: dict | None = None  # generation_config.json (sampling), kept by `save`
 
     def __post_init__(self):
         if self.model_type not in ("qwen2", "qwen3"):
@@ -78,10 +78,10 @@ class Config:
 
     @classmethod
     def from_dict(cls, d):
-        """From an HF config.json dict: unknown keys ignored, unsupported features raise."""
+        """From an HF config.json dict: unknown keys ignored, unsupported features refused."""
         d = dict(d)
         d.setdefault("model_type", "qwen3" if "Qwen3ForCausalLM" in d.get("architectures", []) else "qwen2")
-        rope = d.get("rope_parameters") or d.get("rope_scaling") or {}  # transformers 5 moves rope_theta here
+        rope = d.get("rope_parameters") or d.get("rope_scaling") or {}  # transformers 5 puts rope_theta here
         if rope.get("rope_type", rope.get("type", "default")) != "default":
             raise ValueError(f"unsupported RoPE scaling {rope}")
         if d.get("use_sliding_window"):
@@ -98,7 +98,7 @@ class Config:
                 "use_sliding_window": False, "attention_dropout": 0.0, "use_cache": True}
 
 
-def tiny_config(model_type="qwen3", vocab_size=512, **overrides):  # for tests and CPU runs
+def tiny_config(model_type="qwen3", vocab_size=512, **overrides):  # tests, CPU runs
     d = dict(model_type=model_type, vocab_size=vocab_size, hidden_size=64, intermediate_size=128,
              num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
              max_position_embeddings=2048, torch_dtype="float32")
@@ -138,7 +138,7 @@ def apply_rope(x, cos, sin):  # x (B, H, T, D)
 
 
 class KVCache:
-    """Keys, values (B, Hkv, T, D) a layer, appended; a cached batch-1 prefix broadcasts to later rows."""
+    """Keys, values (B, Hkv, T, D) a layer, appended; a batch-1 prefix broadcasts to later rows."""
 
     def __init__(self):
         self.k, self.v, self.length = {}, {}, 0
@@ -197,10 +197,10 @@ class Attention(nn.Module):
         past = k.shape[2] - T
         if mask is None and T > 1 and past:
             # causal with an offset (a bool mask with GQA leaves CUDA only SDPA's math kernel):
-            if past < T:  # is_causal aligns the first query and key: `past` zero queries padded, dropped
+            if past < T:  # is_causal aligns the first query and key: `past` zero queries padded
                 q = F.pad(q, (0, 0, past, 0))  # (tests/RESULTS.md, "model.py: causal attention over a cached prefix")
             else:  # more cached than new: the lower-right causal bias (flash attention takes it)
-                from torch.nn.attention.bias import causal_lower_right  # (here: it imports torch._dynamo)
+                from torch.nn.attention.bias import causal_lower_right  # (here: it imports dynamo)
                 mask = causal_lower_right(T, past + T)
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None and T > 1,
                                            enable_gqa=self.n_kv != self.n_head)[:, :, -T:]  # (B, H, T, D)
@@ -234,7 +234,7 @@ class Block(nn.Module):
 
 @dataclasses.dataclass
 class Generation:
-    tokens: list[list[int]]  # new tokens a row, a stop token included
+    tokens: list[list[int]]  # new tokens a row, a stop token too
     logprobs: list[list[float]]  # under softmax(logits / temperature)
     finish_reasons: list[str]  # "stop" or "length"
 
@@ -271,10 +271,10 @@ class Qwen(nn.Module):
             attention_mask = None  # no padding: causal, SDPA's fastest kernel
         if attention_mask is None:
             positions = torch.arange(past, past + T, device=dev).expand(B, T)
-            mask = None  # causal, offset by past
+            mask = None  # causal
         else:
             keep = attention_mask.bool()  # (B, Tk)
-            positions = (keep.long().cumsum(-1) - 1).clamp(min=0)[:, -T:]  # after the padding (HF generate)
+            positions = (keep.long().cumsum(-1) - 1).clamp(min=0)[:, -T:]  # after padding (HF generate)
             q_idx = torch.arange(past, past + T, device=dev)[:, None]  # (T, 1)
             k_idx = torch.arange(past + T, device=dev)[None]  # (1, Tk)
             # causal and not padding; a padding query sees itself (no empty softmax row)
@@ -285,7 +285,7 @@ class Qwen(nn.Module):
         return x
 
     def blocks(self, input_ids, positions, mask, cache):
-        """Embeddings, blocks, final norm: ids at positions (B, T), or their RoPE (cos, sin), -> (B, T, C)."""
+        """Embeddings, blocks, final norm: ids at positions (B, T) or their RoPE (cos, sin) -> (B, T, C)."""
         x = self.model.embed_tokens(input_ids)  # (B, T, C)
         cos, sin = positions if isinstance(positions, tuple) else \
             rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta, x.dtype)
@@ -300,8 +300,8 @@ class Qwen(nn.Module):
     def generate(self, prompts, max_new_tokens=128, temperature=0.0, top_p=1.0, stop_token_ids=None, generator=None,
                  stop_fn=None, seeds=None, prefill_chunk=2048, max_batch=None, n=1, on_done=None):
         """Token-id prompts -> Generation, n rows a prompt, max_batch (default all) at a time. stop_fn(i, tokens):
-        row i stops; on_done(i, tokens, reason) as row i ends (ppo.py acts then). seeds (one a prompt): draws no
-        batch changes (torchrun); else `generator`."""
+        row i stops; on_done(i, tokens, reason) as row i ends (ppo.py acts then). seeds (one a prompt): draws that
+        no batch changes (torchrun); else `generator`."""
         stops, seqs = set(self.stop_token_ids if stop_token_ids is None else stop_token_ids), []
         for j, p in enumerate(prompts):
             for k in range(n):  # distinct, reproducible draws
@@ -317,9 +317,9 @@ class Qwen(nn.Module):
 
 
 # ---- Decoding (issue 44) at fixed shapes (cache whole, RoPE table, rows and keys rounded up, one mask): on CUDA a
-# shape's compiled step is a CUDA graph, one launch, not 1,070 (gpt-fast (pytorch-labs), generate.py, model.py).
+# shape's compiled step is a CUDA graph, one launch (gpt-fast (pytorch-labs), generate.py, model.py).
 DECODE = os.environ.get("MODEL_DECODE", "compile")  # CUDA: "compile" (+ graphs), "graphs" (eager kernels), "eager"
-GRAPH_MIN_TOKENS, GRAPH_DEVICES = 64, ("cuda",)  # shorter calls decode eagerly (tests fake graphs on "cpu")
+GRAPH_MIN_TOKENS, GRAPH_DEVICES = 64, ("cuda",)  # shorter calls eager (tests fake graphs on "cpu")
 KEY_BUCKETS = 8  # key lengths: multiples of capacity / 8
 
 
@@ -334,20 +334,20 @@ class Sequence:
 
 
 class SlotCache:
-    """The Engine's KV cache, (slots, Hkv, capacity, D) zeros a layer (a masked value is still multiplied: 0 * NaN is
-    NaN); live sequences in slots 0 .. live-1."""
+    """The Engine's KV cache, (slots, Hkv, capacity, D) zeros a layer (masked values count: 0 * NaN is NaN); live
+    sequences in slots 0 .. live-1."""
 
     def __init__(self, slots, capacity, dtype):
         self.slots, self.capacity, self.dtype, self.k, self.v = slots, capacity, dtype, {}, {}
 
     def at(self, rows, start=0, pos=None, keys=None):
-        """Next forward: rows (a slice) write at start .. start + T; or rows 0 .. R-1 (R,) at pos (R,) read keys (Tk,)
-        (views at fixed addresses: CUDA graphs)."""
+        """Next forward: rows (a slice) write at start .. start + T; or rows 0 .. R-1 (R,) at pos (R,) read keys (Tk,),
+        views at fixed addresses."""
         self.rows, self.start, self.pos, self.keys = rows, start, pos, keys
         if pos is not None:
             self.kv = {i: (K[:len(rows)], self.v[i][:len(rows)]) for i, K in self.k.items()}
 
-    def update(self, layer, k, v):  # (R, Hkv, T, D) -> the rows' keys/values so far (R, Hkv, Tk, D)
+    def update(self, layer, k, v):  # (R, Hkv, T, D) -> the rows' keys, values so far (R, Hkv, Tk, D)
         if self.pos is not None:  # (prefill allocated every layer)
             (K, V), r = self.kv[layer], self.rows
             K[r, :, self.pos], V[r, :, self.pos] = k[:, :, 0], v[:, :, 0]
@@ -366,20 +366,20 @@ class SlotCache:
 
 
 def _uniform(seeds, at):
-    """Counter-based uniforms (as Philox, Salmon et al. SC 2011): a hash of seed and position, alike in any batch, one
-    call for all rows."""
+    """Counter-based uniforms (as Philox, Salmon et al. SC 2011): a hash of seed and position, alike in any batch;
+    one call for all rows."""
     x = seeds
-    for y in (0, 0, at, 0, 0):  # rounds of Mueller's 32-bit hash (in int64: no product reaches 2^63)
+    for y in (0, 0, at, 0, 0):  # Mueller's 32-bit hash, rounds (in int64: no product reaches 2^63)
         x = ((x ^ y) >> 16 ^ x ^ y) * 0x45D9F3B & 0xFFFFFFFF
     return (x >> 8).float() / 2 ** 24
 
 
-def logits_of(lm, h):  # (R, C) -> fp32 logits of the rows generate samples
+def logits_of(lm, h):  # (R, C) -> fp32 logits of the rows sampled
     return lm.lm_head(h).float()[:, :lm.sample_vocab_size]
 
 
 def decode_step(lm, cache, tok, cos, sin):
-    """Rows 0 .. R-1 feed tok (R,) at cache.pos -> fp32 logits (R, V')."""
+    """Rows 0 .. R-1 feed tok (R,) at cache.pos -> fp32 logits (R, V')"""
     pos = cache.pos
     mask = torch.where(cache.keys <= pos[:, None], 0.0, -math.inf).to(cache.dtype)[:, None, None]  # (R, 1, 1, Tk)
     return logits_of(lm, lm.blocks(tok[:, None], (cos[pos, None, None], sin[pos, None, None]), mask, cache)[:, 0])
@@ -389,7 +389,7 @@ TRANSPOSED_COPY_BYTES = 1 << 30
 
 
 class Engine:
-    """Continuous batching (Orca, Yu et al. OSDI 2022; vLLM), no paging: a finished sequence frees its slot for waiting
+    """Continuous batching (Orca, Yu et al. OSDI 2022; vLLM), no paging: a finished sequence's slot goes to waiting
     groups (a prompt's n samples, prefilled once, copied to n - 1 slots). One host sync a step."""
 
     def __init__(self, model, max_new_tokens=128, temperature=0.0, top_p=1.0, stop_ids=(),
@@ -398,7 +398,7 @@ class Engine:
         self.max_new_tokens, self.temperature, self.top_p = max_new_tokens, temperature, top_p
         self.stop_ids, self.stop_fn, self.on_done = stop_ids, stop_fn, on_done
         self.waiting, self.live, self.fresh = [], [], None
-        # on CPU every Linear reads a transposed copy until `close`, or none does
+        # on CPU every Linear reads a transposed copy until `close`, or none
         self.linears = [m for m in model.modules() if isinstance(m, Linear)]
         if any(m.weight.device.type != "cpu" for m in self.linears) or \
                 sum(m.weight.nbytes for m in self.linears) > TRANSPOSED_COPY_BYTES:
@@ -409,30 +409,29 @@ class Engine:
     def close(self):
         for m in self.linears:
             m.weight_t = None
-        self.graphs = self.cache = None
 
     @torch.inference_mode()
     def run(self, groups):
-        """Generate every group (a prompt's Sequences), longest prompts first: less padding, fewer keys read."""
+        """Generate every group (a prompt's Sequences), longest prompts first (less padding, fewer keys read)."""
         self.waiting = sorted((g[i:i + self.max_batch] for g in groups for i in range(0, len(g), self.max_batch)),
                               key=lambda g: -len(g[0].prompt))
         lm, B, w = self.model, self.max_batch, self.model.lm_head.weight
         dev, cfg = w.device, lm.config
         dtype = torch.get_autocast_dtype(dev.type) if torch.is_autocast_enabled(dev.type) else w.dtype
-        # sized once for the longest request: regrowing holds two caches at once (vLLM sizes it at start-up)
+        # sized once, for the longest request: regrowing holds two caches (vLLM sizes it at start-up)
         need = max((len(s.prompt) for g in groups for s in g), default=0) + self.max_new_tokens + 1
         self.cache, self.quantum = SlotCache(B, need, dtype), -(-need // KEY_BUCKETS)
-        # per slot: newest token, its position, seed (apart: offsets 0, for torch.compile)
+        # per slot: newest token, its position, seed (apart: offsets 0, torch.compile)
         self.last, self.lengths, self.seeds = (torch.zeros(B, dtype=torch.long, device=dev) for _ in range(3))
         self.ids = torch.arange(max(B, need), device=dev)  # slots, key positions
         self.rope = tuple(t[0, 0] for t in rope_cos_sin(self.ids[None, :need], cfg.head_dim, cfg.rope_theta,
-                                                        lm.model.embed_tokens.weight.dtype))  # cos, sin (capacity, D)
+                                                        lm.model.embed_tokens.weight.dtype))  # (capacity, D)
         on = dev.type in GRAPH_DEVICES and DECODE != "eager" and self.max_new_tokens >= GRAPH_MIN_TOKENS
         self.graphs = {} if on and not is_sharded(lm) else None  # (sharded: FSDP hooks)
-        if self.graphs is not None:  # every graph's logits
+        if self.graphs is not None:  # all graphs' logits
             self.pool, self.out = torch.cuda.graph_pool_handle(), torch.empty(B, lm.sample_vocab_size, device=dev)
         while self.live or self.waiting:
-            self._admit()  # (a group fits max_batch: with none live, one is admitted)
+            self._admit()  # (a group fits max_batch: with none live one is admitted)
             self._decode()
 
     def _admit(self):
@@ -454,7 +453,7 @@ class Engine:
             h = self.model.blocks(x, tuple(t[a:a + T] for t in self.rope), None, self.cache)  # (P, T, C)
             pick = h[torch.arange(P, device=dev), (ends - a).clamp(0, T - 1)]
             h_last = pick if a == 0 else torch.where((ends >= a)[:, None], pick, h_last)
-        seqs, leaders = [g[0] for g in groups], list(range(P))  # leaders in slots A .. A + P - 1, then others
+        seqs, leaders = [g[0] for g in groups], list(range(P))  # leaders in slots A .. A + P - 1, others after
         for b, g in enumerate(groups):
             for s in g[1:]:
                 self.cache.copy(A + b, A + len(seqs), lens[b])
@@ -477,7 +476,7 @@ class Engine:
             if self.top_p < 1:
                 probs, order = probs.sort(-1, descending=True)  # nucleus: the least prefix reaching top_p
                 probs[(probs.cumsum(-1) - probs) > self.top_p] = 0  # (the first token stays)
-            # inverse CDF: a uniform a row, one batched search
+            # inverse CDF: a uniform a row, one search
             u = torch.rand(len(seeds), generator=self.generator, device=probs.device)
             u = torch.where(seeds >= 0, _uniform(seeds, at), u)
             cdf = probs.cumsum(-1)
@@ -487,8 +486,7 @@ class Engine:
         return tok, logp.gather(-1, tok[:, None]).squeeze(-1)
 
     def _step(self, A, end):
-        """decode_step of A rows over keys 0 .. end-1, rounded up (R a power of two; dead rows unread); on CUDA a
-        graph a shape."""
+        """decode_step of A rows over keys 0 .. end-1, both rounded up (dead rows unread); CUDA: a graph a shape."""
         R = min(self.max_batch, 1 << (A - 1).bit_length())
         Tk = min(self.cache.capacity, -(-end // self.quantum) * self.quantum)
         g = self.graphs
@@ -497,9 +495,9 @@ class Engine:
             args = self.model, self.cache, self.last[:R], *self.rope
             if g is None:
                 return decode_step(*args)[:A]
-            step = torch.compile(decode_step, dynamic=True) if DECODE == "compile" else decode_step  # (cached: once)
+            step = torch.compile(decode_step, dynamic=True) if DECODE == "compile" else decode_step  # (cached)
             run = lambda: self.out[:R].copy_(step(*args))  # noqa: E731
-            run()  # compiles, allocates before the capture (the replay redoes its writes)
+            run()  # compiles, allocates before the capture (replay redoes its writes)
             with torch.cuda.graph(g.setdefault((R, Tk), torch.cuda.CUDAGraph()), self.pool,
                                   capture_error_mode="thread_local"):
                 run()  # recorded, not run
@@ -508,14 +506,14 @@ class Engine:
 
     def _decode(self):
         A = len(self.live)
-        end = max(len(s.prompt) + max(len(s.tokens) - 1, 0) for s in self.live) + 1  # the cached, and this one
+        end = max(len(s.prompt) + max(len(s.tokens) - 1, 0) for s in self.live) + 1  # cached, and this one
         logits, pos = self._step(A, end), self.lengths[:A]
         tok, lp = self._sample(logits, self.seeds[:A], pos + 1)
         self.last[:A], self.lengths[:A] = tok, pos + 1
-        fresh, toks, lps = self.fresh or ([], tok[:0], lp[:0])  # the last admission's first tokens
+        fresh, toks, lps = self.fresh or ([], tok[:0], lp[:0])  # the last admission's tokens
         self.fresh = None
-        host = torch.stack([torch.cat([toks, tok]).double(), torch.cat([lps, lp]).double()]).tolist()  # the one sync
-        for s, t, l in zip([*fresh, *self.live], *host):  # a fresh sequence's first token, then second
+        host = torch.stack([torch.cat([toks, tok]).double(), torch.cat([lps, lp]).double()]).tolist()  # one sync
+        for s, t, l in zip([*fresh, *self.live], *host):  # a fresh sequence's first, then second token
             if s.reason is None:
                 self._append(s, int(t), l)
         self._compact()
@@ -544,7 +542,7 @@ class Engine:
 def response_hidden(lm, ids, lengths, starts):
     """Hidden states predicting each response token (output t - 1 predicts t), tokens: (B, R, C), (B, R), R the
     longest; response b: columns starts[b] .. lengths[b] - 1 of row b // n of ids (G, W). n = 1: prompt + response
-    rows, right-padded, causal; n > 1 (ppo.py): a prompt, its n responses as n rows over its KV cache (no gradient
+    rows, right-padded; n > 1 (ppo.py): a prompt, its n responses as n rows over its KV cache (no gradient
     checkpointing). The caller masks columns past an end."""
     B, (G, W), dev = lengths.shape[0], ids.shape, ids.device
     n, R = B // G, max(int((lengths - starts).max()), 1)
@@ -566,7 +564,7 @@ def response_hidden(lm, ids, lengths, starts):
 
 def response_logprobs(lm, ids, lengths, starts, temperature=1.0, vocab=None, chunk=1024):
     """log pi(token_t | tokens_<t) (B, R) under generate's softmax(logits[:vocab] / T) (N-details: in training too);
-    the lm_head `chunk` tokens at a time, recomputed in backward."""
+    lm_head `chunk` tokens at a time, recomputed in backward."""
     h, tokens = response_hidden(lm, ids, lengths, starts)
     B, R, C = h.shape
     h, tokens = h.reshape(B * R, C), tokens.reshape(B * R)
@@ -622,7 +620,7 @@ def _read_file(path, params=None):
                 raise ValueError(f"{path}: {name} has {b - a} bytes for its shape {shape} ({len(buf)})")
             f.seek(start + a)
             done = 0
-            while done < len(buf):  # a read() returns 2 GiB at most (Linux)
+            while done < len(buf):  # a read() returns 2 GiB at most
                 got = f.readinto(buf[done:])
                 if not got:  # cut after the header (no hang on 0)
                     raise ValueError(f"{path}: truncated ({start + a + done} bytes, the header needs {start + b})")
@@ -648,7 +646,7 @@ def write_safetensors(path, tensors, metadata=None):
             f.write(memoryview(t.reshape(-1).view(torch.uint8).numpy()))
 
 
-# ==== 4. Tokenizer: byte-level BPE (GPT-2, Radford et al. 2019) as Qwen2 uses it, read from tokenizer.json
+# ==== 4. Tokenizer: byte-level BPE (GPT-2, Radford et al. 2019) as Qwen2's, from tokenizer.json
 
 QWEN2_PATTERN = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
                  r"""|\s*[\r\n]+|\s+(?!\S)|\s+""")  # HF tokenization_qwen2.PRETOKENIZE_REGEX: digits one by one
@@ -656,7 +654,7 @@ GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|
 
 
 def _split_pattern(pre):
-    """A tokenizer.json pre_tokenizer's word regex (Qwen2: Split(regex), ByteLevel)."""
+    """A tokenizer.json pre_tokenizer's word regex (Qwen2: Split, ByteLevel)."""
     for step in (pre or {}).get("pretokenizers", [pre] if pre else []):
         if step["type"] == "Split":
             return step["pattern"].get("Regex") or regex.escape(step["pattern"]["String"])
@@ -666,7 +664,7 @@ def _split_pattern(pre):
 
 
 def bytes_to_unicode():
-    """GPT-2's map of bytes to printable characters (themselves, or from 256)."""
+    """GPT-2's bytes -> printable characters (themselves, or from 256)."""
     keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
     shifted = iter(range(256, 512))
     return {b: chr(b) if b in keep else chr(next(shifted)) for b in range(256)}
@@ -675,7 +673,7 @@ def bytes_to_unicode():
 def _merge(parts, pair):
     """parts with each adjacent pair joined, left to right."""
     out = []
-    for p in parts:  # a joined symbol is not pair[0]: no overlaps
+    for p in parts:  # a joined symbol is no pair[0]: no overlaps
         if out and (out[-1], p) == pair:
             out[-1] += p
         else:
@@ -688,14 +686,14 @@ class Tokenizer:
         """data, config: tokenizer.json, tokenizer_config.json (optional), parsed."""
         self.data, self.config = data, config or {}
         m = data["model"]
-        self.vocab = dict(m["vocab"])  # byte-level string -> id
+        self.vocab = dict(m["vocab"])  # byte-level text -> id
         merges = [tuple(x.split(" ")) if isinstance(x, str) else tuple(x) for x in m["merges"]]  # "a b", [a, b]
         self.ranks = {pair: i for i, pair in enumerate(merges)}
-        self.ignore_merges = m.get("ignore_merges", False)  # a vocab word is one token
+        self.ignore_merges = m.get("ignore_merges", False)  # vocab words: one token
         self.added = {t["content"]: t["id"] for t in data.get("added_tokens", [])}
         self.special_ids = {t["id"] for t in data.get("added_tokens", []) if t.get("special")}
         self.id_to_token = {i: s for d in (self.vocab, self.added) for s, i in d.items()}
-        # added tokens split out first, longest first (as `tokenizers`)
+        # added tokens split first, longest first (as `tokenizers`)
         alts = "|".join(regex.escape(s) for s in sorted(self.added, key=len, reverse=True))
         self.added_re = regex.compile(f"({alts})") if alts else None
         norm = data.get("normalizer") or {}
@@ -714,7 +712,7 @@ class Tokenizer:
 
     @classmethod
     def from_file(cls, path, config_path=None):
-        """tokenizer.json, and tokenizer_config.json (eos / pad) given or beside it."""
+        """tokenizer.json, and tokenizer_config.json (eos, pad) given or beside it."""
         config_path = config_path or os.path.join(os.path.dirname(path), "tokenizer_config.json")
         return cls(read_json(path), read_json(config_path) if os.path.exists(config_path) else None)
 
@@ -722,7 +720,7 @@ class Tokenizer:
         return max(self.id_to_token) + 1
 
     def _bpe(self, word):
-        """ids of a pre-tokenized word: the adjacent pair of lowest rank merged while any has a rank."""
+        """ids of a pre-tokenized word: the adjacent pair of lowest rank merged while one has a rank."""
         parts = [self.byte_enc[b] for b in word.encode("utf-8")]
         if self.ignore_merges and "".join(parts) in self.vocab:
             parts = ["".join(parts)]
@@ -768,15 +766,15 @@ CHATML_JINJA = ("{% for message in messages %}{{ '<|im_start|>' + message['role'
 
 
 def train_tokenizer(texts, vocab_size, special_tokens=("<|endoftext|>", "<|im_start|>", "<|im_end|>")):
-    """Byte-level BPE training (Sennrich et al. 2016): from the 256 bytes, merge the most frequent adjacent pair in
-    pre-tokenized words, again and again; pair counts updated in place, a lazy heap."""
+    """Byte-level BPE training (Sennrich et al. 2016): from the 256 bytes, merge the most frequent adjacent pair of
+    pre-tokenized words, repeatedly; pair counts updated in place, a lazy heap."""
     pattern, enc = regex.compile(QWEN2_PATTERN), bytes_to_unicode()
     counts = Counter(w for t in texts for w in pattern.findall(unicodedata.normalize("NFC", t)))
     words, freqs = [[] for _ in counts], list(counts.values())
     vocab, merges, heap = {enc[b]: b for b in range(256)}, [], []  # heap: most frequent pair first, ties by text
     pairs, where = Counter(), defaultdict(set)  # pair -> frequency; pair -> indices of its words
 
-    def rewrite(wi, new):  # word wi becomes `new`; changed pairs queued
+    def rewrite(wi, new):  # word wi := `new`; changed pairs queued
         old, words[wi] = words[wi], new
         for p in zip(old, old[1:]):
             pairs[p] -= freqs[wi]
@@ -810,10 +808,10 @@ def train_tokenizer(texts, vocab_size, special_tokens=("<|endoftext|>", "<|im_st
     return Tokenizer(data)
 
 
-# ==== 5. Finding, loading and saving a Hugging Face model folder
+# ==== 5. Finding, loading, saving a Hugging Face model folder
 
 def _weight_files(folder):
-    """A folder's safetensors files; [] if one is missing."""
+    """A folder's safetensors files; [] if one is absent."""
     index = os.path.join(folder, "model.safetensors.index.json")
     names = sorted(set(read_json(index)["weight_map"].values())) if os.path.exists(index) else ["model.safetensors"]
     files = [os.path.join(folder, n) for n in names]
@@ -821,11 +819,11 @@ def _weight_files(folder):
 
 
 def _download(repo_id, repo_dir):
-    """A model's files into the hub-cache layout, resumably (under resolve's lock: .incomplete files are ours)."""
+    """A model's files into the hub-cache layout, resumably (under resolve's lock: .incomplete files ours)."""
     endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co").rstrip("/")
     headers = {"Authorization": f"Bearer {os.environ['HF_TOKEN']}"} if os.environ.get("HF_TOKEN") else {}
 
-    def fetch(name, required=True):  # into `folder` at `rev` (below) -> path; None: absent, optional
+    def fetch(name, required=True):  # into `folder` at `rev` (below) -> path; None: absent and optional
         dest = os.path.join(folder, name)
         if os.path.exists(dest):
             return dest
@@ -852,7 +850,7 @@ def _download(repo_id, repo_dir):
         with requests.get(f"{endpoint}/{repo_id}/resolve/main/config.json", headers=headers, timeout=30) as r:
             if r.status_code == 404:
                 raise FileNotFoundError(f"{repo_id}: no such model on {endpoint}")
-            if r.status_code in (401, 403):  # (a gated model's files all are)
+            if r.status_code in (401, 403):  # (a gated model's are all)
                 raise PermissionError(f"{repo_id}: access denied ({r.status_code}); set HF_TOKEN for gated models")
             r.raise_for_status()
             rev = r.headers.get("X-Repo-Commit", "main")  # all files from one commit
@@ -892,9 +890,9 @@ def resolve(path_or_id):
             return folder if os.path.exists(os.path.join(folder, "config.json")) and _weight_files(folder) else None
     if folder := cached():
         return folder
-    os.makedirs(os.path.join(cache, ".locks"), exist_ok=True)  # (huggingface_hub's lock folder)
+    os.makedirs(os.path.join(cache, ".locks"), exist_ok=True)  # (huggingface_hub's)
     with open(os.path.join(cache, ".locks", os.path.basename(repo_dir) + ".lock"), "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # one process a node downloads (torchrun's ranks), the others then find it
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one process a node downloads (torchrun), the others find it
         return cached() or _download(path_or_id, repo_dir)
 
 
@@ -916,7 +914,7 @@ def read_json(path) -> dict:
 
 
 def _empty(config, dtype, device=None):
-    """A Qwen, weights uninitialized, on `device` (None: meta)."""
+    """A Qwen, weights unset, on `device` (None: meta)."""
     with torch.device("meta"):
         model = Qwen(config).to(dtype)
     if device is not None:
@@ -926,7 +924,7 @@ def _empty(config, dtype, device=None):
 
 
 def load(path_or_hub_id, device=None, dtype=None, meta=False):
-    """-> (model, tokenizer); dtype: the config's on CUDA, float32 on CPU; meta: no weights read (shard, fill)."""
+    """-> (model, tokenizer); dtype: the config's on CUDA, float32 on CPU; meta: no weights read (shard, fill)"""
     folder = resolve(path_or_hub_id)
     cfg = Config.from_dict(read_json(os.path.join(folder, "config.json")))
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -938,7 +936,7 @@ def load(path_or_hub_id, device=None, dtype=None, meta=False):
         _read_header(path)
     tokenizer = Tokenizer.from_file(os.path.join(folder, "tokenizer.json"))
     cfg.sample_vocab_size = min(len(tokenizer), cfg.vocab_size)
-    gen_path = os.path.join(folder, "generation_config.json")  # instruct models' <|im_end|> eos
+    gen_path = os.path.join(folder, "generation_config.json")  # (instruct models: <|im_end|>)
     cfg.generation = read_json(gen_path) if os.path.exists(gen_path) else {}
     cfg.stop_token_ids = list(dict.fromkeys(_as_list(cfg.eos_token_id) + _as_list(cfg.generation.get("eos_token_id"))))
     model = _empty(cfg, dtype, None if meta else device)
@@ -954,7 +952,7 @@ def _write_json(path, obj, indent=2):
 
 
 def save(model, tokenizer, path, max_shard_bytes=5 * 2**30, dtype=None, weights=None):
-    """An HF model folder; dtype and weights (a state dict): the model's by default; LoRA merged."""
+    """An HF model folder; dtype, weights (a state dict): the model's by default; LoRA merged."""
     os.makedirs(path, exist_ok=True)
     at = functools.partial(os.path.join, path)
     for name in os.listdir(path):  # an earlier save's weights confuse loaders
@@ -1004,12 +1002,12 @@ def keep_end(ids, context, reserve):  # a prompt's last ids: `reserve` more toke
 
 
 def stop_strings(tokenizer, strings):
-    """generate's stop_fn (or None): True once a decoded tail holds a string, at the token completing it (as vLLM);
-    the caller cuts the text."""
+    """generate's stop_fn (or None): True once a decoded tail holds a string, at its last token (as vLLM); the
+    caller cuts the text."""
     strings = [s for s in strings or [] if s]
     if not strings:
         return None
-    window = 4 * max(map(len, strings)) + 4  # tokens a string may span
+    window = 4 * max(map(len, strings)) + 4  # tokens a string spans
     return lambda i, toks: any(s in tokenizer.decode(toks[-window:], skip_special_tokens=True) for s in strings)
 
 
@@ -1024,7 +1022,7 @@ def enable_grad_checkpointing(lm):  # blocks' forwards recomputed in backward
 
 def setup_distributed(args, timeout=2 * 3600):
     """(rank, world, device) from torchrun's variables (set_device refuses "cuda": the rank's index); collectives
-    wait `timeout` s (NCCL's 10 minutes are shorter than a task script: torchtitan, OpenRLHF)."""
+    wait `timeout` s (NCCL's 10 minutes < a task script: torchtitan, OpenRLHF)."""
     world, local = int(os.environ.get("WORLD_SIZE", 1)), int(os.environ.get("LOCAL_RANK", 0))
     cuda = torch.cuda.is_available() and (args.device or "cuda").startswith("cuda")
     device = torch.device(args.device or "cpu")
@@ -1038,7 +1036,7 @@ def setup_distributed(args, timeout=2 * 3600):
 
 
 class Ranks:
-    """A trainer's rank and collectives (the identity in one process)."""
+    """A trainer's rank and collectives (identities in one process)."""
 
     def __init__(self, rank=0, world=1, device=torch.device("cpu")):
         self.rank, self.world, self.device = rank, world, device
@@ -1064,9 +1062,9 @@ class Ranks:
 
 
 def shard(net, blocks, world, device):
-    """FSDP2: a unit a block (gathered for forward and backward, freed after), the root the rest; on CUDA bf16
-    gathered copies, fp32 reduction and master shards. On the meta device, then `fill`."""
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard  # (imported here, as _dcp)
+    """FSDP2: a unit a block (gathered for forward and backward, freed after), the root the rest; CUDA: bf16
+    gathered copies, fp32 reduction and master shards. On meta, then `fill`."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard  # (here, as _dcp)
     mesh = init_device_mesh(device.type, (world,))
     bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported()
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else MixedPrecisionPolicy()
@@ -1087,14 +1085,14 @@ def place(net, lm, tensors, device, world=0):
 
 def reshard(*nets):
     """Free FSDP2 root units a no_grad forward gathered for a backward that never comes (embeddings, lm_head: 2 GiB
-    bf16 at 7B); VeRL reshards its reference likewise."""
+    bf16 at 7B), as VeRL's reference."""
     for net in nets:
         if callable(getattr(net, "reshard", None)):  # an FSDPModule
             net.reshard()
 
 
 def fill(lm, tensors):
-    """(name, full CPU tensor) one by one into the same-named parameter (a DTensor: this rank's rows)."""
+    """(name, full CPU tensor) one by one into the same-named parameter (DTensor: this rank's rows)."""
     params, seen, unexpected = dict(lm.named_parameters()), set(), []
     with torch.no_grad():
         for name, full in tensors:
@@ -1142,7 +1140,7 @@ def unwrap(net):
 
 def _dcp():  # torch.distributed.checkpoint, imported on use (~1 s)
     import torch.distributed.checkpoint.state_dict as dcp
-    return dcp, dcp.StateDictOptions(full_state_dict=True, cpu_offload=True)  # gathered on rank 0, CPU memory
+    return dcp, dcp.StateDictOptions(full_state_dict=True, cpu_offload=True)  # gathered on rank 0, in CPU
 
 
 def is_sharded(net):
@@ -1166,7 +1164,7 @@ def set_optim_state(net, optim, state):  # FSDP: each rank takes its shard
         optim.load_state_dict(state)
 
 
-def autocast(device):  # bf16 matmuls on CUDA, fp32 master weights (a 1e-6 lr vanishes in bf16); CPU: fp32
+def autocast(device):  # CUDA: bf16 matmuls, fp32 master weights (a 1e-6 lr vanishes in bf16); CPU: fp32
     if device.type == "cuda" and torch.cuda.is_bf16_supported():
         return torch.autocast("cuda", dtype=torch.bfloat16)
     return contextlib.nullcontext()
@@ -1178,7 +1176,7 @@ def save_dtype(name, device):
 
 def save_checkpoint_folder(lm, tokenizer, path, dtype, state):
     """Rank 0: lm's HF folder (LoRA merged) in `dtype` at <path>.tmp, from `state` (full_state of lm's holder, as
-    `.lm`). -> (.tmp, fp32 master weights if dtype rounds them, else None)"""
+    `.lm`) -> (.tmp, fp32 master weights if dtype rounds them, or None)"""
     weights, tmp = {k.removeprefix("lm."): v for k, v in state.items()}, path.rstrip("/") + ".tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     save(lm, tokenizer, tmp, dtype=dtype, weights=weights if is_sharded(lm) else None)
@@ -1198,8 +1196,8 @@ def load_trainer_state(path, need, script, advice):
 
 def run_main(script, train, cfg, errors=(OSError, ValueError)):
     """train(cfg); an error of `errors`: one line naming the rank, exit status 2 (others: the traceback, 1). Under
-    torchrun it leaves once printed: destroy_process_group would block while other ranks wait in a collective
-    (pytorch/torchtitan#1342); exiting with a gloo group alive aborts in C++."""
+    torchrun it leaves once printed: destroy_process_group blocks while other ranks wait in a collective
+    (pytorch/torchtitan#1342); exiting with a live gloo group aborts in C++."""
     try:
         train(cfg)
     except BaseException as e:
@@ -1217,8 +1215,8 @@ def run_main(script, train, cfg, errors=(OSError, ValueError)):
 
 
 def rollout_copy(lm, device, dtype=None):
-    """Through FSDP every token would gather every block: each rank gathers a full copy to roll out with (cast first;
-    bf16 on CUDA), freed before the update (VeRL's "hybrid engine"); one GPU's fp32 weights too, not LoRA."""
+    """Through FSDP every token would gather every block: each rank gathers a copy to roll out with (cast first; bf16
+    on CUDA), freed before the update (VeRL's "hybrid engine"); one GPU's fp32 weights too, not LoRA."""
     if has_lora(lm) or not (is_sharded(lm) or (device.type == "cuda" and lm.lm_head.weight.dtype == torch.float32)):
         return lm
     dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
