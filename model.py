@@ -341,8 +341,8 @@ class SlotCache:
         self.slots, self.capacity, self.dtype, self.k, self.v = slots, capacity, dtype, {}, {}
 
     def at(self, rows, start=0, pos=None, keys=None):
-        """Next forward: rows (a slice) write at start .. start + T; or rows 0 .. R-1 (R,) at pos (R,) read keys (Tk,),
-        views at fixed addresses."""
+        """Next forward: rows (a slice) write at start .. start + T; or rows 0 .. R-1 (R,) at pos (R,) read keys (Tk,)
+        (fixed addresses)."""
         self.rows, self.start, self.pos, self.keys = rows, start, pos, keys
         if pos is not None:
             self.kv = {i: (K[:len(rows)], self.v[i][:len(rows)]) for i, K in self.k.items()}
@@ -366,8 +366,7 @@ class SlotCache:
 
 
 def _uniform(seeds, at):
-    """Counter-based uniforms (as Philox, Salmon et al. SC 2011): a hash of seed and position, alike in any batch;
-    one call for all rows."""
+    """Counter-based uniforms (as Philox, Salmon et al. SC 2011): hash(seed, position), alike in any batch."""
     x = seeds
     for y in (0, 0, at, 0, 0):  # Mueller's 32-bit hash, rounds (in int64: no product reaches 2^63)
         x = ((x ^ y) >> 16 ^ x ^ y) * 0x45D9F3B & 0xFFFFFFFF
@@ -421,13 +420,13 @@ class Engine:
         # sized once, for the longest request: regrowing holds two caches (vLLM sizes it at start-up)
         need = max((len(s.prompt) for g in groups for s in g), default=0) + self.max_new_tokens + 1
         self.cache, self.quantum = SlotCache(B, need, dtype), -(-need // KEY_BUCKETS)
-        # per slot: newest token, its position, seed (apart: offsets 0, torch.compile)
+        # per slot: newest token, its position, seed (apart, at offset 0: torch.compile)
         self.last, self.lengths, self.seeds = (torch.zeros(B, dtype=torch.long, device=dev) for _ in range(3))
         self.ids = torch.arange(max(B, need), device=dev)  # slots, key positions
         self.rope = tuple(t[0, 0] for t in rope_cos_sin(self.ids[None, :need], cfg.head_dim, cfg.rope_theta,
                                                         lm.model.embed_tokens.weight.dtype))  # (capacity, D)
         on = dev.type in GRAPH_DEVICES and DECODE != "eager" and self.max_new_tokens >= GRAPH_MIN_TOKENS
-        self.graphs = {} if on and not is_sharded(lm) else None  # (sharded: FSDP hooks)
+        self.graphs = {} if on and not is_sharded(lm) else None  # (not FSDP's hooks)
         if self.graphs is not None:  # all graphs' logits
             self.pool, self.out = torch.cuda.graph_pool_handle(), torch.empty(B, lm.sample_vocab_size, device=dev)
         while self.live or self.waiting:
@@ -486,7 +485,7 @@ class Engine:
         return tok, logp.gather(-1, tok[:, None]).squeeze(-1)
 
     def _step(self, A, end):
-        """decode_step of A rows over keys 0 .. end-1, both rounded up (dead rows unread); CUDA: a graph a shape."""
+        """decode_step of A rows over keys 0 .. end-1, rounded up (dead rows unread); CUDA: a graph a shape."""
         R = min(self.max_batch, 1 << (A - 1).bit_length())
         Tk = min(self.cache.capacity, -(-end // self.quantum) * self.quantum)
         g = self.graphs
@@ -495,9 +494,9 @@ class Engine:
             args = self.model, self.cache, self.last[:R], *self.rope
             if g is None:
                 return decode_step(*args)[:A]
-            step = torch.compile(decode_step, dynamic=True) if DECODE == "compile" else decode_step  # (cached)
+            step = torch.compile(decode_step, dynamic=True) if DECODE == "compile" else decode_step  # cached
             run = lambda: self.out[:R].copy_(step(*args))  # noqa: E731
-            run()  # compiles, allocates before the capture (replay redoes its writes)
+            run()  # compiles, allocates before capture (replay redoes its writes)
             with torch.cuda.graph(g.setdefault((R, Tk), torch.cuda.CUDAGraph()), self.pool,
                                   capture_error_mode="thread_local"):
                 run()  # recorded, not run
@@ -506,7 +505,7 @@ class Engine:
 
     def _decode(self):
         A = len(self.live)
-        end = max(len(s.prompt) + max(len(s.tokens) - 1, 0) for s in self.live) + 1  # cached, and this one
+        end = max(len(s.prompt) + max(len(s.tokens) - 1, 0) for s in self.live) + 1  # cached and this one
         logits, pos = self._step(A, end), self.lengths[:A]
         tok, lp = self._sample(logits, self.seeds[:A], pos + 1)
         self.last[:A], self.lengths[:A] = tok, pos + 1
