@@ -1,19 +1,17 @@
 """A Qwen2 / Qwen2.5 / Qwen3 dense transformer written by hand, with everything needed to use real checkpoints.
 
-Architecture: the Qwen2 (arXiv:2407.10671) and Qwen3 (arXiv:2505.09388) tech reports. `save` writes folders that
+Architecture: the Qwen2 (arXiv:2407.10671) and Qwen3 (arXiv:2505.09388) tech reports. `save` writes folders
 `transformers`, vLLM (`vllm serve runs/ckpt/ppo`) and `load` read.
 
 Departures from Hugging Face `transformers`:
-  - Dense models with the default RoPE only: no MoE, sliding-window attention or RoPE scaling (YaRN).
-  - The chat template is ChatML in Python, not the checkpoint's Jinja: no tools, `<think>` or default system message.
-  - Downloads put plain files into `snapshots/<commit>/` of the hub cache, not blobs plus symlinks.
+  - Dense models, default RoPE: no MoE, sliding-window attention or RoPE scaling (YaRN).
+  - ChatML in Python, not the checkpoint's Jinja template: no tools, `<think>` or default system message.
+  - Downloads put plain files into `snapshots/<commit>/` of the hub cache, not blobs and symlinks.
   - `forward` returns fp32 logits; positions come from the attention mask (cumsum - 1, as HF `generate`): left-padded
-    batches need no position_ids. No dropout (Qwen trains without it).
-  - safetensors tensors are readinto() their parameters (built on the meta device), not memory-mapped: a load never
-    holds a second copy of the weights.
+    batches need no position_ids. No dropout (Qwen trains without).
+  - safetensors are readinto() the parameters (built on the meta device), not memory-mapped: no second copy.
 
-Run:
-  python model.py generate --model Qwen/Qwen2.5-0.5B-Instruct --prompt "Write a haiku about GPUs"
+Run: python model.py generate --model Qwen/Qwen2.5-0.5B-Instruct --prompt "Write a haiku about GPUs"
 """
 import argparse
 import contextlib
@@ -49,9 +47,9 @@ from tqdm import tqdm
 
 @dataclasses.dataclass
 class Config:
-    """The `config.json` fields the architecture needs (defaults: Qwen3-0.6B)."""
+    """The `config.json` fields the architecture needs (defaults: Qwen3-0.6B's)."""
     model_type: str = "qwen3"  # "qwen2" (Qwen2 and Qwen2.5) or "qwen3"
-    vocab_size: int = 151936  # embedding rows, often padded beyond the tokenizer's size
+    vocab_size: int = 151936  # embedding rows (often beyond the tokenizer's)
     hidden_size: int = 1024  # C
     intermediate_size: int = 3072  # SwiGLU width
     num_hidden_layers: int = 28
@@ -66,10 +64,10 @@ class Config:
     bos_token_id: int | None = None
     eos_token_id: int | list[int] | None = None
     torch_dtype: str = "bfloat16"
-    # not in config.json: set by `load`, so Qwen(lm.config) stops and samples alike
+    # set by `load` (not config.json): Qwen(lm.config) stops and samples alike
     stop_token_ids: list[int] | None = None  # None -> eos_token_id
     sample_vocab_size: int | None = None  # the rows generate samples; None -> vocab_size
-    generation: dict | None = None  # generation_config.json (sampling defaults), which `save` keeps
+    generation: dict | None = None  # generation_config.json (sampling), kept by `save`
 
     def __post_init__(self):
         if self.model_type not in ("qwen2", "qwen3"):
@@ -80,10 +78,10 @@ class Config:
 
     @classmethod
     def from_dict(cls, d):
-        """From an HF config.json dict: unknown keys ignored, unsupported features raise."""
+        """From an HF config.json dict: unknown keys ignored, unsupported features refused."""
         d = dict(d)
         d.setdefault("model_type", "qwen3" if "Qwen3ForCausalLM" in d.get("architectures", []) else "qwen2")
-        rope = d.get("rope_parameters") or d.get("rope_scaling") or {}  # transformers 5 moves rope_theta here
+        rope = d.get("rope_parameters") or d.get("rope_scaling") or {}  # transformers 5 puts rope_theta here
         if rope.get("rope_type", rope.get("type", "default")) != "default":
             raise ValueError(f"unsupported RoPE scaling {rope}")
         if d.get("use_sliding_window"):
@@ -100,7 +98,7 @@ class Config:
                 "use_sliding_window": False, "attention_dropout": 0.0, "use_cache": True}
 
 
-def tiny_config(model_type="qwen3", vocab_size=512, **overrides):  # for tests and CPU runs
+def tiny_config(model_type="qwen3", vocab_size=512, **overrides):  # tests, CPU runs
     d = dict(model_type=model_type, vocab_size=vocab_size, hidden_size=64, intermediate_size=128,
              num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
              max_position_embeddings=2048, torch_dtype="float32")
@@ -109,7 +107,7 @@ def tiny_config(model_type="qwen3", vocab_size=512, **overrides):  # for tests a
 
 # ==== 2. Architecture
 
-def _as_list(ids):  # an eos_token_id field: None, one id or a list
+def _as_list(ids):  # None, an id or ids
     return [] if ids is None else [ids] if isinstance(ids, int) else list(ids)
 
 
@@ -120,7 +118,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x):
-        # fp32, cast back before the weight, as HF Qwen2RMSNorm (matters in bf16/fp16)
+        # fp32, cast back before the weight, as HF Qwen2RMSNorm (bf16/fp16)
         h = x.float()
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * h.to(x.dtype)
@@ -130,7 +128,7 @@ def rope_cos_sin(positions, head_dim, theta, dtype):
     """cos, sin (B, 1, T, D) of positions (B, T), computed in fp32 (RoFormer arXiv:2104.09864)."""
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float) / head_dim))
     freqs = positions[..., None].float() * inv_freq  # (B, T, D/2)
-    emb = torch.cat((freqs, freqs), dim=-1)  # split halves (HF): dims i and i + D/2 share a frequency
+    emb = torch.cat((freqs, freqs), dim=-1)  # split halves (HF): i and i + D/2 share a frequency
     return emb.cos().to(dtype)[:, None], emb.sin().to(dtype)[:, None]
 
 
@@ -140,7 +138,7 @@ def apply_rope(x, cos, sin):  # x (B, H, T, D)
 
 
 class KVCache:
-    """Keys and values (B, Hkv, T, D) per layer, appended; a cached batch-1 prefix broadcasts to later rows."""
+    """Keys, values (B, Hkv, T, D) a layer, appended; a batch-1 prefix broadcasts to later rows."""
 
     def __init__(self):
         self.k, self.v, self.length = {}, {}, 0
@@ -154,13 +152,13 @@ class KVCache:
 
 
 class Linear(nn.Linear):
-    """Reads `weight_t`, an Engine's (in, out) copy on CPU: faster at batch 1 (tests/RESULTS.md, "model.py:
+    """Reads `weight_t`, an Engine's (in, out) copy on CPU, faster at batch 1 (tests/RESULTS.md, "model.py:
     transposed weight copies")."""
     weight_t = None
 
     def forward(self, x):
-        t = self.weight_t  # read once: another thread's engine may drop it meanwhile
-        if t is None or torch.is_grad_enabled():  # training differentiates through the weight itself
+        t = self.weight_t  # once: another thread's engine may drop it
+        if t is None or torch.is_grad_enabled():  # training: through the weight itself
             return super().forward(x)
         return F.linear(x, t.t(), self.bias)
 
@@ -170,12 +168,12 @@ class Attention(nn.Module):
         super().__init__()
         self.n_head, self.n_kv, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         C, D, b = cfg.hidden_size, cfg.head_dim, cfg.attention_bias
-        self.q_proj = Linear(C, self.n_head * D, bias=b)  # Qwen2: bias on q, k, v only (HF modeling_qwen2)
+        self.q_proj = Linear(C, self.n_head * D, bias=b)  # Qwen2: q, k, v biased (HF modeling_qwen2)
         self.k_proj = Linear(C, self.n_kv * D, bias=b)
         self.v_proj = Linear(C, self.n_kv * D, bias=b)
         self.o_proj = Linear(self.n_head * D, C, bias=b and cfg.model_type == "qwen3")
         self.qk_norm = cfg.model_type == "qwen3"
-        if self.qk_norm:  # Qwen3: RMSNorm on q and k per head, before RoPE (Qwen3 tech report)
+        if self.qk_norm:  # Qwen3: RMSNorm of q and k per head, before RoPE (Qwen3 tech report)
             self.q_norm = RMSNorm(D, cfg.rms_norm_eps)
             self.k_norm = RMSNorm(D, cfg.rms_norm_eps)
 
@@ -190,19 +188,19 @@ class Attention(nn.Module):
         k = apply_rope(k.transpose(1, 2), cos, sin)  # (B, Hkv, T, D)
         if cache is not None:
             k, v = cache.update(layer, k, v)  # (B, Hkv, Tk, D)
-        # mask (B, 1, T, Tk) bool, True = attend; None = causal (or one query over the whole cache)
+        # mask (B, 1, T, Tk): bool (True = attend) or additive; None: causal
         if T == 1 and self.n_kv != self.n_head:
-            # decode: kv head h's G query heads (HF repeat_kv) as G positions: fused kernels take the mask
+            # decode: kv head h's G query heads (HF repeat_kv) as G positions (fused kernels take a mask)
             G = self.n_head // self.n_kv
             y = F.scaled_dot_product_attention(q.reshape(B, self.n_kv, G, self.head_dim), k, v, attn_mask=mask)
             return self.o_proj(y.reshape(B, 1, -1))  # (B, Hkv, G, D) is (B, H, 1, D) in memory
         past = k.shape[2] - T
         if mask is None and T > 1 and past:
-            # causal with an offset: a bool mask with GQA leaves CUDA only SDPA's math kernel, so one of these
-            if past < T:  # is_causal aligns the first query and key: pad `past` zero queries, drop them
+            # causal with an offset (a bool mask with GQA leaves CUDA only SDPA's math kernel):
+            if past < T:  # is_causal aligns the first query and key: `past` zero queries padded
                 q = F.pad(q, (0, 0, past, 0))  # (tests/RESULTS.md, "model.py: causal attention over a cached prefix")
-            else:  # more cached than new: the lower-right causal bias, which flash attention takes
-                from torch.nn.attention.bias import causal_lower_right  # (imported here: it imports torch._dynamo)
+            else:  # more cached than new: the lower-right causal bias (flash attention takes it)
+                from torch.nn.attention.bias import causal_lower_right  # (here: it imports dynamo)
                 mask = causal_lower_right(T, past + T)
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None and T > 1,
                                            enable_gqa=self.n_kv != self.n_head)[:, :, -T:]  # (B, H, T, D)
@@ -236,7 +234,7 @@ class Block(nn.Module):
 
 @dataclasses.dataclass
 class Generation:
-    tokens: list[list[int]]  # new tokens per row, a stop token included
+    tokens: list[list[int]]  # new tokens a row, a stop token too
     logprobs: list[list[float]]  # under softmax(logits / temperature)
     finish_reasons: list[str]  # "stop" or "length"
 
@@ -246,13 +244,13 @@ class Qwen(nn.Module):
         super().__init__()
         self.config = cfg = config
         self.model = nn.ModuleDict(dict(  # HF's parameter names: state dicts load both ways
-            # from_pretrained skips nn.Embedding's init (normal_ on the meta device imports much)
+            # from_pretrained: no init (normal_ on meta imports much)
             embed_tokens=nn.Embedding.from_pretrained(torch.empty(cfg.vocab_size, cfg.hidden_size), freeze=False),
             layers=nn.ModuleList(Block(cfg) for _ in range(cfg.num_hidden_layers)),
             norm=RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)))
         self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if not self.lm_head.weight.is_meta:  # (meta: `load` fills the weights)
-            for m in self.modules():  # HF init: normal(0, 0.02), zero biases
+            for m in self.modules():  # HF's init
                 if isinstance(m, (nn.Linear, nn.Embedding)):
                     nn.init.normal_(m.weight, std=0.02)
                 if isinstance(m, nn.Linear) and m.bias is not None:
@@ -262,24 +260,24 @@ class Qwen(nn.Module):
         self.stop_token_ids = _as_list(cfg.eos_token_id if cfg.stop_token_ids is None else cfg.stop_token_ids)
 
     def tie_weights(self):
-        if self.config.tie_word_embeddings and self.lm_head is not None:  # (ppo.Critic's backbone has none)
+        if self.config.tie_word_embeddings and self.lm_head is not None:  # (ppo.Critic's has none)
             self.lm_head.weight = self.model.embed_tokens.weight
 
     def hidden(self, input_ids, attention_mask=None, cache=None):
-        """Final-norm hidden states (B, T, C). attention_mask (B, T_past + T): 1 tokens, 0 left padding."""
+        """Final-norm hidden states (B, T, C); attention_mask (B, T_past + T): 1 tokens, 0 left padding."""
         B, T = input_ids.shape
         dev, past = input_ids.device, cache.length if cache is not None else 0
         if attention_mask is not None and bool(attention_mask.all()):
-            attention_mask = None  # no padding: causal, SDPA picks its fastest kernel
+            attention_mask = None  # no padding: causal, SDPA's fastest kernel
         if attention_mask is None:
             positions = torch.arange(past, past + T, device=dev).expand(B, T)
-            mask = None  # causal, offset by past
+            mask = None  # causal
         else:
             keep = attention_mask.bool()  # (B, Tk)
-            positions = (keep.long().cumsum(-1) - 1).clamp(min=0)[:, -T:]  # past the padding (HF generate)
+            positions = (keep.long().cumsum(-1) - 1).clamp(min=0)[:, -T:]  # after padding (HF generate)
             q_idx = torch.arange(past, past + T, device=dev)[:, None]  # (T, 1)
             k_idx = torch.arange(past + T, device=dev)[None]  # (1, Tk)
-            # causal AND not padding; a padding query sees itself: no softmax row is empty
+            # causal and not padding; a padding query sees itself (no empty softmax row)
             mask = ((k_idx <= q_idx) & keep[:, None, None, :]) | (k_idx == q_idx)  # (B, 1, T, Tk)
         x = self.blocks(input_ids, positions, mask, cache)
         if cache is not None:
@@ -287,9 +285,10 @@ class Qwen(nn.Module):
         return x
 
     def blocks(self, input_ids, positions, mask, cache):
-        """Embeddings, blocks, final norm: ids at positions (B, T) -> (B, T, C)."""
+        """Embeddings, blocks, final norm: ids at positions (B, T) or their RoPE (cos, sin) -> (B, T, C)."""
         x = self.model.embed_tokens(input_ids)  # (B, T, C)
-        cos, sin = rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta, x.dtype)
+        cos, sin = positions if isinstance(positions, tuple) else \
+            rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta, x.dtype)
         for i, layer in enumerate(self.model.layers):
             x = layer(x, cos, sin, mask, cache, i)
         return self.model.norm(x)
@@ -301,28 +300,33 @@ class Qwen(nn.Module):
     def generate(self, prompts, max_new_tokens=128, temperature=0.0, top_p=1.0, stop_token_ids=None, generator=None,
                  stop_fn=None, seeds=None, prefill_chunk=2048, max_batch=None, n=1, on_done=None):
         """Token-id prompts -> Generation, n rows a prompt, max_batch (default all) at a time. stop_fn(i, tokens):
-        row i stops (stop strings); on_done(i, tokens, reason) as row i ends (ppo.py acts then). seeds (one a
-        prompt): a generator per row, tokens independent of the batch (torchrun); else `generator`."""
-        stops = set(self.stop_token_ids if stop_token_ids is None else stop_token_ids)
-        dev, seqs = self.lm_head.weight.device, []
+        row i stops; on_done(i, tokens, reason) as row i ends (ppo.py acts then). seeds (one a prompt): draws that
+        no batch changes (torchrun); else `generator`."""
+        stops, seqs = set(self.stop_token_ids if stop_token_ids is None else stop_token_ids), []
         for j, p in enumerate(prompts):
-            for k in range(n):  # distinct, reproducible streams
+            for k in range(n):  # distinct, reproducible draws
                 seed = None if seeds is None else (seeds[j] * 1000003 + k if k else seeds[j])
-                gen = None if seed is None else torch.Generator(dev).manual_seed(seed)
-                seqs.append(Sequence(list(p), gen, index=j * n + k))
+                seqs.append(Sequence(list(p), seed, index=j * n + k))
         engine = Engine(self, max_new_tokens, temperature, top_p, stops, max_batch or len(seqs),
                         prefill_chunk, generator, stop_fn, on_done)
         try:
             engine.run([seqs[j * n:(j + 1) * n] for j in range(len(prompts))])
         finally:
-            engine.close()  # the weights may change (PPO) before the next call
+            engine.close()  # the weights may change (PPO)
         return Generation([s.tokens for s in seqs], [s.logprobs for s in seqs], [s.reason for s in seqs])
+
+
+# ---- Decoding (issue 44) at fixed shapes (cache whole, RoPE table, rows and keys rounded up, one mask): on CUDA a
+# shape's compiled step is a CUDA graph, one launch (gpt-fast (pytorch-labs), generate.py, model.py).
+DECODE = os.environ.get("MODEL_DECODE", "compile")  # CUDA: "compile" (+ graphs), "graphs" (eager kernels), "eager"
+GRAPH_MIN_TOKENS, GRAPH_DEVICES = 64, ("cuda",)  # shorter calls eager (tests fake graphs on "cpu")
+KEY_BUCKETS = 8  # key lengths: multiples of capacity / 8
 
 
 @dataclasses.dataclass
 class Sequence:
     prompt: list
-    generator: object = None  # its own (seeded)
+    seed: int | None = None  # its draws (_uniform); None: the engine's generator
     index: int = 0  # its row in generate's output
     tokens: list = dataclasses.field(default_factory=list)
     logprobs: list = dataclasses.field(default_factory=list)
@@ -330,28 +334,30 @@ class Sequence:
 
 
 class SlotCache:
-    """The Engine's KV cache (slots, Hkv, capacity, D) a layer; live sequences in slots 0 .. live-1."""
+    """The Engine's KV cache, (slots, Hkv, capacity, D) zeros a layer (masked values count: 0 * NaN is NaN); live
+    sequences in slots 0 .. live-1."""
 
     def __init__(self, slots, capacity, dtype):
         self.slots, self.capacity, self.dtype, self.k, self.v = slots, capacity, dtype, {}, {}
 
-    def at(self, rows, start=0, pos=None, end=None):
-        """Next forward: rows (a slice) write at start .. start + T, or (decode) each at pos; read to end."""
-        self.rows, self.start, self.pos, self.end = rows, start, pos, end
+    def at(self, rows, start=0, pos=None, keys=None):
+        """Next forward: rows (a slice) write at start .. start + T; or rows 0 .. R-1 (R,) at pos (R,) read keys (Tk,)
+        (fixed addresses)."""
+        self.rows, self.start, self.pos, self.keys = rows, start, pos, keys
+        if pos is not None:
+            self.kv = {i: (K[:len(rows)], self.v[i][:len(rows)]) for i, K in self.k.items()}
 
-    def update(self, layer, k, v):  # (R, Hkv, T, D) -> the rows' keys/values so far (R, Hkv, Tk, D)
-        if layer not in self.k:  # zeros, not empty: a masked position's value is still multiplied by 0; 0 * NaN is NaN
+    def update(self, layer, k, v):  # (R, Hkv, T, D) -> the rows' keys, values so far (R, Hkv, Tk, D)
+        if self.pos is not None:  # (prefill allocated every layer)
+            (K, V), r = self.kv[layer], self.rows
+            K[r, :, self.pos], V[r, :, self.pos] = k[:, :, 0], v[:, :, 0]
+            return K[:, :, :self.keys.shape[0]], V[:, :, :self.keys.shape[0]]
+        if layer not in self.k:
             shape = (self.slots, k.shape[1], self.capacity, k.shape[3])
             self.k[layer] = torch.zeros(shape, dtype=self.dtype, device=k.device)
             self.v[layer] = torch.zeros(shape, dtype=self.dtype, device=k.device)
-        K, V, r = self.k[layer], self.v[layer], self.rows
-        if self.pos is None:
-            end = self.start + k.shape[2]
-            K[r, :, self.start:end], V[r, :, self.start:end] = k, v
-        else:
-            idx = torch.arange(r.start, r.stop, device=k.device)
-            K[idx, :, self.pos], V[idx, :, self.pos] = k[:, :, 0], v[:, :, 0]
-            end = self.end
+        K, V, r, end = self.k[layer], self.v[layer], self.rows, self.start + k.shape[2]
+        K[r, :, self.start:end], V[r, :, self.start:end] = k, v
         return K[r, :, :end], V[r, :, :end]
 
     def copy(self, src, dst, length):
@@ -359,13 +365,31 @@ class SlotCache:
             buf[dst, :, :length] = buf[src, :, :length]
 
 
+def _uniform(seeds, at):
+    """Counter-based uniforms (as Philox, Salmon et al. SC 2011): hash(seed, position), alike in any batch."""
+    x = seeds
+    for y in (0, 0, at, 0, 0):  # Mueller's 32-bit hash, rounds (in int64: no product reaches 2^63)
+        x = ((x ^ y) >> 16 ^ x ^ y) * 0x45D9F3B & 0xFFFFFFFF
+    return (x >> 8).float() / 2 ** 24
+
+
+def logits_of(lm, h):  # (R, C) -> fp32 logits of the rows sampled
+    return lm.lm_head(h).float()[:, :lm.sample_vocab_size]
+
+
+def decode_step(lm, cache, tok, cos, sin):
+    """Rows 0 .. R-1 feed tok (R,) at cache.pos -> fp32 logits (R, V')"""
+    pos = cache.pos
+    mask = torch.where(cache.keys <= pos[:, None], 0.0, -math.inf).to(cache.dtype)[:, None, None]  # (R, 1, 1, Tk)
+    return logits_of(lm, lm.blocks(tok[:, None], (cos[pos, None, None], sin[pos, None, None]), mask, cache)[:, 0])
+
+
 TRANSPOSED_COPY_BYTES = 1 << 30
 
 
 class Engine:
-    """Continuous batching (Orca, Yu et al. OSDI 2022; vLLM), our slots, no paging: a finished sequence frees its slot
-    for waiting groups (a prompt's n samples, prefilled once, copied to n - 1 slots). One host sync a step. Rows
-    share the sampling settings; a seeded row draws from its own generator."""
+    """Continuous batching (Orca, Yu et al. OSDI 2022; vLLM), no paging: a finished sequence's slot goes to waiting
+    groups (a prompt's n samples, prefilled once, copied to n - 1 slots). One host sync a step."""
 
     def __init__(self, model, max_new_tokens=128, temperature=0.0, top_p=1.0, stop_ids=(),
                  max_batch=16, prefill_chunk=2048, generator=None, stop_fn=None, on_done=None):
@@ -387,21 +411,27 @@ class Engine:
 
     @torch.inference_mode()
     def run(self, groups):
-        """Generate every group (a prompt's Sequences)."""
-        self.waiting = [g[i:i + self.max_batch] for g in groups for i in range(0, len(g), self.max_batch)]
-        w, B, dev = self.model.lm_head.weight, self.max_batch, self.model.lm_head.weight.device
+        """Generate every group (a prompt's Sequences), longest prompts first (less padding, fewer keys read)."""
+        self.waiting = sorted((g[i:i + self.max_batch] for g in groups for i in range(0, len(g), self.max_batch)),
+                              key=lambda g: -len(g[0].prompt))
+        lm, B, w = self.model, self.max_batch, self.model.lm_head.weight
+        dev, cfg = w.device, lm.config
         dtype = torch.get_autocast_dtype(dev.type) if torch.is_autocast_enabled(dev.type) else w.dtype
-        # sized once for the longest request: regrowing would hold two caches at once (vLLM sizes it at start-up)
+        # sized once, for the longest request: regrowing holds two caches (vLLM sizes it at start-up)
         need = max((len(s.prompt) for g in groups for s in g), default=0) + self.max_new_tokens + 1
-        self.cache = SlotCache(B, need, dtype)
-        self.lengths = torch.zeros(B, dtype=torch.long, device=dev)  # per slot: cached positions, newest token
-        self.last = torch.zeros_like(self.lengths)
+        self.cache, self.quantum = SlotCache(B, need, dtype), -(-need // KEY_BUCKETS)
+        # per slot: newest token, its position, seed (apart, at offset 0: torch.compile)
+        self.last, self.lengths, self.seeds = (torch.zeros(B, dtype=torch.long, device=dev) for _ in range(3))
+        self.ids = torch.arange(max(B, need), device=dev)  # slots, key positions
+        self.rope = tuple(t[0, 0] for t in rope_cos_sin(self.ids[None, :need], cfg.head_dim, cfg.rope_theta,
+                                                        lm.model.embed_tokens.weight.dtype))  # (capacity, D)
+        on = dev.type in GRAPH_DEVICES and DECODE != "eager" and self.max_new_tokens >= GRAPH_MIN_TOKENS
+        self.graphs = {} if on and not is_sharded(lm) else None  # (not FSDP's hooks)
+        if self.graphs is not None:  # all graphs' logits
+            self.pool, self.out = torch.cuda.graph_pool_handle(), torch.empty(B, lm.sample_vocab_size, device=dev)
         while self.live or self.waiting:
-            self._admit()  # a group fits max_batch: with none live, one is admitted
+            self._admit()  # (a group fits max_batch: with none live one is admitted)
             self._decode()
-
-    def _logits(self, h):  # (R, C) -> fp32 logits
-        return self.model.lm_head(h).float()[:, :self.model.sample_vocab_size]
 
     def _admit(self):
         free, groups = self.max_batch - len(self.live), []
@@ -419,56 +449,70 @@ class Engine:
             x = ids[:, a:a + self.prefill_chunk]
             T = x.shape[1]
             self.cache.at(slice(A, A + P), start=a)
-            h = self.model.blocks(x, torch.arange(a, a + T, device=dev).expand(P, T), None, self.cache)  # (P, T, C)
+            h = self.model.blocks(x, tuple(t[a:a + T] for t in self.rope), None, self.cache)  # (P, T, C)
             pick = h[torch.arange(P, device=dev), (ends - a).clamp(0, T - 1)]
             h_last = pick if a == 0 else torch.where((ends >= a)[:, None], pick, h_last)
-        seqs, leaders = [g[0] for g in groups], list(range(P))  # leaders in slots A .. A + P - 1, then the rest
+        seqs, leaders = [g[0] for g in groups], list(range(P))  # leaders in slots A .. A + P - 1, others after
         for b, g in enumerate(groups):
             for s in g[1:]:
                 self.cache.copy(A + b, A + len(seqs), lens[b])
                 seqs.append(s)
                 leaders.append(b)
+        at = torch.tensor([len(s.prompt) for s in seqs], device=dev)
+        seeds = torch.tensor([-1 if s.seed is None else s.seed % 2**32 for s in seqs], device=dev)
+        tok, lp = self._sample(logits_of(self.model, h_last)[leaders], seeds, at)
         new = slice(A, A + len(seqs))  # sequence i in slot A + i
-        tok, lp = self._sample(self._logits(h_last)[leaders], seqs)
-        self.last[new], self.lengths[new] = tok, torch.tensor([len(s.prompt) for s in seqs], device=dev)
+        self.last[new], self.lengths[new], self.seeds[new] = tok, at, seeds
         self.live += seqs
         self.fresh = (seqs, tok, lp)  # reported at the next decode's sync
 
-    def _sample(self, logits, seqs):
-        """-> tokens, log-probs (R,) of the rows `seqs` under softmax(logits / T) (T = 0: greedy)."""
+    def _sample(self, logits, seeds, at):
+        """-> tokens, log-probs (R,) under softmax(logits / T) (T = 0: greedy); seeds >= 0 draw for positions `at`."""
         logp = torch.log_softmax(logits / (self.temperature or 1.0), -1)
         tok = logits.argmax(-1)
         if self.temperature:
             probs, order = logp.exp(), None
             if self.top_p < 1:
-                probs, order = probs.sort(-1, descending=True)  # nucleus: the shortest prefix reaching top_p
+                probs, order = probs.sort(-1, descending=True)  # nucleus: the least prefix reaching top_p
                 probs[(probs.cumsum(-1) - probs) > self.top_p] = 0  # (the first token stays)
-            # inverse CDF: a uniform per row, one batched search (multinomial per seeded row was slow on CPU)
-            u = torch.rand(len(seqs), generator=self.generator, device=probs.device)
-            own = [j for j, s in enumerate(seqs) if s.generator is not None]
-            if own:
-                u[own] = torch.cat([torch.rand(1, generator=seqs[j].generator, device=probs.device) for j in own])
+            # inverse CDF: a uniform a row, one search
+            u = torch.rand(len(seeds), generator=self.generator, device=probs.device)
+            u = torch.where(seeds >= 0, _uniform(seeds, at), u)
             cdf = probs.cumsum(-1)
             draw = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True)
-            draw = draw.clamp(max=probs.shape[-1] - 1)  # only rounding could pass the end
+            draw = draw.clamp(max=probs.shape[-1] - 1)  # (rounding)
             tok = (draw if order is None else order.gather(-1, draw)).squeeze(-1)
         return tok, logp.gather(-1, tok[:, None]).squeeze(-1)
 
+    def _step(self, A, end):
+        """decode_step of A rows over keys 0 .. end-1, rounded up (dead rows unread); CUDA: a graph a shape."""
+        R = min(self.max_batch, 1 << (A - 1).bit_length())
+        Tk = min(self.cache.capacity, -(-end // self.quantum) * self.quantum)
+        g = self.graphs
+        if g is None or (R, Tk) not in g:
+            self.cache.at(self.ids[:R], pos=self.lengths[:R], keys=self.ids[:Tk])
+            args = self.model, self.cache, self.last[:R], *self.rope
+            if g is None:
+                return decode_step(*args)[:A]
+            step = torch.compile(decode_step, dynamic=True) if DECODE == "compile" else decode_step  # cached
+            run = lambda: self.out[:R].copy_(step(*args))  # noqa: E731
+            run()  # compiles, allocates before capture (replay redoes its writes)
+            with torch.cuda.graph(g.setdefault((R, Tk), torch.cuda.CUDAGraph()), self.pool,
+                                  capture_error_mode="thread_local"):
+                run()  # recorded, not run
+        g[R, Tk].replay()
+        return self.out[:A]
+
     def _decode(self):
         A = len(self.live)
-        at = [len(s.prompt) + max(len(s.tokens) - 1, 0) for s in self.live]  # cached positions
-        pos, end = self.lengths[:A], max(at) + 1
-        self.cache.at(slice(0, A), pos=pos, end=end)
-        mask = None  # all at one position (batch 1, n samples)
-        if min(at) < max(at):
-            mask = (torch.arange(end, device=pos.device) <= pos[:, None])[:, None, None]  # (A, 1, 1, end)
-        h = self.model.blocks(self.last[:A, None], pos[:, None], mask, self.cache)[:, -1]
-        tok, lp = self._sample(self._logits(h), self.live)
+        end = max(len(s.prompt) + max(len(s.tokens) - 1, 0) for s in self.live) + 1  # cached and this one
+        logits, pos = self._step(A, end), self.lengths[:A]
+        tok, lp = self._sample(logits, self.seeds[:A], pos + 1)
         self.last[:A], self.lengths[:A] = tok, pos + 1
-        fresh, toks, lps = self.fresh or ([], tok[:0], lp[:0])  # the last admission's first tokens
+        fresh, toks, lps = self.fresh or ([], tok[:0], lp[:0])  # the last admission's tokens
         self.fresh = None
-        host = torch.stack([torch.cat([toks, tok]).double(), torch.cat([lps, lp]).double()]).tolist()  # the one sync
-        for s, t, l in zip([*fresh, *self.live], *host):  # a fresh sequence's first token, then its second
+        host = torch.stack([torch.cat([toks, tok]).double(), torch.cat([lps, lp]).double()]).tolist()  # one sync
+        for s, t, l in zip([*fresh, *self.live], *host):  # a fresh sequence's first, then second token
             if s.reason is None:
                 self._append(s, int(t), l)
         self._compact()
@@ -484,21 +528,21 @@ class Engine:
             self.on_done(s.index, s.tokens, s.reason)
 
     def _compact(self):
-        """Finished sequences leave; the last live slot moves into each hole."""
+        """Finished sequences leave; the last live slot fills each hole."""
         for hole in sorted((i for i, s in enumerate(self.live) if s.reason), reverse=True):
             last, s = len(self.live) - 1, self.live.pop()
             if hole != last:
                 self.cache.copy(last, hole, len(s.prompt) + len(s.tokens))
-                self.last[hole], self.lengths[hole] = self.last[last], self.lengths[last]
+                for t in (self.last, self.lengths, self.seeds):
+                    t[hole] = t[last]
                 self.live[hole] = s
 
 
 def response_hidden(lm, ids, lengths, starts):
-    """Hidden states predicting each response token (output t - 1 predicts t), and the tokens: (B, R, C), (B, R), R
-    the longest. Response b is columns starts[b] .. lengths[b] - 1 of row b // n of ids (G, W). n = 1: rows are
-    prompt + response, right-padded, no mask (SDPA's causal kernel). n > 1 (ppo.py): a prompt, then its n responses,
-    run as n rows over its KV cache; not with gradient checkpointing. Columns past a response's end: for the caller
-    to mask."""
+    """Hidden states predicting each response token (output t - 1 predicts t), tokens: (B, R, C), (B, R), R the
+    longest; response b: columns starts[b] .. lengths[b] - 1 of row b // n of ids (G, W). n = 1: prompt + response
+    rows, right-padded; n > 1 (ppo.py): a prompt, its n responses as n rows over its KV cache (no gradient
+    checkpointing). The caller masks columns past an end."""
     B, (G, W), dev = lengths.shape[0], ids.shape, ids.device
     n, R = B // G, max(int((lengths - starts).max()), 1)
     if n * G != B:
@@ -512,14 +556,14 @@ def response_hidden(lm, ids, lengths, starts):
     for g in range(G):
         P, cache = int(starts[g * n]), KVCache()
         prompt = lm.hidden(ids[g:g + 1, :P], cache=cache)  # (1, P, C)
-        resp = lm.hidden(ids[g, col[g * n:(g + 1) * n]], cache=cache)  # (n, R, C) over the broadcast prompt
+        resp = lm.hidden(ids[g, col[g * n:(g + 1) * n]], cache=cache)  # (n, R, C) over the prompt
         out.append(torch.cat((prompt[:, -1:].expand(n, 1, -1), resp[:, :-1]), 1))
     return torch.cat(out), tokens
 
 
 def response_logprobs(lm, ids, lengths, starts, temperature=1.0, vocab=None, chunk=1024):
     """log pi(token_t | tokens_<t) (B, R) under generate's softmax(logits[:vocab] / T) (N-details: in training too);
-    the lm_head runs `chunk` tokens at a time, recomputed in backward: one chunk's fp32 logits at most."""
+    lm_head `chunk` tokens at a time, recomputed in backward."""
     h, tokens = response_hidden(lm, ids, lengths, starts)
     B, R, C = h.shape
     h, tokens = h.reshape(B * R, C), tokens.reshape(B * R)
@@ -541,7 +585,7 @@ _NAMES = {v: k for k, v in _DTYPES.items()}
 
 
 def _read_header(path):
-    """(header, data offset); ValueError naming the file if it is not safetensors or is cut."""
+    """(header, data offset); ValueError naming a file not safetensors or cut."""
     size = os.path.getsize(path)
     with open(path, "rb") as f:
         n = struct.unpack("<Q", f.read(8))[0] if size >= 8 else 0
@@ -556,14 +600,14 @@ def _read_header(path):
         raise ValueError(f"{path}: not a safetensors file (its header is not a JSON object of tensors)")
     header.pop("__metadata__", None)
     need = 8 + n + max((int(t["data_offsets"][1]) for t in header.values()), default=0)
-    if size != need:  # the safetensors library refuses extra bytes too
+    if size != need:  # (the safetensors library refuses extra bytes too)
         raise ValueError(f"{path}: {'truncated' if size < need else 'too long'} ({size} bytes, its header says {need}; "
                          "an interrupted download?)")
     return header, 8 + n
 
 
 def _read_file(path, params=None):
-    """(name, CPU tensor) by readinto(), into the `params` tensor of that name, shape and dtype if any."""
+    """(name, CPU tensor) by readinto(), into the same-named `params` tensor if it fits."""
     header, start = _read_header(path)
     with open(path, "rb", buffering=0) as f:
         for name, info in header.items():
@@ -575,9 +619,9 @@ def _read_file(path, params=None):
                 raise ValueError(f"{path}: {name} has {b - a} bytes for its shape {shape} ({len(buf)})")
             f.seek(start + a)
             done = 0
-            while done < len(buf):  # one read() returns at most ~2 GiB on Linux
+            while done < len(buf):  # a read() returns 2 GiB at most
                 got = f.readinto(buf[done:])
-                if not got:  # cut after the header (readinto returns 0 forever: no hang)
+                if not got:  # cut after the header (no hang on 0)
                     raise ValueError(f"{path}: truncated ({start + a + done} bytes, the header needs {start + b})")
                 done += got
             yield name, t
@@ -594,14 +638,14 @@ def write_safetensors(path, tensors, metadata=None):
         header[k] = {"dtype": _NAMES[t.dtype], "shape": list(t.shape), "data_offsets": [off, off + t.nbytes]}
         off += t.nbytes
     raw = json.dumps(header, separators=(",", ":")).encode()
-    raw += b" " * (-len(raw) % 8)  # data 8-byte aligned, as the safetensors library writes it
+    raw += b" " * (-len(raw) % 8)  # data 8-byte aligned, as the safetensors library's
     with open(path, "wb") as f:
         f.write(struct.pack("<Q", len(raw)) + raw)
         for t in tensors.values():
             f.write(memoryview(t.reshape(-1).view(torch.uint8).numpy()))
 
 
-# ==== 4. Tokenizer: byte-level BPE (GPT-2, Radford et al. 2019) as Qwen2 uses it, read from tokenizer.json
+# ==== 4. Tokenizer: byte-level BPE (GPT-2, Radford et al. 2019) as Qwen2's, from tokenizer.json
 
 QWEN2_PATTERN = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
                  r"""|\s*[\r\n]+|\s+(?!\S)|\s+""")  # HF tokenization_qwen2.PRETOKENIZE_REGEX: digits one by one
@@ -609,7 +653,7 @@ GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|
 
 
 def _split_pattern(pre):
-    """A tokenizer.json pre_tokenizer's word-splitting regex (Qwen2: Split(regex), ByteLevel)."""
+    """A tokenizer.json pre_tokenizer's word regex (Qwen2: Split, ByteLevel)."""
     for step in (pre or {}).get("pretokenizers", [pre] if pre else []):
         if step["type"] == "Split":
             return step["pattern"].get("Regex") or regex.escape(step["pattern"]["String"])
@@ -619,16 +663,16 @@ def _split_pattern(pre):
 
 
 def bytes_to_unicode():
-    """GPT-2's map of bytes to printable characters (printable ones to themselves, others from 256)."""
+    """GPT-2's bytes -> printable characters (themselves, or from 256)."""
     keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
     shifted = iter(range(256, 512))
     return {b: chr(b) if b in keep else chr(next(shifted)) for b in range(256)}
 
 
 def _merge(parts, pair):
-    """parts with each adjacent occurrence of pair joined, left to right."""
+    """parts with each adjacent pair joined, left to right."""
     out = []
-    for p in parts:  # a joined symbol is never pair[0]: no overlaps
+    for p in parts:  # a joined symbol is no pair[0]: no overlaps
         if out and (out[-1], p) == pair:
             out[-1] += p
         else:
@@ -638,17 +682,17 @@ def _merge(parts, pair):
 
 class Tokenizer:
     def __init__(self, data, config=None):
-        """data, config: parsed tokenizer.json, tokenizer_config.json (optional)."""
+        """data, config: tokenizer.json, tokenizer_config.json (optional), parsed."""
         self.data, self.config = data, config or {}
         m = data["model"]
-        self.vocab = dict(m["vocab"])  # byte-level string -> id
-        merges = [tuple(x.split(" ")) if isinstance(x, str) else tuple(x) for x in m["merges"]]  # "a b" or [a, b]
+        self.vocab = dict(m["vocab"])  # byte-level text -> id
+        merges = [tuple(x.split(" ")) if isinstance(x, str) else tuple(x) for x in m["merges"]]  # "a b", [a, b]
         self.ranks = {pair: i for i, pair in enumerate(merges)}
-        self.ignore_merges = m.get("ignore_merges", False)  # a word in the vocab is one token
+        self.ignore_merges = m.get("ignore_merges", False)  # vocab words: one token
         self.added = {t["content"]: t["id"] for t in data.get("added_tokens", [])}
         self.special_ids = {t["id"] for t in data.get("added_tokens", []) if t.get("special")}
         self.id_to_token = {i: s for d in (self.vocab, self.added) for s, i in d.items()}
-        # added tokens split out first, longest first (leftmost-longest, as `tokenizers`)
+        # added tokens split first, longest first (as `tokenizers`)
         alts = "|".join(regex.escape(s) for s in sorted(self.added, key=len, reverse=True))
         self.added_re = regex.compile(f"({alts})") if alts else None
         norm = data.get("normalizer") or {}
@@ -658,7 +702,7 @@ class Tokenizer:
         self.byte_dec = {c: b for b, c in self.byte_enc.items()}
         self._bpe = functools.lru_cache(100_000)(self._bpe)  # words recur
 
-        def token(key):  # a string or {"content": ...}; Qwen's eos and pad when the config is silent
+        def token(key):  # a string or {"content": ...}; Qwen's eos and pad by default
             v = self.config.get(key, "<|endoftext|>")
             return v.get("content") if isinstance(v, dict) else v
         self.eos_token_id = self.added.get(token("eos_token"))
@@ -667,7 +711,7 @@ class Tokenizer:
 
     @classmethod
     def from_file(cls, path, config_path=None):
-        """tokenizer.json, and tokenizer_config.json (eos / pad) given or beside it."""
+        """tokenizer.json, and tokenizer_config.json (eos, pad) given or beside it."""
         config_path = config_path or os.path.join(os.path.dirname(path), "tokenizer_config.json")
         return cls(read_json(path), read_json(config_path) if os.path.exists(config_path) else None)
 
@@ -675,7 +719,7 @@ class Tokenizer:
         return max(self.id_to_token) + 1
 
     def _bpe(self, word):
-        """ids of one pre-tokenized word: merge the adjacent pair of lowest rank while any has one."""
+        """ids of a pre-tokenized word: the adjacent pair of lowest rank merged while one has a rank."""
         parts = [self.byte_enc[b] for b in word.encode("utf-8")]
         if self.ignore_merges and "".join(parts) in self.vocab:
             parts = ["".join(parts)]
@@ -702,8 +746,8 @@ class Tokenizer:
         return b"".join(self._bytes.get(i, b"") for i in ids if i not in skip).decode("utf-8", errors="replace")
 
     @functools.cached_property
-    def _bytes(self):  # once: stop strings decode every sequence's tail every step
-        ok = lambda tok: all(c in self.byte_dec for c in tok)  # else its UTF-8 (tokenizers' ByteLevel decoder)
+    def _bytes(self):  # once: stop strings decode every tail every step
+        ok = lambda tok: all(c in self.byte_dec for c in tok)  # else UTF-8 (tokenizers' ByteLevel decoder)
         return {i: bytes(self.byte_dec[c] for c in t) if ok(t) else t.encode() for i, t in self.id_to_token.items()}
 
     def apply_chat_template(self, messages, add_generation_prompt=True):
@@ -721,15 +765,15 @@ CHATML_JINJA = ("{% for message in messages %}{{ '<|im_start|>' + message['role'
 
 
 def train_tokenizer(texts, vocab_size, special_tokens=("<|endoftext|>", "<|im_start|>", "<|im_end|>")):
-    """Byte-level BPE training (Sennrich et al. 2016): from the 256 bytes, merge the most frequent adjacent pair in
-    pre-tokenized words, repeatedly; pair counts update incrementally, with a lazy heap."""
+    """Byte-level BPE training (Sennrich et al. 2016): from the 256 bytes, merge the most frequent adjacent pair of
+    pre-tokenized words, repeatedly; pair counts updated in place, a lazy heap."""
     pattern, enc = regex.compile(QWEN2_PATTERN), bytes_to_unicode()
     counts = Counter(w for t in texts for w in pattern.findall(unicodedata.normalize("NFC", t)))
     words, freqs = [[] for _ in counts], list(counts.values())
     vocab, merges, heap = {enc[b]: b for b in range(256)}, [], []  # heap: most frequent pair first, ties by text
-    pairs, where = Counter(), defaultdict(set)  # pair -> frequency; pair -> indices of words holding it
+    pairs, where = Counter(), defaultdict(set)  # pair -> frequency; pair -> indices of its words
 
-    def rewrite(wi, new):  # word wi becomes `new`; changed pairs queued again
+    def rewrite(wi, new):  # word wi := `new`; changed pairs queued
         old, words[wi] = words[wi], new
         for p in zip(old, old[1:]):
             pairs[p] -= freqs[wi]
@@ -759,14 +803,14 @@ def train_tokenizer(texts, vocab_size, special_tokens=("<|endoftext|>", "<|im_st
                 {"type": "Split", "pattern": {"Regex": QWEN2_PATTERN}, "behavior": "Isolated", "invert": False},
                 byte_level]},
             "post_processor": byte_level, "decoder": byte_level,
-            "model": {"type": "BPE", "vocab": vocab, "merges": [list(p) for p in merges]}}  # other keys: defaults
+            "model": {"type": "BPE", "vocab": vocab, "merges": [list(p) for p in merges]}}  # others: defaults
     return Tokenizer(data)
 
 
-# ==== 5. Finding, loading and saving a Hugging Face model folder
+# ==== 5. Finding, loading, saving a Hugging Face model folder
 
 def _weight_files(folder):
-    """A folder's safetensors files (sharded or not); [] if one is missing."""
+    """A folder's safetensors files; [] if one is absent."""
     index = os.path.join(folder, "model.safetensors.index.json")
     names = sorted(set(read_json(index)["weight_map"].values())) if os.path.exists(index) else ["model.safetensors"]
     files = [os.path.join(folder, n) for n in names]
@@ -774,11 +818,11 @@ def _weight_files(folder):
 
 
 def _download(repo_id, repo_dir):
-    """Fetch a model's files into the hub-cache layout, resumably (under resolve's lock: .incomplete files are ours)."""
+    """A model's files into the hub-cache layout, resumably (under resolve's lock: .incomplete files ours)."""
     endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co").rstrip("/")
     headers = {"Authorization": f"Bearer {os.environ['HF_TOKEN']}"} if os.environ.get("HF_TOKEN") else {}
 
-    def fetch(name, required=True):  # into `folder` at `rev` (set below) -> path, or None: absent and optional
+    def fetch(name, required=True):  # into `folder` at `rev` (below) -> path; None: absent and optional
         dest = os.path.join(folder, name)
         if os.path.exists(dest):
             return dest
@@ -789,15 +833,15 @@ def _download(repo_id, repo_dir):
                           stream=True, timeout=30) as r:
             if r.status_code == 404 and not required:
                 return None
-            if r.status_code != 416:  # 416: the .incomplete file holds everything
+            if r.status_code != 416:  # 416: the .incomplete file is whole
                 r.raise_for_status()
-                have = have if r.status_code == 206 else 0  # range ignored: start over
+                have = have if r.status_code == 206 else 0  # range ignored: restart
                 total = have + int(r.headers.get("Content-Length", 0))
                 with open(part, "ab" if have else "wb") as f, \
                         tqdm(total=total, initial=have, unit="B", unit_scale=True, desc=name) as bar:
                     for chunk in r.iter_content(1 << 20):
                         bar.update(f.write(chunk))
-                    os.fsync(f.fileno())  # on disk before its name says it is whole
+                    os.fsync(f.fileno())  # on disk before its name says whole
         os.replace(part, dest)
         return dest
 
@@ -805,10 +849,10 @@ def _download(repo_id, repo_dir):
         with requests.get(f"{endpoint}/{repo_id}/resolve/main/config.json", headers=headers, timeout=30) as r:
             if r.status_code == 404:
                 raise FileNotFoundError(f"{repo_id}: no such model on {endpoint}")
-            if r.status_code in (401, 403):  # a gated model's files all are
+            if r.status_code in (401, 403):  # (a gated model's are all)
                 raise PermissionError(f"{repo_id}: access denied ({r.status_code}); set HF_TOKEN for gated models")
             r.raise_for_status()
-            rev = r.headers.get("X-Repo-Commit", "main")  # every file from one commit
+            rev = r.headers.get("X-Repo-Commit", "main")  # all files from one commit
         folder = os.path.join(repo_dir, "snapshots", rev)
         os.makedirs(folder, exist_ok=True)
         os.makedirs(os.path.join(repo_dir, "refs"), exist_ok=True)
@@ -839,20 +883,20 @@ def resolve(path_or_id):
     repo_dir = os.path.join(cache, "models--" + path_or_id.replace("/", "--"))
     ref = os.path.join(repo_dir, "refs", "main")
 
-    def cached():  # the snapshot refs/main names, if whole (each file appears whole: fetch renames it)
+    def cached():  # refs/main's snapshot if whole (fetch renames each file once whole)
         with contextlib.suppress(OSError), open(ref) as f:
             folder = os.path.join(repo_dir, "snapshots", f.read().strip())
             return folder if os.path.exists(os.path.join(folder, "config.json")) and _weight_files(folder) else None
     if folder := cached():
         return folder
-    os.makedirs(os.path.join(cache, ".locks"), exist_ok=True)  # (huggingface_hub's lock folder)
+    os.makedirs(os.path.join(cache, ".locks"), exist_ok=True)  # (huggingface_hub's)
     with open(os.path.join(cache, ".locks", os.path.basename(repo_dir) + ".lock"), "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # one process a node downloads (torchrun's ranks); the others wait, then
-        return cached() or _download(path_or_id, repo_dir)  # find it whole
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one process a node downloads (torchrun), the others find it
+        return cached() or _download(path_or_id, repo_dir)
 
 
 def weight_tensors(path_or_hub_id):
-    """(name, CPU tensor), one at a time."""
+    """(name, CPU tensor), one by one."""
     for path in _weight_files(resolve(path_or_hub_id)):
         yield from _read_file(path)
 
@@ -869,7 +913,7 @@ def read_json(path) -> dict:
 
 
 def _empty(config, dtype, device=None):
-    """A Qwen with uninitialized weights on `device` (None: the meta device)."""
+    """A Qwen, weights unset, on `device` (None: meta)."""
     with torch.device("meta"):
         model = Qwen(config).to(dtype)
     if device is not None:
@@ -879,7 +923,7 @@ def _empty(config, dtype, device=None):
 
 
 def load(path_or_hub_id, device=None, dtype=None, meta=False):
-    """-> (model, tokenizer); dtype: the config's on CUDA, float32 on CPU; meta=True: no weights read (shard, fill)."""
+    """-> (model, tokenizer); dtype: the config's on CUDA, float32 on CPU; meta: no weights read (shard, fill)"""
     folder = resolve(path_or_hub_id)
     cfg = Config.from_dict(read_json(os.path.join(folder, "config.json")))
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -887,11 +931,11 @@ def load(path_or_hub_id, device=None, dtype=None, meta=False):
     dtype, files = (getattr(torch, dtype) if isinstance(dtype, str) else dtype), _weight_files(folder)
     if not files:
         raise FileNotFoundError(f"{folder}: no model.safetensors (or incomplete shards)")
-    for path in files:  # a cut download fails here, before any memory or sharding
+    for path in files:  # a cut download fails here, before memory or sharding
         _read_header(path)
     tokenizer = Tokenizer.from_file(os.path.join(folder, "tokenizer.json"))
     cfg.sample_vocab_size = min(len(tokenizer), cfg.vocab_size)
-    gen_path = os.path.join(folder, "generation_config.json")  # instruct models add <|im_end|> as eos here
+    gen_path = os.path.join(folder, "generation_config.json")  # (instruct models: <|im_end|>)
     cfg.generation = read_json(gen_path) if os.path.exists(gen_path) else {}
     cfg.stop_token_ids = list(dict.fromkeys(_as_list(cfg.eos_token_id) + _as_list(cfg.generation.get("eos_token_id"))))
     model = _empty(cfg, dtype, None if meta else device)
@@ -907,16 +951,16 @@ def _write_json(path, obj, indent=2):
 
 
 def save(model, tokenizer, path, max_shard_bytes=5 * 2**30, dtype=None, weights=None):
-    """An HF model folder; dtype and weights (a state dict) default to the model's; LoRA merged in."""
+    """An HF model folder; dtype, weights (a state dict): the model's by default; LoRA merged."""
     os.makedirs(path, exist_ok=True)
     at = functools.partial(os.path.join, path)
-    for name in os.listdir(path):  # an earlier save's weights would confuse loaders
+    for name in os.listdir(path):  # an earlier save's weights confuse loaders
         if name.startswith("model") and name.endswith((".safetensors", ".safetensors.index.json")):
             os.remove(at(name))
     cfg, dtype = model.config, dtype or model.lm_head.weight.dtype
     _write_json(at("config.json"), {**cfg.to_dict(), "torch_dtype": str(dtype).removeprefix("torch.")})
     weights = {k.replace(".base.", "."): v for k, v in (weights or model.state_dict()).items()
-               if not k.endswith((".A", ".B"))}  # LoRA: the base layer's bias; below, its weight merged
+               if not k.endswith((".A", ".B"))}  # LoRA: the base layer's bias; its weight merged below
     for name, m in model.named_modules():
         if isinstance(m, LoRALinear):
             weights[name + ".weight"] = m.merged()
@@ -940,7 +984,7 @@ def save(model, tokenizer, path, max_shard_bytes=5 * 2**30, dtype=None, weights=
                "eos_token": token(tokenizer.eos_token_id), "pad_token": token(tokenizer.pad_token_id),
                "bos_token": None, "errors": "replace", "model_max_length": cfg.max_position_embeddings,
                "clean_up_tokenization_spaces": False, "split_special_tokens": False}
-    tok_cfg.pop("added_tokens_decoder", None)  # tokenizer.json rules the added tokens
+    tok_cfg.pop("added_tokens_decoder", None)  # tokenizer.json rules added tokens
     _write_json(at("tokenizer_config.json"), tok_cfg)
     _write_json(at("generation_config.json"), {"do_sample": False, **(cfg.generation or {}),  # the source's sampling
         "bos_token_id": cfg.bos_token_id, "eos_token_id": model.stop_token_ids or tokenizer.eos_token_id,
@@ -952,23 +996,23 @@ def stop_ids(lm, tokenizer):  # where a response ends
     return [i for i in dict.fromkeys(ends) if i is not None]
 
 
-def keep_end(ids, context, reserve):  # a prompt's last ids, so `reserve` more tokens fit in `context`
+def keep_end(ids, context, reserve):  # a prompt's last ids: `reserve` more tokens fit in `context`
     return ids[-max(context - reserve, 1):]
 
 
 def stop_strings(tokenizer, strings):
-    """generate's stop_fn (or None): True once a sequence's decoded tail holds a string: generation ends at the
-    token completing it, as vLLM's; the caller cuts the text."""
+    """generate's stop_fn (or None): True once a decoded tail holds a string, at its last token (as vLLM); the
+    caller cuts the text."""
     strings = [s for s in strings or [] if s]
     if not strings:
         return None
-    window = 4 * max(map(len, strings)) + 4  # tokens a string can span
+    window = 4 * max(map(len, strings)) + 4  # tokens a string spans
     return lambda i, toks: any(s in tokenizer.decode(toks[-window:], skip_special_tokens=True) for s in strings)
 
 
-# ==== 6. Devices (sft.py, ppo.py, orchestrator.py): torchrun, FSDP2, autocast, sharded checkpoints, rollout copy, LoRA
+# ==== 6. Devices (sft.py, ppo.py, orchestrator.py): torchrun, FSDP2, autocast, checkpoints, rollout copy, LoRA
 
-def enable_grad_checkpointing(lm):  # each block's forward recomputed in backward
+def enable_grad_checkpointing(lm):  # blocks' forwards recomputed in backward
     for block in lm.model.layers:
         def fwd(*a, _f=block.forward):
             return checkpoint(_f, *a, use_reentrant=False) if torch.is_grad_enabled() else _f(*a)
@@ -976,22 +1020,22 @@ def enable_grad_checkpointing(lm):  # each block's forward recomputed in backwar
 
 
 def setup_distributed(args, timeout=2 * 3600):
-    """(rank, world, device) from torchrun's variables; on CUDA with the rank's index (set_device refuses "cuda");
-    a collective waits `timeout` seconds (NCCL's 10 minutes are shorter than a task script: torchtitan, OpenRLHF)."""
+    """(rank, world, device) from torchrun's variables (set_device refuses "cuda": the rank's index); collectives
+    wait `timeout` s (NCCL's 10 minutes < a task script: torchtitan, OpenRLHF)."""
     world, local = int(os.environ.get("WORLD_SIZE", 1)), int(os.environ.get("LOCAL_RANK", 0))
     cuda = torch.cuda.is_available() and (args.device or "cuda").startswith("cuda")
     device = torch.device(args.device or "cpu")
     if cuda:  # one process may name its GPU
         device = device if world == 1 and device.index is not None else torch.device("cuda", local)
         torch.cuda.set_device(device)
-    torchrun = "RANK" in os.environ and "MASTER_ADDR" in os.environ  # (one process too: sft.py --fsdp shards)
+    torchrun = "RANK" in os.environ and "MASTER_ADDR" in os.environ  # (one process too: sft.py --fsdp)
     if (world > 1 or torchrun) and not dist.is_initialized():
         dist.init_process_group("nccl" if cuda else "gloo", timeout=datetime.timedelta(seconds=timeout))
     return (dist.get_rank() if world > 1 else 0), world, device
 
 
 class Ranks:
-    """A trainer's rank and collectives (the identity in one process)."""
+    """A trainer's rank and collectives (identities in one process)."""
 
     def __init__(self, rank=0, world=1, device=torch.device("cpu")):
         self.rank, self.world, self.device = rank, world, device
@@ -1008,7 +1052,7 @@ class Ranks:
             dist.all_reduce(t, op=dist.ReduceOp.MAX)
         return t.item()
 
-    def gather(self, items):  # every rank's list, rank order
+    def gather(self, items):  # every rank's list, in rank order
         if self.world == 1:
             return list(items)
         parts = [None] * self.world
@@ -1017,9 +1061,9 @@ class Ranks:
 
 
 def shard(net, blocks, world, device):
-    """FSDP2: each block a unit (gathered for forward and backward, freed after), the root the rest; on CUDA bf16
-    gathered copies, fp32 gradient reduction, fp32 master shards. Call it on the meta device, then `fill`."""
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard  # (imported here, as _dcp)
+    """FSDP2: a unit a block (gathered for forward and backward, freed after), the root the rest; CUDA: bf16
+    gathered copies, fp32 reduction and master shards. On meta, then `fill`."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard  # (here, as _dcp)
     mesh = init_device_mesh(device.type, (world,))
     bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported()
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else MixedPrecisionPolicy()
@@ -1029,7 +1073,7 @@ def shard(net, blocks, world, device):
 
 
 def place(net, lm, tensors, device, world=0):
-    """net (holding lm) from the meta device onto `device` (sharded if world), lm's weights from `tensors`."""
+    """net (holding lm) from meta onto `device` (sharded if world), lm's weights from `tensors`."""
     if world:
         net = shard(net, lm.model.layers, world, device)
     net.to_empty(device=device)
@@ -1039,21 +1083,21 @@ def place(net, lm, tensors, device, world=0):
 
 
 def reshard(*nets):
-    """Free FSDP2 root units gathered by a no_grad forward, kept for a backward that does not come (embeddings and
-    lm_head: 2 GiB in bf16 at 7B). VeRL reshards its reference likewise."""
+    """Free FSDP2 root units a no_grad forward gathered for a backward that never comes (embeddings, lm_head: 2 GiB
+    bf16 at 7B), as VeRL's reference."""
     for net in nets:
         if callable(getattr(net, "reshard", None)):  # an FSDPModule
             net.reshard()
 
 
 def fill(lm, tensors):
-    """Copy (name, full CPU tensor) one at a time into the same-named parameter (a DTensor: this rank's rows)."""
+    """(name, full CPU tensor) one by one into the same-named parameter (DTensor: this rank's rows)."""
     params, seen, unexpected = dict(lm.named_parameters()), set(), []
     with torch.no_grad():
         for name, full in tensors:
             p = params.get(name)
             if p is None and name.endswith(("lm_head.weight", "rotary_emb.inv_freq")):
-                continue  # the tied embedding; a recomputed buffer
+                continue  # tied; recomputed
             if p is None or tuple(p.shape) != tuple(full.shape):
                 unexpected.append(name if p is None else f"{name}{list(full.shape)}!={list(p.shape)}")
                 continue
@@ -1071,7 +1115,7 @@ def fill(lm, tensors):
 
 
 def check_fits(n_params, per_param, device, advice):
-    """One line, not an out-of-memory traceback, where training states of per_param bytes a parameter exceed the GPU."""
+    """One line, not an OOM traceback, where training states (per_param B a parameter) exceed the GPU."""
     total = torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else math.inf
     if per_param * n_params > total:
         raise ValueError(f"{n_params / 1e9:.1f}B parameters at {per_param} B each (weights, gradients, AdamW) need "
@@ -1079,11 +1123,11 @@ def check_fits(n_params, per_param, device, advice):
 
 
 def too_big_for_one_gpu(n_params, device):
-    """fp32 weights, gradients, AdamW moments (16 bytes a parameter) over half the GPU: FSDP without --fsdp."""
+    """fp32 weights, gradients, AdamW moments (16 B a parameter) over half the GPU: FSDP without --fsdp."""
     return device.type == "cuda" and 16 * n_params > 0.5 * torch.cuda.get_device_properties(device).total_memory
 
 
-def wrap(net, world, device):  # DDP: several ranks, each with the whole model
+def wrap(net, world, device):  # DDP: ranks, each with the whole model
     if world == 1:
         return net
     return nn.parallel.DistributedDataParallel(net, device_ids=[device.index] if device.type == "cuda" else None)
@@ -1093,9 +1137,9 @@ def unwrap(net):
     return net.module if isinstance(net, nn.parallel.DistributedDataParallel) else net
 
 
-def _dcp():  # torch.distributed.checkpoint, imported on use (it takes ~1 s)
+def _dcp():  # torch.distributed.checkpoint, imported on use (~1 s)
     import torch.distributed.checkpoint.state_dict as dcp
-    return dcp, dcp.StateDictOptions(full_state_dict=True, cpu_offload=True)  # gathered on rank 0, in CPU memory
+    return dcp, dcp.StateDictOptions(full_state_dict=True, cpu_offload=True)  # gathered on rank 0, in CPU
 
 
 def is_sharded(net):
@@ -1103,7 +1147,7 @@ def is_sharded(net):
 
 
 def full_state(net):
-    """The full state dict; under FSDP a collective every rank calls."""
+    """The full state dict (under FSDP a collective)."""
     return _dcp()[0].get_model_state_dict(net, options=_dcp()[1]) if is_sharded(net) else unwrap(net).state_dict()
 
 
@@ -1111,7 +1155,7 @@ def optim_state(net, optim):
     return _dcp()[0].get_optimizer_state_dict(net, optim, options=_dcp()[1]) if is_sharded(net) else optim.state_dict()
 
 
-def set_optim_state(net, optim, state):  # under FSDP each rank takes its shard
+def set_optim_state(net, optim, state):  # FSDP: each rank takes its shard
     if is_sharded(net):
         dcp = _dcp()[0]
         dcp.set_optimizer_state_dict(net, optim, state, options=dcp.StateDictOptions(full_state_dict=True))
@@ -1119,7 +1163,7 @@ def set_optim_state(net, optim, state):  # under FSDP each rank takes its shard
         optim.load_state_dict(state)
 
 
-def autocast(device):  # bf16 matmuls on CUDA, fp32 master weights (an lr of 1e-6 vanishes in bf16); CPU: fp32
+def autocast(device):  # CUDA: bf16 matmuls, fp32 master weights (a 1e-6 lr vanishes in bf16); CPU: fp32
     if device.type == "cuda" and torch.cuda.is_bf16_supported():
         return torch.autocast("cuda", dtype=torch.bfloat16)
     return contextlib.nullcontext()
@@ -1130,8 +1174,8 @@ def save_dtype(name, device):
 
 
 def save_checkpoint_folder(lm, tokenizer, path, dtype, state):
-    """Rank 0: lm's HF folder (LoRA merged) in `dtype` at <path>.tmp for the trainer state, from `state` (full_state of
-    lm's holder, as `.lm`). -> (.tmp, fp32 master weights if dtype rounds them, else None)"""
+    """Rank 0: lm's HF folder (LoRA merged) in `dtype` at <path>.tmp, from `state` (full_state of lm's holder, as
+    `.lm`) -> (.tmp, fp32 master weights if dtype rounds them, or None)"""
     weights, tmp = {k.removeprefix("lm."): v for k, v in state.items()}, path.rstrip("/") + ".tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     save(lm, tokenizer, tmp, dtype=dtype, weights=weights if is_sharded(lm) else None)
@@ -1139,7 +1183,7 @@ def save_checkpoint_folder(lm, tokenizer, path, dtype, state):
 
 
 def load_trainer_state(path, need, script, advice):
-    """A trainer state (torch.save), memory-mapped: each rank reads what it uses; torn or without `need`: ValueError."""
+    """A trainer state (torch.save), memory-mapped; torn or without `need`: ValueError."""
     try:
         st = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
     except (RuntimeError, EOFError, pickle.UnpicklingError) as e:
@@ -1150,9 +1194,9 @@ def load_trainer_state(path, need, script, advice):
 
 
 def run_main(script, train, cfg, errors=(OSError, ValueError)):
-    """train(cfg); an error of `errors`: one line naming the rank, exit status 2 (any other: its traceback, 1). Under
-    torchrun an error is printed, then the process leaves at once: destroy_process_group would block while the other
-    ranks wait in a collective (pytorch/torchtitan#1342), and exiting with a gloo group alive aborts in C++."""
+    """train(cfg); an error of `errors`: one line naming the rank, exit status 2 (others: the traceback, 1). Under
+    torchrun it leaves once printed: destroy_process_group blocks while other ranks wait in a collective
+    (pytorch/torchtitan#1342); exiting with a live gloo group aborts in C++."""
     try:
         train(cfg)
     except BaseException as e:
@@ -1170,9 +1214,9 @@ def run_main(script, train, cfg, errors=(OSError, ValueError)):
 
 
 def rollout_copy(lm, device, dtype=None):
-    """Through FSDP every token would all-gather every block: each rank gathers a full copy to roll out with (cast
-    first; bf16 on CUDA), freed before the update (VeRL's "hybrid engine"); one GPU's fp32 weights too. LoRA: the
-    adapted layers merged (W + scale B A) beside the shared rest, so a decode step runs no adapter matmuls."""
+    """Through FSDP every token would gather every block: each rank gathers a copy to roll out with (cast first; bf16
+    on CUDA), freed before the update (VeRL's "hybrid engine"); one GPU's fp32 weights too. LoRA: the adapted layers
+    merged (W + scale B A) beside the shared rest: a decode step runs no adapter matmuls."""
     if has_lora(lm):
         with torch.no_grad():
             merged = {f"{n}.weight": m.merged() for n, m in lm.named_modules() if isinstance(m, LoRALinear)}
@@ -1185,7 +1229,7 @@ def rollout_copy(lm, device, dtype=None):
         return lm
     dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
     copy = _empty(lm.config, dtype, device)
-    params = lm.named_parameters()  # an all-gather a tensor, the same order on every rank
+    params = lm.named_parameters()  # an all-gather a tensor, in every rank's order
     fill(copy, ((n, p.to(dtype).full_tensor() if isinstance(p, DTensor) else p) for n, p in params))
     return copy.eval()
 
@@ -1193,7 +1237,7 @@ def rollout_copy(lm, device, dtype=None):
 # LoRA (Hu et al. 2021, arXiv:2106.09685): ppo.py's --lora-rank, a large Orchestrator's training
 
 class LoRALinear(nn.Module):
-    """y = W x + (alpha / r) B A x, W frozen, A ~ N(0, 1/r), B = 0 (starts at the base model)."""
+    """y = W x + (alpha / r) B A x, W frozen, A ~ N(0, 1/r), B = 0 (the base model at first)."""
 
     def __init__(self, base, rank, alpha):
         super().__init__()
@@ -1205,11 +1249,11 @@ class LoRALinear(nn.Module):
         y = self.base(x)
         return y + self.scale * (x.to(self.A.dtype) @ self.A.T @ self.B.T).to(y.dtype) if self.enabled else y
 
-    def merged(self):  # W + scale * B A
+    def merged(self):  # W + scale B A
         return self.base.weight + (self.scale * self.B @ self.A).to(self.base.weight.dtype)
 
 
-def add_lora(lm, rank, alpha):  # freeze lm; adapters on its blocks' linear layers
+def add_lora(lm, rank, alpha):  # lm frozen; adapters on its blocks' linear layers
     lm.requires_grad_(False)
     for block in lm.model.layers:
         for parent in (block.self_attn, block.mlp):
@@ -1222,7 +1266,7 @@ def has_lora(lm):
     return any(isinstance(m, LoRALinear) for m in lm.modules())
 
 
-def set_lora(lm, enabled):  # off: the frozen base, the reference policy
+def set_lora(lm, enabled):  # off: the base, the reference policy
     for m in lm.modules():
         if isinstance(m, LoRALinear):
             m.enabled = enabled
@@ -1231,7 +1275,7 @@ def set_lora(lm, enabled):  # off: the frozen base, the reference policy
 # ==== 7. Command line
 
 def bad_device(name):
-    """Why `name` is not a usable device here (one line), or None."""
+    """Why `name` is no usable device here (one line), or None."""
     try:
         dev = torch.device(name)
     except (RuntimeError, ValueError) as e:
@@ -1245,12 +1289,12 @@ def bad_device(name):
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # usage errors: one line, exit status 2
+    def error(self, message):  # usage errors: one line, status 2
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
 def refusing(kind, why_not):
-    """An argparse type= reading a `kind`, refusing a value with why_not(value)'s reason."""
+    """An argparse type= reading a `kind`, refusing a value for why_not(value)."""
     def read(text):
         value = kind(text)
         if why_not(value):

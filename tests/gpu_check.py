@@ -6,10 +6,14 @@ states and chats) and prints one block per check:
 
 1. parity: logits of model.py against transformers on the same bf16 weights (left padding included), and how many
    greedy tokens agree;
-2. decode: greedy tokens/s of model.generate and of transformers' generate, batch 1 and 16, on a Qwen2.5-1.5B-shaped
-   bf16 model, against the memory bandwidth roofline at batch 1 (each token reads every weight and the KV cache so
-   far: bandwidth / (weight bytes + KV bytes)); then the rollout-like workload of tests/bench_model.py (64 prompts of
-   500-2,000 tokens, stops at varied lengths, at most 16 rows at a time) against transformers;
+2. decode (issue 44): greedy tokens/s of model.generate at batch 1, 16 and 64 on a Qwen2.5-1.5B-shaped bf16 model,
+   eager and compiled (torch.compile'd steps replayed as CUDA graphs), each as a share of the memory-bandwidth
+   roofline (a step reads every weight and each row's KV cache so far: batch x bandwidth / (weight bytes + batch x
+   KV bytes), the device's datasheet bandwidth), the first call's extra seconds (compilation and captures), whether
+   both pick the same greedy tokens, host operations (and eager kernels) per step; transformers' generate at batch 1
+   and 16; the rollout-like workload of tests/bench_model.py (64 prompts of 500-2,000 tokens, stops at varied
+   lengths, at most 16 rows at a time) against transformers; issue 44's targets (batch 1 at 40% of the roofline or
+   more, batch 16 at 8 x 690 tokens/s or more, the rollout at 3x transformers or more) met or not;
 3. prefill: prompts of 4,100-6,000 tokens (three prefill chunks) generated with SDPA's math kernel switched off, so
    every attention call must reach a fused kernel, and the same tokens as with every kernel allowed; then a wave
    whose later prompt is longer: the KV cache's allocations (one, sized for the longest request, is what the code
@@ -30,6 +34,7 @@ states and chats) and prints one block per check:
     python tests/gpu_check.py                      # on the GPU: Qwen2.5-0.5B shape, ~3 minutes
     python tests/gpu_check.py --size tiny          # anywhere: the same code on a tiny model, seconds on a CPU
     python tests/gpu_check.py --size 7b --parts ppo_lora16  # the README's one-GPU LoRA line at Qwen2.5-7B's shape
+    python tests/gpu_check.py --parts decode --decode eager  # issue 44's decode measures only (--decode: the others')
 Everything it prints is also written to --out/gpu_check.json.
 """
 from __future__ import annotations
@@ -68,8 +73,10 @@ SIZES = {  # Qwen2.5-0.5B's shape (its config.json), and a tiny one for a CPU dr
                  num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=4096,
                  tie_word_embeddings=True, torch_dtype="bfloat16"),
 }
-PEAK_BF16 = 989e12  # H200 SXM dense bf16 FLOP/s (NVIDIA datasheet)
-BANDWIDTH = 4.8e12  # H200 HBM3e bytes/s (NVIDIA datasheet)
+PEAK_BF16 = 989e12  # H200 SXM dense bf16 FLOP/s (NVIDIA datasheet; the H100 SXM's is the same)
+BANDWIDTHS = {"H200": 4.8e12, "H100 NVL": 3.9e12, "H100 PCIe": 2.0e12, "H100": 3.35e12, "A100": 2.0e12}  # bytes/s,
+# NVIDIA's datasheets (HBM3e, HBM3, HBM2e; the A100 80GB SXM's); the first name the device's contains
+TARGETS = dict(batch1_of_roofline=0.40, batch16_tokens_per_s=8 * 690, rollout_over_transformers=3.0)  # issue 44
 HISTORY = False  # --memory-history: record sft's allocations and print what was alive at its peak
 WORDS = "data model train score feature split learning rate forest boost tree linear target metric".split()
 
@@ -187,41 +194,110 @@ def check_parity(folder, tok, device, report):
                             greedy_tokens_agree=agree)
 
 
+def bandwidth(device):
+    """The device's peak memory bandwidth (bytes/s) and its name; the H200's where the name is not in the table."""
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    return next((bw for key, bw in BANDWIDTHS.items() if key in name), BANDWIDTHS["H200"]), name
+
+
+def host_ops_per_step(lm, prompts, new_tokens, device, kernels):
+    """Top-level PyTorch operations the host issues per decode step (a profile of one generate call, CPU activity);
+    kernels=True: also the CUDA kernels per step (eager decoding only: no CUDA graph is captured under the profiler)."""
+    from torch.profiler import ProfilerActivity, profile
+    cuda = kernels and device.type == "cuda"
+    replays, replay = [0], torch.cuda.CUDAGraph.replay
+    torch.cuda.CUDAGraph.replay = lambda g: replays.__setitem__(0, replays[0] + 1) or replay(g)
+    try:
+        with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])) as prof:
+            lm.generate(prompts, new_tokens, stop_token_ids=[])
+            sync(device)
+    finally:
+        torch.cuda.CUDAGraph.replay = replay
+    steps, events = new_tokens - 1, prof.events()
+    out = {"host_ops_per_step": sum(e.cpu_parent is None and e.name.startswith("aten::") for e in events) / steps,
+           "graph_replays_per_step": replays[0] / steps}
+    if cuda:
+        out["kernels_per_step"] = sum(e.device_type == torch.autograd.DeviceType.CUDA for e in events) / steps
+    return out
+
+
 def check_decode(work, device, report, size, new_tokens, rollout):
+    """Greedy decoding of model.generate at batch 1, 16 and 64: eager (model.DECODE = "eager") and compiled (the
+    default: torch.compile'd steps captured as CUDA graphs), each against the bandwidth roofline (a step reads every
+    weight once and each row's keys and values so far: tokens/s <= batch x bandwidth / (weight bytes + batch x KV
+    bytes)); the first call's extra seconds (compilation, captures), whether eager and compiled pick the same greedy
+    tokens, host operations (and eager kernels) per step; transformers' generate at batch 1 and 16 and the
+    rollout-like workload of tests/bench_model.py for comparison; issue 44's targets met or not."""
     import transformers
     folder = os.path.join(work, "decode-model")
     n_params, tok = build(size, folder)
     cfg = model.Config(**SIZES[size])
     ours, _ = model.load(folder, device, torch.bfloat16)
     hf = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16).to(device).eval()
-    rows = {}
+    bw, name = bandwidth(device)
+    weight_bytes = sum(p.numel() * p.element_size() for p in ours.parameters())  # a tied embedding counted once
+    kv_token = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * 2  # K and V, bf16
+    eager_tokens = min(new_tokens, model.GRAPH_MIN_TOKENS)  # eager's rate is the same over fewer tokens
+    rows = dict(device=name, bandwidth=bw, params=n_params, weight_bytes=weight_bytes, new_tokens=new_tokens,
+                eager_new_tokens=eager_tokens, prompt_tokens=128)
+
+    def timed(run):
+        sync(device)
+        t = time.perf_counter()
+        out = run()
+        sync(device)
+        return out, time.perf_counter() - t
+
+    default = model.DECODE
+    try:
+        for batch in (1, 16, 64):
+            prompts = prompts_of(tok, batch, 128, 2)
+            tokens = {}
+            for mode, n in (("eager", eager_tokens), ("compile", new_tokens)):
+                model.DECODE = mode
+                gen = lambda: ours.generate(prompts, n, stop_token_ids=[]).tokens  # noqa: E731
+                _, first = timed(gen)  # compiles (once a process and model) and captures
+                tokens[mode], dt = timed(gen)  # captures again: graphs live for one generate call
+                rate = batch * n / dt
+                roofline = batch * bw / (weight_bytes + batch * kv_token * (128 + n / 2))
+                rows.update({f"{mode}_batch{batch}_tokens_per_s": rate,
+                             f"{mode}_batch{batch}_of_roofline": rate / roofline,
+                             f"{mode}_batch{batch}_first_call_extra_s": first - dt})
+            pairs = [(a, b[:len(a)]) for a, b in zip(tokens["eager"], tokens["compile"])]
+            rows[f"batch{batch}_greedy_same_sequences"] = f"{sum(a == b for a, b in pairs)}/{batch}"
+            same = sum(x == y for a, b in pairs for x, y in zip(a, b))
+            rows[f"batch{batch}_greedy_same_tokens"] = same / (batch * eager_tokens)
+            rows[f"roofline_batch{batch}_tokens_per_s"] = batch * bw / (weight_bytes + batch * kv_token *
+                                                                         (128 + new_tokens / 2))
+        prompts = prompts_of(tok, 1, 128, 2)
+        for mode in ("eager", "compile"):
+            model.DECODE = mode
+            ops = host_ops_per_step(ours, prompts, max(eager_tokens, model.GRAPH_MIN_TOKENS), device, mode == "eager")
+            rows.update({f"{mode}_batch1_{k}": v for k, v in ops.items()})
+    finally:
+        model.DECODE = default
     for batch in (1, 16):
         prompts = prompts_of(tok, batch, 128, 2)
         ids = torch.tensor(prompts, device=device)
-        for name, run in (("ours", lambda: ours.generate(prompts, new_tokens, stop_token_ids=[])),
-                          ("transformers", lambda: hf.generate(input_ids=ids, attention_mask=torch.ones_like(ids),
-                                                               max_new_tokens=new_tokens, min_new_tokens=new_tokens,
-                                                               do_sample=False, pad_token_id=0))):
-            run()  # warm-up
-            sync(device)
-            t = time.perf_counter()
-            run()
-            sync(device)
-            rows[f"{name}_batch{batch}_tokens_per_s"] = batch * new_tokens / (time.perf_counter() - t)
-    kv = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * 2 * (128 + new_tokens / 2)  # mean
-    rows["params"], rows["roofline_batch1_tokens_per_s"] = n_params, BANDWIDTH / (2 * n_params + kv)
-    rows["ours_batch1_of_roofline"] = rows["ours_batch1_tokens_per_s"] / rows["roofline_batch1_tokens_per_s"]
-    rows["ours_over_transformers_batch1"] = rows["ours_batch1_tokens_per_s"] / rows["transformers_batch1_tokens_per_s"]
-    rows["ours_over_transformers_batch16"] = rows["ours_batch16_tokens_per_s"] / rows["transformers_batch16_tokens_per_s"]
+        run = lambda: hf.generate(input_ids=ids, attention_mask=torch.ones_like(ids),  # noqa: E731
+                                  max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
+        run()  # warm-up
+        _, dt = timed(run)
+        theirs = rows[f"transformers_batch{batch}_tokens_per_s"] = batch * new_tokens / dt
+        rows[f"ours_over_transformers_batch{batch}"] = rows[f"compile_batch{batch}_tokens_per_s"] / theirs
     if device.type == "cuda":  # rows at different positions decode under a padding mask: no math kernel needed?
         from torch.nn.attention import SDPBackend, sdpa_kernel
         prompts = [p[:n] for p, n in zip(prompts_of(tok, 4, 128, 3), (128, 40, 90, 7))]
         try:
             with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION]):
-                ours.generate(prompts, 16, stop_token_ids=[])
+                for mode in ("eager", "compile"):
+                    model.DECODE = mode
+                    ours.generate(prompts, model.GRAPH_MIN_TOKENS, stop_token_ids=[])
             rows["masked_decode_on_fused_kernels"] = True
         except RuntimeError as e:
             rows["masked_decode_on_fused_kernels"] = f"no: {str(e).splitlines()[0][:200]}"
+        finally:
+            model.DECODE = default
     if rollout:
         sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
         import bench_model
@@ -229,6 +305,11 @@ def check_decode(work, device, report, size, new_tokens, rollout):
         o, t, note = bench_model.bench_rollout(ours, hf, 64, 16, 128, 500, 2000, 1)
         rows.update(rollout_ours_tokens_per_s=o, rollout_transformers_tokens_per_s=t, rollout_ratio=o / t,
                     rollout_note=note)
+    rows["targets"] = {  # compiled decoding; None: not measured in this run
+        "batch1 >= 40% of roofline": rows["compile_batch1_of_roofline"] >= TARGETS["batch1_of_roofline"],
+        "batch16 >= 8 x 690 tokens/s": rows["compile_batch16_tokens_per_s"] >= TARGETS["batch16_tokens_per_s"],
+        "rollout >= 3 x transformers": rows["rollout_ratio"] >= TARGETS["rollout_over_transformers"] if rollout
+        else None}
     report["decode"] = rows
 
 
@@ -378,7 +459,14 @@ def main(argv=None):
     p.add_argument("--out", default=os.environ.get("OUT", "runs/gpu_check"))
     p.add_argument("--parts", default="parity,prefill,decode,ppo,sft,fsdp,sandbox")
     p.add_argument("--memory-history", action="store_true", help="sft: what was allocated at the peak")
+    p.add_argument("--decode", choices=["compile", "graphs", "eager"], default=model.DECODE,
+                   help="model.DECODE for the parts other than decode, which measures eager and compiled itself")
     a = p.parse_args(argv)
+    model.DECODE = a.decode
+    import torch._dynamo
+    for limit in ("recompile_limit", "cache_size_limit"):  # several model shapes compile decode_step in one process
+        if hasattr(torch._dynamo.config, limit):
+            setattr(torch._dynamo.config, limit, 64)
     global HISTORY
     HISTORY = a.memory_history
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")

@@ -527,21 +527,23 @@ def test_tiny_top_p_is_greedy(cases):
 
 
 def test_sampled_tokens_follow_the_softmax_and_stay_in_the_nucleus():
-    """The engine's inverse-CDF draw: token frequencies match softmax(logits / T) over 20,000 rows, a row with its
-    own generator repeats its draw for the same seed, and with top_p no token outside the nucleus is ever drawn."""
+    """The engine's inverse-CDF draw: token frequencies match softmax(logits / T) over 20,000 rows, from the engine's
+    generator and from 20,000 seeds alike; a seeded row repeats its draw for the same seed and position, and with
+    top_p no token outside the nucleus is ever drawn."""
     eng = model.Engine(torch.nn.Module(), temperature=0.8, generator=torch.Generator().manual_seed(0))
     logits = torch.tensor([2.0, 1.0, 0.0, -1.0, 0.5, float("-inf")]).repeat(20000, 1)
-    tok, lp = eng._sample(logits, [model.Sequence([1]) for _ in range(20000)])
+    unseeded, at = torch.full((20000,), -1), torch.full((20000,), 7)
     want = torch.softmax(logits[0] / 0.8, -1)
-    assert (torch.bincount(tok, minlength=6) / 20000 - want).abs().max() < 0.015  # ~3 standard errors
-    assert torch.allclose(lp, want.log()[tok])
+    for seeds in (unseeded, torch.arange(20000)):
+        tok, lp = eng._sample(logits, seeds, at)
+        assert (torch.bincount(tok, minlength=6) / 20000 - want).abs().max() < 0.015  # ~3 standard errors
+        assert torch.allclose(lp, want.log()[tok])
     eng.temperature, eng.top_p = 1.0, 0.6
-    tok, _ = eng._sample(logits[:2000], [model.Sequence([1]) for _ in range(2000)])
+    tok, _ = eng._sample(logits[:2000], unseeded[:2000], at[:2000])
     assert set(tok.tolist()) == {0, 1}  # p = 0.56, 0.21, 0.13, ...: the first two reach 0.6
     eng.top_p = 1.0
-    draw = lambda: eng._sample(logits[:3], [model.Sequence([1], torch.Generator().manual_seed(s))
-                                            for s in (1, 2, 3)])[0].tolist()
-    assert draw() == draw()
+    draw = lambda at: eng._sample(logits[:50], torch.arange(50), at[:50])[0].tolist()  # noqa: E731
+    assert draw(at) == draw(at) != draw(at + 1)
 
 
 def test_never_samples_padded_vocab_rows():
@@ -560,6 +562,172 @@ def test_never_samples_padded_vocab_rows():
         g = m.generate(prompts, max_new_tokens=30, temperature=temp, stop_token_ids=[],
                        generator=torch.Generator().manual_seed(0))
         assert max(max(s) for s in g.tokens) < n_real
+
+
+# ---- issue 44: decoding at fixed shapes ----
+
+def lively_tiny(model_type, **overrides):
+    """A tiny random model whose greedy tokens vary from step to step (weights of std 0.5, not 0.02)."""
+    torch.manual_seed(0)
+    lm = model.Qwen(model.tiny_config(model_type, vocab_size=96, **overrides)).eval()
+    with torch.no_grad():
+        for p in lm.parameters():
+            if p.dim() > 1:
+                p.normal_(0, 0.5)
+    return lm
+
+
+def mixed_prompts(lengths, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, 96, (n,), generator=g).tolist() for n in lengths]
+
+
+def greedy_by_full_forward(lm, prompt, n, stops):
+    """Greedy tokens and their log-probs, each from a forward over everything so far (no cache)."""
+    ids, toks, lps = list(prompt), [], []
+    for _ in range(n):
+        logp = F.log_softmax(our_logits(lm, torch.tensor([ids]))[0, -1, :lm.sample_vocab_size], -1)
+        toks.append(int(logp.argmax()))
+        lps.append(float(logp[toks[-1]]))
+        ids.append(toks[-1])
+        if toks[-1] in stops:
+            break
+    return toks, lps
+
+
+@pytest.mark.parametrize("model_type, kv_heads", [("qwen2", 2), ("qwen3", 2), ("qwen3", 4)])
+def test_fixed_shape_decoding_gives_a_full_forwards_greedy_tokens(model_type, kv_heads):
+    """The decode step of issue 44 (rows and key length rounded up, RoPE from a table, one additive mask a step) gives
+    the greedy tokens and log-probs of a full forward per token: prompts of 1-30 tokens, rows stopping at different
+    steps, 7 rows through 4 slots; grouped-query heads (2 kv heads) and plain ones (4)."""
+    lm = lively_tiny(model_type, num_key_value_heads=kv_heads)
+    prompts = mixed_prompts([3, 17, 9, 30, 1, 12, 5])
+    stop = lm.generate(prompts[:1], max_new_tokens=4, stop_token_ids=[]).tokens[0][3]  # row 0 stops at its 4th
+    out = lm.generate(prompts, max_new_tokens=20, stop_token_ids=[stop], max_batch=4)
+    assert "length" in out.finish_reasons and len({len(t) for t in out.tokens}) > 1, out.tokens  # precondition
+    for p, toks, lps in zip(prompts, out.tokens, out.logprobs):
+        want, want_lp = greedy_by_full_forward(lm, p, 20, [stop])
+        assert toks == want
+        torch.testing.assert_close(torch.tensor(lps), torch.tensor(want_lp), atol=1e-4, rtol=0)
+
+
+def test_a_seeded_row_draws_alike_in_any_batch_with_one_draw_call_a_step(monkeypatch):
+    """A seeded row's uniforms hash its seed and position (model._uniform): the same tokens alone as among other rows
+    (7 prompts x 2 samples through 5 slots), and one torch.rand call a sampling step however many rows are seeded
+    (the seeded rows had a generator call each)."""
+    lm = lively_tiny("qwen3")
+    prompts, kw = mixed_prompts([3, 17, 9, 30, 1, 12, 5]), dict(max_new_tokens=12, temperature=1.0, stop_token_ids=[])
+    rands, steps, rand, sample = [], [], torch.rand, model.Engine._sample
+    monkeypatch.setattr(torch, "rand", lambda *a, **k: rands.append(1) or rand(*a, **k))
+    monkeypatch.setattr(model.Engine, "_sample", lambda self, *a: steps.append(1) or sample(self, *a))
+    batch = lm.generate(prompts, seeds=list(range(10, 17)), n=2, max_batch=5, **kw)
+    assert len(rands) == len(steps) > 12
+    for j in (0, 3, 6):
+        assert lm.generate([prompts[j]], seeds=[10 + j], n=2, **kw).tokens == batch.tokens[2 * j:2 * j + 2]
+    assert lm.generate([prompts[3]], seeds=[99], **kw).tokens[0] != batch.tokens[6]
+
+
+def test_decode_steps_take_a_few_shapes_and_build_nothing_per_layer(monkeypatch):
+    """15 prompts of 1-57 tokens, each stopping at its own length (up to 64 tokens), 8 slots: every decode step's
+    shape (rows, keys) is a power of two of rows by a multiple of capacity / 8 keys (or all), a handful of shapes for
+    some 90 steps; inside a step no arange and no RoPE are computed, and every layer gets the step's one additive
+    mask (a bool one is converted in every layer). The longest prompts are admitted first; a CPU never compiles."""
+    lm = lively_tiny("qwen2")
+    prompts = mixed_prompts(range(1, 60, 4))
+    stop_at = [3 + 29 * i % 62 for i in range(len(prompts))]
+    shapes, masks, widths, inside = [], [], [], [False]
+    step, arange, rope, sdpa, blocks = (model.decode_step, torch.arange, model.rope_cos_sin,
+                                        F.scaled_dot_product_attention, model.Qwen.blocks)
+
+    def spy_step(*a):
+        shapes.append((a[2].shape[0], a[1].keys.shape[0]))
+        inside[0] = True
+        try:
+            return step(*a)
+        finally:
+            inside[0] = False
+
+    def outside(f, what):
+        def spy(*a, **k):
+            assert not inside[0], f"{what} inside a decode step"
+            return f(*a, **k)
+        return spy
+
+    def spy_sdpa(*a, **k):
+        if inside[0]:
+            masks.append((len(shapes), id(k["attn_mask"]), k["attn_mask"].dtype))
+        return sdpa(*a, **k)
+
+    monkeypatch.setattr(model, "decode_step", spy_step)
+    monkeypatch.setattr(torch, "compile", lambda *a, **k: pytest.fail("torch.compile on CPU"))
+    monkeypatch.setattr(torch, "arange", outside(arange, "arange"))
+    monkeypatch.setattr(model, "rope_cos_sin", outside(rope, "RoPE"))
+    monkeypatch.setattr(F, "scaled_dot_product_attention", spy_sdpa)
+    monkeypatch.setattr(model.Qwen, "blocks", lambda self, x, *a: blocks(self, x, *a) if inside[0] else
+                        widths.append(x.shape[1]) or blocks(self, x, *a))  # prefill widths
+    g = lm.generate(prompts, max_new_tokens=64, stop_token_ids=[], max_batch=8,
+                    stop_fn=lambda i, toks: len(toks) >= stop_at[i])
+    assert [len(t) for t in g.tokens] == stop_at
+    capacity, quantum = 57 + 64 + 1, -(-(57 + 64 + 1) // model.KEY_BUCKETS)
+    assert all(r in (1, 2, 4, 8) and (k % quantum == 0 or k == capacity) for r, k in shapes), set(shapes)
+    assert len(shapes) > 80 and len(set(shapes)) <= 12, sorted(set(shapes))
+    assert {i for i, _, _ in masks} == set(range(1, len(shapes) + 1))
+    assert len(masks) == len(shapes) * lm.config.num_hidden_layers and len(set(masks)) == len(shapes)
+    assert all(dtype.is_floating_point for _, _, dtype in masks)
+    assert widths[0] == 57 and widths == sorted(widths, reverse=True)  # longest prompts first
+
+
+def test_the_cuda_graph_path_replays_steps_that_read_fixed_buffers_only(monkeypatch):
+    """Engine._step's CUDA branch, run on CPU with CUDA graphs faked: a fake capture records the decode_step it would
+    have run (and runs nothing: its logits are NaN); a replay runs that step again with the recorded arguments, as a
+    real graph reruns its kernels on the same addresses. The greedy tokens equal eager decoding's only if every input
+    of a step is a fixed buffer of the run, refilled in place; each (rows, keys) is captured once, after a warm-up, of
+    the step torch.compile made (dynamic shapes: dynamo's cache serves every shape)."""
+    lm = lively_tiny("qwen3")
+    prompts = mixed_prompts([3, 17, 9, 30, 1, 12, 5])
+    kw = dict(max_new_tokens=24, stop_token_ids=[], max_batch=4, stop_fn=lambda i, toks: len(toks) >= 10 + 2 * i)
+    eager = lm.generate(prompts, **kw)
+    graphs, compiled, engines, capturing, steps = [], [], [], [None], []
+    step, run, step_of = model.decode_step, model.Engine.run, model.Engine._step
+
+    class FakeGraph:
+        replays = 0
+
+        def replay(self):  # the cache's views as at the capture: the addresses a real graph holds
+            self.replays += 1
+            self.args[1].__dict__.update(self.views)
+            out = step(*self.args)
+            engines[-1].out[:out.shape[0]].copy_(out)
+
+    def spy_step(*a):
+        if capturing[0] is None:
+            return step(*a)
+        capturing[0].args, capturing[0].views = a, dict(vars(a[1]))
+        capturing[0].shape = (a[2].shape[0], a[1].keys.shape[0])
+        return torch.full((a[2].shape[0], lm.sample_vocab_size), float("nan"))
+
+    @contextlib.contextmanager
+    def fake_capture(g, pool, capture_error_mode):
+        graphs.append(g)
+        capturing[0] = g
+        yield
+        capturing[0] = None
+
+    monkeypatch.setattr(model, "decode_step", spy_step)
+    monkeypatch.setattr(model, "GRAPH_DEVICES", ("cpu",))
+    monkeypatch.setattr(model, "GRAPH_MIN_TOKENS", 16)
+    monkeypatch.setattr(model.Engine, "run", lambda self, groups: engines.append(self) or run(self, groups))
+    monkeypatch.setattr(model.Engine, "_step", lambda self, *a: steps.append(1) or step_of(self, *a))
+    monkeypatch.setattr(torch, "compile", lambda fn, **k: compiled.append(k) or fn)
+    for name, fake in dict(CUDAGraph=FakeGraph, graph=fake_capture, graph_pool_handle=lambda: None).items():
+        monkeypatch.setattr(torch.cuda, name, fake)
+    graphed = lm.generate(prompts, **kw)
+    assert graphed.tokens == eager.tokens and graphed.finish_reasons == eager.finish_reasons
+    for a, b in zip(graphed.logprobs, eager.logprobs):
+        torch.testing.assert_close(torch.tensor(a), torch.tensor(b), atol=1e-5, rtol=0)
+    shapes = [g.shape for g in graphs]
+    assert len(shapes) == len(set(shapes)) > 1 and compiled == [dict(dynamic=True)] * len(shapes)
+    assert sum(g.replays for g in graphs) == len(steps) > 20  # every step replayed, none run eagerly
 
 
 # ---------------------------------------------------------------------------------------------------------------
