@@ -275,11 +275,14 @@ def _run_claims(preset: dict, out: Path, log, lanes) -> dict:
     secs = {k: [r["time_total"] for r in agent.read_jsonl(Path(f"{ppo_ckpt[k]}.jsonl"), complete_only=True)]
             for k in ("ppo", "episodic")}
     equal_time = max(1, round(sum(secs["ppo"]) / (sum(secs["episodic"]) / len(secs["episodic"]))))
-    R.steps(("ppo-episodic-time", "ppo.py", ["--model", sft0, "--states", f"{data}/states.jsonl", "--out",
-                                             ppo_ckpt["episodic-time"], "--log-file",
-                                             f"{ppo_ckpt['episodic-time']}.jsonl", *p["ppo"], "--episodic",
-                                             "--iterations", equal_time],
-             [ppo_ckpt["episodic-time"], f"{ppo_ckpt['episodic-time']}.jsonl"]))
+    if equal_time == len(secs["episodic"]):  # the episode-wise run itself
+        ppo_ckpt["episodic-time"] = policies["episodic-time"] = ppo_ckpt["episodic"]
+    else:
+        R.steps(("ppo-episodic-time", "ppo.py", ["--model", sft0, "--states", f"{data}/states.jsonl", "--out",
+                                                 ppo_ckpt["episodic-time"], "--log-file",
+                                                 f"{ppo_ckpt['episodic-time']}.jsonl", *p["ppo"], "--episodic",
+                                                 "--iterations", equal_time],
+                 [ppo_ckpt["episodic-time"], f"{ppo_ckpt['episodic-time']}.jsonl"]))
     # held-out evaluation of every policy (Δr avg@K), and of the Orchestrator before and after tree training
     R.steps(("eval", "eval.py", ["--policy", *[policies[k] for k in ("sft", "ppo", "few", "k1", "sft-k1")], "--out", ev,
                                  *(["--tasks", *p["eval_tasks"]] if p["eval_tasks"] else []), *p["eval"], "--no-plots"],
