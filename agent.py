@@ -225,8 +225,7 @@ FORMAT = {  # the six entries of every response, in order
                                 "no change, copy it. Only record progress that an observation has confirmed.",
     "Fact Check": "Each new statement in Research Plan and Status, marked as confirmed by an observation or guessed. "
                   "Performance numbers are confirmed only by running code.",
-    "Thought": "What you will do now and why.",
-    "Action": "The name of one tool.",
+    "Thought": "What you will do now and why.", "Action": "The name of one tool.",
     "Action Input": "The tool's arguments as one valid JSON object.",
 }
 STOP = ["Observation:"]  # MLAB's stop string (MLAgentBench/LLM.py complete_text), anywhere in a line

@@ -123,8 +123,7 @@ class Metric:
 
 METRICS = {  # scikit-learn's spelling of each: tasks/builtin.py, tasks/recipes/
     "accuracy": Metric(lambda y, p: float(np.mean(y == p)), True, "label"),
-    "f1_macro": Metric(_f1_macro, True, "label"),
-    "roc_auc": Metric(_roc_auc, True, "probability"),
+    "f1_macro": Metric(_f1_macro, True, "label"), "roc_auc": Metric(_roc_auc, True, "probability"),
     "log_loss": Metric(_log_loss, False, "probability"),
     "mae": Metric(lambda y, p: float(np.mean(np.abs(y - p))), False, "value"),
     "rmse": Metric(lambda y, p: float(np.sqrt(np.mean((y - p) ** 2))), False, "value")}

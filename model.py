@@ -341,8 +341,7 @@ class SlotCache:
         self.slots, self.capacity, self.dtype, self.k, self.v = slots, capacity, dtype, {}, {}
 
     def at(self, rows, start=0, pos=None, keys=None):
-        """Next forward: rows (a slice) write at start .. start + T; or rows 0 .. R-1 (R,) at pos (R,) read keys (Tk,)
-        (fixed addresses)."""
+        """Next forward: rows (a slice) write at start .. start + T, or rows 0 .. R-1 at pos (R,) read keys (Tk,)."""
         self.rows, self.start, self.pos, self.keys = rows, start, pos, keys
         if pos is not None:
             self.kv = {i: (K[:len(rows)], self.v[i][:len(rows)]) for i, K in self.k.items()}
@@ -1001,8 +1000,7 @@ def keep_end(ids, context, reserve):  # a prompt's last ids: `reserve` more toke
 
 
 def stop_strings(tokenizer, strings):
-    """generate's stop_fn (or None): True once a decoded tail holds a string, at its last token (as vLLM); the
-    caller cuts the text."""
+    """generate's stop_fn (or None): True once a decoded tail holds a string (as vLLM); the caller cuts the text."""
     strings = [s for s in strings or [] if s]
     if not strings:
         return None
@@ -1218,12 +1216,10 @@ def rollout_copy(lm, device, dtype=None):
     on CUDA), freed before the update (VeRL's "hybrid engine"); one GPU's fp32 weights too. LoRA: the adapted layers
     merged (W + scale B A) beside the shared rest: a decode step runs no adapter matmuls."""
     if has_lora(lm):
-        with torch.no_grad():
-            merged = {f"{n}.weight": m.merged() for n, m in lm.named_modules() if isinstance(m, LoRALinear)}
-        copy = _empty(lm.config, lm.lm_head.weight.dtype)  # on the meta device: every tensor is assigned
+        merged = {f"{n}.weight": m.merged().detach() for n, m in lm.named_modules() if isinstance(m, LoRALinear)}
+        copy = _empty(lm.config, lm.lm_head.weight.dtype)  # on the meta device: each tensor assigned (tied ones too)
         state = {k.replace(".base.", "."): v for k, v in lm.state_dict().items() if not k.endswith((".A", ".B"))}
         copy.load_state_dict(state | merged, assign=True)
-        copy.tie_weights()
         return copy.eval()
     if not (is_sharded(lm) or (device.type == "cuda" and lm.lm_head.weight.dtype == torch.float32)):
         return lm

@@ -363,8 +363,7 @@ def code_loop(task, backend, messages, max_iters: int, cfg: Config, deadline: fl
 def refine(task, sub, cfg: Config, deadline: float, records, attempt_id: int, call: dict, attempts: dict, rnd: int):
     """The Tool refine(parent, instruction, references): a fresh Sub-Agent -> score + summary."""
     started, parent, higher = time.time(), attempts[call["parent"]], task.higher_is_better
-    messages = sub_messages(task, parent, [attempts[r] for r in call["references"]], call["instruction"],
-                            cfg.sub_iters)
+    messages = sub_messages(task, parent, [attempts[r] for r in call["references"]], call["instruction"], cfg.sub_iters)
     on_prompt = lambda m: record(records, rnd, "sub-agent", m, sub, attempt_id)  # noqa: E731
     a, run, errors = code_loop(task, sub, messages, cfg.sub_iters, cfg, deadline, on_prompt, id=attempt_id,
                                parent=parent.id, instruction=call["instruction"], references=call["references"],
@@ -783,8 +782,7 @@ def tiny_orchestrator(texts, vocab_size=1024, seed=0):
     import model
     tok = model.train_tokenizer(texts, vocab_size)
     model.torch.manual_seed(seed)
-    lm = model.Qwen(model.tiny_config(vocab_size=len(tok), max_position_embeddings=16384,
-                                      eos_token_id=tok.im_end_id))
+    lm = model.Qwen(model.tiny_config(vocab_size=len(tok), max_position_embeddings=16384, eos_token_id=tok.im_end_id))
     return lm.eval(), tok
 
 # ---- the from-scratch ckpt-0 imitates the decision format
@@ -819,8 +817,7 @@ def resampled_states(tree, n: int, rng) -> list[list[Attempt]]:
         new = {old: k for k, old in enumerate(order)}
         renumber = lambda m: f"parent #{new.get(int(m.group(1)), 0)}"  # noqa: E731
         states.append([dataclasses.replace(
-            a, id=new[a.id], parent=new.get(a.parent),
-            references=[new[r] for r in a.references if r in new],
+            a, id=new[a.id], parent=new.get(a.parent), references=[new[r] for r in a.references if r in new],
             summary={k: re.sub(r"parent #(\d+)", renumber, str(v)) for k, v in a.summary.items()})
             for a in (pool[i] for i in order)])
     return states

@@ -276,8 +276,7 @@ def make_batch(prompts, responses, pad, device, group=1):
             mask[b, :len(responses[b])] = 1
         packed.append(row)
     ids = nn.utils.rnn.pad_sequence([torch.tensor(row) for row in packed], batch_first=True, padding_value=pad)
-    return (ids.to(device), torch.tensor(lengths, device=device), mask.to(device),
-            torch.tensor(starts, device=device))
+    return ids.to(device), torch.tensor(lengths, device=device), mask.to(device), torch.tensor(starts, device=device)
 
 
 def micro_batches(ids, lengths, starts, idx, cfg, ranks=model.Ranks()):
@@ -400,8 +399,7 @@ def episode_rollout(starts, lm, tokenizer, cfg, pool, editor, device, timer, see
     for _ in range(cfg.episode_steps):
         if not alive:
             break
-        msgs = [agent.build_messages(problems[i], histories[i], [tuple(x) for x in starts[i]["ideas"]])
-                for i in alive]
+        msgs = [agent.build_messages(problems[i], histories[i], [tuple(x) for x in starts[i]["ideas"]]) for i in alive]
         step_seeds = None if seeds is None else [seeds[i] * 1000 + len(histories[i]) for i in alive]
         run = lambda j, text, end: execute(envs[alive[j]], text, cfg.reward, end, cfg.unfinished_invalid)  # noqa: E731
         p, t, lp, texts, res = generate_and_run(lm, tokenizer, msgs, cfg, pool, device, timer, run, step_seeds)
