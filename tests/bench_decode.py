@@ -103,12 +103,15 @@ def main(argv=None):
               f"baseline: model.py at {a.baseline}", flush=True)
         g = torch.Generator().manual_seed(0)
         count = lambda toks: sum(map(len, toks))  # noqa: E731
+
+        def show(r):  # one row as it is measured
+            print(f"{r[0]}: {r[2]:.1f} tok/s, baseline {r[1]:.1f} ({r[3]:.2f}x), {r[4]}", flush=True)
         rows = []
         for b in a.batches:
             prompts = [torch.randint(0, a.vocab, (a.prompt_len - i % 3,), generator=g).tolist() for i in range(b)]
             rows.append(compare(f"greedy, batch {b}, {a.new_tokens} new", lms, prompts, count, a.repeats,
                                 max_new_tokens=a.new_tokens))
-            print(rows[-1], flush=True)
+            show(rows[-1])
         lo, hi = a.rollout_prompt_len
         prompts = [torch.randint(0, a.vocab, (int(torch.randint(lo, hi + 1, (1,), generator=g)),), generator=g).tolist()
                    for _ in range(a.rollout_prompts)]
@@ -116,10 +119,10 @@ def main(argv=None):
         kw = dict(max_new_tokens=a.new_tokens, max_batch=a.rollout_batch, stop_fn=lambda i, t: len(t) >= stop_at[i])
         what = f"{a.rollout_prompts} prompts of {lo}-{hi}, batch {a.rollout_batch}"
         rows.append(compare(f"rollout-like greedy ({what})", lms, prompts, count, a.repeats, **kw))
-        print(rows[-1], flush=True)
+        show(rows[-1])
         rows.append(compare("rollout-like, sampled, seeded", lms, prompts, count, a.repeats, temperature=1.0,
                             seeds=list(range(len(prompts))), **kw))
-        print(rows[-1], flush=True)
+        show(rows[-1])
     print(f"\n| {'measurement':<52} | {'baseline tok/s':>14} | {'current tok/s':>13} | {'ratio':>6} | note")
     print(f"|{'-' * 54}|{'-' * 16}|{'-' * 15}|{'-' * 8}|------")
     for name, t_base, t_new, ratio, note in rows:
