@@ -55,8 +55,8 @@ CLAIM_PRESETS = {
     # J_step is cheap beside training; over 3 x 64 states its paired intervals were as wide as the effects they
     # measured (tests/RESULTS.md, "The claims"); C3's two policies over 24 x 64: the 8 x 64 of 2026-12-03 gave
     # +0.047 [-0.008, +0.101], whose spread needs about 1,400 pairs to find that mean (`power`). Three trajectories a
-    # task, as collect.py's default: with one, 5 SFT epochs were 545 steps and seed 0's model took an invalid action
-    # in 69% of its held-out steps, so no held-out run moved (tests/RESULTS.md, 2026-12-07, the claims' full run)
+    # task, as collect.py's default: with one, 5 SFT epochs were too few steps, and seed 0's model took invalid
+    # actions in most held-out steps, so no held-out run moved (tests/RESULTS.md, 2026-12-07, the claims' full run)
     "full": dict(tasks=HELD_IN, few_tasks=4, trajectories=3, sft_seeds=(0, 1), sft=[], unseen_states=150,
                  ppo=["--iterations", "16"], objective_states=64, objective_seeds=8, c3_seeds=24,
                  eval=["--k", "2", "--max-steps", "8"], eval_tasks=[], orch_task="breast-cancer",
