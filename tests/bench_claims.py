@@ -53,8 +53,8 @@ CLAIM_PRESETS = {
     # the full run: every held-in task, two SFT seeds, PPO for 16 iterations of 16 states (ppo.py's tiny defaults:
     # 4 samples each, the group baseline), J_step over 8 x 64 states, K = 2 on the held-out tasks; C8 on all of them.
     # J_step is cheap beside training; over 3 x 64 states its paired intervals were as wide as the effects they
-    # measured (tests/RESULTS.md, "The claims"); C3's two policies over 24 x 64: the 8 x 64 of 2026-12-03 gave
-    # +0.047 [-0.008, +0.101], whose spread needs about 1,400 pairs to find that mean (`power`). Three trajectories a
+    # measured (tests/RESULTS.md, "The claims"); C3's two policies over 24 x 64: at the spread of its 8 x 64 of
+    # 2026-12-03, finding that mean needed more pairs than 8 x 64 (`power`; the numbers: RESULTS). Three trajectories a
     # task, as collect.py's default: with one, 5 SFT epochs were too few steps, and seed 0's model took invalid
     # actions in most held-out steps, so no held-out run moved (tests/RESULTS.md, 2026-12-07, the claims' full run)
     "full": dict(tasks=HELD_IN, few_tasks=4, trajectories=3, sft_seeds=(0, 1), sft=[], unseen_states=150,
