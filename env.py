@@ -221,11 +221,10 @@ def load_task(name_or_path) -> Task:
                if c not in header]
     if missing:
         raise TaskError(f"{folder / 'private/answers.csv'}: missing column(s) {', '.join(missing)}")
-    task = Task(name=info["name"], dir=folder.resolve(), metric=info["metric"],
-                higher_is_better=bool(info["higher_is_better"]), id_column=info["id_column"],
-                target_columns=list(info["target_columns"]), best_score=info.get("best_score"),
-                time_limit=float(info.get("time_limit", 600)), split=info.get("split", "held-out"),
-                description=(folder / "description.md").read_text(), info=info)
+    task = Task(name=info["name"], dir=folder.resolve(), metric=info["metric"], id_column=info["id_column"],
+                higher_is_better=bool(info["higher_is_better"]), target_columns=list(info["target_columns"]),
+                best_score=info.get("best_score"), time_limit=float(info.get("time_limit", 600)),
+                split=info.get("split", "held-out"), description=(folder / "description.md").read_text(), info=info)
     if task.best_score is None:  # e.g. MLE-bench: the leaderboard's top
         board = task.leaderboard()
         if not board:
@@ -345,8 +344,7 @@ ACTIONS = {a.name: a for a in [
                "that summary"),
     ActionSpec("Inspect Script Lines", "Show lines of a script (at most 100 at a time).",
                {"script_name": "a relative file path", "start_line_number": "first line, from 1",
-                "end_line_number": "last line, included"},
-               "those lines and the number of the file's last line"),
+                "end_line_number": "last line, included"}, "those lines and the number of the file's last line"),
     ActionSpec("Edit Script (AI)", "Have an editor change a script following your instruction; the result is saved "
                "under save_name and you get the diff. An edited Python script is run to measure it.",
                {"script_name": "the script to edit (an empty file if it does not exist)",
@@ -357,8 +355,7 @@ ACTIONS = {a.name: a for a in [
     ActionSpec("Execute Script", "Run a Python script in the workspace and show its output.",
                {"script_name": "a relative file path"}, "what the script printed, or its error"),
     ActionSpec("Copy File", "Copy a script to another name; a script copied onto train.py is run to measure it.",
-               {"source": "a relative file path", "destination": "a relative file path"},
-               "a success message"),
+               {"source": "a relative file path", "destination": "a relative file path"}, "a success message"),
     ActionSpec("Final Answer", "End the task: train.py as it is now is your solution.",
                {"final_answer": "a short summary of what you did and found"}, "none: the task ends"),
 ]}

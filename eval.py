@@ -526,8 +526,7 @@ def evaluate(cfg: Config, log=print) -> dict:
         report = {"config": asdict(cfg) | {"policies": policies}, "failed_run_score": FAILED_RUN_SCORE,
                   "tasks": {t.name: {"split": t.split, "metric": t.metric, "higher_is_better": t.higher_is_better,
                                      "m_init": m_init[t.name], "leaderboard_size": len(t.leaderboard())}
-                            for t in tasks},
-                  "groups": groups, "paired": paired(groups),
+                            for t in tasks}, "groups": groups, "paired": paired(groups),
                   "runs": [{k: v for k, v in x.items() if k != "context"} for x in runs]}
         agent.write_atomic(out / "report.json", json.dumps(report, indent=1))
         agent.write_atomic(out / "report.md", markdown(report))

@@ -577,9 +577,8 @@ def response_logprobs(lm, ids, lengths, starts, temperature=1.0, vocab=None, chu
 
 # ==== 3. safetensors: 8-byte little-endian header length, JSON header {name: {dtype, shape, data_offsets}}, raw data
 
-_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
-           "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
-           "BOOL": torch.bool}
+_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "BOOL": torch.bool,
+           "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8}
 _NAMES = {v: k for k, v in _DTYPES.items()}
 
 
@@ -800,8 +799,7 @@ def train_tokenizer(texts, vocab_size, special_tokens=("<|endoftext|>", "<|im_st
     data = {"version": "1.0", "added_tokens": added, "normalizer": {"type": "NFC"},
             "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
                 {"type": "Split", "pattern": {"Regex": QWEN2_PATTERN}, "behavior": "Isolated", "invert": False},
-                byte_level]},
-            "post_processor": byte_level, "decoder": byte_level,
+                byte_level]}, "post_processor": byte_level, "decoder": byte_level,
             "model": {"type": "BPE", "vocab": vocab, "merges": [list(p) for p in merges]}}  # others: defaults
     return Tokenizer(data)
 

@@ -770,9 +770,8 @@ def train_orchestrator(policy, ref, tok, groups, cfg: Config, log=print) -> dict
         after = [scores(i) for i in range(len(groups))]
         top = [int(torch.argmax(s)) == g["R"].index(max(g["R"])) for s, g in zip(after, groups)]
         mean = sum(ranking_loss(s, g["R"]).item() for s, g in zip(after, groups)) / len(groups) if groups else None
-    stats = {"steps": len(losses), "loss_first": losses[0] if losses else None,
-             "loss_last": losses[-1] if losses else None, "loss_after": mean,
-             "top_accuracy": sum(top) / len(top) if top else None}
+    stats = {"steps": len(losses), "loss_first": losses[0] if losses else None, "loss_after": mean,
+             "loss_last": losses[-1] if losses else None, "top_accuracy": sum(top) / len(top) if top else None}
     log(f"train: {stats}")
     return stats
 

@@ -336,9 +336,8 @@ def execute(e, text, reward_config, finished=True, unfinished_invalid=True):
     except Exception as err:  # noqa: BLE001 - one row's failure, not the run's
         return error_outcome(f"{e.task.name} at step {e.step_count}", err, reward_config, finished, action, edit,
                              e.metric)
-    return {"kind": result.kind, "reward": r, "m_prev": result.metric_prev, "m_new": result.metric_new,
-            "done": result.done, "observation": result.observation, "finished": finished, "action": action,
-            "edit": edit}
+    return {"kind": result.kind, "reward": r, "m_prev": result.metric_prev, "m_new": result.metric_new, "edit": edit,
+            "done": result.done, "observation": result.observation, "finished": finished, "action": action}
 
 
 def error_outcome(where, err, reward_config, finished, action=None, edit=None, metric=None):

@@ -8,7 +8,9 @@ over 3% of the steps then cosine to 0, gradient norm 1.0, the loss averaged over
 step (across micro-batches and ranks), fp32 master weights with bf16 autocast on CUDA. Departures:
 1. No --model: a tiny Qwen3 (width 128, 2 blocks, 4 heads) and a byte-level BPE trained on the training split, from
    scratch, so `python collect.py && python sft.py` runs offline on a CPU; random weights need far more than the
-   paper's fine-tuning: lr 3e-3, 5 epochs, 2 conversations per step (our choice; tests/RESULTS.md).
+   paper's fine-tuning: lr 3e-3, 4 epochs, 2 conversations per step, and a training row answering env.Env's verdict on
+   an Execute Script (keep or undo next) seen twice an epoch, --decisions (our choices; tests/RESULTS.md: seen once,
+   the tiny model keeps or undoes by a coin flip). Held-out rows are seen once.
 2. The loss covers the assistant tokens only (--prompt-loss-weight 0, the paper's), from scratch too (tests/RESULTS.md,
    "the miniature that teaches"; weights > 0: SFTModel).
 3. Sequences of similar length share a micro-batch, right-padded, no packing; the rows' shared prefix (the tools'
@@ -31,6 +33,7 @@ import json
 import math
 import os
 import random
+import re
 import shutil
 import time
 
@@ -50,7 +53,8 @@ class Config:
     data: str = str(ROOT / "runs/data/sft.jsonl")  # chat JSONL (collect.py)
     model: str | None = None  # a Hugging Face folder or hub id; None: the tiny model
     out: str = str(ROOT / "runs/ckpt/sft")  # the final model, checkpoint-<step>/ folders, log.jsonl
-    epochs: int | None = None  # None: 2 (ML-Agent), 5 from scratch
+    epochs: int | None = None  # None: 2 (ML-Agent), 4 from scratch
+    decisions: int | None = None  # times an epoch a row answering env's verdict is seen; None: 1, 2 from scratch
     lr: float | None = None  # None: 2e-5 (ML-Agent), 3e-3 from scratch
     warmup_ratio: float = 0.03  # linear warmup over this share of the steps (TRL recipes)
     weight_decay: float = 0.0  # AdamW's (HF Trainer default)
@@ -78,6 +82,7 @@ class Config:
 # ==== Data: ChatML rendering with labels on the assistant turns only
 
 IGNORE = -100  # untrained positions' label (cross_entropy's ignore_index, as in HF)
+VERDICT = re.compile(r" before the last edit\n```\s*Now respond for step \d+\.$")  # a prompt ending in Env._verdict
 
 
 def encode_chat(tokenizer, messages, max_len=None, counts=None):
@@ -234,8 +239,8 @@ def scratch_model(rows, args):
     cfg = model.tiny_config("qwen3", vocab_size=len(tokenizer), hidden_size=args.scratch_hidden,
                            intermediate_size=3 * args.scratch_hidden, num_hidden_layers=args.scratch_layers,
                            num_attention_heads=heads, num_key_value_heads=max(heads // 2, 1),
-                           head_dim=args.scratch_hidden // heads,
-                           max_position_embeddings=max(2048, args.max_len), eos_token_id=tokenizer.im_end_id)
+                           head_dim=args.scratch_hidden // heads, max_position_embeddings=max(2048, args.max_len),
+                           eos_token_id=tokenizer.im_end_id)
     torch.manual_seed(args.seed)
     return model.Qwen(cfg), tokenizer
 
@@ -432,7 +437,8 @@ def train(args):
     lm, tokenizer = model.load(source, "cpu", torch.float32, meta=True) if source else \
         scratch_model([rows[i] for i in train_idx], args)
     from_scratch = st.get("scratch", False) if resume else args.model is None
-    epochs = args.epochs or (5 if from_scratch else 2)  # ML-Agent: 2 epochs
+    epochs = args.epochs or (4 if from_scratch else 2)  # ML-Agent: 2 epochs
+    decisions = args.decisions or (2 if from_scratch else 1)  # departure 1 (ML-Agent: every row once)
     lr = args.lr or (3e-3 if from_scratch else 2e-5)  # ML-Agent: 2e-5
     batch_size = args.batch_size or (2 if from_scratch else 64)  # ML-Agent's effective batch
     args = dataclasses.replace(args, micro_batch=(micro := args.micro_batch or (2 if from_scratch else 1)))
@@ -442,8 +448,10 @@ def train(args):
     net, sharded = place(lm, source, st.get("master"), prompt_weight, args, world, device)
     pad_id, counts = (tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0), {"cut": 0}
     data = [encode_chat(tokenizer, r["messages"], args.max_len, counts) for r in rows]
-    train_set = [data[i] for i in train_idx if any(y != IGNORE for y in data[i][1][1:])]
-    dropped = len(train_idx) - len(train_set)
+    kept = [i for i in train_idx if any(y != IGNORE for y in data[i][1][1:])]
+    seen = [decisions if VERDICT.search(rows[i]["messages"][-2:][0]["content"]) else 1 for i in kept]  # its last prompt
+    train_set = [data[i] for i, n in zip(kept, seen) for _ in range(n)]  # departure 1; held-out rows: once
+    dropped, repeated = len(train_idx) - len(kept), len(train_set) - len(kept)
     if not train_set:
         raise ValueError(f"{args.data}: no conversation keeps an assistant turn within --max-len {args.max_len}")
     held_set = [data[i] for i in held_idx]
@@ -461,9 +469,9 @@ def train(args):
         model.set_optim_state(net, optim, st["optimizer"])
         sched.load_state_dict(st["scheduler"])
         say(f"resumed from {resume} at step {step} (epoch {st['epoch']})")
-    say(f"sft: {len(train_set)} train / {len(held_set)} held-out conversations, {epochs} epochs x {steps_per_epoch} "
-        f"steps, lr {lr:g}{' (from scratch)' if from_scratch else ''}, prompt loss weight {prompt_weight:g}, "
-        f"{world} rank(s) on {device}{' (FSDP2)' if sharded else ''}, "
+    say(f"sft: {len(kept)} train (+{repeated} repeated decisions) / {len(held_set)} held-out conversations, {epochs} "
+        f"epochs x {steps_per_epoch} steps, lr {lr:g}{' (from scratch)' if from_scratch else ''}, prompt loss weight "
+        f"{prompt_weight:g}, {world} rank(s) on {device}{' (FSDP2)' if sharded else ''}, "
         f"{sum(p.numel() for p in lm.parameters()) / 1e6:.2f}M params; {counts['cut']} conversation(s) cut to "
         f"--max-len {args.max_len} (oldest tokens), {dropped} dropped (the last assistant turn alone is longer)")
     start, tokens, train_loss, held = time.time(), 0, float("nan"), float("nan")
@@ -493,8 +501,8 @@ def train(args):
     seconds = time.time() - start
     summary = {"out": args.out, "steps": step, "epochs": epochs, "lr": lr, "batch_size": batch_size,
                "micro_batch": micro, "prompt_loss_weight": prompt_weight, "cut": counts["cut"], "dropped": dropped,
-               "train_loss": train_loss, "heldout_loss": held, "seconds": round(seconds, 1),
-               "tokens_per_s": round(tokens / seconds)}
+               "decisions": decisions, "repeated": repeated, "train_loss": train_loss, "heldout_loss": held,
+               "seconds": round(seconds, 1), "tokens_per_s": round(tokens / seconds)}
     if args.eval_parse and held_idx and step > 0:
         if world > 1:
             dist.barrier()  # rank 0 has written the checkpoint

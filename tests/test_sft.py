@@ -136,6 +136,32 @@ def test_rows_that_cannot_keep_their_target_are_counted_and_dropped(tmp_path, ch
                        out=str(tmp_path / "none")))
 
 
+def with_verdict(chat, where):
+    """chat with env.Env's verdict in its prompt: "last" ends the prompt with it (keep or undo is next), "earlier"
+    shows it on an older step, "none" leaves it out."""
+    verdict = "Public score (mae, lower is better): 1.5, not better than 1.2 before the last edit\n```"
+    user = {"last": f"Step 3:\nObservation:\n```\n{verdict}\n\nNow respond for step 4.",
+            "earlier": f"Step 3:\nObservation:\n```\n{verdict}\n\nStep 4:\nObservation:\n```\nok\n```\n\n"
+                       "Now respond for step 5.", "none": chat[1]["content"]}[where]
+    return [chat[0], {"role": "user", "content": user}, *chat[2:]]
+
+
+def test_rows_answering_a_verdict_are_repeated_in_training_and_held_out_rows_once(tmp_path, chats, tiny_dir):
+    wheres = ["last", "earlier", "none", "last"] * 3
+    rows = [with_verdict(c, w) for c, w in zip(chats, wheres)]
+    data = write_jsonl(tmp_path / "d.jsonl", rows)
+    base = dict(epochs=1, batch_size=1, micro_batch=1, heldout=0)
+    summary, _ = sft.train(args(tmp_path, data, model=tiny_dir, decisions=3, out=str(tmp_path / "a"), **base))
+    assert summary["repeated"] == 2 * 6 and summary["steps"] == 12 + 12  # 6 rows end with the verdict, seen 3 times
+    summary, _ = sft.train(args(tmp_path, data, model=tiny_dir, out=str(tmp_path / "b"), **base))
+    assert summary["decisions"] == 1 and summary["repeated"] == 0 and summary["steps"] == 12  # the paper's: once
+    train_idx, held_idx = sft.split_heldout(12, 0.25, 0)
+    assert sum(wheres[i] == "last" for i in held_idx) > 0  # the split holds out a row that ends with the verdict
+    summary, _ = sft.train(args(tmp_path, data, out=str(tmp_path / "c"), **base | {"heldout": 0.25}))  # from scratch
+    assert summary["decisions"] == 2 and summary["repeated"] == sum(wheres[i] == "last" for i in train_idx)
+    assert summary["steps"] == len(train_idx) + summary["repeated"]
+
+
 def test_masked_loss_equals_hand_computation(tok, tiny_dir, chats):
     lm, _ = model.load(tiny_dir, "cpu")
     net = sft.SFTModel(lm)
@@ -400,7 +426,7 @@ def test_cli_usage_errors_exit_2(tmp_path, cli):  # main(argv) here (conftest.cl
                  ["--data", data, "--warmup-ratio", "-1"], ["--data", data, "--scratch-layers", "0"],
                  ["--data", data, "--scratch-heads", "0"], ["--data", data, "--threads", "-1"],
                  ["--data", data, "--lr", "nan"], ["--data", data, "--device", "tpu9"],
-                 ["--data", data, "--scratch-hidden", "30"]):
+                 ["--data", data, "--scratch-hidden", "30"], ["--data", data, "--decisions", "0"]):
         r = cli(sft.main, argv, cwd=tmp_path)
         assert r.returncode == 2, (argv, r.stderr)
         assert len(r.stderr.strip().splitlines()) == 1 and "error" in r.stderr
