@@ -8,9 +8,8 @@ over 3% of the steps then cosine to 0, gradient norm 1.0, the loss averaged over
 step (across micro-batches and ranks), fp32 master weights with bf16 autocast on CUDA. Departures:
 1. No --model: a tiny Qwen3 (width 128, 2 blocks, 4 heads) and a byte-level BPE trained on the training split, from
    scratch, so `python collect.py && python sft.py` runs offline on a CPU; random weights need far more than the
-   paper's fine-tuning: lr 3e-3, 4 epochs, 2 conversations per step, and a training row answering env.Env's verdict on
-   an Execute Script (keep or undo next) seen twice an epoch, --decisions (our choices; tests/RESULTS.md: seen once,
-   the tiny model keeps or undoes by a coin flip). Held-out rows are seen once.
+   paper's fine-tuning: lr 3e-3, 5 epochs, 2 conversations per step (our choice; tests/RESULTS.md). --decisions N shows
+   a training row that answers env.Env's verdict (keep or undo is next) N times an epoch (pilots: tests/RESULTS.md).
 2. The loss covers the assistant tokens only (--prompt-loss-weight 0, the paper's), from scratch too (tests/RESULTS.md,
    "the miniature that teaches"; weights > 0: SFTModel).
 3. Sequences of similar length share a micro-batch, right-padded, no packing; the rows' shared prefix (the tools'
@@ -53,8 +52,8 @@ class Config:
     data: str = str(ROOT / "runs/data/sft.jsonl")  # chat JSONL (collect.py)
     model: str | None = None  # a Hugging Face folder or hub id; None: the tiny model
     out: str = str(ROOT / "runs/ckpt/sft")  # the final model, checkpoint-<step>/ folders, log.jsonl
-    epochs: int | None = None  # None: 2 (ML-Agent), 4 from scratch
-    decisions: int | None = None  # times an epoch a row answering env's verdict is seen; None: 1, 2 from scratch
+    epochs: int | None = None  # None: 2 (ML-Agent), 5 from scratch
+    decisions: int = 1  # times an epoch a training row answering env's verdict is seen (a data mix; ML-Agent: 1)
     lr: float | None = None  # None: 2e-5 (ML-Agent), 3e-3 from scratch
     warmup_ratio: float = 0.03  # linear warmup over this share of the steps (TRL recipes)
     weight_decay: float = 0.0  # AdamW's (HF Trainer default)
@@ -437,8 +436,7 @@ def train(args):
     lm, tokenizer = model.load(source, "cpu", torch.float32, meta=True) if source else \
         scratch_model([rows[i] for i in train_idx], args)
     from_scratch = st.get("scratch", False) if resume else args.model is None
-    epochs = args.epochs or (4 if from_scratch else 2)  # ML-Agent: 2 epochs
-    decisions = args.decisions or (2 if from_scratch else 1)  # departure 1 (ML-Agent: every row once)
+    epochs = args.epochs or (5 if from_scratch else 2)  # ML-Agent: 2 epochs
     lr = args.lr or (3e-3 if from_scratch else 2e-5)  # ML-Agent: 2e-5
     batch_size = args.batch_size or (2 if from_scratch else 64)  # ML-Agent's effective batch
     args = dataclasses.replace(args, micro_batch=(micro := args.micro_batch or (2 if from_scratch else 1)))
@@ -449,8 +447,8 @@ def train(args):
     pad_id, counts = (tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0), {"cut": 0}
     data = [encode_chat(tokenizer, r["messages"], args.max_len, counts) for r in rows]
     kept = [i for i in train_idx if any(y != IGNORE for y in data[i][1][1:])]
-    seen = [decisions if VERDICT.search(rows[i]["messages"][-2:][0]["content"]) else 1 for i in kept]  # its last prompt
-    train_set = [data[i] for i, n in zip(kept, seen) for _ in range(n)]  # departure 1; held-out rows: once
+    seen = [args.decisions if VERDICT.search(rows[i]["messages"][-2:][0]["content"]) else 1 for i in kept]
+    train_set = [data[i] for i, n in zip(kept, seen) for _ in range(n)]  # departure 1 (its last prompt); held-out: once
     dropped, repeated = len(train_idx) - len(kept), len(train_set) - len(kept)
     if not train_set:
         raise ValueError(f"{args.data}: no conversation keeps an assistant turn within --max-len {args.max_len}")
@@ -501,7 +499,7 @@ def train(args):
     seconds = time.time() - start
     summary = {"out": args.out, "steps": step, "epochs": epochs, "lr": lr, "batch_size": batch_size,
                "micro_batch": micro, "prompt_loss_weight": prompt_weight, "cut": counts["cut"], "dropped": dropped,
-               "decisions": decisions, "repeated": repeated, "train_loss": train_loss, "heldout_loss": held,
+               "decisions": args.decisions, "repeated": repeated, "train_loss": train_loss, "heldout_loss": held,
                "seconds": round(seconds, 1), "tokens_per_s": round(tokens / seconds)}
     if args.eval_parse and held_idx and step > 0:
         if world > 1:

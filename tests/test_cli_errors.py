@@ -199,7 +199,7 @@ def test_help_says_the_resolved_defaults(monkeypatch):
     import ppo
     import sft
     helps = {a.dest: a.help for a in sft.parser()._actions}
-    for name, says in (("lr", "None: 2e-5 (ML-Agent), 3e-3 from scratch"), ("epochs", "None: 2 (ML-Agent), 4 from"),
+    for name, says in (("lr", "None: 2e-5 (ML-Agent), 3e-3 from scratch"), ("epochs", "None: 2 (ML-Agent), 5 from"),
                        ("batch_size", "None: 64 (ML-Agent), 2 from"), ("micro_batch", "None: 1, 2 from scratch"),
                        ("prompt_loss_weight", "None: 0 (ML-Agent)")):
         assert says in helps[name]
