@@ -448,7 +448,7 @@ def train(args):
     data = [encode_chat(tokenizer, r["messages"], args.max_len, counts) for r in rows]
     kept = [i for i in train_idx if any(y != IGNORE for y in data[i][1][1:])]
     seen = [args.decisions if VERDICT.search(rows[i]["messages"][-2:][0]["content"]) else 1 for i in kept]
-    train_set = [data[i] for i, n in zip(kept, seen) for _ in range(n)]  # departure 1 (its last prompt); held-out: once
+    train_set = [data[i] for i, n in zip(kept, seen) for _ in range(n)]  # departure 1; [-2:][0]: the last prompt
     dropped, repeated = len(train_idx) - len(kept), len(train_set) - len(kept)
     if not train_set:
         raise ValueError(f"{args.data}: no conversation keeps an assistant turn within --max-len {args.max_len}")

@@ -10,6 +10,7 @@ Everything runs on CPU with tiny models and chat data built here (a toy "calcula
   with and without prompt tokens);
 - gradient checkpointing gives the same gradients;
 - the loss falls when overfitting a tiny set; a checkpoint reloads (model.load) to the same logits;
+- rows whose last prompt ends with env.Env's verdict are seen --decisions times an epoch, held-out rows once;
 - resume from the epoch-1 checkpoint ends with the same weights as the uninterrupted run (and prompt weight);
 - 2-process DDP on gloo (prompt weight 0.5): both ranks end with identical weights, equal to a 1-process run with the
   same global batch;
