@@ -4,11 +4,14 @@
 - independent steps run at once or in turn, each once, and a failure is raised after the others finished;
 - the bootstrap interval brackets the mean and narrows with n; the power arithmetic; a claim is decided only by an
   interval clear of 0; bench_ppo.py pairs each variant against the first;
+- bench_ppo.py's course loop: a finished ppo.py run as a variant only when it is comparable, a kept J_step seed only
+  for the same reward.py and weights, and its jobs at most --lanes at a time;
 - a claims run at the smallest size runs every step, writes every claim C1-C8, and a rerun finds everything done
   (the steps' commands at their least sizes; how steps run, once each, in lanes, is the test of the second item).
 """
 import importlib.util
 import json
+import os
 import time
 from pathlib import Path
 
@@ -75,9 +78,7 @@ def test_a_claim_is_decided_only_by_intervals_clear_of_zero():
 
 
 def test_bench_ppo_pairs_each_variant_against_the_sft_start_and_the_first_variant():
-    spec = importlib.util.spec_from_file_location("bench_ppo", PATH.parent / "bench_ppo.py")
-    bench_ppo = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench_ppo)
+    bench_ppo = load_bench_ppo()
     sft, first, second = ({"rewards": r, "kinds": k} for r, k in
                           (([0.0, 0.0, 0.0, 0.0], ["edit"] * 4),
                            ([0.5, -1.0, 0.5, 0.0], ["edit", "invalid", "edit", "edit"]),
@@ -91,6 +92,76 @@ def test_bench_ppo_pairs_each_variant_against_the_sft_start_and_the_first_varian
     assert b["minus_first"]["invalid"]["mean"] == 0.0 and a["minus_sft"]["invalid"]["mean"] == 0.25
     assert b["minus_first"]["detectable"] == pytest.approx(2.80 * 0.9129 / 2, rel=1e-3)  # sd of the 4 differences
     assert "- a [95%]" in table and "| b | `--x` |" in table and "b - a: " in table
+
+
+def load_bench_ppo():
+    spec = importlib.util.spec_from_file_location("bench_ppo", PATH.parent / "bench_ppo.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_bench_ppo_takes_a_finished_run_only_when_its_pairs_compare(tmp_path):
+    bench_ppo = load_bench_ppo()
+    assert bench_ppo.parse_variant("mine: --no-format-term") == ("mine", ["--no-format-term"], None)
+    assert bench_ppo.parse_variant("full=runs/ckpt/ppo") == ("full", [], "runs/ckpt/ppo")
+    for bad in ("full=runs/ckpt/ppo: --lam 1", "=runs/ckpt/ppo", "a b: --lam 1"):
+        with pytest.raises(ValueError, match="--variant"):
+            bench_ppo.parse_variant(bad)
+    run, log = tmp_path / "ppo", tmp_path / "log.jsonl"
+    (run / "trainer_state").mkdir(parents=True)
+    log.write_text(json.dumps({"iteration": 1, "clipfrac": 0.1}) + "\n")
+    config = {"model": str(tmp_path / "sft"), "states": str(tmp_path / "states.jsonl"), "log_file": str(log),
+              "reward": {"alpha": 1.0, "clip": 1.0, "binary_performance": False, "format_term": False,
+                         "corner_term": True, "code": "0123456789ab"}}
+    (run / "trainer_state" / "progress.json").write_text(json.dumps({"iteration": 15, "config": config}))
+    got_log, got_reward = bench_ppo.finished_run("full", str(run), config["model"], config["states"], 15)
+    assert got_log == [{"iteration": 1, "clipfrac": 0.1}]
+    assert got_reward.code == "0123456789ab" and got_reward.format_term is False
+    for args, said in (((config["model"], config["states"], 8), "ran 15 iterations, not --iterations 8"),
+                       ((str(tmp_path / "other"), config["states"], 15), "trained from model"),
+                       ((config["model"], str(tmp_path / "other.jsonl"), 15), "trained from states")):
+        with pytest.raises(ValueError, match=said):
+            bench_ppo.finished_run("full", str(run), *args)
+    with pytest.raises(ValueError, match="no ppo.py checkpoint"):
+        bench_ppo.finished_run("full", str(tmp_path), config["model"], config["states"], 15)
+
+
+def test_bench_ppo_keeps_a_j_step_seed_only_for_the_same_reward_code_and_weights(tmp_path, monkeypatch):
+    bench_ppo = load_bench_ppo()
+    policy = tmp_path / "policy"
+    policy.mkdir()
+    (policy / "model.safetensors").write_bytes(b"1")
+    calls = []
+    monkeypatch.setattr(bench_ppo.bench_claims, "estimate_objective", lambda policy, states, n, seed: calls.append(
+        seed) or {"rewards": [float(seed)] * n, "kinds": ["edit"] * n})
+    bench_ppo.measure(tmp_path, "a", str(policy), "states.jsonl", 3, seed=2)
+    assert bench_ppo.measured(tmp_path, "a", str(policy), 2)["rewards"] == [2.0, 2.0, 2.0] and calls == [2]
+    assert bench_ppo.measured(tmp_path, "a", str(policy), 1) is None  # another seed: not kept
+    monkeypatch.setattr(bench_ppo.reward, "CODE", "another")  # reward.py changed: measured again
+    assert bench_ppo.measured(tmp_path, "a", str(policy), 2) is None
+    monkeypatch.undo()
+    assert bench_ppo.measured(tmp_path, "a", str(policy), 2) is not None
+    os.utime(policy / "model.safetensors", ns=(1, 1))  # retrained (its weights rewritten): measured again
+    assert bench_ppo.measured(tmp_path, "a", str(policy), 2) is None
+
+
+def test_bench_ppo_lanes_run_at_most_n_jobs_at_once_and_name_a_failure(tmp_path):
+    bench_ppo = load_bench_ppo()
+    lanes = bench_ppo.Lanes(2, tmp_path)
+    job = "import sys, time, os; open(sys.argv[1], 'a').write(f'{time.time()} +1\\n'); time.sleep(1); " \
+          "open(sys.argv[1], 'a').write(f'{time.time()} -1\\n'); print(os.environ.get('OMP_NUM_THREADS'))"
+    events = tmp_path / "events"
+    with bench_ppo.ThreadPoolExecutor(5) as pool:
+        list(pool.map(lambda i: lanes.run(f"j{i}", [bench_ppo.sys.executable, "-c", job, str(events)]), range(5)))
+    running, most = 0, 0
+    for _, delta in sorted((float(t), int(d)) for t, d in (line.split() for line in events.read_text().splitlines())):
+        running += delta
+        most = max(most, running)
+    assert most == 2 and running == 0  # two at a time, all five ran
+    assert (tmp_path / "j3.out").read_text().strip() == "1"  # one torch thread per lane
+    with pytest.raises(RuntimeError, match="j9 failed \\(exit 3\\); its output: .*j9.out"):
+        lanes.run("j9", [bench_ppo.sys.executable, "-c", "raise SystemExit(3)"])
 
 
 # A claims run at the smallest size that still runs every step: it checks the report's shape, never the outcomes.
