@@ -24,10 +24,10 @@ Each later variant is paired against the first too: J_step, the share of invalid
 on), and the J_step difference the pairs can detect (bench_claims.power).
 
 The PPO runs and the J_step measurements (one process per seed and policy) run --lanes at a time, each with one torch
-thread, the PPO runs first; their output goes to --out/<job>.out. Writes --out/results.json and --out/results.md (the
-table printed at the end), and --out/<variant>/ (the actor) with <variant>.jsonl (ppo.py's log). A measured J_step
-seed is kept in --out/objective-<name>-<seed>.json with reward.py's code hash (reward.CODE) and the policy's files'
-time: measured again when reward.py or the policy changed, or when the file is deleted.
+thread, the PPO runs first (with CUDA one at a time); their output goes to --out/<job>.out. Writes --out/results.json
+and --out/results.md (the table printed at the end), and --out/<variant>/ (the actor) with <variant>.jsonl (ppo.py's
+log). A measured J_step seed is kept in --out/objective-<name>-<seed>.json with reward.py's code hash (reward.CODE)
+and the policy's files' time: measured again when reward.py or the policy changed, or when the file is deleted.
 """
 import json
 import os
@@ -38,6 +38,8 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+
+import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -181,7 +183,7 @@ def main(argv=None):
     p.add_argument("--objective-states", type=int, default=64, help="states per J_step seed")
     p.add_argument("--objective-seeds", type=int, default=3, help="J_step seeds (each a fresh sample of states)")
     p.add_argument("--lanes", type=int, default=0, help="PPO runs and J_step seeds at once, one torch thread each "
-                   "(default: the CPU count)")
+                   "(default: the CPU count; 1 with CUDA)")
     p.add_argument("--measure", nargs=3, metavar=("NAME", "POLICY", "SEED"), help="only J_step of POLICY on one seed, "
                    "kept in --out: what each lane runs (default: the whole bench)")
     a = p.parse_args(argv)
@@ -209,7 +211,7 @@ def main(argv=None):
     except ValueError as e:
         p.error(str(e))
     out.mkdir(parents=True, exist_ok=True)
-    lanes = Lanes(a.lanes or os.cpu_count() or 1, out)
+    lanes = Lanes(a.lanes or (1 if torch.cuda.is_available() else os.cpu_count() or 1), out)  # a GPU: one model
 
     def variant(name, flags, folder):  # -> (J_step, ppo.py's log)
         if folder:
@@ -236,10 +238,10 @@ def main(argv=None):
             notes.append(f"{name} was trained under reward.py {finished[name][1].code}, now {reward.CODE}: it stands "
                          "for the reward of its flags only where the change left them as they were "
                          "(tests/test_reward.py)")
+    sft = {"j_step": sum(base["rewards"]) / len(base["rewards"]),
+           "invalid": base["kinds"].count("invalid") / len(base["kinds"])}
     result = {"date": time.strftime("%Y-%m-%d"), "model": a.model, "objective_states": a.objective_states,
-              "objective_seeds": a.objective_seeds, "sft": {"j_step": sum(base["rewards"]) / len(base["rewards"]),
-                                                            "invalid": base["kinds"].count("invalid") / len(base["kinds"])},
-              "rows": rows, "notes": notes}
+              "objective_seeds": a.objective_seeds, "sft": sft, "rows": rows, "notes": notes}
     agent.write_atomic(out / "results.json", json.dumps(result, indent=1))
     agent.write_atomic(out / "results.md", markdown(result))
     print(markdown(result))
