@@ -187,17 +187,19 @@ def main(argv=None):
     p.add_argument("--measure", nargs=3, metavar=("NAME", "POLICY", "SEED"), help="only J_step of POLICY on one seed, "
                    "kept in --out: what each lane runs (default: the whole bench)")
     a = p.parse_args(argv)
+    a.model, a.states, a.out = map(os.path.abspath, (a.model, a.states, a.out))  # the jobs run in the project root
     if a.iterations < 1 or a.objective_states < 1 or a.objective_seeds < 1 or a.lanes < 0:
         p.error("--iterations, --objective-states and --objective-seeds must be at least 1, --lanes at least 0")
     out = Path(a.out)
     if a.measure:
-        name, policy, seed = a.measure
+        name, policy, seed = a.measure[0], os.path.abspath(a.measure[1]), a.measure[2]
         if not seed.isdigit() or not os.path.isdir(policy) or not os.path.exists(a.states):
             p.error(f"--measure {' '.join(a.measure)}: expected a name, a model folder and a seed (with --states)")
         out.mkdir(parents=True, exist_ok=True)
         return measure(out, name, policy, a.states, a.objective_states, int(seed))
     try:
-        variants = [parse_variant(v) for v in a.variant or VARIANTS]
+        variants = [(name, flags, folder and os.path.abspath(folder))
+                    for name, flags, folder in map(parse_variant, a.variant or VARIANTS)]
     except ValueError as e:
         p.error(str(e))
     if len({v[0] for v in variants}) < len(variants):
