@@ -27,7 +27,8 @@ The PPO runs and the J_step measurements (one process per seed and policy) run -
 thread, the PPO runs first (with CUDA one at a time); their output goes to --out/<job>.out. Writes --out/results.json
 and --out/results.md (the table printed at the end), and --out/<variant>/ (the actor) with <variant>.jsonl (ppo.py's
 log). A measured J_step seed is kept in --out/objective-<name>-<seed>.json with reward.py's code hash (reward.CODE)
-and the policy's files' time: measured again when reward.py or the policy changed, or when the file is deleted.
+and the policy's id (eval.policy_id: its files): measured again when reward.py or the policy changed, or when the file
+is deleted.
 """
 import json
 import os
@@ -45,6 +46,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 import agent  # noqa: E402
 import bench_claims  # noqa: E402  (beside this file)
+from eval import policy_id  # noqa: E402
 import reward  # noqa: E402
 
 VARIANTS = ["gae: --batch-size 64",  # the paper's PPO with a critic, 64 actions per iteration
@@ -81,24 +83,19 @@ def finished_run(name, folder, model, states, iterations):
     return log, reward.from_record(cfg.get("reward"))
 
 
-def stamp(policy):
-    """The newest modification time of the policy folder's files (its weights): a retrained policy is measured anew."""
-    return max((f.stat().st_mtime_ns for f in Path(policy).iterdir() if f.is_file()), default=0)
-
-
 def measure(out, name, policy, states, n, seed):
     """J_step of `policy` on one seed's n states (bench_claims.estimate_objective), kept in
-    out/objective-<name>-<seed>.json with reward.py's code hash and the policy's stamp."""
+    out/objective-<name>-<seed>.json with reward.py's code hash and the policy's id (eval.policy_id: its files)."""
     x = bench_claims.estimate_objective(policy, states, n=n, seed=seed)
     agent.write_atomic(out / f"objective-{name}-{seed}.json", json.dumps(
-        {"rewards": x["rewards"], "kinds": x["kinds"], "reward_code": reward.CODE, "stamp": stamp(policy)}))
+        {"rewards": x["rewards"], "kinds": x["kinds"], "reward_code": reward.CODE, "policy": policy_id(policy)}))
 
 
 def measured(out, name, policy, seed):
     """The kept measurement of one seed, or None when there is none for this reward.py and these weights."""
     path = out / f"objective-{name}-{seed}.json"
     x = json.loads(path.read_text()) if path.exists() else {}
-    return x if x.get("reward_code") == reward.CODE and x.get("stamp") == stamp(policy) else None
+    return x if x.get("reward_code") == reward.CODE and x.get("policy") == policy_id(policy) else None
 
 
 class Lanes:
