@@ -8,7 +8,9 @@
 - runs.jsonl: a torn last line (a kill mid-write) is cut off and the complete lines are kept;
 - `eval.py` end to end with the scripted agent on one task, K = 2 (subprocess): the report's fields agree with the
   runs and with a fresh sandbox run of the starter; a rerun skips both finished runs;
-- the plots (only where matplotlib is installed); usage errors exit 2 with one line.
+- the plots (only where matplotlib is installed); usage errors exit 2 with one line;
+- tests/pool_eval.py: pooled over reports, the two-level interval holds the spread between reports that the tasks
+  interval leaves out; counts are summed; a missing policy or a folder without a report is one line, exit 2.
 """
 from __future__ import annotations
 
@@ -367,3 +369,43 @@ def test_a_bad_model_name_is_one_line_exit_2_before_any_run(flag, tmp_path, no_e
     from conftest import assert_bad_models_refused
     assert_bad_models_refused(ev.main, ["--tasks", "wine", "--k", "1", "--no-plots", flag, "{m}", "--out", "{d}/o"],
                               tmp_path, no_endpoint)
+
+# ----------------------------------------------------------------------------------------------- tests/pool_eval.py
+
+
+def _report(folder: Path, gains: dict, followed=(1, 4)) -> Path:
+    """A report.json with eval.py's fields that pool_eval reads: {policy: [clipped gains of task a, of task b]}."""
+    folder.mkdir(parents=True)
+    groups = [{"scaffold": "mlab", "policy": name,
+               "tasks": [{"task": t, "gains_clipped": runs, "followed": followed[0], "followed_n": followed[1],
+                          "agreed": 1, "agreed_n": 1} for t, runs in zip("ab", per_task)]}
+              for name, per_task in gains.items()]
+    (folder / "report.json").write_text(json.dumps({"groups": groups}))
+    return folder
+
+
+def test_pool_eval_two_level_interval_holds_the_spread_between_reports(tmp_path, cli, capsys):
+    """Report 1's ppo leads sft by 0.01 in every run, report 2's by 0.03: the pooled lead is 0.02; tasks resampled
+    every draw is 0.02 (each task holds both reports' runs), reports resampled the draws are 0.01, 0.02 or 0.03."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("pool_eval", ROOT / "tests/pool_eval.py")
+    pool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(pool)
+    one = _report(tmp_path / "s0", {"scripted": [[0.2, 0.2], [0.1, 0.1]], "sft": [[0.0, 0.0]] * 2,
+                                    "ppo": [[0.01, 0.01]] * 2})
+    two = _report(tmp_path / "s1", {"scripted": [[0.2, 0.2], [0.1, 0.1]], "sft": [[0.1, 0.1]] * 2,
+                                    "ppo": [[0.13, 0.13]] * 2}, followed=(3, 4))
+    pool.main([str(one), str(two / "report.json"), "--json", str(tmp_path / "pooled.json")])
+    out = json.loads((tmp_path / "pooled.json").read_text())
+    d = out["difference"]
+    assert d["mean"] == pytest.approx(0.02) and d["runs"] == 8 and d["reports"] == 2
+    assert d["tasks"] == pytest.approx([0.02, 0.02])
+    assert d["two_level"] == pytest.approx([0.01, 0.03])
+    assert out["policies"]["scripted"]["mean"] == pytest.approx(0.15)
+    assert out["policies"]["sft"]["followed"] == [1 * 2 + 3 * 2, 4 * 4]  # summed over tasks and reports
+    assert "ppo - sft: +2.00% [+2.00%, +2.00%] tasks, [+1.00%, +3.00%] two-level; 8 pairs" in capsys.readouterr().out
+    # usage errors: one line, exit 2, naming the input
+    for argv, words in [([str(one), "--b", "ppo-7"], f"{one}: no mlab policy 'ppo-7' (it has: scripted, sft, ppo)"),
+                        ([str(tmp_path)], f"{tmp_path / 'report.json'}: not an eval.py report.json")]:
+        res = cli(pool.main, argv, cwd=ROOT)
+        assert res.returncode == 2 and words in res.stderr and len(res.stderr.strip().splitlines()) == 1
