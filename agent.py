@@ -1,22 +1,19 @@
 """The agents: chat backends (an OpenAI-compatible endpoint; a `model.py` checkpoint in-process), the MLAgentBench
-research agent, the LLM editor and the offline scripted expert, driven by `run_episode`, whose `act` scores every step;
-then the run-folder plumbing every command line shares (locks, atomic writes, JSONL, folder swaps).
+research agent, the LLM editor and the offline scripted expert, run by `run_episode` (`act` scores a step); the
+run-folder plumbing every command shares (locks, atomic writes, JSONL, folder swaps).
 
-ML-Agent (arXiv:2505.23723, §Experiments "Training") collects its expert trajectories with a GPT-4o-mini agent in the
+ML-Agent (arXiv:2505.23723, §Experiments "Training") collects expert trajectories with a GPT-4o-mini agent in the
 MLAgentBench (MLAB) scaffold (Huang et al., 2023, `MLAgentBench/agents/agent_research.py`), 15 steps and 30 minutes per
-trajectory. This file rebuilds that agent in its own words (what runs, is asked again, is shown: section "parsing"),
-with these departures:
-1. The prompt is chat-shaped: a system message (tools, research problem, instructions, response format) and a user
-   message (the last three steps with their observations, as MLAB; at the first step "let's start" and the injected
-   ideas), so each SFT row has exactly one assistant turn, the expert's answer.
-2. MLAB summarises an observation over 5,000 characters with another LLM call; we keep its first and last 2,500 (as
-   Matryoshka with its 5k-token limit), so a prompt is a pure function of the history.
-3. MLAB stops after `max_retries` (5) unreadable responses; here, after 2 re-asks, the step is "invalid" (reward -1,
-   ML-Agent's format term) and the episode goes on, so a weak policy still yields a full trajectory. An unreadable
-   Action Input counts as one of the 15 steps (MLAB's environment never sees it); MLAB's fallback reads values after
-   JSON-escaping them, ours as written.
-4. `ScriptedExpert` is an offline STAND-IN for the LLM expert (GPT-4o-mini in the paper) when no endpoint is
-   configured: a rule-based policy following the idea plan of its first prompt, not a model of GPT-4o-mini.
+trajectory. We rebuild that agent in our words (what runs, is asked again, is shown: section "parsing"). Departures:
+1. Chat prompt: a system message and a user message (the last three steps and observations, as MLAB; at first "let's
+   start" and the injected ideas): each SFT row has one assistant turn, the expert's answer.
+2. MLAB has an LLM call summarise an observation over 5,000 characters; we keep its first and last 2,500 (as
+   Matryoshka, 5k-token limit): a prompt is a pure function of the history.
+3. MLAB stops after `max_retries` (5) unreadable responses; we mark the step "invalid" after 2 re-asks (reward -1,
+   ML-Agent's format term) and go on: a weak policy still yields a full trajectory. An unreadable Action Input is one
+   of the 15 steps (MLAB's environment never sees it); MLAB's fallback reads values JSON-escaped, ours as written.
+4. Without an endpoint, `ScriptedExpert` is an offline STAND-IN for the paper's GPT-4o-mini expert: rule-based,
+   following its first prompt's idea plan, not a model of it.
 
 Run one episode:  python agent.py --task digits  (scripted expert, offline)
                   OPENAI_BASE_URL=... OPENAI_API_KEY=... python agent.py --task digits --model gpt-4o-mini
@@ -41,19 +38,19 @@ import urllib3
 import env
 from reward import RewardConfig, reward
 
-# ==== Chat backends: backend.chat(messages, n, temperature, max_tokens, stop) -> Completion; backend.usage
+# ==== Chat backends: .chat(messages, n, temperature, max_tokens, stop) -> Completion; .usage
 
 
 @dataclass
 class Completion:
-    texts: list[str]  # n completions
+    texts: list[str]
     prompt_tokens: int = 0
     completion_tokens: int = 0
 
 
 @dataclass
 class Usage:
-    """A backend's running token counts; prices in dollars per million tokens."""
+    """Token counts; prices in dollars per million tokens."""
     calls: int = 0
     prompt_tokens: int = 0
     completion_tokens: int = 0
@@ -76,18 +73,18 @@ class BackendError(RuntimeError):
     """The endpoint cannot serve us (bad key, wrong URL or model, unreachable): one line says why."""
 
 
-RETRY_STATUS = (408, 409, 429, 500, 502, 503, 504)  # rate limits and server trouble
+RETRY_STATUS = (408, 409, 429, 500, 502, 503, 504)
 HINTS = {401: " (check OPENAI_API_KEY)", 403: " (check OPENAI_API_KEY and the model's access)",
          404: " (check OPENAI_BASE_URL and the model name)"}
 
 
 class OpenAIBackend:
-    """Any OpenAI-compatible endpoint (OpenAI, vLLM, `transformers serve`) over plain `requests`."""
+    """An OpenAI-compatible endpoint (OpenAI, vLLM, `transformers serve`) over `requests`."""
 
     def __init__(self, model=None, base_url=None, api_key=None, timeout=None, max_retries=5, backoff=1.0,
                  price_in=0.0, price_out=0.0):
         url = (base_url or os.environ.get("OPENAI_BASE_URL") or "https://api.openai.com/v1").rstrip("/")
-        self.base_url = url if re.search(r"/v\d+$", url) else url + "/v1"  # "http://host:8000": ".../v1"
+        self.base_url = url if re.search(r"/v\d+$", url) else url + "/v1"
         self.api_key = api_key if api_key is not None else os.environ.get("OPENAI_API_KEY", "")
         self.model = model or os.environ.get("OPENAI_MODEL")  # None: the endpoint's first
         self.embedding_model = os.environ.get("OPENAI_EMBEDDING_MODEL", "text-embedding-3-small")
@@ -95,23 +92,23 @@ class OpenAIBackend:
         self.max_retries, self.backoff, self.usage = max_retries, backoff, Usage(price_in=price_in, price_out=price_out)
 
     def _request(self, method: str, path: str, payload=None, read=lambda out: out):
-        """read(the answer's JSON); its None, rate limits, server trouble, broken answers: retried with backoff."""
+        """read(answer JSON); its None, rate limits, server trouble, broken answers: retried with backoff."""
         url, headers = self.base_url + path, ({"Authorization": f"Bearer {self.api_key}"} if self.api_key else {})
         for attempt in range(self.max_retries + 1):
             retry_after = None
             try:
                 r = self._send(method, url, payload, headers)
-            except requests.ConnectionError as e:  # refused, dropped or not connected in time
+            except requests.ConnectionError as e:  # refused, dropped, connect timeout
                 why = f"cannot reach {url} ({type(e).__name__}); check OPENAI_BASE_URL"
             except (TimeoutError, requests.Timeout, urllib3.exceptions.ReadTimeoutError):
                 why = f"{url} did not answer within {self.timeout:g} s (OPENAI_TIMEOUT sets the limit)"
-            except urllib3.exceptions.HTTPError as e:  # a body broken off (socket errors, wrapped)
+            except urllib3.exceptions.HTTPError as e:  # socket errors, wrapped
                 why = f"{url} broke off its answer ({type(e).__name__})"
             except requests.RequestException as e:  # a malformed URL
                 raise BackendError(f"bad endpoint URL {url!r}: {e}") from None
             else:
                 out = None
-                try:  # the answer's JSON and the message of its error, if any
+                try:
                     out = json.loads(r.content)
                     message = out["error"]["message"]
                 except (ValueError, KeyError, TypeError):
@@ -127,14 +124,14 @@ class OpenAIBackend:
                 retry_after = r.headers.get("Retry-After")
             if attempt == self.max_retries:
                 raise BackendError(f"{why} (gave up after {self.max_retries} retries)")
-            # exponential backoff with jitter (AWS architecture blog; the openai client alike)
+            # exponential backoff, jitter (AWS architecture blog; as the openai client)
             delay = self.backoff * 2 ** attempt * random.uniform(0.5, 1.5)
             if retry_after and retry_after.replace(".", "", 1).isdigit():
                 delay = max(delay, float(retry_after))
             time.sleep(min(delay, 60.0))
 
     def _send(self, method, url, payload, headers):
-        """One HTTP exchange within self.timeout seconds in all (a server trickling bytes times out too)."""
+        """One HTTP exchange, self.timeout seconds in all (a trickling server times out too)."""
         deadline = time.monotonic() + self.timeout
         r = requests.request(method, url, json=payload, headers=headers, timeout=self.timeout, stream=True)
         read, body = getattr(r.raw, "read1", r.raw.read), bytearray()  # urllib3 2's read1: what has arrived
@@ -147,7 +144,7 @@ class OpenAIBackend:
         return r
 
     def chat(self, messages, n=1, temperature=0.0, max_tokens=1024, stop=None) -> Completion:
-        """n completions; a server returning fewer (transformers serve ignores n) is asked again for the rest."""
+        """n completions; a server giving fewer (transformers serve ignores n) is asked for the rest."""
         start, c = time.time(), Completion([])
         if self.model is None:
             try:
@@ -164,7 +161,7 @@ class OpenAIBackend:
         return self.usage.add(c, time.time() - start)
 
     def embeddings(self, texts: list[str], batch=256):
-        """(N, D) numpy array of the endpoint's `/v1/embeddings`."""
+        """(N, D) numpy array from `/v1/embeddings`."""
         import numpy as np
         rows = []
         for i in range(0, len(texts), batch):
@@ -182,7 +179,7 @@ class OpenAIBackend:
 
 
 def read_choices(out: dict):
-    """(texts, usage) of a chat answer: the choices' message content (or legacy text) by index; None if none."""
+    """(texts, usage): choices' message content (or legacy text) by index, or None."""
     choices = out.get("choices") if isinstance(out.get("choices"), list) else []
     texts = [(c["message"].get("content") or "") if isinstance(c.get("message"), dict) else c.get("text")
              for c in sorted((c for c in choices if isinstance(c, dict)), key=lambda c: c.get("index", 0))]
@@ -190,13 +187,13 @@ def read_choices(out: dict):
     return (texts, out.get("usage") if isinstance(out.get("usage"), dict) else {}) if texts else None
 
 
-def cut_at_stop(text: str, stop) -> str:  # before the first stop string, as an endpoint returns it
+def cut_at_stop(text: str, stop) -> str:  # as an endpoint returns it
     cuts = [i for i in (text.find(s) for s in (stop or []) if s) if i >= 0]
     return text[:min(cuts)] if cuts else text
 
 
 class LocalBackend:
-    """A checkpoint run in this process through model.py: chat template, batched KV-cache generation."""
+    """A checkpoint in-process via model.py: chat template, batched KV-cache generation."""
 
     def __init__(self, path_or_id=None, lm=None, tokenizer=None):
         import model  # torch only when used
@@ -208,7 +205,7 @@ class LocalBackend:
         start, tok, model = time.time(), self.tokenizer, self.model
         ids = model.keep_end(tok.encode(tok.apply_chat_template(messages)), self.lm.config.max_position_embeddings,
                              max_tokens)
-        # n samples share one prefill; a stop string ends generation at once
+        # n samples, one prefill; a stop string ends generation at once
         gen = self.lm.generate([ids], max_new_tokens=max_tokens, temperature=temperature, n=n,
                                stop_token_ids=model.stop_ids(self.lm, tok), stop_fn=model.stop_strings(tok, stop))
         texts = [cut_at_stop(tok.decode(t, skip_special_tokens=True), stop) for t in gen.tokens]
@@ -217,7 +214,7 @@ class LocalBackend:
 # ==== The prompt: MLAB's research agent (agent_research.py: initial_prompt, format_prompt_dict), reworded
 
 
-FORMAT = {  # the six entries of every response, in order
+FORMAT = {  # in order
     "Reflection": "What the last observation means; if it shows an error, what caused it and how to fix it.",
     "Research Plan and Status": "The whole high-level plan, each step marked with its status and, when done, its "
                                 "confirmed result. Keep the plan from your previous response unless you revise it "
@@ -258,22 +255,22 @@ what the tool returned
 
 
 def tools_block() -> str:
-    """Each action, its description and a usage example (MLAB's tools prompt, agents/agent.py:127-153, reworded)."""
+    """Each action's description and usage example (MLAB's tools prompt, agents/agent.py:127-153, reworded)."""
     return "\n".join(f"- {s.name}: {s.description}\n  Usage:\n  Action: {s.name}\n  Action Input: "
                      + s.usage().replace("\n", "\n  ") + f"\n  Observation: [{s.returns}]"
                      for s in env.ACTIONS.values())
 
 
-def _clip(text: str, limit=5000) -> str:  # an observation as shown: its first and last halves
+def _clip(text: str, limit=5000) -> str:  # departure 2: first and last halves
     if len(text) <= limit:
         return text
     return f"{text[:limit // 2]}\n[... {len(text) - limit} characters cut ...]\n{text[-limit // 2:]}"
 
 
 def build_messages(problem: str, history=(), ideas=(), last_k=3) -> list[dict]:
-    """The next step's prompt, pure (ppo.py rebuilds a state's). history: (response, observation) per step, oldest
-    first; ideas: (category, idea) pairs, first prompt only (ML-Agent, Appendix B.1). As MLAB (agent_research.py:
-    91-100, 184-188): unreadable-input steps go once a later one is read; the last `last_k` steps are shown."""
+    """The next prompt, pure (ppo.py rebuilds a state's). history: (response, observation) per step, oldest first;
+    ideas (ML-Agent, Appendix B.1): first prompt only. As MLAB (agent_research.py:91-100, 184-188): the last `last_k`
+    steps, unreadable-input ones dropped once a later one is read."""
     system = SYSTEM.format(tools=tools_block(), problem=problem.strip(),
                            format="\n".join(f"{k}: {v}" for k, v in FORMAT.items()))
     if not history:
@@ -292,7 +289,7 @@ def build_messages(problem: str, history=(), ideas=(), last_k=3) -> list[dict]:
 
 
 def shown_response(text: str) -> str:
-    """A past response as MLAB shows it (agent_research.py:133-139): parsed, the plan's **marks** removed, or as is."""
+    """A past response as MLAB shows it (agent_research.py:133-139): parsed, plan **marks** removed; else as is."""
     entries = parse_entries(text)
     if not entries:
         return text.strip()
@@ -300,7 +297,7 @@ def shown_response(text: str) -> str:
     return "".join(f"{k}:{v}" for k, v in entries.items()).strip()
 
 # ==== Parsing: MLAB's parser (agents/agent.py:168-231); as its agent (agent_research.py:111-170), missing entries
-# or an Action that is no tool are asked again, an unreadable Action Input is not
+# or an unknown Action are asked again, an unreadable Action Input is not
 
 
 class ParseError(ValueError):
@@ -308,7 +305,7 @@ class ParseError(ValueError):
 
 
 class InputError(ParseError):
-    """The Action names a tool but the Action Input is not its arguments (not asked again)."""
+    """The Action names a tool but the Action Input is not its arguments."""
 
     def __init__(self, action: str, why: str):
         super().__init__(why)
@@ -316,9 +313,9 @@ class InputError(ParseError):
 
 
 def parse_entries(text: str) -> dict[str, str]:
-    """A response's entries as MLAB's regex finds them (agents/agent.py:218-231): each `Name:` of FORMAT in order,
-    anywhere (`# Name:` works, `**Name**:` not), running to the next; of a repeated name the last occurrence keeping
-    the order (the first entry: its first); {} if one is missing or out of order. Cut at "Observation:", unstripped."""
+    """Entries as MLAB's regex finds them (agents/agent.py:218-231): each `Name:` of FORMAT, in order, anywhere
+    (`# Name:` works, `**Name**:` not), up to the next; of a repeated name the last in order (the first entry: its
+    first); {} if one is missing or out of order. Values unstripped."""
     text = cut_at_stop(text or "", STOP)
     names, starts, end = list(FORMAT), [], len(text)
     for i, name in reversed(list(enumerate(names))):  # from the last back: no regex backtracking
@@ -332,7 +329,7 @@ def parse_entries(text: str) -> dict[str, str]:
 
 
 def parse_response(text: str) -> tuple[str, dict]:
-    """(action, action_input) of a response; ParseError with the reason, InputError if only the input is bad."""
+    """(action, action_input); ParseError with the reason, InputError if only the input is bad."""
     entries = parse_entries(text)
     if not entries:
         absent = [k for k in FORMAT if k + ":" not in cut_at_stop(text or "", STOP)]
@@ -345,9 +342,8 @@ def parse_response(text: str) -> tuple[str, dict]:
 
 
 def read_action_input(text: str, spec) -> dict:
-    """The tool `spec`'s arguments as MLAB reads them (agents/agent.py:168-209): a JSON object with exactly its keys;
-    failing that, each value after its `"key":`, in the tool's order, running to the `, "next key":` (greedy, as
-    the regex), stripped of spaces and quotes (a trailing comma stays on the last value, as there). Else InputError."""
+    """`spec`'s arguments as MLAB reads them (agents/agent.py:168-209): a JSON object with exactly its keys, else each
+    value after `"key":` up to `, "next key":` (greedy regex; a trailing comma stays on the last), or InputError."""
     keys = list(spec.args)
     try:
         obj = json_object(text, "the Action Input")
@@ -361,7 +357,7 @@ def read_action_input(text: str, spec) -> dict:
     body = text[text.find("{") + 1:]
     body = body[:body.rfind("}")] if "}" in body else body
     values, end = {}, len(body)
-    for i, key in reversed(list(enumerate(keys))):  # the last `, "key":` before the next key's value
+    for i, key in reversed(list(enumerate(keys))):
         found = list(re.finditer((r",\s*" if i else "") + re.escape(f'"{key}":'), body[:end]))  # the first: its first
         if not found:
             raise InputError(spec.name, why)
@@ -371,7 +367,7 @@ def read_action_input(text: str, spec) -> dict:
 
 
 def json_object(text: str, what="the answer") -> dict:
-    """The JSON object in `text` (fence and words around it dropped, raw newlines allowed), else a ParseError."""
+    """The JSON object in `text` (fence and words around dropped, raw newlines allowed); else ParseError."""
     raw = re.sub(r"^```\w*|```$", "", (text or "").strip(), flags=re.M).strip()
     start, end = raw.find("{"), raw.rfind("}")
     if start < 0 or end < start:
@@ -408,7 +404,7 @@ class LLMEditor:
             raise env.EditError("the editor's answer holds no ```python block")
         return max(blocks, key=len)  # the script, not a snippet
 
-# ==== The scripted expert: an offline STAND-IN for the LLM expert; it sees only the messages (its plan is its state)
+# ==== The scripted expert, an offline STAND-IN (departure 4): it sees only the messages (its plan is its state)
 
 
 PLAN_LINE = re.compile(r"^(\d+)\. (.*?) \[(pending|in progress|done|kept|undone|failed)(?:: ([^\]]*))?\]$", re.M)
@@ -419,7 +415,7 @@ RUN_TRAIN = ("Execute Script", {"script_name": "train.py"})
 
 
 class ScriptedExpert:
-    """Baseline, read the script, then per idea: edit, execute, keep it or undo it; then Final Answer."""
+    """Baseline, read the script, per idea edit, execute, keep or undo; then Final Answer."""
 
     def __init__(self):
         self.usage = Usage()
@@ -427,7 +423,7 @@ class ScriptedExpert:
     def chat(self, messages, n=1, temperature=0.0, max_tokens=1024, stop=None) -> Completion:
         user, higher = messages[-1]["content"], "lower is better" not in messages[0]["content"]
         steps = re.split(r"^Step \d+:\n", user, flags=re.M)
-        if len(steps) == 1:  # the plan from the injected ideas
+        if len(steps) == 1:  # first step: plan the ideas
             ideas = re.findall(r"^\d+\. (\[\w+\] .+)$", user, re.M)
             plan = [["Run train.py to measure the baseline.", "pending", ""],
                     ["Read train.py to see where each change goes.", "pending", ""],
@@ -447,7 +443,7 @@ class ScriptedExpert:
 
     @staticmethod
     def _observe(step: str, higher: bool):
-        """The last step read back: (plan, best, reflection, fact, then: the next step if this one decides it)."""
+        """The last step read back -> (plan, best, reflection, fact, then: the next step if decided here)."""
         response, _, observation = step.partition("\nObservation:\n```\n")
         observation = observation.rsplit("\n```", 1)[0]
         entries = parse_entries(response)
@@ -457,7 +453,7 @@ class ScriptedExpert:
         best = float(best.group(1)) if best and best.group(1) != "none" else None
         cur = next((i for i, p in enumerate(plan) if p[1] in ("pending", "in progress")), len(plan) - 1)
         action, public = entries.get("Action", "").strip(), PUBLIC.findall(observation)
-        # env.Env's public score (the reward's m_t) and its verdict when shown, else the script's validation score
+        # public score (the reward's m_t) and verdict, else validation score
         scores, what = (public, "public score") if public else (SCORE.findall(observation), "validation score")
         score, fact, then = float(scores[-1][0] if public else scores[-1]) if scores else None, "", None
         verdict = public[-1][1] if public and public[-1][1] else None
@@ -473,11 +469,11 @@ class ScriptedExpert:
             plan[cur][1:] = ["failed", "the edit could not be applied"]
             reflection = "The edit could not be applied, so this idea is dropped."
             fact = "The edit failed: confirmed by the error above."
-        elif action.startswith("Edit Script"):  # applied: run it to see the effect
+        elif action.startswith("Edit Script"):
             plan[cur][1:] = ["in progress", "edited, to be run"]
             reflection, fact = "The diff shows the change I asked for.", "The edit was applied: confirmed by the diff."
             then = ("Run the edited script to measure the change.", *RUN_TRAIN)
-        elif action == "Execute Script":  # an idea was run: keep it or undo it
+        elif action == "Execute Script":  # an idea was run
             said = f", {verdict} than before the edit" if verdict else ""
             fact = f"The {what} {score}{said}: confirmed by the output above."
             if score is not None and (verdict == "better" if verdict else
@@ -491,18 +487,18 @@ class ScriptedExpert:
                 reflection = f"The change did not help: {why}."
                 then = ("Undo the change so train.py is back to the best version.", "Undo Edit Script",
                         {"script_name": "train.py"})
-        else:  # after an undo, or anything unexpected: move on
+        else:  # after an undo, or anything else
             reflection = "train.py is back to its best version." if action == "Undo Edit Script" else \
                 "The last step did not change the plan."
         return plan, best, reflection, fact, then
 
     @staticmethod
     def _next(plan, best):
-        """(thought, action, input) that starts the first pending item of the plan, now marked in progress."""
+        """(thought, action, input) starting the first pending plan item, now in progress."""
         cur = next((i for i, p in enumerate(plan) if p[1] == "pending"), None)
         if cur is not None:
             plan[cur][1] = "in progress"
-        if cur is None or cur == len(plan) - 1:  # only the final answer is left
+        if cur is None or cur == len(plan) - 1:  # only Final Answer left
             kept = [p[0][4:] for p in plan if p[1] == "kept"]
             summary = (f"Kept {len(kept)} change(s): " + "; ".join(kept) if kept else "No change beat the baseline.") \
                 + f" Best score: {best}."
@@ -521,10 +517,10 @@ class ScriptedExpert:
 
 @dataclass
 class Step:
-    """One step s_t -> a_t -> (o_t, r_t), with the state as it was before the action."""
+    """One step s_t -> a_t -> (o_t, r_t), with the state before the action."""
     index: int
     messages: list[dict]
-    response: str  # the one acted on (the last after re-asks)
+    response: str  # acted on (the last after re-asks)
     action: str | None
     action_input: dict | None
     observation: str
@@ -559,8 +555,8 @@ INPUT_ERROR = "Action Input not understood:"  # opens an unreadable Action Input
 
 
 def act(env_, action, action_input, reason=None, reward_config=RewardConfig()) -> tuple[env.StepResult, float]:
-    """One parsed action executed in env_ and scored -> (StepResult, reward), alike in collection, evaluation and RL.
-    action None (`reason` says why) or an InputError input (as MLAB, agent_research.py:160-170): invalid, R_format."""
+    """A parsed action run in env_ -> (StepResult, reward), alike in collection, evaluation and RL. action None
+    (`reason` says why) or an InputError input (as MLAB, agent_research.py:160-170): invalid, R_format."""
     if action is None or isinstance(action_input, InputError):
         text = (f"Invalid response ({reason}); nothing was done. {REMINDER}" if action is None else
                 f"{INPUT_ERROR} {action_input}. Nothing was done. Give {action} one valid JSON object (double quotes, "
@@ -574,7 +570,7 @@ def act(env_, action, action_input, reason=None, reward_config=RewardConfig()) -
 
 def run_episode(env_, backend, ideas=(), max_steps=15, time_limit=1800.0, max_retries=2, temperature=0.0,
                 max_tokens=1024, reward_config=RewardConfig()) -> Trajectory:
-    """Reset `env_`; the agent acts until Final Answer, `max_steps` or `time_limit` (ML-Agent: 15 steps, 30 min)."""
+    """Reset `env_`; the agent acts until Final Answer, `max_steps` or `time_limit`."""
     start, problem = time.time(), env_.reset()
     reset_seconds = time.time() - start
     traj = Trajectory(env_.task.name, [list(i) for i in ideas], env_.m_init, env_.m_best, env_.task.higher_is_better)
@@ -584,17 +580,17 @@ def run_episode(env_, backend, ideas=(), max_steps=15, time_limit=1800.0, max_re
             break
         messages = build_messages(problem, [(s.response, s.observation) for s in traj.steps], ideas)
         snapshot, llm_start, ask, reason = env_.snapshot(), time.time(), list(messages), None
-        for retries in range(max_retries + 1):  # asked again only when no action can be read
+        for retries in range(max_retries + 1):
             response = backend.chat(ask, temperature=temperature, max_tokens=max_tokens, stop=STOP).texts[0]
             try:
                 action, action_input = parse_response(response)
                 break
-            except InputError as e:  # the step happens, invalid
+            except InputError as e:
                 action, action_input = e.action, e
                 break
             except ParseError as e:
                 action, action_input, reason = None, None, str(e)
-                # MLAB adds a note to the prompt and drops the response (agent_research.py:119-123)
+                # as MLAB: a note added, the response dropped (agent_research.py:119-123)
                 ask = ask[:-1] + [{"role": "user", "content": ask[-1]["content"] + "\n\n"
                                    + REASK.format(reason=reason)}]
         llm_seconds, env_start = time.time() - llm_start, time.time()
@@ -609,7 +605,7 @@ def run_episode(env_, backend, ideas=(), max_steps=15, time_limit=1800.0, max_re
     traj.seconds, traj.reset_seconds = time.time() - start, reset_seconds
     return traj
 
-# ==== Run folders, shared by every command line; torch-free (fast start)
+# ==== Run folders, for every command line; torch-free (fast start)
 
 
 def lock_file(path, what):
@@ -624,7 +620,7 @@ def lock_file(path, what):
 
 
 def claim_folder(path, flag="--out"):
-    """This run's output folder, made and locked (folder/.lock) -> the lock file (a context manager)."""
+    """The output folder, made and locked (folder/.lock) -> the lock file (a context manager)."""
     if os.path.exists(path) and not os.path.isdir(path):
         raise ValueError(f"{flag} {path} is a file; give a folder")
     os.makedirs(path, exist_ok=True)
@@ -640,7 +636,7 @@ def write_atomic(path, text):
 
 
 def append_jsonl(path, obj):
-    """One whole line per write, flushed to disk: a kill leaves at most a torn last line."""
+    """A whole line per write, fsynced: a kill leaves at most a torn last line."""
     with open(path, "a", encoding="utf-8") as f:
         f.write(json.dumps(obj) + "\n")
         f.flush()
@@ -648,7 +644,7 @@ def append_jsonl(path, obj):
 
 
 def jsonl_rows(path, complete_only=False):
-    """(line number, object) of each non-empty line, else a ValueError naming it; complete_only: no torn last line."""
+    """(line number, object) per non-empty line, else a ValueError naming it; complete_only: no torn last line."""
     with open(path, "rb") as f:
         for n, raw in enumerate(f, 1):
             if complete_only and not raw.endswith(b"\n"):
@@ -662,7 +658,7 @@ def jsonl_rows(path, complete_only=False):
 
 
 def read_jsonl(path, need=(), what="a JSON object", complete_only=False, repair=False) -> list[dict]:
-    """A JSONL file's dicts with the keys `need` ([] if no file); complete_only: no torn last line; repair: cut it."""
+    """Dicts with the keys `need` ([] if no file); complete_only: no torn last line; repair: cut it."""
     if not os.path.exists(path):
         return []
     if repair:
@@ -677,7 +673,7 @@ def read_jsonl(path, need=(), what="a JSON object", complete_only=False, repair=
 
 
 def trim_log(path, key, last, out=None):
-    """A JSONL log as its checkpoint knows it: lines with `key` past `last` and a torn line go; out: must be ours."""
+    """The log as its checkpoint knows it: lines with `key` past `last` and a torn line go; out: must be ours."""
     if not os.path.exists(path):
         return
     keep = []
@@ -691,7 +687,7 @@ def trim_log(path, key, last, out=None):
 
 
 def swap_folder(tmp, path):
-    """`tmp` becomes `path`, never neither: path goes to path.old, tmp is renamed in, path.old deleted."""
+    """`tmp` becomes `path`, never neither (path.old in between)."""
     old = f"{path}.old"
     shutil.rmtree(old, ignore_errors=True)
     if os.path.exists(path):
@@ -727,14 +723,13 @@ def resolve_model(name, base_url=None, endpoint="pass --base-url or set OPENAI_B
     try:
         folder = model.resolve(name)
         model.load(folder, "cpu", meta=True)
-    except Exception as e:  # noqa: BLE001 - whatever the loader meets, it is unusable
+    except Exception as e:  # noqa: BLE001 - any loader error
         why = (str(e).splitlines() or [type(e).__name__])[0]
         raise ValueError(f"{folder} is not a loadable checkpoint: {why}" if folder else why) from None
     return folder
 
 
 def check_model(parser, flag, *args, **kw):
-    """resolve_model(*args, **kw), or its ValueError as parser.error(f"{flag}: {why}")."""
     try:
         return resolve_model(*args, **kw)
     except ValueError as e:
@@ -745,7 +740,6 @@ def check_model(parser, flag, *args, **kw):
 
 def make_backend(model_name: str | None, base_url: str | None = None, price_in=0.0, price_out=0.0,
                  stand_in=ScriptedExpert):
-    """resolve_model's backend; stand_in() for "scripted"/None."""
     if (name := resolve_model(model_name, base_url)) in (None, "scripted"):
         return stand_in()
     if os.path.isdir(name) and not base_url:
@@ -757,7 +751,7 @@ Parser = env.Parser  # every script's (env.py)
 
 
 def checked(kind, ok=None, says="finite"):
-    """An argparse `type=` reading a `kind`, refusing what ok() rejects and floats not finite (one line, exit 2)."""
+    """An argparse `type=` reading `kind`, refusing what ok() rejects and non-finite floats (one line, exit 2)."""
     def read(text):
         try:
             v = kind(text)
@@ -778,8 +772,8 @@ KINDS = {"int": POSITIVE_INT, "float": POSITIVE, "str": str, "list": str, "bool"
 
 
 def add_fields(p, cls, types, choices={}, names=(), flags={}, more={}, switch=argparse.BooleanOptionalAction):
-    """A flag per field of dataclass cls (or of names) named flags[name] or --field-name, its help the field's
-    trailing comment (written once), checked by types or KINDS (a field of another type: not a flag)."""
+    """A flag per field of dataclass cls (or of names): flags[name] or --field-name, help the field's trailing
+    comment (written once), checked by types or KINDS (other types: no flag)."""
     lines = (line.strip().partition("  # ") for line in inspect.getsource(cls).splitlines())
     d, helps = cls(), {code.partition(":")[0]: text.replace("%", "%%") for code, _, text in lines if text}
     for f in fields(cls):
@@ -812,7 +806,7 @@ def main(argv=None):
         traj = run_episode(e, backend, ideas, max_steps=args.max_steps)
     except BackendError as err:
         sys.exit(f"agent.py: {err}")
-    g = "{:.6g}".format  # the public score: the reward's m_t (env.py), not the validation score the scripts print
+    g = "{:.6g}".format  # the reward's m_t (env.py), not the scripts' validation score
     for s in traj.steps:
         print(f"--- step {s.index}: {s.action} -> {s.kind}, reward {s.reward:+.3f}, public score "
               f"{g(s.metric) if s.metric is not None else '-'}\n{s.response}\n")

@@ -1,21 +1,18 @@
 """Exploration-enriched expert data (ML-Agent, arXiv:2505.23723, §"Exploration-enriched fine-tuning", App. B.1):
-idea pools per task and category, a diversity filter, expert trajectories with ideas injected into the first
-prompt, and from them the SFT data and the states pool of step-wise RL, in that order below.
+idea pools, a diversity filter, expert trajectories (ideas in the first prompt), SFT data, step-wise RL's states pool.
 
-Outputs under --out (runs/data/): ideas.json, the filtered pools {task: {category: [idea, ...]}};
-trajectories.jsonl, the record of truth: an agent.Trajectory a line, its id "<task>-<i>", the reward config of
-its step rewards (a resume with another is refused); sft.jsonl, {"messages": [system, user, assistant]} per valid
-step; states.jsonl, a state s_t per step (task, step, prompt, env snapshot for env.Env.restore, m_t, m_init,
-m_best, the expert's step and reward config) for ppo.py's J_step; errors.jsonl, failed rollouts (a trajectory of
-no step is one), retried by the next run; .lock, one collect.py per folder.
+Outputs under --out (runs/data/): ideas.json, filtered pools {task: {category: [idea, ...]}}; trajectories.jsonl, the
+record of truth, agent.Trajectory lines (id "<task>-<i>") with their step rewards' config (a resume must match);
+sft.jsonl, {"messages": [system, user, assistant]} per valid step; states.jsonl, a state s_t per step (task, step,
+prompt, env.Env.restore snapshot, m_t, m_init, m_best, the expert's step and reward config) for ppo.py's J_step;
+errors.jsonl, failed rollouts (no-step ones too), retried next run.
 
 Departures from the paper:
-1. The paper collects 10k GPT-4o-mini trajectories on 9 MLAgentBench/MLE-bench tasks; offline, agent.ScriptedExpert
-   (a STAND-IN for the LLM expert) works the held-in tasks with env.py's recipe ideas (a handful per category, all
-   kept by the filter) instead of >= 100 LLM ideas. Scripts see no GPU (as eval.py's; ppo.py's --script-gpu: one).
-2. The paper names no embedding or diversity filter: the endpoint's /v1/embeddings (TF-IDF offline) and greedy
-   farthest-point selection on cosine distance (Gonzalez, 1985: the 2-approximation of k-center) from the idea
-   nearest the centroid, so that the pick is deterministic.
+1. The paper: 10k GPT-4o-mini trajectories on 9 MLAgentBench/MLE-bench tasks. Offline, agent.ScriptedExpert (a
+   STAND-IN for the LLM expert) works held-in tasks with env.py's recipe ideas (a few per category, all kept by
+   the filter), not >= 100 LLM ideas. Scripts see no GPU (as eval.py's).
+2. The paper names no embedding or diversity filter: /v1/embeddings (TF-IDF offline), greedy farthest-point selection
+   on cosine distance (Gonzalez, 1985: 2-approximation of k-center) from the idea nearest the centroid: deterministic.
 
 Run:  python collect.py  (offline: scripted expert, held-in tasks, ~minutes)
       python collect.py --tasks digits wine --trajectories 20 --workers 2
@@ -44,7 +41,7 @@ import agent
 import env
 import reward
 
-CATEGORIES = ("data", "model", "learning")  # ML-Agent's categories of ML optimisation strategies
+CATEGORIES = ("data", "model", "learning")  # ML-Agent's categories of optimisation strategies
 CATEGORY_HINTS = {"data": "feature engineering, preprocessing, cleaning, augmentation, feature selection",
                   "model": "the model family, its architecture, ensembles of models",
                   "learning": "the training procedure: hyperparameters, regularisation, loss, validation, calibration"}
@@ -61,14 +58,14 @@ from each other as you can{avoid}. Answer with a numbered list, one idea per lin
 
 
 def parse_ideas(text: str) -> list[str]:
-    """The ideas of a numbered or bulleted list, markdown emphasis dropped, too-short lines skipped."""
+    """Ideas of a numbered or bulleted list, less markdown emphasis and too-short lines."""
     items = re.finditer(r"^\s*(?:\d+[.):]|[-*\u2022])\s+(.+?)\s*$", text, re.M)
     ideas = (re.sub(r"\*\*|__|`", "", m.group(1)).strip() for m in items)
     return [idea for idea in ideas if len(idea) >= 15]
 
 
 def propose_ideas(backend, task: env.Task, category: str, n=100, batch=25) -> list[str]:
-    """At least `n` distinct LLM ideas (or what 2n/batch requests gave), asked `batch` at a time."""
+    """At least `n` distinct LLM ideas, `batch` a request, or what 2n/batch requests gave."""
     ideas: dict[str, str] = {}
     for _ in range(max(1, 2 * n // batch)):
         avoid = "; do not repeat these: " + "; ".join(list(ideas.values())[-30:]) if ideas else ""
@@ -83,12 +80,11 @@ def propose_ideas(backend, task: env.Task, category: str, n=100, batch=25) -> li
 
 
 def recipe_ideas(task_name: str) -> dict[str, list[str]]:
-    """Offline candidates: the ideas of env.py's recipes."""
     return {c: [r.idea for r in env.recipes_for(task_name) if r.category == c] for c in CATEGORIES}
 
 
 def read_pools(path: Path) -> dict:
-    """ideas.json, or {}; anything else is a one-line ValueError naming it."""
+    """ideas.json or {}; else a one-line ValueError naming it."""
     if not path.exists():
         return {}
     try:
@@ -109,13 +105,13 @@ def tfidf_embed(texts: list[str]) -> np.ndarray:
 
 
 def farthest_point(X: np.ndarray, k: int) -> list[int]:
-    """k rows of X, greedy on cosine distance: nearest the centroid, then farthest from the picked (ties: lowest)."""
+    """k rows of X as departure 2 picks them; ties: the lowest index."""
     X = np.asarray(X, dtype=np.float64)
-    X = X / np.maximum(np.linalg.norm(X, axis=1, keepdims=True), 1e-12)  # (N, D) unit rows
+    X = X / np.maximum(np.linalg.norm(X, axis=1, keepdims=True), 1e-12)  # unit rows
     if len(X) <= k:
         return list(range(len(X)))
-    picked = [int(np.argmax(X @ X.mean(axis=0)))]  # the most typical idea: nearest the centroid
-    nearest = 1.0 - X @ X[picked[0]]  # (N,) cosine distance of each row to its nearest picked row
+    picked = [int(np.argmax(X @ X.mean(axis=0)))]  # the most typical idea
+    nearest = 1.0 - X @ X[picked[0]]  # cosine distance to the nearest picked row
     while len(picked) < k:
         nearest[picked] = -np.inf
         nxt = int(np.argmax(nearest))
@@ -134,7 +130,7 @@ def diverse_pool(candidates: dict[str, list[str]], k: int, embed) -> dict[str, l
 
 
 def sample_ideas(pool: dict[str, list[str]], rng: random.Random) -> list[tuple[str, str]]:
-    """ML-Agent, Appendix B.1: sample 1-3 categories, shuffle their order, draw one idea from each."""
+    """ML-Agent, App. B.1: 1-3 categories in random order, an idea from each."""
     categories = [c for c in CATEGORIES if pool.get(c)]
     chosen = rng.sample(categories, rng.randint(1, min(3, len(categories)))) if categories else []
     rng.shuffle(chosen)
@@ -142,11 +138,11 @@ def sample_ideas(pool: dict[str, list[str]], rng: random.Random) -> list[tuple[s
 
 # ==== rollouts
 
-expert_backend = functools.cache(agent.make_backend)  # one backend per worker process, built on first use
+expert_backend = functools.cache(agent.make_backend)  # one per worker process, on first use
 
 
 def usage_of(backends, since=None) -> dict:
-    """Summed usage and cost of distinct backends (eval.py's too), minus `since`, an earlier result."""
+    """Usage and cost summed over distinct backends (eval.py's too), less an earlier sum `since`."""
     seen = {id(b): b for b in backends}.values()
     keys = ("calls", "prompt_tokens", "completion_tokens", "seconds", "cost")
     now = {k: sum(getattr(b.usage, k) for b in seen) for k in keys}
@@ -154,7 +150,7 @@ def usage_of(backends, since=None) -> dict:
 
 
 def rollout(job: dict) -> dict:
-    """One expert trajectory with its backend's usage; runs in a worker process."""
+    """An expert trajectory and its backend's usage (in a worker)."""
     backend = expert_backend(job["expert"], job["base_url"], *job["prices"])
     scripted = isinstance(backend, agent.ScriptedExpert)
     e = env.Env(job["task"], editor=env.recipe_editor if scripted else agent.LLMEditor(backend), cache=True)
@@ -168,14 +164,13 @@ def rollout(job: dict) -> dict:
 def _safe_rollout(fn, job) -> tuple[dict, dict | None, str | None]:
     try:
         return job, fn(job), None
-    except Exception:  # noqa: BLE001 - a failing rollout is logged, the others go on
+    except Exception:  # noqa: BLE001 - logged; the other rollouts go on
         return job, None, traceback.format_exc()
 
 # ==== SFT data and states pool
 
 
 def sft_rows(trajectories):
-    """The expert's valid steps as chat data, the response as the assistant turn."""
     for t in trajectories:
         for s in t["steps"]:
             if s["kind"] != "invalid":
@@ -183,7 +178,7 @@ def sft_rows(trajectories):
 
 
 def state_rows(trajectories):
-    """One state per step, before the expert acted (d^{pi_e}(s_t) of the step-wise objective)."""
+    """A state per step, before the expert acted (d^{pi_e}(s_t) of J_step)."""
     for t in trajectories:
         for s in t["steps"]:
             yield {"id": f"{t['id']}/{s['index']}", "task": t["task"], "task_dir": s["snapshot"]["task_dir"],
@@ -211,8 +206,7 @@ def summarize(trajectories, wall_seconds: float, new: int) -> str:
         best = (max if ts[0]["higher_is_better"] else min)(finals) if finals else float("nan")
         mean = np.mean(finals) if finals else float("nan")
         lines.append(f"{task:<15}{len(ts):>5}{ts[0]['m_init']:>10.4f}{mean:>14.4f}{best:>14.4f}")
-    # LLM: the agent's calls and the editor's (inside env.step: usage seconds beyond the agent's); sandbox: the
-    # rest of env.step and env.reset; bookkeeping: what remains
+    # LLM: agent and editor (in env.step: usage seconds beyond the agent's); sandbox: rest of env.step and env.reset
     used = lambda k: sum(t.get("usage", {}).get(k, 0) for t in trajectories)  # noqa: E731
     agent_llm = sum(s["llm_seconds"] for s in steps)
     editor = max(used("seconds") - agent_llm, 0.0)
@@ -232,9 +226,9 @@ def summarize(trajectories, wall_seconds: float, new: int) -> str:
 def collect(tasks, trajectories=5, workers=2, expert="scripted", base_url=None, out="runs/data", seed=0, k=10,
             candidates=100, max_steps=15, time_limit=1800.0, prices=(0.0, 0.0), rollout_fn=rollout,
             progress=True, reward_config=reward.RewardConfig()) -> str:
-    """Collect `trajectories` per task into `out`, resuming; returns the printed summary."""
+    """`trajectories` per task into `out`, resuming; -> the printed summary."""
     start, out, prices = time.time(), Path(out), tuple(prices)  # hashable: expert_backend's cache key
-    with agent.claim_folder(out):  # one run per --out: a second would append every row again
+    with agent.claim_folder(out):  # .lock: one run per --out; a second would append every row again
         traj_path, err_path = out / "trajectories.jsonl", out / "errors.jsonl"
         keys = ("id", "task", "steps", "ideas", "m_init", "m_best", "higher_is_better")
         existing = agent.read_jsonl(traj_path, keys, repair=True)
@@ -242,9 +236,9 @@ def collect(tasks, trajectories=5, workers=2, expert="scripted", base_url=None, 
             if old != reward_config:
                 raise ValueError(f"{traj_path} holds trajectories collected with {reward.mismatch(old, reward_config)}"
                                  "; pass the same reward flags or another --out")
-        loaded = env.load_tasks(tasks)  # built here, several at once, not racing in the workers
+        loaded = env.load_tasks(tasks)  # here, in parallel, not racing in the workers
 
-        # 1. idea pools, reused from ideas.json on resume
+        # 1. idea pools (on resume: ideas.json's)
         ideas_path = out / "ideas.json"
         pools = read_pools(ideas_path)
         llm = expert not in ("scripted", None) and (bool(base_url) or not os.path.isdir(expert))  # an endpoint
@@ -265,13 +259,13 @@ def collect(tasks, trajectories=5, workers=2, expert="scripted", base_url=None, 
             else:
                 cands, embed = recipe_ideas(task.name), tfidf_embed
             pools[task.name] = diverse_pool(cands, k, embed)
-        if llm:  # counted before the rollouts (one worker shares this backend)
+        if llm:  # counted before the rollouts: one worker shares this backend
             u = usage_of([backend], before)
             ideas_line = (f"\nidea proposals: tokens in/out {u['prompt_tokens']}/{u['completion_tokens']}, "
                           f"cost ${u['cost']:.4f}")
         agent.write_atomic(ideas_path, json.dumps(pools, indent=1))
 
-        # 2. jobs: trajectory ids not yet in trajectories.jsonl; ideas seeded by the id
+        # 2. jobs: ids not yet done; ideas seeded by the id
         done = {t["id"] for t in existing}
         ids = [(task.name, f"{task.name}-{i:04d}") for task in loaded for i in range(trajectories)]
         jobs = [{"id": tid, "task": name, "expert": expert, "base_url": base_url, "prices": prices,
@@ -279,7 +273,7 @@ def collect(tasks, trajectories=5, workers=2, expert="scripted", base_url=None, 
                  random.Random(f"{seed}:{tid}")), "reward_config": asdict(reward_config)}
                 for name, tid in ids if tid not in done]
 
-        # 3. rollouts in worker processes; only this one writes, a whole line at a time
+        # 3. rollouts in workers; only this process writes, whole lines
         new, pool = 0, (mp.Pool(workers) if workers > 1 and len(jobs) > 1 else None)
         safe = functools.partial(_safe_rollout, rollout_fn)
         results = pool.imap_unordered(safe, jobs) if pool else map(safe, jobs)
@@ -299,7 +293,7 @@ def collect(tasks, trajectories=5, workers=2, expert="scripted", base_url=None, 
             if pool:
                 pool.terminate()
 
-        # 4. SFT data and states pool from the record of truth, in id order (sft.py's split follows row order)
+        # 4. SFT data and states pool from trajectories.jsonl by id (sft.py's split follows row order)
         trajs = sorted(agent.read_jsonl(traj_path, complete_only=True), key=lambda t: t["id"])
         agent.write_atomic(out / "sft.jsonl", (json.dumps(r) + "\n" for r in sft_rows(trajs)))
         agent.write_atomic(out / "states.jsonl", (json.dumps(r) + "\n" for r in state_rows(trajs)))

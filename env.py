@@ -1,21 +1,20 @@
 """What every task shares: task folders and their grading, the agent's actions (Env), the sandbox that runs agent code,
-and MLE-bench import (tasks/builtin.py builds the built-in tasks; tasks/mlebench/prepare.py imports competitions).
+and MLE-bench import.
 
-The actions follow MLAgentBench (arXiv:2310.03302; its high_level_actions.py, low_level_actions.py), the environment
-ML-Agent trains in (arXiv:2505.23723, §Experiments). A task folder is an MLE-bench prepared competition
-(arXiv:2410.07095): `public/` what the agent sees, `private/answers.csv` the answers with a `part` column (Kaggle's
-public/private split).
+The actions follow MLAgentBench (arXiv:2310.03302; high_level_actions.py, low_level_actions.py), where ML-Agent
+trains (arXiv:2505.23723, §Experiments). A task folder is an MLE-bench prepared competition (arXiv:2410.07095):
+`public/` what the agent sees, `private/answers.csv` the answers with a `part` column (Kaggle's public/private split).
 
 Departures from MLAgentBench:
-1. No LLM answers `Understand File`: it shows a CSV's shape, columns and first rows, or a script's first lines.
-2. The workspace is a dict of scripts in memory, so a state is snapshotted and restored exactly.
+1. No LLM answers `Understand File`: it shows a CSV's shape, columns, first rows, or a script's first lines.
+2. The workspace is an in-memory dict of scripts: a state is snapshotted and restored exactly.
 3. An edited script is run: reward.py pays the change of train.py's metric (another file's once it reaches train.py).
-4. `Execute Script` shows the run's capped log, stdout and stderr as written (MLAB: stdout, or stderr on failure),
-   then a note at a time or resource limit, for a train.py without a valid submission.csv, or the public score (as
-   Kaggle shows; `show_score`) and whether it beats the one before train.py's last edit, in words.
+4. `Execute Script` shows the run's capped log, stdout and stderr as written (MLAB: stdout, or stderr on failure), then
+   a note at a time or resource limit, for a train.py without a valid submission.csv, or the public score (as Kaggle
+   shows; `show_score`) and, in words, whether it beats the score before train.py's last edit.
 5. `Edit Script (AI)` takes any editor `(instruction, code) -> code`; offline, recipe_editor applies tasks/recipes/.
-6. The built-in tasks' data ship with scikit-learn or are seeded; their leaderboard is a reference panel of
-   scikit-learn pipelines (tasks/builtin.py), not human Kaggle entries.
+6. Built-in tasks' data ship with scikit-learn or are seeded; their leaderboard is a reference panel of scikit-learn
+   pipelines (tasks/builtin.py), not human Kaggle entries.
 7. An action that raises is "EnvError: Error executing {action}: {why}" (MLAB's has no why) and leaves no trace.
 
 Run:  python env.py list | python env.py prepare [NAME ...] | python env.py run --task digits --script my_train.py
@@ -65,7 +64,7 @@ ROOT = Path(__file__).parent
 TASKS_DIR = ROOT / "runs" / "tasks"
 CACHE_DIR = ROOT / "runs" / "cache"
 LOG_DIR = ROOT / "runs" / "logs"
-DATA_DIR = ROOT / "tasks"  # the tasks' sources; runs/tasks holds the prepared folders
+DATA_DIR = ROOT / "tasks"  # the tasks' sources (runs/tasks: the prepared folders)
 
 
 def _text(name: str) -> str:
@@ -73,7 +72,7 @@ def _text(name: str) -> str:
 
 
 def _fill(template: str, **values) -> str:
-    """tasks/'s one templating: string.Template (`$name`, `$$` a dollar); an unfilled name raises KeyError."""
+    """tasks/'s one templating (`$name`, `$$` a dollar); KeyError for an unfilled name."""
     return string.Template(template).substitute(values)
 
 # ==== metrics
@@ -107,7 +106,7 @@ def _roc_auc(y, p) -> float:
 def _log_loss(y, p) -> float:
     """As sklearn.metrics.log_loss (>= 1.5), which MLE-bench's graders call: clipped to float64 eps, rows unscaled."""
     y, p = np.asarray(y, dtype=float), np.asarray(p, dtype=float)
-    if y.ndim == 1:  # one probability column: the positive class of a binary task
+    if y.ndim == 1:  # one column: a binary task's positive class
         y, p = np.column_stack([1 - y, y]), np.column_stack([1 - p, p])
     eps = np.finfo(float).eps
     p = np.clip(p, eps, 1 - eps)
@@ -118,10 +117,10 @@ def _log_loss(y, p) -> float:
 class Metric:
     fn: Callable  # (truth, prediction) -> score
     higher_is_better: bool
-    kind: str  # "label" (class labels), "probability" (values in [0, 1]) or "value" (any finite number)
+    kind: str  # "label" (class labels), "probability" (in [0, 1]) or "value" (any finite number)
 
 
-METRICS = {  # scikit-learn's spelling of each: tasks/builtin.py, tasks/recipes/
+METRICS = {  # scikit-learn's names (tasks/builtin.py, tasks/recipes/)
     "accuracy": Metric(lambda y, p: float(np.mean(y == p)), True, "label"),
     "f1_macro": Metric(_f1_macro, True, "label"), "roc_auc": Metric(_roc_auc, True, "probability"),
     "log_loss": Metric(_log_loss, False, "probability"),
@@ -132,7 +131,7 @@ METRICS = {  # scikit-learn's spelling of each: tasks/builtin.py, tasks/recipes/
 
 
 class TaskError(ValueError):
-    """A task folder is missing something or holds something wrong (one-line message)."""
+    """A task folder lacks something or holds something wrong (one-line message)."""
 
 
 @dataclass
@@ -158,7 +157,6 @@ class Task:
         return self.dir / "private"
 
     def leaderboard(self) -> list[tuple[str, float]]:
-        """The reference leaderboard, best first (empty if none)."""
         path = self.private_dir / "leaderboard.csv"
         if not path.exists():
             return []
@@ -169,7 +167,7 @@ class Task:
 
 REQUIRED_KEYS = ("name", "metric", "higher_is_better", "id_column", "target_columns")
 _number = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-FIELD_CHECKS = {  # task.json field -> (check, what it must be)
+FIELD_CHECKS = {  # field -> (check, what it must be)
     "name": (lambda v: isinstance(v, str) and v.strip() != "", "a non-empty string"),
     "metric": (lambda v: isinstance(v, str), "a string"), "id_column": (lambda v: isinstance(v, str), "a string"),
     "higher_is_better": (lambda v: isinstance(v, bool), "true or false"),
@@ -207,7 +205,7 @@ def load_task(name_or_path) -> Task:
              if k in info and info[k] is not None and not ok(info[k])]
     if wrong:
         raise TaskError(f"{meta}: {'; '.join(wrong)}")
-    grade_py = info.get("mlebench", {}).get("grade_fn")  # graded by the competition's grade.py
+    grade_py = info.get("mlebench", {}).get("grade_fn")
     if info["metric"] not in METRICS and not grade_py:
         raise TaskError(f"{meta}: unknown metric {info['metric']!r} (known: {', '.join(METRICS)})")
     optional = ("public/train.csv", "public/test.csv") if "mlebench" in info else ()
@@ -234,7 +232,7 @@ def load_task(name_or_path) -> Task:
 
 
 def load_tasks(names) -> list[Task]:
-    """load_task of each, the built-in ones prepared first in parallel (load_task builds one at a time)."""
+    """load_task of each, built-in ones prepared first in parallel (load_task builds one at a time)."""
     names = list(names)
     builtin = [str(n) for n in names if not isinstance(n, Task) and str(n) in BUILTIN_TASKS]
     if builtin:
@@ -247,7 +245,6 @@ def list_tasks() -> list[Task]:
 
 
 def unknown_task(name, what="task") -> str:
-    """A name that is no built-in task, in one line: the closest names, else where they are listed."""
     close = difflib.get_close_matches(str(name), BUILTIN_TASKS, n=3, cutoff=0.7)
     return f"unknown {what} {str(name)!r}: " + (f"did you mean {' or '.join(map(repr, close))}?" if close else
                                                  f"`python env.py list` names the {len(BUILTIN_TASKS)}")
@@ -262,7 +259,7 @@ class Grade:
 
 
 def _check_submission(task: Task, path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(truth, prediction, is_public) aligned by id; ValueError with the reason a submission is rejected."""
+    """(truth, prediction, is_public) aligned by id; ValueError saying why a submission is rejected."""
     try:
         sub = pd.read_csv(path)
     except Exception as e:  # noqa: BLE001 - any parse failure is the submission's fault
@@ -294,7 +291,7 @@ def _check_submission(task: Task, path: Path) -> tuple[np.ndarray, np.ndarray, n
         pred = values.to_numpy(dtype=float)
         if metric.kind == "probability" and ((pred < 0) | (pred > 1)).any():
             raise ValueError(f"probabilities outside [0, 1] in {path.name}")
-        # rows sum to 1 within atol=1e-6, as MLE-bench's dog-breed-identification/grade.py, leaf-classification/grade.py
+        # atol=1e-6 as MLE-bench's dog-breed-identification/grade.py, leaf-classification/grade.py
         if task.metric == "log_loss" and pred.shape[1] > 1 and not np.isclose(pred.sum(axis=1), 1, atol=1e-6).all():
             raise ValueError(f"rows of probabilities that do not sum to 1 in {path.name}")
         truth = ans[task.target_columns].to_numpy(dtype=float)
@@ -306,7 +303,7 @@ def _check_submission(task: Task, path: Path) -> tuple[np.ndarray, np.ndarray, n
 
 
 def grade(task, submission_path) -> Grade:
-    """Score a submission on the public and private test rows, or say why it is rejected."""
+    """A submission's score on the public and private test rows, or why it is rejected."""
     task, path = load_task(task), Path(submission_path)
     if path.is_symlink() or not path.is_file():  # the grader runs as root: a link could reach private/
         return Grade(False, None, None, f"no submission: {path.name} does not exist or is not a plain file (the "
@@ -331,7 +328,6 @@ class ActionSpec:
     returns: str  # MLAB's return_value: what the observation holds
 
     def usage(self) -> str:
-        """The arguments as a JSON example, for the tools prompt and input errors."""
         return json.dumps({k: f"[{v}]" for k, v in self.args.items()}, indent=4)
 
 
@@ -366,10 +362,10 @@ class StepResult:
     observation: str
     kind: str  # invalid | error | corner | neutral | edit | final: reward.py's outcomes
     metric_prev: float | None  # train.py's public score before the step
-    metric_new: float | None  # ... and after it (a side file's score never enters)
+    metric_new: float | None  # ... and after it
     run: RunResult | None = None
     done: bool = False
-    metric_high: float | None = None  # train.py's best score in the episode before the step (binary reward)
+    metric_high: float | None = None  # train.py's episode best before the step (binary reward)
 
 
 class _Invalid(Exception):
@@ -377,15 +373,15 @@ class _Invalid(Exception):
 
 
 class Env:
-    """One task's workspace and the agent's actions. The metric is train.py's public score: another file's changes
-    nothing; Copy File onto train.py and Undo Edit Script of train.py report the score they bring."""
+    """One task's workspace and the agent's actions. The metric is train.py's public score (departure 3); Copy File
+    onto train.py and Undo Edit Script of train.py report the score they bring."""
 
     def __init__(self, task, editor: Callable[[str, str], str] | None = None, show_score=True, timeout=None,
                  cache=True):
         self.task = load_task(task)
-        self.editor = recipe_editor if editor is None else editor  # (instruction, code) -> code
+        self.editor = recipe_editor if editor is None else editor
         self.show_score, self.timeout, self.cache = show_score, timeout, cache
-        self.files: dict[str, str] = {}  # the workspace's scripts; data files are read from public/
+        self.files: dict[str, str] = {}  # the workspace's scripts; data files stay in public/
         self.history: list[dict] = []  # edits, newest last: {"script", "content" before, "metric"}
         self.step_count, self.done = 0, False
         self.metric = self.m_init = self.m_high = None
@@ -442,11 +438,9 @@ class Env:
             return self._result(f"EnvError: Error executing {action}: {_short(f'{type(e).__name__}: {e}')}", "error")
 
     def _result(self, observation, kind, run=None, done=False) -> StepResult:
-        """A step that leaves the metric as it is."""
         return StepResult(observation, kind, self.metric, self.metric, run, done, self.m_high)
 
     def _better(self, a, b):
-        """The better of two scores in the task's direction; None is missing."""
         if a is None or b is None:
             return b if a is None else a
         return max(a, b) if self.task.higher_is_better else min(a, b)
@@ -470,12 +464,11 @@ class Env:
             raise _Invalid(f"EnvError: cannot save to {_short(repr(name), 80)}: it would be both a file and a folder")
         return path
 
-    def _every_file(self) -> set[str]:  # the workspace's scripts and public/'s files, relative
+    def _every_file(self) -> set[str]:
         public = self.task.public_dir
         return {*self.files, *(str(p.relative_to(public)) for p in public.rglob("*") if p.is_file())}
 
     def _read(self, name) -> str | None:
-        """A workspace script's or public data file's text; None if there is none."""
         path = self._path(name)
         if path in self.files:
             return self.files[path]
@@ -488,7 +481,6 @@ class Env:
                           script=script)
 
     def _outcome(self, run: RunResult, script: str) -> tuple[str, str]:
-        """(kind, note for the observation) of a run."""
         if run.status == "success":
             higher = "higher" if self.task.higher_is_better else "lower"
             return "success", (f"\nPublic score ({self.task.metric}, {higher} is better): {run.score:.4f}"
@@ -534,7 +526,7 @@ class Env:
         text = self._read(script_name)
         if text is None:
             return self._result(f"EnvError: cannot find script {script_name}", "error")
-        lines = text.split("\n")  # as MLAB counts: a file that ends with a newline ends on an empty line
+        lines = text.split("\n")  # as MLAB counts: a final newline starts an empty last line
         shown = "\n".join(lines[max(start, 1) - 1:end])
         return self._result(f"Here are the lines (the file ends at line {len(lines)}):\n\n{shown}", "neutral")
 
@@ -594,7 +586,7 @@ class Env:
                             "neutral" if kind == "success" else kind, run)
 
     def _verdict(self, score) -> str:
-        """Departure 4: does the score beat the one before train.py's last edit (what Undo brings back)?"""
+        """Departure 4: does the score beat the one before train.py's last edit (what Undo restores)?"""
         before = next((h["metric"] for h in reversed(self.history) if h["script"] == "train.py"), None)
         better = before is not None and self._better(score, before) == score != before
         return f", {'better' if better else 'not better'} than {before:.4f} before the last edit" \
@@ -608,7 +600,7 @@ class Env:
         observation = f"File {src} copied to {dst}"
         if dst != "train.py" or src == dst:
             return self._result(observation, "neutral")
-        return self._scored(observation, dst)  # a new submission
+        return self._scored(observation, dst)
 
     def _final_answer(self, final_answer):
         self.done = True
@@ -616,32 +608,31 @@ class Env:
 
 # ==== the sandbox
 # `run_script` treats agent code as untrusted. It protects against:
-# - altering the task: the code runs in a fresh temporary folder holding *copies* of `public/`;
-# - reading the answers: as root, the code runs as its own unprivileged uid (one per run, 60000+), and `private/`,
-#   the cache and the logs are root-only (0700): that uid can neither read them nor signal the parent;
-# - leaking secrets: the environment is rebuilt from a short whitelist (no API keys or tokens);
-# - runaway processes: a new session/process group, stdin closed, a wall-clock limit (TERM, a grace period, KILL),
-#   the group killed after every run and, as root, every process of the run's uid (daemons that left the group too);
-#   rlimits on CPU time, file size, open files, processes (per uid, as root), core dumps, address space (CPU-only runs);
-# - floods: output goes to a log file capped by RLIMIT_FSIZE; the caller gets its head and tail;
-# - links planted for the root parent: the submission and the outputs kept (`keep`) must be plain files in the work
+# - altering the task: the code runs in a fresh temporary folder on *copies* of `public/`;
+# - reading the answers: as root, the code runs as its own unprivileged uid; `private/`, the cache and the logs are
+#   root-only (0700), so that uid can neither read them nor signal the parent;
+# - leaking secrets: the environment is a short whitelist (no API keys or tokens);
+# - runaway processes: a new session/process group, stdin closed, a wall-clock limit (TERM, grace, KILL), the group
+#   killed after every run and, as root, every process of the run's uid (also daemons that left the group); rlimits
+#   on CPU time, file size, open files, processes (per uid, as root), core dumps, address space (CPU-only runs);
+# - floods: output goes to a log capped by RLIMIT_FSIZE; the caller gets its head and tail;
+# - links planted for the root parent: the submission and kept outputs (`keep`) must be plain files in the work
 #   folder, so neither the grader nor the copy follows a symlink to `private/`;
-# - the network: a new, empty network namespace (`unshare(CLONE_NEWNET)`) where the kernel allows it (else it stays
-#   reachable: RunResult.isolation says what applied).
+# - the network: a new, empty network namespace (`unshare(CLONE_NEWNET)`) where the kernel allows it, else it stays
+#   reachable (RunResult.isolation says what applied).
 # It does NOT protect against: kernel exploits (same kernel, no seccomp filter), reading world-readable files
 # elsewhere, filling the disk with many files below the size limit, using the GPU it is given (set_script_gpu: a
-# torchrun rank's own, or none; not isolated from the trainer's memory) or all CPU cores; without root there is no
-# separate uid, so `private/` is readable and a daemon that calls setsid escapes the group kill.
-# An interpreter under a folder the sandbox uid cannot enter (e.g. /root/.pyenv) is bound back into an empty tmpfs
-# over that folder, in a private mount namespace.
+# torchrun rank's own, or none; not isolated from the trainer's memory) or all CPU cores. Without root there is no
+# separate uid: `private/` is readable and a setsid daemon escapes the group kill. An interpreter under a folder the
+# sandbox uid cannot enter (e.g. /root/.pyenv) is bound back into an empty tmpfs over it, in a private mount namespace.
 
 MEMORY_LIMIT = 4 << 30  # RLIMIT_AS of CPU-only runs: numpy/torch imports reserve GBs of virtual memory
-GPU_MEMORY_LIMIT = 32 << 30  # RLIMIT_DATA of runs that see a GPU: CUDA cannot start under an address-space limit
+GPU_MEMORY_LIMIT = 32 << 30  # RLIMIT_DATA of runs that see a GPU: CUDA cannot start under RLIMIT_AS
 FILE_SIZE_LIMIT = 128 << 20  # RLIMIT_FSIZE, the output log included
 OPEN_FILES_LIMIT = 1024
-PROCESS_LIMIT = 256  # RLIMIT_NPROC counts per uid: only with a dedicated uid
+PROCESS_LIMIT = 256  # RLIMIT_NPROC is per uid: only with a dedicated uid
 GRACE = 1.0  # seconds between TERM and KILL
-OUTPUT_HEAD = OUTPUT_TAIL = 4096  # bytes of the log returned to the caller
+OUTPUT_HEAD = OUTPUT_TAIL = 4096  # bytes of the log the caller gets
 UID_BASE, UID_COUNT = 60000, 1000  # dedicated uids, one per concurrent run
 ENV_KEEP = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "CUDA_VISIBLE_DEVICES")
 THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")  # one core per run
@@ -665,7 +656,7 @@ class RunResult:
     returncode: int | None
     cached: bool = False
     error: str | None = None  # the grader's message for invalid_submission
-    isolation: str = ""  # what the sandbox applied on this machine
+    isolation: str = ""  # what the sandbox applied here
     kept: dict[str, str] = field(default_factory=dict)  # output name -> path of its copy (run_script's `keep`)
 
 
@@ -680,7 +671,7 @@ class _Isolation:
     """What this machine allows, probed once per process (_isolation)."""
     uid: bool  # a dedicated unprivileged uid (needs root)
     net: bool  # a new, empty network namespace
-    reveal: tuple  # ((folder the uid cannot enter, (interpreter paths to bind back into it)), ...)
+    reveal: tuple  # ((folder the uid cannot enter, (interpreter paths to bind back)), ...)
 
     def describe(self, uid) -> str:
         parts = [f"uid {uid}" if self.uid else "same uid as the parent",
@@ -759,7 +750,7 @@ def _isolation() -> tuple[_Isolation, str]:
 
 
 def _claim_uid() -> tuple[int, int]:
-    """A uid that no other run holds: an flock on /tmp/mlenv-uids/<uid>, held until its file is closed."""
+    """A uid no other run holds, by an flock held until its file is closed."""
     locks = Path(tempfile.gettempdir()) / "mlenv-uids"
     locks.mkdir(mode=0o700, exist_ok=True)
     start = secrets.randbelow(UID_COUNT)
@@ -780,7 +771,7 @@ def _kill_group(pgid: int, sig: int):
 
 
 def _kill_uid(uid: int):
-    """SIGKILL every live process of the uid, from /proc: also daemons that left the group with setsid."""
+    """Found by /proc, so also daemons that left the group with setsid."""
     for _ in range(100):
         found = False
         for pid in filter(str.isdigit, os.listdir("/proc")):
@@ -799,27 +790,26 @@ def _kill_uid(uid: int):
 
 # ---- the fork server
 # Importing numpy, pandas and scikit-learn is most of a short run (tests/RESULTS.md, "env.py: the fork server"), so a
-# run is a fork of an interpreter that imported them once. What differs from `python -u`: the modules are imported,
-# and one server's runs share Python's hash seed. Where it cannot start, or FORK_SERVER is False: a new interpreter.
+# run forks an interpreter that imported them once. Unlike `python -u`, the modules are imported and one server's
+# runs share Python's hash seed. Where it cannot start, or FORK_SERVER is False: a new interpreter.
 
 FORK_SERVER = True
 PRELOAD = ("numpy", "pandas", "scipy.sparse", *(f"sklearn.{m}" for m in (  # what the starters and recipes import
     "base calibration compose decomposition ensemble feature_extraction.text feature_selection impute linear_model "
     "metrics model_selection naive_bayes neighbors neural_network pipeline preprocessing svm tree").split()))
-_SERVER: list = []  # [_ForkServer], or [None] when it could not start
+_SERVER: list = []  # [_ForkServer], or [None]: it could not start
 _SERVER_LOCK = threading.Lock()
 SCRIPT_GPU: str | None = None  # CUDA_VISIBLE_DEVICES of every sandboxed run; None: the parent's (set_script_gpu)
 
 
 def set_script_gpu(index: int | None):
-    """The GPU this process's scripts may use (else all land on GPU 0): a rank's local index, or None for none."""
+    """The GPU this process's scripts may use (else all land on GPU 0): a rank's local index; None: none."""
     global SCRIPT_GPU
     visible = [d for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
     SCRIPT_GPU = "" if index is None else (visible[index] if index < len(visible) else str(index))
 
 
 def _sandbox_env(work) -> dict:
-    """A sandboxed run's whole environment: the whitelist (no secrets), HOME and TMPDIR in its folder, one thread."""
     env = {k: os.environ[k] for k in ENV_KEEP if k in os.environ}
     env.update({"HOME": str(work), "TMPDIR": str(work), "PYTHONDONTWRITEBYTECODE": "1", "MPLBACKEND": "Agg"},
                **dict.fromkeys(THREAD_VARS, "1"))
@@ -876,7 +866,6 @@ class _ForkedRun:
 
 
 def _fork_server(stage: str) -> "_ForkServer | None":
-    """This process's server, (re)started when needed; None where it cannot start."""
     with _SERVER_LOCK:
         if _SERVER and _SERVER[0] is not None and _SERVER[0].proc.poll() is not None:
             _SERVER.clear()
@@ -889,7 +878,7 @@ def _fork_server(stage: str) -> "_ForkServer | None":
 
 
 def _serve(fd: int):
-    """The fork server's loop: fork a child per request. End of file: the caller died; so do its runs."""
+    """The fork server's loop. End of file: the caller died; so do its runs."""
     for name in PRELOAD:
         with contextlib.suppress(ImportError):
             importlib.import_module(name)
@@ -915,7 +904,7 @@ def _serve(fd: int):
             for pid, (_, uid) in runs.items():
                 _kill_group(pid, signal.SIGKILL)
                 if uid is not None:
-                    _kill_uid(uid)  # as root: also what left the group
+                    _kill_uid(uid)
             os._exit(0)
         req = json.loads(msg)
         setup = _preexec(_Isolation(*req["iso"]), req["uid"], req["limits"], req["stage"])
@@ -945,7 +934,7 @@ def _child(req: dict, log: int, setup: Callable):
     os.environ.clear()
     os.environ.update(req["env"])
     tempfile.tempdir = None  # read again from TMPDIR
-    np.random.seed()  # Python's own generator reseeds itself after a fork (random.py's register_at_fork)
+    np.random.seed()  # `random` reseeds itself after a fork (random.py's register_at_fork)
     sys.modules.pop("env", None)  # a workspace's own env.py imports
     path = os.path.join(req["cwd"], req["script"])
     sys.argv, sys.path[0] = [req["script"]], os.path.dirname(path)
@@ -966,7 +955,7 @@ def _child(req: dict, log: int, setup: Callable):
 
 
 def _neutral_paths(text: str) -> str:
-    """Output with the interpreter's folders as <site-packages>, <stdlib>, <python>: the same on every install."""
+    """Output with the interpreter's folders as placeholders: the same on every install."""
     paths = sysconfig.get_paths()
     names = {paths["purelib"]: "<site-packages>", paths["platlib"]: "<site-packages>", paths["stdlib"]: "<stdlib>",
              sys.prefix: "<python>", sys.base_prefix: "<python>"}
@@ -986,7 +975,7 @@ def _head_tail(path: Path) -> str:
     return data.decode("utf-8", errors="replace")
 
 
-def _short(text: str, limit=300) -> str:  # one line of at most `limit` characters
+def _short(text: str, limit=300) -> str:
     line = " ".join(str(text).split())
     return line if len(line) <= limit else f"{line[:limit - 30]}... [{len(line)} characters]"
 
@@ -1012,7 +1001,6 @@ _TASK_HASHES: dict = {}
 
 
 def _task_hash(task: Task) -> str:
-    """sha256 of the task's files, memoised on their names, sizes and times."""
     files = sorted(p for p in task.dir.rglob("*") if p.is_file())
     stamp = tuple((str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in files)
     if stamp not in _TASK_HASHES:
@@ -1095,7 +1083,7 @@ def _run(task: Task, files: dict[str, str], script: str, timeout: float, keep: l
             _kill_group(proc.pid, signal.SIGTERM)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(GRACE)
-        _kill_group(proc.pid, signal.SIGKILL)  # after every run: no grandchild survives
+        _kill_group(proc.pid, signal.SIGKILL)  # no grandchild survives
         proc.wait()
         seconds = time.monotonic() - start
         if uid is not None:
@@ -1111,7 +1099,7 @@ def _run(task: Task, files: dict[str, str], script: str, timeout: float, keep: l
             g = grade(task, work / "submission.csv")
             result.status = "success" if g.valid else "invalid_submission"
             result.score, result.test_score, result.error = g.public, g.private, g.error
-        for name in keep:  # plain files inside the work folder only: the copy runs as root
+        for name in keep:  # the copy runs as root
             path = work / name
             if not path.is_symlink() and path.is_file() and path.resolve().is_relative_to(work.resolve()):
                 copy = log_path.with_suffix(".kept") / name
@@ -1128,7 +1116,6 @@ def _run(task: Task, files: dict[str, str], script: str, timeout: float, keep: l
 
 
 def _description(template: str, time_limit: float, **values) -> str:
-    """description.md: tasks/description/<template>.md, then the shared tasks/description/evaluation.md."""
     return _fill(_text(f"description/{template}.md") + _text("description/evaluation.md"),
                  time_limit=format(time_limit, "g"), **values)
 
@@ -1139,7 +1126,6 @@ def _columns(columns) -> str:
 
 
 def _parts(n: int, public_fraction=0.5, seed=0) -> np.ndarray:
-    """The seeded Kaggle split of n test rows: a random `public_fraction` "public", the rest "private"."""
     return np.where(np.random.default_rng(seed).permutation(n) < int(n * public_fraction), "public", "private")
 
 
@@ -1181,7 +1167,7 @@ def _build(name: str, root: Path, force: bool):  # prepare's worker
     _BUILTIN["build"](sys.modules[__name__], name, root, force)
 
 # ==== offline recipes for Edit Script (AI)
-# tasks/recipes/: one real code change per recipe, in one of ML-Agent's idea categories, for the built-in starters.
+# tasks/recipes/: one real code change each, in one of ML-Agent's idea categories, for the built-in starters.
 
 
 class EditError(Exception):
@@ -1204,12 +1190,12 @@ def recipe_editor(instruction: str, code: str) -> str:
         raise EditError(str(e)) from None
 
 # ==== MLE-bench competitions (tasks/mlebench/prepare.py)
-GRADE_TIMEOUT = 600.0  # seconds for one grading by a competition's grade.py
+GRADE_TIMEOUT = 600.0  # seconds for one run of a competition's grade.py
 _MLEBENCH = runpy.run_path(str(DATA_DIR / "mlebench" / "prepare.py"))
 
 
 def _grade_mlebench(task: Task, path: Path) -> Grade:
-    """Grade with the competition's grade.py, the checkout on PYTHONPATH; TaskError if it fails."""
+    """Grade with the competition's grade.py; TaskError if it fails."""
     m = task.info["mlebench"]
     script = _fill(_text("mlebench/grade_parts.py"), labels=inspect.getsource(_labels))
     env_ = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [m["checkout"], os.environ.get("PYTHONPATH")]))}
@@ -1252,7 +1238,6 @@ class Parser(argparse.ArgumentParser):  # agent.Parser too: a usage error is one
 
 
 def _seconds(text: str) -> float:
-    """argparse type= of a time limit: a finite number of seconds > 0."""
     with contextlib.suppress(ValueError):
         if math.isfinite(value := float(text)) and value > 0:
             return value
@@ -1260,7 +1245,6 @@ def _seconds(text: str) -> float:
 
 
 def _script(path: str) -> Path:
-    """argparse type= of a script: an existing UTF-8 text file."""
     try:
         Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:

@@ -1,23 +1,23 @@
 """Evaluation as the papers report it: K seeded runs of a scaffold (MLAB's research agent; Matryoshka and its
-monolithic baseline, orchestrator.py) with a policy on each held-out task; per task m_init, avg@K and best@K of the
-private score, the measures below, valid-submission rate, tokens and cost per trajectory.
+monolithic baseline, orchestrator.py) with a policy on each held-out task; per task m_init, avg@K, best@K (private
+scores), the measures below, valid-submission rate, tokens and cost per trajectory.
 
-Performance gain Delta_r = beta * (m_avg@K - m_init) / m_init, beta = -1 when lower is better, K = 8 (ML-Agent,
-arXiv:2505.23723, §Experiments "Testing"); HumanRank s = 1 - p / N, p the leaderboard entries strictly better,
-N its size, an invalid submission 0 (Matryoshka Agent, arXiv:2607.25090, App. A Eq. 5); context growth, the
-Orchestrator's prompt per round against the monolithic chat's per execution (App. F). Departures:
-1. We divide by |m_init|: the sign stays right for a negative m_init. Every score is a PRIVATE-part score: a
-   run's final train.py re-run in the sandbox (cached), graded on the hidden rows.
-2. A tie is not "strictly better"; the built-in leaderboards are not human entries (env.py, departure 6).
+Performance gain Delta_r = beta * (m_avg@K - m_init) / m_init, beta = -1 if lower is better, K = 8 (ML-Agent,
+arXiv:2505.23723, §Experiments "Testing"); HumanRank s = 1 - p / N, p leaderboard entries strictly better, N its size,
+invalid submissions 0 (Matryoshka Agent, arXiv:2607.25090, App. A Eq. 5); context growth, the Orchestrator's prompt
+per round against the monolithic chat's per execution (App. F). Departures:
+1. We divide by |m_init|: the right sign for a negative m_init. Scores are PRIVATE-part: a run's final train.py re-run
+   in the sandbox (cached), graded on the hidden rows.
+2. Ties are not "strictly better"; the built-in leaderboards are not human entries (env.py, departure 6).
 3. A failed run stays among the K: invalid (HumanRank 0: MLE-bench gives no medal), scored m_init (MLAgentBench's
-   success rate credits only a final submission that beats the baseline); dropping it would reward failures, the
-   leaderboard's worst entry would punish by its spread.
+   success rate credits only a final submission beating the baseline); dropping it would reward failures, the
+   leaderboard's worst entry punish by its spread.
 4. The offline scripted expert needs ideas: `--ideas sampled` (default) draws 1-3 recipe ideas per run, seeded by
-   (seed, task, run), the same for every policy; `--ideas none` is the paper's test prompt.
-5. Temperature 0.2 (the papers give none): the tiny students' steps are more often invalid at PPO's 0.7; each run
-   has its own ideas and seed, so the K runs differ and --workers runs go at once with the same results. Matryoshka
-   submits its best attempt by public score, maybe the starter. Offline stand-ins: agent.py, orchestrator.py.
-6. Scripts see no GPU (env.py's CPU-only limits), as collect.py's: only ppo.py's --script-gpu gives them one.
+   (seed, task, run), alike for all policies; `--ideas none` is the paper's test prompt.
+5. Temperature 0.2 (the papers give none): at PPO's 0.7 the tiny students' steps are more often invalid. Own ideas
+   and seed per run: the K runs differ, and --workers give the same results. Matryoshka submits its best attempt by
+   public score, maybe the starter. Offline stand-ins: agent.py, orchestrator.py.
+6. Scripts see no GPU (env.py's CPU-only limits), as collect.py's: only ppo.py's --script-gpu gives one.
 
 Run:  python eval.py  (offline, after collect/sft/ppo: scripted expert, runs/ckpt/sft, runs/ckpt/ppo; MLAB, K=2)
       python eval.py --k 8 --max-steps 15 ;  python eval.py --scaffold matryoshka monolithic --tasks wine
@@ -49,7 +49,7 @@ import orchestrator
 ROOT = env.ROOT
 SCAFFOLDS = ("mlab", "matryoshka", "monolithic")
 FAILED_RUN_SCORE = "m_init"  # departure 3
-GAIN_CLIP, RESAMPLES = 0.5, 2000  # a run's gain clipped at +-50% (no one run decides); bootstrap draws
+GAIN_CLIP, RESAMPLES = 0.5, 2000  # a run's gain clip (no one run decides); bootstrap draws
 
 
 @dataclass
@@ -83,14 +83,14 @@ class Config:
 
 
 def performance_gain(m_avg, m_init, higher_is_better) -> float:
-    """ML-Agent's Delta_r = beta * (m_avg - m_init) / |m_init|, beta = -1 when lower is better."""
+    """ML-Agent's Delta_r over |m_init| (departure 1)."""
     if m_init == 0:
         raise ValueError("m_init is 0: the relative gain is undefined")
     return (1.0 if higher_is_better else -1.0) * (m_avg - m_init) / abs(m_init) + 0.0  # + 0.0: no "-0.00%"
 
 
 def human_rank(score, leaderboard_scores, higher_is_better) -> float:
-    """Matryoshka's HumanRank s = 1 - p / N, p entries strictly better than `score`; None (invalid) -> 0."""
+    """Matryoshka's HumanRank of `score`; None (invalid) -> 0."""
     board = [float(s) for s in leaderboard_scores]
     if not board:
         raise ValueError("an empty leaderboard has no HumanRank")
@@ -107,7 +107,7 @@ def policy_label(name: str) -> str:
 
 
 def policy_id(name: str) -> str:
-    """A checkpoint folder's id has its files' sizes and times: retraining invalidates its runs."""
+    """A folder's id has its files' sizes and times: retraining invalidates its runs."""
     if not os.path.isdir(name):
         return name
     stamp = sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in Path(name).iterdir() if p.is_file())
@@ -115,18 +115,18 @@ def policy_id(name: str) -> str:
 
 
 def default_policies(log=None) -> list[str]:
-    """The scripted expert and the quick pipeline's checkpoints; log(a line) names those not made yet."""
+    """log(a line) names the checkpoints not made yet."""
     missing = [p for p in ("runs/ckpt/sft", "runs/ckpt/ppo") if not (ROOT / p).is_dir()]
     if missing and log:
         log(f"eval.py: no {' or '.join(missing)} (sft.py / ppo.py make them): evaluating without")
     return ["scripted"] + [str(ROOT / p) for p in ("runs/ckpt/sft", "runs/ckpt/ppo") if p not in missing]
 
 
-_BACKENDS: dict = {}  # a checkpoint loads once for all its runs and roles
+_BACKENDS: dict = {}  # a checkpoint loads once for all runs and roles
 
 
 def get_backend(name: str, role: str, cfg: Config):
-    """role: "agent" (MLAB), "orchestrator" or "sub-agent"; a model serves every role from one backend."""
+    """role: "agent" (MLAB), "orchestrator" or "sub-agent"."""
     key = (name, role if name == "scripted" else "model")
     if key not in _BACKENDS:
         if os.path.isdir(name) and cfg.threads > 0:
@@ -138,7 +138,7 @@ def get_backend(name: str, role: str, cfg: Config):
 
 
 def seed_everything(seed: int):
-    """Python's and torch's generators, torch's before a checkpoint loads and samples (unseeded: per process)."""
+    """Call before a checkpoint loads and samples (unseeded: per process)."""
     import torch
     random.seed(seed)
     torch.manual_seed(seed)
@@ -147,17 +147,16 @@ def seed_everything(seed: int):
 
 
 def response_tokens(cfg: Config, scaffold: str, backend) -> int:
-    """MLAB 1024 or orchestrator.Config's 4096, at most a local model's context / 4 (tiny models: 2048 positions)."""
+    """Config.max_tokens' default (tiny models: 2048 positions)."""
     n = cfg.max_tokens or (1024 if scaffold == "mlab" else orchestrator.Config.max_tokens)
     lm = getattr(backend, "lm", None)
     return min(n, lm.config.max_position_embeddings // 4) if lm is not None and not cfg.max_tokens else n
 
 
 def run_mlab(cfg: Config, policy: str, task, ideas) -> dict:
-    """ML-Agent's scaffold: agent.run_episode, the final train.py graded on the private rows."""
     backend = get_backend(policy, "agent", cfg)
     if cfg.editor == "recipes" or (cfg.editor == "auto" and (policy == "scripted" or os.path.isdir(policy))):
-        editor = env.recipe_editor  # Config.editor
+        editor = env.recipe_editor
     else:
         editor = agent.LLMEditor(backend if cfg.editor in ("auto", "policy") else get_backend(cfg.editor, "agent", cfg))
     e, backends = env.Env(task, editor=editor), [backend, getattr(editor, "backend", backend)]
@@ -165,7 +164,7 @@ def run_mlab(cfg: Config, policy: str, task, ideas) -> dict:
     traj = agent.run_episode(e, backend, ideas, max_steps=cfg.max_steps, time_limit=cfg.time_limit,
                              temperature=cfg.temperature, max_tokens=response_tokens(cfg, "mlab", backend))
     others = {k: v for k, v in e.files.items() if k != "train.py"}
-    final = env.run_script(task, e.files["train.py"], files=others)  # cached if the agent ran it
+    final = env.run_script(task, e.files["train.py"], files=others)
     tok = getattr(backend, "tokenizer", None)
     return {"submission": final.status, "public": final.score, "private": final.test_score,
             "steps": len(traj.steps), "stopped": traj.stopped, **collect.usage_of(backends, before),
@@ -174,8 +173,8 @@ def run_mlab(cfg: Config, policy: str, task, ideas) -> dict:
 
 
 def conditioning(traj, ideas) -> dict:
-    """Per edit of train.py, is it a run's idea ("followed"); per valid step after running an edited train.py, did it
-    undo exactly when the public score was not better than before the edit ("agreed")."""
+    """Per train.py edit: is it a run's idea ("followed"); per valid step after running an edited train.py: did it
+    undo exactly when the public score did not beat the pre-edit one ("agreed")."""
     texts, followed, agreed = {idea.strip().lower() for _, idea in ideas}, [], []
     for prev, s in zip([None, *traj.steps], traj.steps):
         if s.action == "Edit Script (AI)" and s.action_input and s.action_input.get("save_name") == "train.py":
@@ -190,11 +189,11 @@ def conditioning(traj, ideas) -> dict:
 
 
 def run_hierarchical(cfg: Config, scaffold: str, policy: str, task, seed: int) -> dict:
-    """Matryoshka (the policy orchestrates, cfg.sub_agent or the policy codes) or the monolithic baseline. The
-    submission may be the starter (attempt 0): `valid_attempts` counts the agent's own valid attempts."""
+    """Matryoshka (the policy orchestrates, cfg.sub_agent or the policy codes) or the monolithic baseline;
+    `valid_attempts` omits the starter (attempt 0)."""
     if scaffold == "matryoshka":
         backends = [get_backend(policy, "orchestrator", cfg), get_backend(cfg.sub_agent or policy, "sub-agent", cfg)]
-        if hasattr(backends[0], "rng"):  # the scripted Orchestrator: seeded per run
+        if hasattr(backends[0], "rng"):  # scripted Orchestrator: seeded per run
             backends[0].rng.seed(seed)
         run, role = orchestrator.run_matryoshka, "orchestrator"
     else:
@@ -205,7 +204,7 @@ def run_hierarchical(cfg: Config, scaffold: str, policy: str, task, seed: int) -
                                max_tokens=min(response_tokens(cfg, scaffold, b) for b in backends))
     before = collect.usage_of(backends)
     res = run(ocfg, *backends, out=None, log=lambda *a, **k: None)  # one log line per run
-    context: dict = {}  # round -> the role's largest prompt (re-asks make longer ones)
+    context: dict = {}  # round -> the role's largest prompt (re-asks are longer)
     for r in res["records"]:
         if r["role"] == role:
             context[r["round"]] = max(context.get(r["round"], 0), r["tokens"])
@@ -218,9 +217,9 @@ def run_hierarchical(cfg: Config, scaffold: str, policy: str, task, seed: int) -
 
 
 def run_one(cfg: Config, scaffold: str, policy: str, task, r: int) -> dict:
-    """One seeded run; an exception is a failed run, but agent.BackendError stops the evaluation (a restart retries)."""
+    """One seeded run; an exception fails it, but agent.BackendError stops the evaluation (a restart retries)."""
     seed, ideas = cfg.seed * 100003 + r, []
-    if scaffold == "mlab" and cfg.ideas == "sampled":  # the same for every policy
+    if scaffold == "mlab" and cfg.ideas == "sampled":
         ideas = collect.sample_ideas(collect.recipe_ideas(task.name), random.Random(f"{cfg.seed}:{task.name}:{r}"))
     seed_everything(seed)
     start = time.time()
@@ -232,19 +231,19 @@ def run_one(cfg: Config, scaffold: str, policy: str, task, r: int) -> dict:
         row.update(status="ok", error=None, **out)
     except agent.BackendError:
         raise
-    except Exception as e:  # noqa: BLE001 - counted as a failure, not dropped
+    except Exception as e:  # noqa: BLE001 - departure 3
         row.update(status="failed", error=f"{type(e).__name__}: {e}".splitlines()[0][:500], submission="failed",
                    public=None, private=None, steps=0, stopped="error", calls=0, prompt_tokens=0,
                    completion_tokens=0, cost=0.0, context=[])
     row["valid"] = row["submission"] == "success" and row["private"] is not None
-    row["seconds"] = time.time() - start  # wall time
+    row["seconds"] = time.time() - start
     return row
 
 # ==== the resumable run log
 
 
 def run_key(cfg: Config, scaffold: str, policy: str, task, r: int) -> str:
-    """Everything that changes a run's outcome; a restart skips a finished run with this key."""
+    """All that changes a run's outcome; a restart skips finished runs by it."""
     what = {"scaffold": scaffold, "policy": policy_id(policy), "task": str(task.dir), "run": r, "seed": cfg.seed,
             "max_steps": cfg.max_steps, "time_limit": cfg.time_limit, "temperature": cfg.temperature,
             "max_tokens": cfg.max_tokens, "ideas": cfg.ideas, "editor": cfg.editor}
@@ -255,7 +254,7 @@ def run_key(cfg: Config, scaffold: str, policy: str, task, r: int) -> str:
 
 
 def read_runs(path: Path) -> dict:
-    """key -> each finished run's record; a torn last line (a kill mid-write) is cut off."""
+    """key -> each finished run's record; cuts a torn last line."""
     return {r["key"]: r for r in agent.read_jsonl(path, repair=True) if "key" in r}
 
 # ==== aggregation
@@ -267,17 +266,17 @@ def _mean(xs):
 
 
 def task_summary(task, m_init: dict, runs: list[dict]) -> dict:
-    """avg@K, best@K, gains and HumanRank of one (scaffold, policy, task) from its K runs."""
+    """One (scaffold, policy, task)'s numbers from its K runs."""
     higher, board, init = task.higher_is_better, [s for _, s in task.leaderboard()], m_init["private"]
     scores = [r["private"] if r["valid"] else init for r in runs]  # FAILED_RUN_SCORE
     avg, best = _mean(scores), ((max if higher else min)(scores) if scores and None not in scores else None)
 
-    def gain(m):  # none where m_init is missing or 0 (performance_gain's ValueError)
+    def gain(m):  # None if m_init is missing or 0 (performance_gain's ValueError)
         return performance_gain(m, init, higher) if m is not None and init else None
     ranks = [human_rank(r["private"] if r["valid"] else None, board, higher) for r in runs] if board else []
     clipped = [min(max(gain(m), -GAIN_CLIP), GAIN_CLIP) for m in scores] if init and None not in scores else []
     k = max(len(runs), 1)
-    # the MLAB agent's "actions" ([action, kind, reward] a step): invalid steps, Undos that gave back a gain
+    # MLAB's "actions": [action, kind, reward] a step
     acted = [r["actions"] for r in runs if r.get("actions") is not None]
     steps = [a for actions in acted for a in actions]
     return {"task": task.name, "metric": task.metric, "higher_is_better": higher, "runs": len(runs),
@@ -296,7 +295,7 @@ def task_summary(task, m_init: dict, runs: list[dict]) -> dict:
 
 
 def overall(rows: list[dict]) -> dict:
-    """The mean over tasks of each per-task number."""
+    """Mean over tasks of each per-task number."""
     keys = ("gain_avg", "gain_best", "human_rank_avg", "human_rank_best", "valid_rate", "tokens_per_traj",
             "cost_per_traj", "seconds_per_traj", "steps_per_traj", "invalid_step_rate", "undone_gains_per_traj")
     counts = {f"{k}_n": sum(r[f"{k}_n"] for r in rows) for k in ("followed", "agreed")}  # every run's edits/steps
@@ -309,8 +308,8 @@ def overall(rows: list[dict]) -> dict:
 
 
 def task_bootstrap(per_task: list[list[float]], seed: int = 0) -> tuple:
-    """(mean over runs, 95% percentile-bootstrap interval) of per-task run values. Tasks, each with all its runs, are
-    resampled: a task's K runs share its data and difficulty, so are not independent draws."""
+    """(mean over runs, 95% percentile-bootstrap interval) of per-task run values, resampling whole tasks: a task's K
+    runs share its data and difficulty."""
     tasks = [np.asarray(v, dtype=float) for v in per_task if len(v)]
     if not tasks:
         return None, None, None
@@ -321,8 +320,8 @@ def task_bootstrap(per_task: list[list[float]], seed: int = 0) -> tuple:
 
 
 def paired(groups: list[dict]) -> list[dict]:
-    """b - a of the clipped gains, paired by (task, run), for each policy b after a policy a of the same scaffold:
-    run r of a task has the same seed and ideas for every policy, so the pairs leave out what runs share."""
+    """Clipped gains b - a per (task, run), for each policy b after a policy a of one scaffold: run r of a task has
+    the same seed and ideas for all policies, so pairing cancels what runs share."""
     out = []
     for j, b in enumerate(groups):
         for a in (a for a in groups[:j] if a["scaffold"] == b["scaffold"]):
@@ -390,7 +389,7 @@ def markdown(report: dict) -> str:
 
 
 def plots(report: dict, runs: list[dict], cfg: Config) -> list[str]:
-    """gain_vs_cost.png (ML-Agent Figure 2), ppo_reward.png, context_growth.png; [] without matplotlib."""
+    """gain_vs_cost.png (ML-Agent Fig. 2), ppo_reward.png, context_growth.png; [] without matplotlib."""
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -420,13 +419,13 @@ def plots(report: dict, runs: list[dict], cfg: Config) -> list[str]:
     if log:
         fig, ax = plt.subplots(figsize=(6, 4))
         ax.plot([r["iteration"] for r in log], [r["reward"] for r in log], marker="o", ms=3, label="policy")
-        vs = [r for r in log if r.get("reward_vs_expert") is not None]  # the same states' expert reward: ppo.py
+        vs = [r for r in log if r.get("reward_vs_expert") is not None]
         ax.plot([r["iteration"] for r in vs], [r["reward_vs_expert"] for r in vs], marker="o", ms=3,
                 label="policy - expert, same states")
         ax.legend(fontsize=8)
         save(fig, ax, "ppo_reward.png", xlabel="PPO iteration", ylabel="mean step reward",
              title=f"Step-wise PPO ({cfg.ppo_log})")
-    curves: dict = {}  # (scaffold, policy) -> [each run's tokens per round]
+    curves: dict = {}  # (scaffold, policy) -> each run's tokens per round
     for r in runs:
         if r["context"]:
             curves.setdefault((r["scaffold"], r["policy"]), []).append(r["context"])
@@ -449,7 +448,6 @@ def resolve_tasks(cfg: Config) -> list:
 
 
 def workers_for(cfg: Config, policies, runs: int) -> int:
-    """Config.workers 0: one per CPU core (at most 4), 1 on CUDA with a local checkpoint."""
     if cfg.workers:
         return max(min(cfg.workers, runs), 1)
     if any(os.path.isdir(p) for p in [*policies, cfg.sub_agent or ""]) and not cfg.base_url:
@@ -460,9 +458,8 @@ def workers_for(cfg: Config, policies, runs: int) -> int:
 
 
 def run_all(cfg: Config, todo, tasks, policies):
-    """Yield (job, row) for each job (scaffold, policy, task index, run) as it ends. Several workers: new processes
-    (spawn: no inherited sandbox server or torch threads), own backends; run_one seeds every generator, so where a run
-    runs does not matter. agent.BackendError stops the rest: runs under way finish and are yielded, then it raises."""
+    """(job, row) per job (scaffold, policy, task index, run) as it ends. Workers: spawned, own backends (no inherited
+    sandbox server or torch threads). agent.BackendError: runs under way finish and yield, then it raises."""
     workers = workers_for(cfg, policies, len(todo))
     if workers == 1:
         for job in todo:
@@ -481,22 +478,22 @@ def run_all(cfg: Config, todo, tasks, policies):
                     error = error or e
                     for g in futures:
                         g.cancel()
-        except BrokenProcessPool as e:  # a worker was killed (out of memory, a signal)
+        except BrokenProcessPool as e:  # out of memory, a signal
             raise RuntimeError(f"a worker process died ({e}); run eval.py again to resume") from None
         finally:
-            for g in futures:  # a kill or an error: runs not started never start
+            for g in futures:  # on a kill or an error, no new run starts
                 g.cancel()
     if error:
         raise error
 
 
 def evaluate(cfg: Config, log=print) -> dict:
-    """Run what runs.jsonl lacks, then write report.json, report.md and the plots."""
+    """Run what runs.jsonl lacks, then report."""
     with agent.claim_folder(cfg.out):  # one evaluation per --out
         out = Path(cfg.out)
         tasks, policies = resolve_tasks(cfg), cfg.policies or default_policies(log)
         path = out / "runs.jsonl"
-        done, m_init = read_runs(path), {}  # m_init: the starter train.py's public and private scores
+        done, m_init = read_runs(path), {}  # m_init: the starter's scores
         for t in tasks:
             run = env.run_script(t, (t.public_dir / "train.py").read_text())
             m_init[t.name] = {"status": run.status, "public": run.score, "private": run.test_score}
@@ -547,19 +544,19 @@ def main(argv=None):
     agent.add_fields(p, Config, TYPES, CHOICES, flags=FLAGS, switch="store_false")
     cfg = Config(**vars(p.parse_args(argv)))
     named = [agent.check_model(p, "--policy", n, cfg.base_url) for n in cfg.policies or default_policies()]
-    cfg.policies = named if cfg.policies else []  # the defaults: evaluate() says which are missing
+    cfg.policies = named if cfg.policies else []  # defaults: evaluate() names the missing
     cfg.sub_agent = agent.check_model(p, "--sub-agent", cfg.sub_agent, cfg.base_url)  # not as K failed runs
     if cfg.editor not in ("auto", "recipes", "policy"):
         cfg.editor = agent.check_model(p, "--editor", cfg.editor, cfg.base_url)
     try:
         resolve_tasks(cfg)
-        if cfg.plots:  # a plot's input, checked before the runs ([] without the file)
+        if cfg.plots:  # a plot's input, checked before the runs
             agent.read_jsonl(cfg.ppo_log, complete_only=True)
     except (env.TaskError, ValueError) as e:
         p.error(str(e))
     try:
         report = evaluate(cfg)
-    except (agent.BackendError, RuntimeError) as e:  # an endpoint that cannot serve us, a worker that died
+    except (agent.BackendError, RuntimeError) as e:  # an unusable endpoint, a dead worker
         sys.exit(f"eval.py: {e}")
     except (ValueError, OSError) as e:  # --out a file or in use, a bad line of runs.jsonl
         p.error(str(e))

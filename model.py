@@ -1,15 +1,15 @@
 """A Qwen2 / Qwen2.5 / Qwen3 dense transformer written by hand, with everything needed to use real checkpoints.
 
-Architecture: the Qwen2 (arXiv:2407.10671) and Qwen3 (arXiv:2505.09388) tech reports. `save` writes folders
+Architecture: Qwen2 (arXiv:2407.10671) and Qwen3 (arXiv:2505.09388) tech reports. `save` writes folders that
 `transformers`, vLLM (`vllm serve runs/ckpt/ppo`) and `load` read.
 
-Departures from Hugging Face `transformers`:
-  - Dense models, default RoPE: no MoE, sliding-window attention or RoPE scaling (YaRN).
+Departures from HF `transformers`:
+  - Dense, default RoPE: no MoE, sliding-window attention or RoPE scaling (YaRN).
   - ChatML in Python, not the checkpoint's Jinja template: no tools, `<think>` or default system message.
-  - Downloads put plain files into `snapshots/<commit>/` of the hub cache, not blobs and symlinks.
-  - `forward` returns fp32 logits; positions come from the attention mask (cumsum - 1, as HF `generate`): left-padded
+  - Downloads: plain files in the hub cache's `snapshots/<commit>/`, no blobs and symlinks.
+  - `forward` returns fp32 logits; positions from the attention mask (cumsum - 1, as HF `generate`): left-padded
     batches need no position_ids. No dropout (Qwen trains without).
-  - safetensors are readinto() the parameters (built on the meta device), not memory-mapped: no second copy.
+  - safetensors readinto() the parameters (built on meta), not memory-mapped: no second copy.
 
 Run: python model.py generate --model Qwen/Qwen2.5-0.5B-Instruct --prompt "Write a haiku about GPUs"
 """
@@ -47,9 +47,9 @@ from tqdm import tqdm
 
 @dataclasses.dataclass
 class Config:
-    """The `config.json` fields the architecture needs (defaults: Qwen3-0.6B's)."""
-    model_type: str = "qwen3"  # "qwen2" (Qwen2 and Qwen2.5) or "qwen3"
-    vocab_size: int = 151936  # embedding rows (often beyond the tokenizer's)
+    """config.json fields the architecture needs (defaults: Qwen3-0.6B's)."""
+    model_type: str = "qwen3"  # "qwen2" (Qwen2, Qwen2.5) or "qwen3"
+    vocab_size: int = 151936  # embedding rows (often > the tokenizer's)
     hidden_size: int = 1024  # C
     intermediate_size: int = 3072  # SwiGLU width
     num_hidden_layers: int = 28
@@ -66,7 +66,7 @@ class Config:
     torch_dtype: str = "bfloat16"
     # set by `load` (not config.json): Qwen(lm.config) stops and samples alike
     stop_token_ids: list[int] | None = None  # None -> eos_token_id
-    sample_vocab_size: int | None = None  # the rows generate samples; None -> vocab_size
+    sample_vocab_size: int | None = None  # rows sampled; None -> vocab_size
     generation: dict | None = None  # generation_config.json (sampling), kept by `save`
 
     def __post_init__(self):
@@ -78,7 +78,7 @@ class Config:
 
     @classmethod
     def from_dict(cls, d):
-        """From an HF config.json dict: unknown keys ignored, unsupported features refused."""
+        """HF config.json dict: unknown keys ignored, unsupported features refused."""
         d = dict(d)
         d.setdefault("model_type", "qwen3" if "Qwen3ForCausalLM" in d.get("architectures", []) else "qwen2")
         rope = d.get("rope_parameters") or d.get("rope_scaling") or {}  # transformers 5 puts rope_theta here
@@ -107,7 +107,7 @@ def tiny_config(model_type="qwen3", vocab_size=512, **overrides):  # tests, CPU 
 
 # ==== 2. Architecture
 
-def _as_list(ids):  # None, an id or ids
+def _as_list(ids):
     return [] if ids is None else [ids] if isinstance(ids, int) else list(ids)
 
 
@@ -125,16 +125,16 @@ class RMSNorm(nn.Module):
 
 
 def rope_cos_sin(positions, head_dim, theta, dtype):
-    """cos, sin (B, 1, T, D) of positions (B, T), computed in fp32 (RoFormer arXiv:2104.09864)."""
+    """cos, sin (B, 1, T, D) of positions (B, T), in fp32 (RoFormer arXiv:2104.09864)."""
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float) / head_dim))
-    freqs = positions[..., None].float() * inv_freq  # (B, T, D/2)
+    freqs = positions[..., None].float() * inv_freq
     emb = torch.cat((freqs, freqs), dim=-1)  # split halves (HF): i and i + D/2 share a frequency
     return emb.cos().to(dtype)[:, None], emb.sin().to(dtype)[:, None]
 
 
 def apply_rope(x, cos, sin):  # x (B, H, T, D)
     x1, x2 = x.chunk(2, dim=-1)
-    return x * cos + torch.cat((-x2, x1), dim=-1) * sin  # rotate_half(x) = (-x2, x1)
+    return x * cos + torch.cat((-x2, x1), dim=-1) * sin  # HF rotate_half
 
 
 class KVCache:
@@ -143,7 +143,7 @@ class KVCache:
     def __init__(self):
         self.k, self.v, self.length = {}, {}, 0
 
-    def update(self, layer, k, v):  # -> keys/values so far (B, Hkv, length + T, D)
+    def update(self, layer, k, v):
         if layer in self.k:
             k = torch.cat((self.k[layer].expand(k.shape[0], -1, -1, -1), k), 2)
             v = torch.cat((self.v[layer].expand(v.shape[0], -1, -1, -1), v), 2)
@@ -152,13 +152,13 @@ class KVCache:
 
 
 class Linear(nn.Linear):
-    """Reads `weight_t`, an Engine's (in, out) copy on CPU, faster at batch 1 (tests/RESULTS.md, "model.py:
+    """Reads `weight_t`, an Engine's (in, out) CPU copy: faster at batch 1 (tests/RESULTS.md, "model.py:
     transposed weight copies")."""
     weight_t = None
 
     def forward(self, x):
         t = self.weight_t  # once: another thread's engine may drop it
-        if t is None or torch.is_grad_enabled():  # training: through the weight itself
+        if t is None or torch.is_grad_enabled():  # training: the weight itself
             return super().forward(x)
         return F.linear(x, t.t(), self.bias)
 
@@ -173,7 +173,7 @@ class Attention(nn.Module):
         self.v_proj = Linear(C, self.n_kv * D, bias=b)
         self.o_proj = Linear(self.n_head * D, C, bias=b and cfg.model_type == "qwen3")
         self.qk_norm = cfg.model_type == "qwen3"
-        if self.qk_norm:  # Qwen3: RMSNorm of q and k per head, before RoPE (Qwen3 tech report)
+        if self.qk_norm:  # Qwen3: per-head RMSNorm of q, k before RoPE (Qwen3 tech report)
             self.q_norm = RMSNorm(D, cfg.rms_norm_eps)
             self.k_norm = RMSNorm(D, cfg.rms_norm_eps)
 
@@ -187,7 +187,7 @@ class Attention(nn.Module):
         q = apply_rope(q.transpose(1, 2), cos, sin)  # (B, H, T, D)
         k = apply_rope(k.transpose(1, 2), cos, sin)  # (B, Hkv, T, D)
         if cache is not None:
-            k, v = cache.update(layer, k, v)  # (B, Hkv, Tk, D)
+            k, v = cache.update(layer, k, v)
         # mask (B, 1, T, Tk): bool (True = attend) or additive; None: causal
         if T == 1 and self.n_kv != self.n_head:
             # decode: kv head h's G query heads (HF repeat_kv) as G positions (fused kernels take a mask)
@@ -197,13 +197,13 @@ class Attention(nn.Module):
         past = k.shape[2] - T
         if mask is None and T > 1 and past:
             # causal with an offset (a bool mask with GQA leaves CUDA only SDPA's math kernel):
-            if past < T:  # is_causal aligns the first query and key: `past` zero queries padded
+            if past < T:  # is_causal aligns first query and key: pad `past` zero queries
                 q = F.pad(q, (0, 0, past, 0))  # (tests/RESULTS.md, "model.py: causal attention over a cached prefix")
-            else:  # more cached than new: the lower-right causal bias (flash attention takes it)
+            else:  # more cached than new: lower-right causal bias (flash attention takes it)
                 from torch.nn.attention.bias import causal_lower_right  # (here: it imports dynamo)
                 mask = causal_lower_right(T, past + T)
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None and T > 1,
-                                           enable_gqa=self.n_kv != self.n_head)[:, :, -T:]  # (B, H, T, D)
+                                           enable_gqa=self.n_kv != self.n_head)[:, :, -T:]
         return self.o_proj(y.transpose(1, 2).reshape(B, T, -1))
 
 
@@ -249,7 +249,7 @@ class Qwen(nn.Module):
             layers=nn.ModuleList(Block(cfg) for _ in range(cfg.num_hidden_layers)),
             norm=RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)))
         self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
-        if not self.lm_head.weight.is_meta:  # (meta: `load` fills the weights)
+        if not self.lm_head.weight.is_meta:  # (meta: `load` fills them)
             for m in self.modules():  # HF's init
                 if isinstance(m, (nn.Linear, nn.Embedding)):
                     nn.init.normal_(m.weight, std=0.02)
@@ -271,12 +271,12 @@ class Qwen(nn.Module):
             attention_mask = None  # no padding: causal, SDPA's fastest kernel
         if attention_mask is None:
             positions = torch.arange(past, past + T, device=dev).expand(B, T)
-            mask = None  # causal
+            mask = None
         else:
-            keep = attention_mask.bool()  # (B, Tk)
-            positions = (keep.long().cumsum(-1) - 1).clamp(min=0)[:, -T:]  # after padding (HF generate)
-            q_idx = torch.arange(past, past + T, device=dev)[:, None]  # (T, 1)
-            k_idx = torch.arange(past + T, device=dev)[None]  # (1, Tk)
+            keep = attention_mask.bool()
+            positions = (keep.long().cumsum(-1) - 1).clamp(min=0)[:, -T:]
+            q_idx = torch.arange(past, past + T, device=dev)[:, None]
+            k_idx = torch.arange(past + T, device=dev)[None]
             # causal and not padding; a padding query sees itself (no empty softmax row)
             mask = ((k_idx <= q_idx) & keep[:, None, None, :]) | (k_idx == q_idx)  # (B, 1, T, Tk)
         x = self.blocks(input_ids, positions, mask, cache)
@@ -294,14 +294,14 @@ class Qwen(nn.Module):
         return self.model.norm(x)
 
     def forward(self, input_ids, attention_mask=None, cache=None):
-        return self.lm_head(self.hidden(input_ids, attention_mask, cache)).float()  # (B, T, V)
+        return self.lm_head(self.hidden(input_ids, attention_mask, cache)).float()
 
     @torch.inference_mode()
     def generate(self, prompts, max_new_tokens=128, temperature=0.0, top_p=1.0, stop_token_ids=None, generator=None,
                  stop_fn=None, seeds=None, prefill_chunk=2048, max_batch=None, n=1, on_done=None):
         """Token-id prompts -> Generation, n rows a prompt, max_batch (default all) at a time. stop_fn(i, tokens):
-        row i stops; on_done(i, tokens, reason) as row i ends (ppo.py acts then). seeds (one a prompt): draws that
-        no batch changes (torchrun); else `generator`."""
+        row i stops; on_done(i, tokens, reason) as row i ends (ppo.py acts then). seeds (one a prompt): draws no
+        batch changes (torchrun); else `generator`."""
         stops, seqs = set(self.stop_token_ids if stop_token_ids is None else stop_token_ids), []
         for j, p in enumerate(prompts):
             for k in range(n):  # distinct, reproducible draws
@@ -316,8 +316,8 @@ class Qwen(nn.Module):
         return Generation([s.tokens for s in seqs], [s.logprobs for s in seqs], [s.reason for s in seqs])
 
 
-# ---- Decoding (issue 44) at fixed shapes (cache whole, RoPE table, rows and keys rounded up, one mask): on CUDA a
-# shape's compiled step is a CUDA graph, one launch (gpt-fast (pytorch-labs), generate.py, model.py).
+# ---- Decoding (issue 44) at fixed shapes (cache whole, RoPE table, rows and keys rounded up, one mask): on CUDA
+# each shape's compiled step is one CUDA graph launch (gpt-fast (pytorch-labs), generate.py, model.py).
 DECODE = os.environ.get("MODEL_DECODE", "compile")  # CUDA: "compile" (+ graphs), "graphs" (eager kernels), "eager"
 GRAPH_MIN_TOKENS, GRAPH_DEVICES = 64, ("cuda",)  # shorter calls eager (tests fake graphs on "cpu")
 KEY_BUCKETS = 8  # key lengths: multiples of capacity / 8
@@ -326,7 +326,7 @@ KEY_BUCKETS = 8  # key lengths: multiples of capacity / 8
 @dataclasses.dataclass
 class Sequence:
     prompt: list
-    seed: int | None = None  # its draws (_uniform); None: the engine's generator
+    seed: int | None = None  # its draws (_uniform); None: engine's generator
     index: int = 0  # its row in generate's output
     tokens: list = dataclasses.field(default_factory=list)
     logprobs: list = dataclasses.field(default_factory=list)
@@ -334,7 +334,7 @@ class Sequence:
 
 
 class SlotCache:
-    """The Engine's KV cache, (slots, Hkv, capacity, D) zeros a layer (masked values count: 0 * NaN is NaN); live
+    """Engine's KV cache: (slots, Hkv, capacity, D) zeros a layer (masked values count: 0 * NaN is NaN); live
     sequences in slots 0 .. live-1."""
 
     def __init__(self, slots, capacity, dtype):
@@ -346,7 +346,7 @@ class SlotCache:
         if pos is not None:
             self.kv = {i: (K[:len(rows)], self.v[i][:len(rows)]) for i, K in self.k.items()}
 
-    def update(self, layer, k, v):  # (R, Hkv, T, D) -> the rows' keys, values so far (R, Hkv, Tk, D)
+    def update(self, layer, k, v):  # -> rows' keys, values so far
         if self.pos is not None:  # (prefill allocated every layer)
             (K, V), r = self.kv[layer], self.rows
             K[r, :, self.pos], V[r, :, self.pos] = k[:, :, 0], v[:, :, 0]
@@ -372,14 +372,14 @@ def _uniform(seeds, at):
     return (x >> 8).float() / 2 ** 24
 
 
-def logits_of(lm, h):  # (R, C) -> fp32 logits of the rows sampled
+def logits_of(lm, h):
     return lm.lm_head(h).float()[:, :lm.sample_vocab_size]
 
 
 def decode_step(lm, cache, tok, cos, sin):
     """Rows 0 .. R-1 feed tok (R,) at cache.pos -> fp32 logits (R, V')"""
     pos = cache.pos
-    mask = torch.where(cache.keys <= pos[:, None], 0.0, -math.inf).to(cache.dtype)[:, None, None]  # (R, 1, 1, Tk)
+    mask = torch.where(cache.keys <= pos[:, None], 0.0, -math.inf).to(cache.dtype)[:, None, None]
     return logits_of(lm, lm.blocks(tok[:, None], (cos[pos, None, None], sin[pos, None, None]), mask, cache)[:, 0])
 
 
@@ -387,8 +387,8 @@ TRANSPOSED_COPY_BYTES = 1 << 30
 
 
 class Engine:
-    """Continuous batching (Orca, Yu et al. OSDI 2022; vLLM), no paging: a finished sequence's slot goes to waiting
-    groups (a prompt's n samples, prefilled once, copied to n - 1 slots). One host sync a step."""
+    """Continuous batching (Orca, Yu et al. OSDI 2022; vLLM), no paging: a freed slot goes to waiting groups (a
+    prompt's n samples, prefilled once, copied to n - 1 slots). One host sync a step."""
 
     def __init__(self, model, max_new_tokens=128, temperature=0.0, top_p=1.0, stop_ids=(),
                  max_batch=16, prefill_chunk=2048, generator=None, stop_fn=None, on_done=None):
@@ -402,7 +402,7 @@ class Engine:
                 sum(m.weight.nbytes for m in self.linears) > TRANSPOSED_COPY_BYTES:
             self.linears = []
         for m in self.linears:
-            m.weight_t = m.weight.detach().t().contiguous()  # (in, out)
+            m.weight_t = m.weight.detach().t().contiguous()
 
     def close(self):
         for m in self.linears:
@@ -416,14 +416,14 @@ class Engine:
         lm, B, w = self.model, self.max_batch, self.model.lm_head.weight
         dev, cfg = w.device, lm.config
         dtype = torch.get_autocast_dtype(dev.type) if torch.is_autocast_enabled(dev.type) else w.dtype
-        # sized once, for the longest request: regrowing holds two caches (vLLM sizes it at start-up)
+        # sized once for the longest request: regrowing holds two caches (vLLM sizes it at start-up)
         need = max((len(s.prompt) for g in groups for s in g), default=0) + self.max_new_tokens + 1
         self.cache, self.quantum = SlotCache(B, need, dtype), -(-need // KEY_BUCKETS)
-        # per slot: newest token, its position, seed (apart, at offset 0: torch.compile)
+        # per slot: newest token, its position, seed (apart, offset 0: torch.compile)
         self.last, self.lengths, self.seeds = (torch.zeros(B, dtype=torch.long, device=dev) for _ in range(3))
         self.ids = torch.arange(max(B, need), device=dev)  # slots, key positions
         self.rope = tuple(t[0, 0] for t in rope_cos_sin(self.ids[None, :need], cfg.head_dim, cfg.rope_theta,
-                                                        lm.model.embed_tokens.weight.dtype))  # (capacity, D)
+                                                        lm.model.embed_tokens.weight.dtype))
         on = dev.type in GRAPH_DEVICES and DECODE != "eager" and self.max_new_tokens >= GRAPH_MIN_TOKENS
         self.graphs = {} if on and not is_sharded(lm) else None  # (not FSDP's hooks)
         if self.graphs is not None:  # all graphs' logits
@@ -448,10 +448,10 @@ class Engine:
             x = ids[:, a:a + self.prefill_chunk]
             T = x.shape[1]
             self.cache.at(slice(A, A + P), start=a)
-            h = self.model.blocks(x, tuple(t[a:a + T] for t in self.rope), None, self.cache)  # (P, T, C)
+            h = self.model.blocks(x, tuple(t[a:a + T] for t in self.rope), None, self.cache)
             pick = h[torch.arange(P, device=dev), (ends - a).clamp(0, T - 1)]
             h_last = pick if a == 0 else torch.where((ends >= a)[:, None], pick, h_last)
-        seqs, leaders = [g[0] for g in groups], list(range(P))  # leaders in slots A .. A + P - 1, others after
+        seqs, leaders = [g[0] for g in groups], list(range(P))  # leaders: slots A .. A + P - 1, others after
         for b, g in enumerate(groups):
             for s in g[1:]:
                 self.cache.copy(A + b, A + len(seqs), lens[b])
@@ -463,7 +463,7 @@ class Engine:
         new = slice(A, A + len(seqs))  # sequence i in slot A + i
         self.last[new], self.lengths[new], self.seeds[new] = tok, at, seeds
         self.live += seqs
-        self.fresh = (seqs, tok, lp)  # reported at the next decode's sync
+        self.fresh = (seqs, tok, lp)  # reported at next decode's sync
 
     def _sample(self, logits, seeds, at):
         """-> tokens, log-probs (R,) under softmax(logits / T) (T = 0: greedy); seeds >= 0 draw for positions `at`."""
@@ -472,7 +472,7 @@ class Engine:
         if self.temperature:
             probs, order = logp.exp(), None
             if self.top_p < 1:
-                probs, order = probs.sort(-1, descending=True)  # nucleus: the least prefix reaching top_p
+                probs, order = probs.sort(-1, descending=True)  # nucleus: least prefix reaching top_p
                 probs[(probs.cumsum(-1) - probs) > self.top_p] = 0  # (the first token stays)
             # inverse CDF: a uniform a row, one search
             u = torch.rand(len(seeds), generator=self.generator, device=probs.device)
@@ -484,7 +484,7 @@ class Engine:
         return tok, logp.gather(-1, tok[:, None]).squeeze(-1)
 
     def _step(self, A, end):
-        """decode_step of A rows over keys 0 .. end-1, rounded up (dead rows unread); CUDA: a graph a shape."""
+        """decode_step of A rows over keys 0 .. end-1, rounded up (dead rows unread)."""
         R = min(self.max_batch, 1 << (A - 1).bit_length())
         Tk = min(self.cache.capacity, -(-end // self.quantum) * self.quantum)
         g = self.graphs
@@ -508,7 +508,7 @@ class Engine:
         logits, pos = self._step(A, end), self.lengths[:A]
         tok, lp = self._sample(logits, self.seeds[:A], pos + 1)
         self.last[:A], self.lengths[:A] = tok, pos + 1
-        fresh, toks, lps = self.fresh or ([], tok[:0], lp[:0])  # the last admission's tokens
+        fresh, toks, lps = self.fresh or ([], tok[:0], lp[:0])  # last admission's tokens
         self.fresh = None
         host = torch.stack([torch.cat([toks, tok]).double(), torch.cat([lps, lp]).double()]).tolist()  # one sync
         for s, t, l in zip([*fresh, *self.live], *host):  # a fresh sequence's first, then second token
@@ -527,7 +527,6 @@ class Engine:
             self.on_done(s.index, s.tokens, s.reason)
 
     def _compact(self):
-        """Finished sequences leave; the last live slot fills each hole."""
         for hole in sorted((i for i, s in enumerate(self.live) if s.reason), reverse=True):
             last, s = len(self.live) - 1, self.live.pop()
             if hole != last:
@@ -546,16 +545,16 @@ def response_hidden(lm, ids, lengths, starts):
     n, R = B // G, max(int((lengths - starts).max()), 1)
     if n * G != B:
         raise ValueError(f"{B} responses do not split into the {G} rows of ids")
-    col = (starts[:, None] + torch.arange(R, device=dev)).clamp(max=W - 1)  # (B, R)
+    col = (starts[:, None] + torch.arange(R, device=dev)).clamp(max=W - 1)
     tokens = ids.gather(0, (torch.arange(B, device=dev) // n)[:, None].expand(-1, W)).gather(1, col)
     if n == 1:
-        h = lm.hidden(ids)  # (B, W, C)
+        h = lm.hidden(ids)
         return h.gather(1, (col - 1)[..., None].expand(-1, -1, h.shape[-1])), tokens
     out = []
     for g in range(G):
         P, cache = int(starts[g * n]), KVCache()
-        prompt = lm.hidden(ids[g:g + 1, :P], cache=cache)  # (1, P, C)
-        resp = lm.hidden(ids[g, col[g * n:(g + 1) * n]], cache=cache)  # (n, R, C) over the prompt
+        prompt = lm.hidden(ids[g:g + 1, :P], cache=cache)
+        resp = lm.hidden(ids[g, col[g * n:(g + 1) * n]], cache=cache)  # over the prompt
         out.append(torch.cat((prompt[:, -1:].expand(n, 1, -1), resp[:, :-1]), 1))
     return torch.cat(out), tokens
 
@@ -568,7 +567,7 @@ def response_logprobs(lm, ids, lengths, starts, temperature=1.0, vocab=None, chu
     h, tokens = h.reshape(B * R, C), tokens.reshape(B * R)
 
     def piece(h_, t_):
-        logits = lm.lm_head(h_).float()[:, :vocab] / temperature  # (chunk, V')
+        logits = lm.lm_head(h_).float()[:, :vocab] / temperature
         return logits.gather(-1, t_[:, None]).squeeze(-1) - torch.logsumexp(logits, -1)
 
     run = functools.partial(checkpoint, piece, use_reentrant=False) if torch.is_grad_enabled() else piece
@@ -598,7 +597,7 @@ def _read_header(path):
         raise ValueError(f"{path}: not a safetensors file (its header is not a JSON object of tensors)")
     header.pop("__metadata__", None)
     need = 8 + n + max((int(t["data_offsets"][1]) for t in header.values()), default=0)
-    if size != need:  # (the safetensors library refuses extra bytes too)
+    if size != need:  # (safetensors refuses extra bytes too)
         raise ValueError(f"{path}: {'truncated' if size < need else 'too long'} ({size} bytes, its header says {need}; "
                          "an interrupted download?)")
     return header, 8 + n
@@ -636,7 +635,7 @@ def write_safetensors(path, tensors, metadata=None):
         header[k] = {"dtype": _NAMES[t.dtype], "shape": list(t.shape), "data_offsets": [off, off + t.nbytes]}
         off += t.nbytes
     raw = json.dumps(header, separators=(",", ":")).encode()
-    raw += b" " * (-len(raw) % 8)  # data 8-byte aligned, as the safetensors library's
+    raw += b" " * (-len(raw) % 8)  # data 8-byte aligned, as safetensors'
     with open(path, "wb") as f:
         f.write(struct.pack("<Q", len(raw)) + raw)
         for t in tensors.values():
@@ -651,7 +650,6 @@ GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|
 
 
 def _split_pattern(pre):
-    """A tokenizer.json pre_tokenizer's word regex (Qwen2: Split, ByteLevel)."""
     for step in (pre or {}).get("pretokenizers", [pre] if pre else []):
         if step["type"] == "Split":
             return step["pattern"].get("Regex") or regex.escape(step["pattern"]["String"])
@@ -668,7 +666,6 @@ def bytes_to_unicode():
 
 
 def _merge(parts, pair):
-    """parts with each adjacent pair joined, left to right."""
     out = []
     for p in parts:  # a joined symbol is no pair[0]: no overlaps
         if out and (out[-1], p) == pair:
@@ -709,7 +706,6 @@ class Tokenizer:
 
     @classmethod
     def from_file(cls, path, config_path=None):
-        """tokenizer.json, and tokenizer_config.json (eos, pad) given or beside it."""
         config_path = config_path or os.path.join(os.path.dirname(path), "tokenizer_config.json")
         return cls(read_json(path), read_json(config_path) if os.path.exists(config_path) else None)
 
@@ -749,7 +745,7 @@ class Tokenizer:
         return {i: bytes(self.byte_dec[c] for c in t) if ok(t) else t.encode() for i, t in self.id_to_token.items()}
 
     def apply_chat_template(self, messages, add_generation_prompt=True):
-        """ChatML (Qwen2.5 / Qwen3 instruct): <|im_start|>role\\ncontent<|im_end|>\\n."""
+        """ChatML (Qwen2.5 / Qwen3 instruct)."""
         text = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)
         return text + ("<|im_start|>assistant\n" if add_generation_prompt else "")
 
@@ -888,12 +884,11 @@ def resolve(path_or_id):
         return folder
     os.makedirs(os.path.join(cache, ".locks"), exist_ok=True)  # (huggingface_hub's)
     with open(os.path.join(cache, ".locks", os.path.basename(repo_dir) + ".lock"), "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # one process a node downloads (torchrun), the others find it
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one process a node downloads (torchrun), others find it
         return cached() or _download(path_or_id, repo_dir)
 
 
 def weight_tensors(path_or_hub_id):
-    """(name, CPU tensor), one by one."""
     for path in _weight_files(resolve(path_or_hub_id)):
         yield from _read_file(path)
 
@@ -910,7 +905,6 @@ def read_json(path) -> dict:
 
 
 def _empty(config, dtype, device=None):
-    """A Qwen, weights unset, on `device` (None: meta)."""
     with torch.device("meta"):
         model = Qwen(config).to(dtype)
     if device is not None:
@@ -988,7 +982,7 @@ def save(model, tokenizer, path, max_shard_bytes=5 * 2**30, dtype=None, weights=
         "pad_token_id": tokenizer.pad_token_id})
 
 
-def stop_ids(lm, tokenizer):  # where a response ends
+def stop_ids(lm, tokenizer):
     ends = [*lm.stop_token_ids, tokenizer.eos_token_id, tokenizer.im_end_id]
     return [i for i in dict.fromkeys(ends) if i is not None]
 
@@ -1008,7 +1002,7 @@ def stop_strings(tokenizer, strings):
 
 # ==== 6. Devices (sft.py, ppo.py, orchestrator.py): torchrun, FSDP2, autocast, checkpoints, rollout copy, LoRA
 
-def enable_grad_checkpointing(lm):  # blocks' forwards recomputed in backward
+def enable_grad_checkpointing(lm):
     for block in lm.model.layers:
         def fwd(*a, _f=block.forward):
             return checkpoint(_f, *a, use_reentrant=False) if torch.is_grad_enabled() else _f(*a)
@@ -1031,8 +1025,6 @@ def setup_distributed(args, timeout=2 * 3600):
 
 
 class Ranks:
-    """A trainer's rank and collectives (identities in one process)."""
-
     def __init__(self, rank=0, world=1, device=torch.device("cpu")):
         self.rank, self.world, self.device = rank, world, device
 
@@ -1058,7 +1050,7 @@ class Ranks:
 
 def shard(net, blocks, world, device):
     """FSDP2: a unit a block (gathered for forward and backward, freed after), the root the rest; CUDA: bf16
-    gathered copies, fp32 reduction and master shards. On meta, then `fill`."""
+    gathered copies, fp32 reduction and master shards."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard  # (here, as _dcp)
     mesh = init_device_mesh(device.type, (world,))
     bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported()
@@ -1069,7 +1061,6 @@ def shard(net, blocks, world, device):
 
 
 def place(net, lm, tensors, device, world=0):
-    """net (holding lm) from meta onto `device` (sharded if world), lm's weights from `tensors`."""
     if world:
         net = shard(net, lm.model.layers, world, device)
     net.to_empty(device=device)
@@ -1097,8 +1088,8 @@ def fill(lm, tensors):
             if p is None or tuple(p.shape) != tuple(full.shape):
                 unexpected.append(name if p is None else f"{name}{list(full.shape)}!={list(p.shape)}")
                 continue
-            if isinstance(p, DTensor):  # FSDP2's Shard(0): this rank cuts its rows (torch.chunk's split) on the
-                rows, rank = full.chunk(p.device_mesh.size(), 0), p.device_mesh.get_local_rank()  # CPU: only they
+            if isinstance(p, DTensor):  # FSDP2's Shard(0): rows cut on CPU (torch.chunk's split); only this rank's
+                rows, rank = full.chunk(p.device_mesh.size(), 0), p.device_mesh.get_local_rank()
                 p.to_local().copy_(rows[rank] if rank < len(rows) else full[:0])  # reach the GPU, no communication
             elif full.data_ptr() != p.data_ptr():  # (`load` may have read it in place)
                 p.copy_(full)
@@ -1123,7 +1114,7 @@ def too_big_for_one_gpu(n_params, device):
     return device.type == "cuda" and 16 * n_params > 0.5 * torch.cuda.get_device_properties(device).total_memory
 
 
-def wrap(net, world, device):  # DDP: ranks, each with the whole model
+def wrap(net, world, device):
     if world == 1:
         return net
     return nn.parallel.DistributedDataParallel(net, device_ids=[device.index] if device.type == "cuda" else None)
@@ -1133,7 +1124,7 @@ def unwrap(net):
     return net.module if isinstance(net, nn.parallel.DistributedDataParallel) else net
 
 
-def _dcp():  # torch.distributed.checkpoint, imported on use (~1 s)
+def _dcp():  # imported on use (~1 s)
     import torch.distributed.checkpoint.state_dict as dcp
     return dcp, dcp.StateDictOptions(full_state_dict=True, cpu_offload=True)  # gathered on rank 0, in CPU
 
@@ -1143,7 +1134,7 @@ def is_sharded(net):
 
 
 def full_state(net):
-    """The full state dict (under FSDP a collective)."""
+    """Under FSDP a collective."""
     return _dcp()[0].get_model_state_dict(net, options=_dcp()[1]) if is_sharded(net) else unwrap(net).state_dict()
 
 
@@ -1190,7 +1181,7 @@ def load_trainer_state(path, need, script, advice):
 
 
 def run_main(script, train, cfg, errors=(OSError, ValueError)):
-    """train(cfg); an error of `errors`: one line naming the rank, exit status 2 (others: the traceback, 1). Under
+    """An error of `errors`: one line naming the rank, exit status 2 (others: the traceback, 1). Under
     torchrun it leaves once printed: destroy_process_group blocks while other ranks wait in a collective
     (pytorch/torchtitan#1342); exiting with a live gloo group aborts in C++."""
     try:
@@ -1212,10 +1203,10 @@ def run_main(script, train, cfg, errors=(OSError, ValueError)):
 def rollout_copy(lm, device, dtype=None):
     """Through FSDP every token would gather every block: each rank gathers a copy to roll out with (cast first; bf16
     on CUDA), freed before the update (VeRL's "hybrid engine"); one GPU's fp32 weights too. LoRA: the adapted layers
-    merged (W + scale B A) beside the shared rest: a decode step runs no adapter matmuls."""
+    merged beside the shared rest: a decode step runs no adapter matmuls."""
     if has_lora(lm):
         merged = {f"{n}.weight": m.merged().detach() for n, m in lm.named_modules() if isinstance(m, LoRALinear)}
-        copy = _empty(lm.config, lm.lm_head.weight.dtype)  # on the meta device: each tensor assigned (tied ones too)
+        copy = _empty(lm.config, lm.lm_head.weight.dtype)  # on meta: each tensor assigned (tied ones too)
         state = {k.replace(".base.", "."): v for k, v in lm.state_dict().items() if not k.endswith((".A", ".B"))}
         copy.load_state_dict(state | merged, assign=True)
         return copy.eval()
@@ -1243,11 +1234,11 @@ class LoRALinear(nn.Module):
         y = self.base(x)
         return y + self.scale * (x.to(self.A.dtype) @ self.A.T @ self.B.T).to(y.dtype) if self.enabled else y
 
-    def merged(self):  # W + scale B A
+    def merged(self):
         return self.base.weight + (self.scale * self.B @ self.A).to(self.base.weight.dtype)
 
 
-def add_lora(lm, rank, alpha):  # lm frozen; adapters on its blocks' linear layers
+def add_lora(lm, rank, alpha):
     lm.requires_grad_(False)
     for block in lm.model.layers:
         for parent in (block.self_attn, block.mlp):
@@ -1283,12 +1274,11 @@ def bad_device(name):
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # usage errors: one line, status 2
+    def error(self, message):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
 def refusing(kind, why_not):
-    """An argparse type= reading a `kind`, refusing a value for why_not(value)."""
     def read(text):
         value = kind(text)
         if why_not(value):

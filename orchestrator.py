@@ -1,23 +1,22 @@
 """Matryoshka Agent (Qiang et al., arXiv:2607.25090): an Orchestrator on compact history whose tool calls launch fresh
-Sub-Agents in parallel (§3.4), the monolithic baseline, and the Orchestrator's training on Solution Refinement Trees:
-branch labels R(c) = max of r(v) over c's subtree, a ranking (NCE) loss on beta * log(pi_theta / pi_ref) against the
-previous orchestrator (§3.6, Eqs. 1-4), successful Sub-Agent trajectories as SFT data. A Sub-Agent runs at most 10
-code-execute-debug iterations; output over 5k tokens keeps its first and last 2.5k (App. B).
+Sub-Agents in parallel (§3.4), the monolithic baseline, and Orchestrator training on Solution Refinement Trees: branch
+labels R(c) = max of r(v) over c's subtree, a ranking (NCE) loss on beta * log(pi_theta / pi_ref) against the previous
+orchestrator (§3.6, Eqs. 1-4), successful Sub-Agent trajectories as SFT data.
 
-Departures and choices where the paper's text is silent:
-1. K > 2 children: Plackett-Luce over the children ranked by R, ties skipped; for two it is DPO's loss.
-2. r(v): the best public score of a decision's attempts, larger-is-better; -inf when unparsable, finishing or
-   without a valid submission. beta = 0.1 (DPO's and TRL's default).
+Departures, and choices where the paper is silent:
+1. K > 2 children: Plackett-Luce over the children ranked by R, ties skipped; for two, DPO's loss.
+2. r(v): a decision's attempts' best public score, larger-is-better; -inf when unparsable, finishing or without a
+   valid submission. beta = 0.1 (DPO's and TRL's default).
 3. A Sub-Agent returns its best script by public score; the Tool writes the summary's result and errors itself.
-4. Tokens are counted with the local model's tokenizer, else as ceil(chars / 4); each record names its counter.
+4. Tokens: the local model's tokenizer, else ceil(chars / 4); each record names its counter.
 5. The monolithic baseline (MLE-Dojo's agent) keeps one chat: the same clock, at most rounds x calls x sub_iters runs.
-6. Training keeps fp32 master weights (bf16 autocast on CUDA) and saves in the checkpoint's dtype; models of
-   LARGE parameters or more train LoRA adapters, the frozen base the reference.
+6. Training keeps fp32 master weights (bf16 autocast on CUDA) and saves in the checkpoint's dtype; models of >= LARGE
+   parameters train LoRA adapters, the frozen base the reference.
 7. Each iteration trains on --task's tree and on depth-1 trees of --tree-tasks held-in tasks of each kind.
-8. OFFLINE STAND-INS when no endpoint or checkpoint is named: ScriptedOrchestrator and RecipeCoder, reading their
-   state from the prompt (Prompt.state); offline `train` collects with the scripted orchestrator (not on-policy).
-9. OFFLINE STAND-IN for the pre-trained Orchestrator: without --model, ckpt-0 is a tiny model from scratch that
-   imitates scripted decisions (sft.py's loss and step), then the ranking loss trains it at the paper's lr.
+8. OFFLINE STAND-INS without an endpoint or checkpoint: ScriptedOrchestrator and RecipeCoder, reading Prompt.state;
+   offline `train` collects with the former (not on-policy).
+9. OFFLINE STAND-IN for the pre-trained Orchestrator: without --model, ckpt-0 is a tiny model from scratch imitating
+   scripted decisions (sft.py's loss and step), then the ranking loss trains it at the paper's lr.
 Run:  python orchestrator.py run --task breast-cancer  (scripted orchestrator + recipe sub-agent)
       python orchestrator.py run --task breast-cancer --monolithic  (the baseline)
       python orchestrator.py tree --task breast-cancer --depth 3  (a Solution Refinement Tree; resumable)
@@ -46,7 +45,7 @@ import agent
 import env
 from agent import ParseError, json_object
 
-# torch, model.py and sft.py are imported where training needs them: runs, trees and eval.py never do
+# torch, model.py, sft.py: imported in training only, never by runs, trees or eval.py
 
 
 @dataclass
@@ -102,7 +101,7 @@ def record(records: list, rnd, role, messages, backend, attempt=None):  # list.a
 
 
 def clip_tokens(text: str, limit: int, tokenizer=None) -> str:
-    """Text over `limit` tokens keeps its first and last limit / 2 (the paper: 5k -> 2.5k + 2.5k)."""
+    """Text over `limit` tokens keeps its first and last limit / 2 (App. B: 5k -> 2.5k + 2.5k)."""
     n, keep = count_tokens(text, tokenizer), limit // 2
     if n <= limit:
         return text
@@ -123,7 +122,7 @@ class Attempt:
     instruction: str
     references: list[int]
     score: float | None  # public score of its best script; None: no valid submission
-    private: float | None  # its private score: for evaluation, never shown to an agent
+    private: float | None  # for evaluation, never shown to an agent
     status: str  # success | error | timeout | resource | invalid_submission | no_code
     summary: dict  # SUMMARY_KEYS -> text
     code: str  # its best script (never in the Orchestrator's prompt)
@@ -136,7 +135,6 @@ class Attempt:
 
 
 def signed(score, higher: bool) -> float:
-    """A score on a larger-is-better scale; no score is -inf."""
     return float("-inf") if score is None else (score if higher else -score)
 
 
@@ -154,12 +152,12 @@ def _fmt(score) -> str:
 
 
 def shown(score) -> float | None:
-    """A score as a prompt shows it (4 decimals): what the offline stand-ins compare, as an LLM would."""
+    """A score as prompts show it: what the offline stand-ins compare, as an LLM would."""
     return None if score is None else float(_fmt(score))
 
 
 class Prompt(list):
-    """Chat messages with `state`, what they were written from (for the offline stand-ins)."""
+    """Chat messages with `state`, what they were written from (departure 8)."""
 
     def __init__(self, messages=(), state=None):
         super().__init__(messages)
@@ -202,7 +200,6 @@ REASK = ("Your answer could not be used ({reason}). Answer with one JSON object:
 
 
 def orchestrator_messages(task, attempts, rnd: int, rounds: int, calls: int, seconds_left=None) -> Prompt:
-    """The Orchestrator's prompt; its state (for the stand-in): task, attempts, calls allowed."""
     higher, best = ("higher" if task.higher_is_better else "lower"), best_attempt(attempts, task.higher_is_better)
     clock = f", about {seconds_left:.0f} s left" if seconds_left is not None else ""
     user = (f"Task: {task.name} | metric {task.metric} ({higher} is better)\n{_short(task.description, 1500)}\n\n"
@@ -256,7 +253,7 @@ SUMMARY_NOW = ("The execution budget is spent. Answer only with the ```json summ
 
 
 def sub_messages(task, parent: Attempt, references, instruction: str | None, iters: int) -> Prompt:
-    """A Tool's fresh context: task, parent, references, instruction (None: the monolithic agent's prompt)."""
+    """A Tool's fresh context (instruction None: the monolithic agent's prompt)."""
     if instruction is None:
         higher = "higher" if task.higher_is_better else "lower"
         user = (f"# Task\n{task.description.strip()}\nMetric: {task.metric} ({higher} is better)\n\n"
@@ -296,8 +293,8 @@ def error_line(run) -> str:
 
 
 def feedback(run, task, limit: int, tokenizer=None, cap=1 << 16) -> str:
-    """What the coder sees after an execution (the public score, never the private one) and the whole log
-    clipped to `limit` tokens (env.py keeps 4 KB of each end; a log over 2 * cap bytes is read at both ends)."""
+    """The coder's feedback: public score (never private), the log clipped to `limit` tokens (env.py keeps 4 KB of
+    each end; a log over 2 * cap bytes is read at both ends)."""
     text = f"Execution: {run.status} after {run.seconds:.1f} s."
     if run.status == "success":
         higher = "higher" if task.higher_is_better else "lower"
@@ -317,8 +314,8 @@ def feedback(run, task, limit: int, tokenizer=None, cap=1 << 16) -> str:
 
 def code_loop(task, backend, messages, max_iters: int, cfg: Config, deadline: float, on_prompt,
               **fields) -> tuple[Attempt, object, list[str]]:
-    """Write the script, run it, read the feedback, fix; until a summary, max_iters runs or the deadline (then
-    one request for the summary). -> (Attempt(**fields) with its best script by public score, its run, errors)."""
+    """Write, run, read feedback, fix until a summary, max_iters runs or the deadline (then ask once for the
+    summary) -> (Attempt(**fields) with the best script (departure 3), its run, errors)."""
     tok, runs, iters, summary = getattr(backend, "tokenizer", None), messages.state.runs, 0, None
 
     def ask(prompt):
@@ -342,7 +339,7 @@ def code_loop(task, backend, messages, max_iters: int, cfg: Config, deadline: fl
         run = env.run_script(task, value, timeout=timeout, keep=("submission.csv",))
         runs.append((value, run))
         messages.append({"role": "user", "content": feedback(run, task, cfg.obs_tokens, tok)})
-    if summary is None:  # the budget ran out first
+    if summary is None:
         messages, text = ask(messages + [{"role": "user", "content": SUMMARY_NOW}])
         try:
             kind, value = parse_coder(text)
@@ -391,7 +388,6 @@ def starter_attempt(task, cfg: Config) -> Attempt:
 
 
 def _recipe_ideas(task_name: str) -> list[str]:
-    """The built-in recipes' ideas, interleaved by category."""
     by_cat = {}
     for r in env.recipes_for(task_name):
         by_cat.setdefault(r.category, []).append(r.idea)
@@ -399,7 +395,7 @@ def _recipe_ideas(task_name: str) -> list[str]:
 
 
 class StandIn:
-    """A backend's chat(), each answer from answer(messages, temperature)."""
+    """A backend's chat() from answer(messages, temperature)."""
 
     def __init__(self):
         self.usage = agent.Usage()
@@ -409,8 +405,8 @@ class StandIn:
 
 
 class ScriptedOrchestrator(StandIn):
-    """OFFLINE STAND-IN for an LLM Orchestrator: the best attempts refined with recipe ideas untried on their
-    lineage, the next-best as reference; temperature > 0 samples the parent and the ideas."""
+    """OFFLINE STAND-IN Orchestrator: refines the best attempts with recipe ideas untried on their lineage, the
+    next-best as reference; temperature > 0 samples parent and ideas."""
 
     def __init__(self, seed=0):
         super().__init__()
@@ -451,8 +447,8 @@ class ScriptedOrchestrator(StandIn):
 
 
 class RecipeCoder(StandIn):
-    """OFFLINE STAND-IN for an LLM Sub-Agent: env.recipe_editor's script for its instruction, then the summary;
-    without one (the monolithic baseline) the next untried recipe on its best script."""
+    """OFFLINE STAND-IN Sub-Agent: env.recipe_editor's script for its instruction, then the summary; without one
+    (monolithic) the next untried recipe on its best script."""
 
     def answer(self, messages, temperature=0.0) -> str:
         s, higher = messages.state, messages.state.task.higher_is_better
@@ -460,12 +456,12 @@ class RecipeCoder(StandIn):
             ran = any(run.status == "success" for _, run in s.runs)
             return self._summary(s.instruction or "built-in recipes, one at a time, kept when better",
                                  "applied the recipe" if ran else "no script scored", "another recipe on top of it")
-        if s.instruction:  # a Sub-Agent
+        if s.instruction:
             try:
                 return f"Idea: {s.instruction}\n```python\n{env.recipe_editor(s.instruction, s.code)}```"
             except env.EditError as e:
                 return self._summary(s.instruction, f"nothing: {e}", "an instruction naming a built-in recipe")
-        best, code = shown(s.score), s.code  # the monolithic baseline
+        best, code = shown(s.score), s.code
         for script, run in s.runs:
             if run.status == "success" and signed(shown(run.score), higher) > signed(best, higher):
                 best, code = shown(run.score), script
@@ -486,7 +482,7 @@ class RecipeCoder(StandIn):
 
 
 def make_backend(name: str | None, base_url: str | None, role: str, seed=0):
-    """agent.make_backend with the role's offline stand-in for "scripted"."""
+    """agent.make_backend; "scripted": the role's offline stand-in."""
     return agent.make_backend(name, base_url, stand_in={"orchestrator": lambda: ScriptedOrchestrator(seed),
                                                         "sub-agent": RecipeCoder}.get(role, agent.ScriptedExpert))
 
@@ -510,7 +506,7 @@ def load_json(path: Path, build):
 
 
 def decide(orch, messages, known, cfg: Config, records, rnd) -> tuple[list[dict], bool]:
-    """Ask the Orchestrator, re-asking on an unparsable answer (MLAB's max_retries); none usable: no call."""
+    """Ask, re-asking after an unparsable answer (MLAB's max_retries); none usable: no call."""
     for _ in range(cfg.max_retries + 1):
         record(records, rnd, "orchestrator", messages, orch)
         text = orch.chat(messages, temperature=cfg.temperature, max_tokens=cfg.max_tokens).texts[0]
@@ -559,7 +555,7 @@ def run_matryoshka(cfg: Config, orch, sub, out: Path | None = None, resume=True,
 
 
 def run_monolithic(cfg: Config, coder, out: Path | None = None, log=print) -> dict:
-    """MLE-Dojo's single agent: one chat of every script and output; the same clock and budget. Not resumed."""
+    """Departure 5: one chat of every script and output. Not resumed."""
     task = env.load_task(cfg.task)
     steps, started = cfg.rounds * cfg.calls * cfg.sub_iters, time.time()
     starter, records = starter_attempt(task, cfg), []
@@ -579,7 +575,6 @@ def run_monolithic(cfg: Config, coder, out: Path | None = None, log=print) -> di
 
 @dataclass
 class Node:
-    """A decision sampled at its parent's state, the attempts its tool calls launched, r(v)."""
     id: int  # its index in Tree.nodes
     parent: int | None  # None for the root (the starter's state)
     depth: int
@@ -587,7 +582,7 @@ class Node:
     calls: list[dict] | None  # parsed tool calls, each with its attempt's id; None: not parsed yet
     status: str  # pending (its calls not all run) | done
     prompt: list | None  # what its children's decisions answer, once sampled
-    score: float | None  # the best public score of its attempts (r(v) once signed); None: none valid
+    score: float | None  # r(v) before signing (departure 2); None: none valid
     finished: bool | None = None  # it called finish; None: not parsed yet or unparsable
     error: str | None = None  # why it is unparsable
 
@@ -597,7 +592,7 @@ class Tree:
     """A Solution Refinement Tree: cfg.children decisions a node; its state: its path's attempts (prefix run once)."""
     task: str
     higher_is_better: bool
-    next_id: int  # the id of the next attempt
+    next_id: int
     attempts: dict[int, Attempt]
     nodes: list[Node]
 
@@ -605,7 +600,6 @@ class Tree:
         return [n for n in self.nodes if n.parent == node_id]
 
     def state(self, node_id) -> list[Attempt]:
-        """The starter and the attempts the node's path launched (those that exist yet)."""
         ids = []
         while node_id is not None:  # up to the root, a node's calls before its children's
             ids[:0] = [c["attempt"] for c in self.nodes[node_id].calls or []]
@@ -629,8 +623,7 @@ class Tree:
 
 
 def collect_tree(cfg: Config, orch, sub, path: Path, log=print) -> Tree:
-    """Expand every node to cfg.depth with cfg.children decisions sampled from its state, run their calls, r(v)
-    from the environment; saved after every decision and attempt, so it resumes where it stopped."""
+    """Grow to cfg.depth (cfg.children decisions a node, r(v) from the environment), saved per decision and attempt."""
     task = env.load_task(cfg.task)
     if (tree := Tree.load(path)) is None:
         starter = starter_attempt(task, cfg)
@@ -639,7 +632,7 @@ def collect_tree(cfg: Config, orch, sub, path: Path, log=print) -> Tree:
     save = lambda: save_json(path, tree.to_json())  # noqa: E731
     tool = partial(refine, task, sub, cfg, time.time() + cfg.time_limit, [])  # no records
     while True:
-        # 1. decisions: cfg.children for each done node without children above the depth limit
+        # 1. decisions at childless done nodes above the depth limit
         for node in list(tree.nodes):
             if node.status != "done" or node.depth >= cfg.depth or tree.children(node.id) or node.finished \
                     or node.error:  # a leaf
@@ -654,7 +647,7 @@ def collect_tree(cfg: Config, orch, sub, path: Path, log=print) -> Tree:
         pending = [n for n in tree.nodes if n.status == "pending"]
         if not pending:
             return tree
-        # 2. parse each pending decision once, give its calls attempt ids, run those not run yet
+        # 2. parse pending decisions once, number their calls' attempts, run the new ones
         jobs = []
         for node in pending:
             by_id = {a.id: a for a in tree.state(node.parent)}
@@ -667,7 +660,7 @@ def collect_tree(cfg: Config, orch, sub, path: Path, log=print) -> Tree:
                 tree.next_id += len(calls)
             jobs += [(c["attempt"], c, by_id, node.depth) for c in node.calls if c["attempt"] not in tree.attempts]
         save()
-        with ThreadPoolExecutor(cfg.workers) as pool:  # each attempt saved as it ends
+        with ThreadPoolExecutor(cfg.workers) as pool:
             for done in as_completed([pool.submit(tool, *job) for job in jobs]):
                 tree.attempts[done.result().id] = done.result()
                 save()
@@ -680,7 +673,7 @@ def collect_tree(cfg: Config, orch, sub, path: Path, log=print) -> Tree:
 
 
 def branch_labels(tree: Tree) -> dict[int, float]:
-    """R(c) = max of r(v) over c's subtree, r the node's signed score (§3.6, Preference Construction)."""
+    """R(c) (§3.6, Preference Construction) with r the node's signed score."""
     R = {n.id: signed(n.score, tree.higher_is_better) for n in tree.nodes}
     for n in reversed(tree.nodes[1:]):  # not the root; children (larger ids) first
         R[n.parent] = max(R[n.parent], R[n.id])
@@ -688,7 +681,7 @@ def branch_labels(tree: Tree) -> dict[int, float]:
 
 
 def preference_groups(tree: Tree) -> list[dict]:
-    """Per node with children: its prompt, their decisions and labels R; all-tied groups dropped."""
+    """Per node: its prompt, its children's decisions and labels R; all-tied groups dropped."""
     R, groups = branch_labels(tree), []
     for node in tree.nodes:
         kids = tree.children(node.id)
@@ -700,7 +693,6 @@ def preference_groups(tree: Tree) -> list[dict]:
 
 
 def sft_rows(attempts, higher: bool) -> list[dict]:
-    """Sub-Agent chats that beat their parent's score, as rows for sft.py."""
     by_id = {a["id"]: a for a in attempts}
     return [{"messages": a["messages"]} for a in attempts if a["parent"] is not None and a["messages"]
             and signed(a["score"], higher) > signed(by_id[a["parent"]]["score"], higher)]
@@ -709,9 +701,9 @@ def sft_rows(attempts, higher: bool) -> list[dict]:
 
 
 def ranking_loss(scores, R):
-    """Plackett-Luce ranking NCE (§3.6, Eqs. 1-4), ties skipped: child k adds -log(exp(s_k) / (exp(s_k) +
-    sum of exp(s_j) over j with R_j < R_k)); scores (K,) = beta * log(pi_theta / pi_ref). Two children: DPO's
-    -log sigmoid(s_w - s_l) (Rafailov et al. 2023). None when every child is tied."""
+    """Plackett-Luce ranking NCE (§3.6, Eqs. 1-4; departure 1) on scores (K,) = beta * log(pi_theta / pi_ref): child k
+    adds -log(exp(s_k) / (exp(s_k) + sum of exp(s_j) with R_j < R_k)); for two, DPO's -log sigmoid(s_w - s_l)
+    (Rafailov et al. 2023). None if all are tied."""
     import torch
     terms = [torch.logsumexp(scores[[k] + worse], 0) - scores[k] for k in range(len(R))
              if (worse := [j for j in range(len(R)) if R[j] < R[k]])]
@@ -719,7 +711,6 @@ def ranking_loss(scores, R):
 
 
 def chat_rows(tok, messages, responses, max_len: int) -> list:
-    """sft.encode_chat's (ids, labels) of the prompt with each response as the assistant turn."""
     import sft
     return [sft.encode_chat(tok, [*messages, {"role": "assistant", "content": r}], max_len) for r in responses]
 
@@ -744,8 +735,8 @@ def passes(n: int, steps: int, rng):  # passes over range(n), each in a new orde
 
 
 def train_orchestrator(policy, ref, tok, groups, cfg: Config, log=print) -> dict:
-    """AdamW without weight decay (sft.py's default), a group per update, cfg.epochs passes, gradient norm
-    clipped at 1. ref None: the reference is the policy with its LoRA adapters off (B = 0: it starts there)."""
+    """A group per update, cfg.epochs passes, no weight decay (sft.py's default). ref None: the reference is the
+    policy with LoRA off (B = 0: it starts there)."""
     import model
     import torch
     with torch.no_grad():
@@ -753,7 +744,7 @@ def train_orchestrator(policy, ref, tok, groups, cfg: Config, log=print) -> dict
         ref_lp = [decision_logprobs(ref or policy, tok, g["messages"], g["responses"], cfg.max_len) for g in groups]
         model.set_lora(policy, True)
 
-    def scores(i):  # (K,)
+    def scores(i):
         g = groups[i]
         return cfg.beta * (decision_logprobs(policy, tok, g["messages"], g["responses"], cfg.max_len) - ref_lp[i])
     opt, losses = torch.optim.AdamW(policy.parameters(), lr=cfg.lr, weight_decay=0.0), []
@@ -777,7 +768,6 @@ def train_orchestrator(policy, ref, tok, groups, cfg: Config, log=print) -> dict
 
 
 def tiny_orchestrator(texts, vocab_size=1024, seed=0):
-    """A tiny Qwen from scratch with a BPE tokenizer trained on `texts`."""
     import model
     tok = model.train_tokenizer(texts, vocab_size)
     model.torch.manual_seed(seed)
@@ -793,7 +783,6 @@ IMITATION_RESAMPLED = 24  # resampled_states of --task's tree; a quarter as many
 
 
 def other_tasks(tree_task: str, per_group: int) -> list[str]:
-    """The first `per_group` held-in tasks of each (kind, modality, metric direction), tree_task excluded."""
     groups: dict = {}
     for name, spec in env.BUILTIN_TASKS.items():
         if spec.split == "held-in" and name != tree_task:
@@ -802,8 +791,8 @@ def other_tasks(tree_task: str, per_group: int) -> list[str]:
 
 
 def resampled_states(tree, n: int, rng) -> list[list[Attempt]]:
-    """n states as a run holds them: random ancestor-closed subsets of the tree's attempts, renumbered 0, 1, ... in
-    order of addition (parents, references, summaries' "parent #k"); their best varies more than along tree paths."""
+    """n run-like states: random ancestor-closed subsets of the tree's attempts, renumbered 0, 1, ... in order of
+    addition (parents, references, summaries' "parent #k"); their best varies more than along tree paths."""
     pool, states = tree.attempts, []
     for _ in range(n if len(pool) > 1 else 0):
         order = [0]
@@ -823,11 +812,9 @@ def resampled_states(tree, n: int, rng) -> list[list[Attempt]]:
 
 
 def imitation_examples(trees, cfg: Config) -> list[dict]:
-    """What the tiny ckpt-0 imitates: each tree's done nodes and resampled_states (--task's first), IMITATION_VIEWS
-    times each; a node's own prompt keeps the tree's decisions, others get greedy parents with sampled ideas
-    (tests/RESULTS.md, "what the tiny ckpt-0 imitates"). -> [{"messages", "responses", "known": the state's ids,
-    "tree": a node's own prompt}]"""
-    rng, states = random.Random(f"{cfg.seed}:imitation"), []  # (task, state, node, tree, tree depth)
+    """ckpt-0's examples (tests/RESULTS.md, "what the tiny ckpt-0 imitates"): done nodes and resampled_states of each
+    tree, IMITATION_VIEWS each; a node's own prompt keeps its decisions, others get greedy parents, sampled ideas."""
+    rng, states = random.Random(f"{cfg.seed}:imitation"), []
     for i, tree in enumerate(trees):
         task, depth = env.load_task(cfg.task if i == 0 else tree.task), cfg.depth if i == 0 else OTHER_TREE_DEPTH
         states += [(task, tree.state(n.id), n, tree, depth) for n in tree.nodes if n.status == "done"]
@@ -860,7 +847,7 @@ def imitation_examples(trees, cfg: Config) -> list[dict]:
 
 
 def imitate(lm, tok, examples, cfg: Config, log=print) -> dict:
-    """Behaviour cloning with sft.py's loss and step, an example (decisions sharing a prompt) per update."""
+    """Behaviour cloning with sft.py's loss and step, an example (decisions of one prompt) per update."""
     import sft
     import torch
     rows = [chat_rows(tok, e["messages"], e["responses"], cfg.max_len) for e in examples]
@@ -881,7 +868,6 @@ def imitate(lm, tok, examples, cfg: Config, log=print) -> dict:
 
 
 def greedy_parse_rate(lm, tok, examples, cfg: Config) -> float | None:
-    """The share of examples whose greedy decision parses."""
     backend, ok = agent.LocalBackend(lm=lm, tokenizer=tok), 0
     for e in examples:
         n = 2 * max(len(tok.encode(r)) for r in e["responses"]) + 16
@@ -894,8 +880,7 @@ def greedy_parse_rate(lm, tok, examples, cfg: Config) -> float | None:
 
 
 def imitation_orchestrator(trees, groups, cfg: Config, log=print):
-    """OFFLINE STAND-IN for "the same model before tree training" (a pre-trained LLM answering in the format):
-    tiny_orchestrator on the examples' and groups' texts, `imitate`d -> (lm, tok, stats with greedy parse rates)."""
+    """OFFLINE STAND-IN (departure 9) for "the same model before tree training" -> (lm, tok, stats with parse rates)."""
     examples, texts = imitation_examples(trees, cfg), []
     for src in (examples, groups):
         texts += [m["content"] for e in src for m in e["messages"]] + [r for e in src for r in e["responses"]]
@@ -912,8 +897,7 @@ def imitation_orchestrator(trees, groups, cfg: Config, log=print):
 
 
 def save_checkpoint(lm, tok, path: Path, dtype=None, notes: dict | None = None):
-    """model.save_checkpoint_folder (LoRA merged; dtype None: the model's) plus `notes` ({file name: object}),
-    swapped in by agent.swap_folder (a kill: train_loop recovers)."""
+    """model.save_checkpoint_folder (LoRA merged; dtype None: the model's) plus `notes` files, via agent.swap_folder."""
     import model
     tmp, _ = model.save_checkpoint_folder(lm, tok, str(path), dtype, {})
     for name, obj in (notes or {}).items():
@@ -925,8 +909,8 @@ LARGE = 10_000_000  # parameters (ppo.py's TINY_PARAMS) from which LoRA and chec
 
 
 def load_for_training(path: Path, cfg: Config):
-    """(policy, tokenizer, reference), the previous orchestrator the reference (§3.6). Small: fp32 master weights, a
-    frozen copy; large (or --lora-rank): fp32 LoRA on the frozen base, the reference (None), blocks recomputed."""
+    """(policy, tokenizer, reference), the previous orchestrator the reference (§3.6; departure 6): small, a frozen
+    copy; large (or --lora-rank), None (LoRA off), blocks recomputed."""
     import model
     policy, tok = model.load(str(path), meta=True)
     n = sum(p.numel() for p in policy.parameters())
@@ -942,8 +926,8 @@ def load_for_training(path: Path, cfg: Config):
 
 
 def train_loop(cfg: Config, model_path: str | None, collector: str, sub, out: Path, log=print) -> Path:
-    """Online iterations: trees by the current orchestrator (out/tree-<i>.json, other_tasks' tree-<i>-<task>.json),
-    the ranking loss on their groups, it the reference; the trained one is next. Resumes: out/ckpt-<i>, the trees."""
+    """Online iterations: the current orchestrator's trees (out/tree-<i>.json, other_tasks' tree-<i>-<task>.json),
+    ranking loss on their groups against it; the trained one is next. Resumes from out/ckpt-<i> and the trees."""
     import model
     for folder in list(out.glob("ckpt-*.*")):  # a kill in save_checkpoint: .old back, .tmp gone
         agent.recover_folder(folder.with_suffix(""), folder.with_suffix(".tmp"))
@@ -961,7 +945,7 @@ def train_loop(cfg: Config, model_path: str | None, collector: str, sub, out: Pa
                                out / f"tree-{it}-{name}.json", log)
                   for name in other_tasks(trees[0].task, c.tree_tasks)]
         groups = [g for tree in trees for g in preference_groups(tree)]
-        if not current.exists():  # no --model: a tiny model from scratch imitates the format first
+        if not current.exists():  # no --model: departure 9
             lm, tok, stats = imitation_orchestrator(trees, groups, cfg, log)
             save_checkpoint(lm, tok, current, notes={"imitation.json": stats})
         policy, tok, ref = load_for_training(current, cfg)
@@ -989,7 +973,7 @@ TYPES = {"seed": agent.checked(int), "tree_temperature": agent.NONNEGATIVE,
 
 
 def token_table(records) -> str:
-    """Mean prompt tokens per round and role (the paper's Fig. 2)."""
+    """Mean prompt tokens per round and role (Fig. 2)."""
     rows = {}
     for r in records:
         rows.setdefault((r["round"], r["role"]), []).append(r["tokens"])
@@ -1008,7 +992,7 @@ def main(argv=None):
         ("run", "a Matryoshka run (or --monolithic) on one task"), ("tree", "collect a Solution Refinement Tree"),
         ("train", "train the Orchestrator with the ranking loss on trees (online iterations)"))}
     for c, parser in cmds.items():
-        agent.add_fields(parser, Config, TYPES, names=f"{FLAGS['common']} {FLAGS[c]}".split())  # Config fields
+        agent.add_fields(parser, Config, TYPES, names=f"{FLAGS['common']} {FLAGS[c]}".split())
     cmds["run"].add_argument("--monolithic", action="store_true", help="the single-agent baseline instead")
     cmds["run"].add_argument("--fresh", action="store_true", help="start over instead of resuming out/run.json")
     cmds["train"].add_argument("--model", help="orchestrator checkpoint (default: a tiny model from scratch)")

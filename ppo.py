@@ -1,29 +1,28 @@
 """Step-wise PPO of ML-Agent (arXiv:2505.23723, §"Step-wise RL paradigm"): an actor, a critic and a frozen reference,
-trained on states from the expert's distribution d^{pi_e} (runs/data/states.jsonl, from collect.py).
+trained on states from the expert's distribution d^{pi_e} (runs/data/states.jsonl, collect.py).
 
-J_step(theta) = E_{s ~ d^{pi_e}, a ~ pi_theta(.|s)} [R(s, a)]: in each sampled expert state the policy takes ONE
-action, executed from the restored state and scored (agent.act); PPO updates (`train`'s six steps). PPO as in "The N
-Implementation Details of RLHF with PPO" (Huang et al. 2024) and CleanRL: left padding, log-probs of temperature-scaled
-logits, a per-token KL penalty to the reference, the score on the last token, GAE (gamma 1, lambda 0.95), whitened
-advantages, clipped policy and value losses, no dropout. Departures:
-1. Rates: a pre-trained policy keeps the paper's (actor 1e-6, critic 1e-5); the offline tiny model gets TINY's and
-   the group baseline. Batch, temperature, KL and clip settings (the paper is silent): the N-details' (`Config`).
+J_step(theta) = E_{s ~ d^{pi_e}, a ~ pi_theta(.|s)} [R(s, a)]: in each sampled expert state the policy takes ONE action,
+run from the restored state and scored (agent.act); PPO (`train`'s six steps) as in "The N Implementation Details of
+RLHF with PPO" (Huang et al. 2024) and CleanRL: left padding, log-probs of temperature-scaled logits, per-token KL
+penalty to the reference, score on the last token, GAE (gamma 1, lambda 0.95), whitened advantages, clipped policy and
+value losses, no dropout. Departures:
+1. Rates: a pre-trained policy keeps the paper's (actor 1e-6, critic 1e-5), the offline tiny model gets TINY's and the
+   group baseline. Batch, temperature, KL, clip (the paper is silent): N-details' (`Config`).
 2. `--samples-per-state n` (OpenRLHF's n_samples_per_prompt; the paper samples one) shares each prompt's prefill;
    `--advantage group` replaces the critic by the state's other samples (RLOO, arXiv:2402.14740).
 3. The critic is the policy with a scalar head (as OpenRLHF's), not initialised from a reward model.
-4. Masks come from lengths (pad may equal EOS). Generation stops where agent.run_episode's does; each action runs
-   once its response is complete; a response cut at --max-new-tokens is invalid.
+4. Masks come from lengths (pad may equal EOS). Generation stops where agent.run_episode's does; an action runs once its
+   response is complete; one cut at --max-new-tokens is invalid.
 5. On CPU the old log-probs are the generation's (the rollout ran on the actor's fp32 weights); CUDA recomputes them.
 6. `--episodic`: the paper's episode-wise ablation; `--tasks N`: N tasks (ML-Agent Figure 5); `--lora-rank`: adapters
    (arXiv:2106.09685), the reference the actor with them off; `Edit Script (AI)` by the recipe stand-in (--editor).
-7. torchrun ranks share each batch (each state with its own seed: any world size samples alike); FSDP2 shards the
-   three models; each rank generates from a gathered bf16 copy (VeRL's "hybrid engine").
+7. torchrun ranks share each batch (each state its own seed: any world size samples alike); FSDP2 shards the three
+   models; each rank generates from a gathered bf16 copy (VeRL's "hybrid engine").
 
 Run:  python collect.py && python sft.py && python ppo.py  (tiny model, offline, minutes)
       python ppo.py --episodic;  python ppo.py --binary-performance  (ablations: episode-wise RL, ML-Agent Table 3)
       GPU node (torchrun, FSDP2) or one GPU (--lora-rank 16): README, "On a GPU node with a real model and endpoint"
-Outputs: runs/ckpt/ppo (the actor's Hugging Face folder, trainer_state/ to resume), runs/ppo/log.jsonl; a resume
-with other reward flags stops rather than mix two rewards.
+Outputs: runs/ckpt/ppo (actor folder + trainer_state/), runs/ppo/log.jsonl; a resume with other reward flags stops.
 """
 import dataclasses
 import json
@@ -45,7 +44,7 @@ import model
 from reward import (RewardConfig, add_flags as add_reward_flags, from_flags as reward_from_flags, from_record, mismatch,
                     reward)
 
-ROOT = env.ROOT  # default paths: the project's runs/, wherever ppo.py is started from
+ROOT = env.ROOT  # default paths: the project's runs/, from any cwd
 
 
 @dataclasses.dataclass
@@ -106,7 +105,7 @@ PAPER = dict(actor_lr=1e-6, critic_lr=1e-5, critic_warmup=0, advantage="gae")  #
 # tests/RESULTS.md, "PPO on the tiny model").
 TINY = dict(actor_lr=1e-4, critic_lr=3e-3, critic_warmup=2, advantage="group")
 TINY_PARAMS = 10_000_000
-TINY_ITERATIONS = 15  # a tiny model's cap on an epoch's iterations: the quick pipeline's time
+TINY_ITERATIONS = 15  # a tiny model's most iterations per epoch: the quick pipeline's time
 GROUP_SAMPLES = 4  # --advantage group's default --samples-per-state
 
 
@@ -125,19 +124,19 @@ def resolve_defaults(cfg, n_params):
 # ==== Models
 
 class Actor(nn.Module):
-    """The policy (`.lm`) whose forward is the response tokens' log-probs: FSDP2 gathers its root unit for that call."""
+    """The policy (`.lm`); forward: response log-probs (FSDP2 gathers its root unit for the call)."""
 
     def __init__(self, lm, temperature=1.0, logits_chunk=1024):
         super().__init__()
         self.lm, self.temperature, self.logits_chunk = lm, temperature, logits_chunk
 
-    def forward(self, ids, lengths, starts):  # rows (B, W) -> (B, R) log pi of the response tokens
+    def forward(self, ids, lengths, starts):  # (B, W) -> (B, R)
         return model.response_logprobs(self.lm, ids, lengths, starts, self.temperature, self.lm.sample_vocab_size,
                                        self.logits_chunk).clone()  # FSDP2 hooks the output: no internal view
 
 
 class Critic(nn.Module):
-    """V(s_t) for every response token: the policy's Qwen copy (its lm_head dropped, never used) and a linear head."""
+    """V(s_t) per response token: a Qwen copy of the policy (lm_head dropped) and a linear head."""
 
     def __init__(self, backbone):
         super().__init__()
@@ -145,12 +144,12 @@ class Critic(nn.Module):
         self.head = nn.Linear(C, 1, device=backbone.model.norm.weight.device, dtype=torch.float32)
 
     def head_init(self, seed):
-        """N-details layer_init: weight ~ N(0, 1/(C + 1)) from its own seed, bias 0 (CPU)."""
+        """N-details layer_init, from its own seed (CPU)."""
         C = self.head.in_features
         weight = torch.randn(1, C, generator=torch.Generator().manual_seed(seed)) / math.sqrt(C + 1)
         return [("weight", weight), ("bias", torch.zeros(1))]
 
-    def forward(self, ids, lengths, starts):  # rows (B, W) -> (B, R) values before the response tokens
+    def forward(self, ids, lengths, starts):  # (B, W) -> (B, R), V before each token
         h, _ = model.response_hidden(self.backbone, ids, lengths, starts)
         return self.head(h.to(self.head.weight.dtype)).squeeze(-1).clone()
 
@@ -158,7 +157,7 @@ class Critic(nn.Module):
 # ==== PPO arithmetic: pure functions, each checked by hand in tests/test_ppo.py
 
 def token_rewards(scores, logprobs, ref_logprobs, mask, kl_coef):
-    """The N-details reward: -kl_coef * (log pi - log pi_ref) on every token, the score (B,) added on the last."""
+    """N-details reward: a KL penalty on every token, plus the score (B,) on the last."""
     kl = (logprobs - ref_logprobs) * mask
     rewards, last = -kl_coef * kl, (mask.sum(1).long() - 1).clamp(min=0)
     rewards[torch.arange(len(scores), device=scores.device), last] += scores
@@ -166,8 +165,7 @@ def token_rewards(scores, logprobs, ref_logprobs, mask, kl_coef):
 
 
 def gae(rewards, values, mask, gamma, lam, next_value=None, next_adv=None):
-    """GAE (Schulman et al. 2016) along the response tokens, right to left, carrying the bootstrap past their end.
-    next_value, next_adv (B,): V and A after the response (0 at an episode's end) -> advantages, returns (B, R)."""
+    """GAE (Schulman et al. 2016) over response tokens; next_value, next_adv (B,): V, A after them (0: episode end)."""
     B, R = rewards.shape
     nv = torch.zeros(B, device=rewards.device) if next_value is None else next_value.clone()
     last = torch.zeros(B, device=rewards.device) if next_adv is None else next_adv.clone()
@@ -184,7 +182,7 @@ def gae(rewards, values, mask, gamma, lam, next_value=None, next_adv=None):
 def gae_rows(rewards, values, mask, nxt, gamma, lam):
     """GAE where row r continues in row nxt[r] (its episode's next step; -1: none)."""
     depth = [0] * len(nxt)
-    for r in reversed(range(len(nxt))):  # a successor comes later; rows by steps to go
+    for r in reversed(range(len(nxt))):  # successors come later; rows by steps to go
         depth[r] = 0 if nxt[r] < 0 else depth[nxt[r]] + 1
     adv, ret = torch.zeros_like(rewards), torch.zeros_like(rewards)
     for d in range(max(depth) + 1):
@@ -197,21 +195,20 @@ def gae_rows(rewards, values, mask, nxt, gamma, lam):
 
 
 def group_advantages(scores, kl, mask, n, kl_coef):
-    """--advantage group (RLOO, Ahmadian et al. 2024, arXiv:2402.14740, eq. 9): each action's score (minus kl_coef
-    times its summed KL) minus the mean of the other n - 1 of its state (rows state-major), on every token."""
+    """RLOO (Ahmadian et al. 2024, arXiv:2402.14740, eq. 9): each row minus the mean of its state's other n - 1."""
     g = (scores - kl_coef * kl.sum(1)).view(-1, n)
     loo = g - (g.sum(1, keepdim=True) - g) / (n - 1)
     return loo.view(-1, 1) * mask
 
 
 def episode_group_advantages(scores, kl, mask, nxt, n, kl_coef):
-    """--advantage group in --episodic: a step's return-to-go (gamma 1) minus the mean return-to-go of the other
-    n - 1 episodes of its task start at that step (0 past an end), which do not depend on its actions: no bias."""
-    togo = (scores - kl_coef * kl.sum(1)).tolist()  # each step's score, then plus the later ones
+    """--advantage group, --episodic: a step's return-to-go (gamma 1) minus the mean of the other n - 1 episodes' from
+    its task start at that step (0 past an end), which its actions do not move: no bias."""
+    togo = (scores - kl_coef * kl.sum(1)).tolist()  # each step's score, then + later ones
     for r in reversed(range(len(nxt))):
         if nxt[r] >= 0:
             togo[r] += togo[nxt[r]]
-    chains = []  # each episode's rows in step order, from the rows no row links to
+    chains = []  # each episode's rows in step order, from its first
     for r in sorted(set(range(len(nxt))) - set(nxt)):
         chains.append([])
         while r >= 0:
@@ -225,20 +222,19 @@ def episode_group_advantages(scores, kl, mask, nxt, n, kl_coef):
     return torch.tensor(adv, dtype=scores.dtype, device=scores.device)[:, None] * mask
 
 
-def masked_mean(x, mask, ranks=model.Ranks()):  # over the valid tokens of every rank
+def masked_mean(x, mask, ranks=model.Ranks()):  # over every rank's valid tokens
     return ranks.sum((x * mask).sum()) / ranks.sum(mask.sum()).clamp(min=1)
 
 
 def whiten(x, mask, eps=1e-8, ranks=model.Ranks()):
-    """Zero mean, unit (unbiased) variance over the valid tokens of every rank's rows (TRL's masked_whiten)."""
+    """Zero mean, unit (unbiased) variance over every rank's valid tokens (TRL's masked_whiten)."""
     mean, n = masked_mean(x, mask, ranks), ranks.sum(mask.sum())
     var = ranks.sum(((x - mean) ** 2 * mask).sum()) / (n - 1).clamp(min=1)
     return (x - mean) * torch.rsqrt(var + eps) * mask
 
 
 def policy_loss(logprobs, old_logprobs, advantages, mask, clip_coef, denom=None):
-    """The clipped surrogate (PPO, Schulman et al. 2017, eq. 7): max(-A r, -A clip(r, 1-eps, 1+eps)) summed over
-    valid tokens / denom (default: their number) -> loss, clip fraction, ratio."""
+    """PPO's clipped surrogate (Schulman et al. 2017, eq. 7) summed over valid tokens / denom (default: their count)."""
     ratio = torch.exp(logprobs - old_logprobs)
     losses = torch.max(-advantages * ratio, -advantages * ratio.clamp(1 - clip_coef, 1 + clip_coef))
     denom, clipped = (mask.sum() if denom is None else denom), ((ratio - 1).abs() > clip_coef).float()
@@ -246,7 +242,7 @@ def policy_loss(logprobs, old_logprobs, advantages, mask, clip_coef, denom=None)
 
 
 def value_loss(values, old_values, returns, mask, vf_clip, denom=None):
-    """0.5 * max((V - G)^2, (V_clipped - G)^2), V_clipped = V_old + clip(V - V_old, -c, c) (N-details)."""
+    """Clipped value loss (N-details)."""
     clipped = old_values + (values - old_values).clamp(-vf_clip, vf_clip)
     losses = 0.5 * torch.max((values - returns) ** 2, (clipped - returns) ** 2)
     denom = mask.sum() if denom is None else denom
@@ -261,8 +257,7 @@ def explained_variance(values, returns, mask, ranks=model.Ranks()):
 # ==== Batches: a right-padded row per prompt and its responses
 
 def make_batch(prompts, responses, pad, device, group=1):
-    """B responses (prompts in runs of `group` equal ones) -> ids (B / group, W), each prompt once and then its
-    responses (model.response_hidden); where each ends and begins; the mask (B, R)."""
+    """Runs of `group` equal prompts -> ids (B / group, W): each once, then its responses (model.response_hidden)."""
     B, R = len(prompts), max(max(map(len, responses)), 1)
     if B % group or any(prompts[b] != prompts[b - b % group] for b in range(B)):
         raise ValueError(f"the {B} prompts are not runs of {group} equal prompts")
@@ -280,9 +275,8 @@ def make_batch(prompts, responses, pad, device, group=1):
 
 
 def micro_batches(ids, lengths, starts, idx, cfg, ranks=model.Ranks()):
-    """Yields (responses, weight, (ids, lengths, starts) of their rows): idx by length, at most cfg.micro_batch
-    rows and cfg.micro_tokens tokens each, then fillers (row 0, weight 0) up to any rank's most (FSDP)."""
-    shared = lengths.shape[0] // ids.shape[0]  # responses per row of ids (make_batch's group)
+    """Micro-batches of idx by length (<= micro_batch rows, micro_tokens tokens); fillers to any rank's most (FSDP)."""
+    shared = lengths.shape[0] // ids.shape[0]  # responses per ids row (make_batch's group)
     groups = idx.view(-1, shared)
     row_len, out = lengths[groups].max(1).values, []
     for g in torch.argsort(row_len, stable=True).tolist():
@@ -299,14 +293,13 @@ def micro_batches(ids, lengths, starts, idx, cfg, ranks=model.Ranks()):
 # ==== Acting: generation (step 2), execution in sandboxes (step 3)
 
 def generate(lm, tokenizer, messages, cfg, device, seeds=None, n=1, on_done=None):
-    """n responses per prompt (one prefill) -> prompt ids, token ids, log-probs, texts, whether each ended with a stop
-    token; on_done(i, text, ended) as response i completes."""
+    """n responses per prompt (one prefill); on_done(i, text, ended) as response i completes."""
     context = min(lm.config.max_position_embeddings, cfg.max_prompt_len + cfg.max_new_tokens)
     prompts = [model.keep_end(tokenizer.encode(tokenizer.apply_chat_template(m)), context, cfg.max_new_tokens)
                for m in messages]
     text = lambda t: agent.cut_at_stop(tokenizer.decode(t, skip_special_tokens=True), agent.STOP)  # noqa: E731
     done = None if on_done is None else lambda i, t, reason: on_done(i, text(t), reason == "stop")  # noqa: E731
-    threads = torch.get_num_threads()  # on CPU 1: the scripts share the cores, waiting OpenMP threads crawl
+    threads = torch.get_num_threads()  # CPU: 1, scripts share the cores (waiting OpenMP threads crawl)
     torch.set_num_threads(1 if device.type == "cpu" else threads)  # (tests/RESULTS.md, "ppo.py: generation threads")
     try:
         with model.autocast(device):
@@ -320,8 +313,7 @@ def generate(lm, tokenizer, messages, cfg, device, seeds=None, n=1, on_done=None
 
 
 def execute(e, text, reward_config, finished=True, unfinished_invalid=True):
-    """Parse, run and score (agent.act) one action in env `e`. A cut response is invalid unless
-    --no-unfinished-invalid: paid for, they grew (tests/RESULTS.md, "PPO on the tiny model")."""
+    """Run agent.act; cut responses are invalid (paid for, they grew: tests/RESULTS.md, "PPO on the tiny model")."""
     action = action_input = reason = None
     try:
         if not finished and unfinished_invalid:
@@ -333,7 +325,7 @@ def execute(e, text, reward_config, finished=True, unfinished_invalid=True):
     edit = edit if edit is None or isinstance(edit, str) else json.dumps(edit)  # hashable (C5)
     try:
         result, r = agent.act(e, action, action_input, reason, reward_config)
-    except Exception as err:  # noqa: BLE001 - one row's failure, not the run's
+    except Exception as err:  # noqa: BLE001 - fails the row, not the run
         return error_outcome(f"{e.task.name} at step {e.step_count}", err, reward_config, finished, action, edit,
                              e.metric)
     return {"kind": result.kind, "reward": r, "m_prev": result.metric_prev, "m_new": result.metric_new, "edit": edit,
@@ -341,7 +333,7 @@ def execute(e, text, reward_config, finished=True, unfinished_invalid=True):
 
 
 def error_outcome(where, err, reward_config, finished, action=None, edit=None, metric=None):
-    """One row's environment raised: an "error" outcome ending its episode, told on stderr (as collect's rollouts)."""
+    """A row's env raised: an "error" outcome ending its episode, told on stderr (as collect's rollouts)."""
     why = env._short(f"{type(err).__name__}: {err}")
     print(f"ppo.py: {where}: the environment failed, an error outcome: {why}", file=sys.stderr, flush=True)
     return {"kind": "error", "reward": reward("error", config=reward_config), "m_prev": metric, "m_new": metric,
@@ -353,8 +345,7 @@ def make_env(task, task_dir, editor):
 
 
 def generate_and_run(lm, tokenizer, messages, cfg, pool, device, timer, run, seeds=None, n=1):
-    """generate; each action runs in the pool (run(row, text, ended)) once its response is complete, or, when scripts
-    see this rank's GPU (--script-gpu), after generation, its KV cache freed: not at the memory peak."""
+    """generate; run(row, text, ended) in the pool as a response ends, or (--script-gpu) after the KV cache is freed."""
     running, gpu = {}, str(device).startswith("cuda") and bool(env.SCRIPT_GPU)
 
     def start(i, text, ended):  # once per row -> its future
@@ -365,8 +356,8 @@ def generate_and_run(lm, tokenizer, messages, cfg, pool, device, timer, run, see
     prompts, tokens, gen_lp, texts, ended = generate(lm, tokenizer, messages, cfg, device, seeds, n,
                                                      None if gpu else start)
     if gpu:
-        torch.cuda.empty_cache()  # the KV cache's memory to the scripts
-    timer("generate")  # with the executions under way
+        torch.cuda.empty_cache()
+    timer("generate")  # executions under way
     futures = [start(i, text, end) for i, (text, end) in enumerate(zip(texts, ended))]
     outcomes = [f.result() for f in futures]
     timer("execute")
@@ -374,13 +365,13 @@ def generate_and_run(lm, tokenizer, messages, cfg, pool, device, timer, run, see
 
 
 def step_rollout(states, lm, tokenizer, cfg, pool, editor, device, timer, seeds=None, n=1):
-    """Steps 2-3: n actions per expert state (rows state-major), each run from the restored state."""
+    """Steps 2-3: n actions per expert state (rows state-major), each from the restored state."""
     def run(i, text, ended):
         s = states[i // n]
         try:
             e = make_env(s["task"], s["task_dir"], editor)
-            e.restore(s["snapshot"])  # as the expert found it at s_t
-        except Exception as err:  # noqa: BLE001 - one row's failure, not the run's
+            e.restore(s["snapshot"])  # as the expert found s_t
+        except Exception as err:  # noqa: BLE001 - fails the row, not the run
             return error_outcome(f"state {s.get('id')} of {s['task']}", err, cfg.reward, ended)
         return execute(e, text, cfg.reward, ended, cfg.unfinished_invalid)
 
@@ -420,14 +411,14 @@ def forward_scores(actor, critic, ref, ids, lengths, starts, R, cfg, device, ran
     with torch.no_grad(), model.autocast(device):
         for idx, weight, (i, ln, st) in micro_batches(ids, lengths, starts, torch.arange(B, device=device), cfg, ranks):
             lp = actor(i, ln, st) if logprobs is None else None
-            model.set_lora(actor, ref is not None)  # LoRA: the reference is the actor, adapters off
+            model.set_lora(actor, ref is not None)  # LoRA: reference = actor, adapters off
             ref_lp = (actor if ref is None else ref)(i, ln, st)
             model.set_lora(actor, True)
             v = critic(i, ln, st).float() if critic is not None else None
             for k, x in enumerate((lp, ref_lp, v) if weight else ()):  # a filler (weight 0): none
                 if x is not None:
                     out[k][idx, :x.shape[1]] = x
-    model.reshard(actor, critic, ref)  # no backward follows: FSDP2's gathered roots are freed now
+    model.reshard(actor, critic, ref)  # no backward follows: free FSDP2's gathered roots
     return out
 
 
@@ -444,7 +435,7 @@ def ppo_update(actor, critic, opt_a, opt_c, data, cfg, device, gen, step_actor=T
         for mb in perm.split(max(B // group // cfg.num_minibatches, 1)):  # of states
             mb = (mb[:, None] * group + torch.arange(group)).view(-1)  # their responses
             mine = torch.tensor([local[g] for g in mb.tolist() if g in local], dtype=torch.long, device=device)
-            denom = ranks.sum(mask[mine].sum()).clamp(min=1)  # the whole minibatch's
+            denom = ranks.sum(mask[mine].sum()).clamp(min=1)  # whole minibatch's
             s = torch.zeros(4, device=device)  # pg_loss, vf_loss, clipfrac, approx_kl
             for idx, weight, (i, ln, st) in micro_batches(ids, lengths, starts, mine, cfg, ranks):
                 with model.autocast(device):
@@ -460,7 +451,7 @@ def ppo_update(actor, critic, opt_a, opt_c, data, cfg, device, gen, step_actor=T
                         v = critic(i, ln, st).float()
                         vf = value_loss(v, data["values"][idx, :n], data["returns"][idx, :n], m, cfg.vf_clip, denom)
                         (vf * scale).backward()
-                if not stats and weight:  # the first minibatch: the policy has not moved yet
+                if not stats and weight:  # first minibatch: policy not moved yet
                     first_ratio = max(first_ratio, float(((ratio.detach() - 1).abs() * m).max()))
                 kl = (0.5 * (lp.detach() - old) ** 2 * m).sum() / denom
                 s += torch.tensor([float(pg.detach()), float(vf.detach()), float(cf), float(kl)], device=device)
@@ -471,7 +462,7 @@ def ppo_update(actor, critic, opt_a, opt_c, data, cfg, device, gen, step_actor=T
             actor_steps += step_actor
             for net, opt in ((actor, opt_a),) * step_actor + ((critic, opt_c),) * (critic is not None):
                 trained = [q for q in net.parameters() if q.requires_grad]
-                if ranks.world > 1 and not sharded:  # LoRA: sum the adapters' gradients
+                if ranks.world > 1 and not sharded:  # LoRA: sum adapter gradients
                     for q in trained:
                         q.grad = ranks.sum(q.grad if q.grad is not None else torch.zeros_like(q))
                 nn.utils.clip_grad_norm_(trained, cfg.max_grad_norm)
@@ -486,7 +477,7 @@ def ppo_update(actor, critic, opt_a, opt_c, data, cfg, device, gen, step_actor=T
 # ==== Checkpoints: the actor's Hugging Face folder with trainer_state/ in it
 
 def save_checkpoint(run):
-    """Every rank (FSDP gathers); rank 0 writes <out>.tmp (actor folder, trainer_state/) and swaps it in."""
+    """Every rank (FSDP gathers); rank 0 writes <out>.tmp and swaps it in."""
     cfg, actor, critic = run.cfg, run.actor, run.critic
     adapters = lambda net: {k: v for k, v in model.full_state(net).items()  # noqa: E731
                             if not cfg.lora_rank or k.startswith("head.") or ".A" in k or ".B" in k}
@@ -498,7 +489,7 @@ def save_checkpoint(run):
         return
     dtype = model.save_dtype(cfg.save_dtype, run.ranks.device)
     tmp, master = model.save_checkpoint_folder(actor.lm, run.tokenizer, cfg.out, dtype, actor_state)
-    state["actor"] = master  # fp32 master weights when the bf16 folder rounds them, else None
+    state["actor"] = master  # fp32 masters if bf16 rounds them, else None
     os.makedirs(os.path.join(tmp, "trainer_state"))
     torch.save(state, os.path.join(tmp, "trainer_state", "state.pt"))
     agent.write_atomic(os.path.join(tmp, "trainer_state", "progress.json"), json.dumps(
@@ -507,7 +498,7 @@ def save_checkpoint(run):
 
 
 def find_resume(out):
-    """The folder of the last complete checkpoint (a kill between the two renames leaves it at <out>.old)."""
+    """The last complete checkpoint's folder (a kill between the two renames leaves it at <out>.old)."""
     return next((f for f in (out, out + ".old") if os.path.exists(os.path.join(f, "trainer_state", "state.pt"))), None)
 
 
@@ -521,13 +512,13 @@ def claim_out(cfg):
     if os.path.isdir(out) and os.listdir(out) and not find_resume(out):
         raise ValueError(f"--out {cfg.out} holds something that is not a ppo.py checkpoint; give another folder")
     os.makedirs(os.path.dirname(out), exist_ok=True)
-    lock = agent.lock_file(out + ".lock", f"--out {cfg.out}")  # beside the folder, which saving replaces
+    lock = agent.lock_file(out + ".lock", f"--out {cfg.out}")  # beside the folder
     agent.recover_folder(out, out + ".tmp")  # what a kill while saving left
     return lock
 
 
 def check_resume_reward(folder, cfg):
-    """ValueError when `folder`'s checkpoint recorded another reward than cfg (reward.py's, --unfinished-invalid)."""
+    """ValueError if `folder`'s checkpoint recorded another reward than cfg (reward.py's, --unfinished-invalid)."""
     path = os.path.join(folder, "trainer_state", "progress.json")
     recorded = model.read_json(path).get("config", {}) if os.path.exists(path) else {}
     theirs = {"reward": from_record(recorded["reward"]) if recorded.get("reward") is not None else cfg.reward,
@@ -550,7 +541,6 @@ def load_states(path):
 
 
 def pick_tasks(states, n, seed):
-    """The states of n of the pool's tasks, a seeded draw (the same n tasks for every run with this seed)."""
     names = sorted({s["task"] for s in states})
     chosen = set(random.Random(f"tasks:{seed}").sample(names, min(n, len(names))))
     return [s for s in states if s["task"] in chosen]
@@ -587,7 +577,7 @@ def build(cfg, init, resume, st, ranks):
 
 
 def collective_timeout(cfg, states):
-    """Seconds a collective waits: 2 h, or twice this rank's rollout (waves of --workers scripts, the longest limit)."""
+    """Seconds a collective waits: 2 h, or twice this rank's rollout (waves of --workers scripts, longest limit)."""
     world = int(os.environ.get("WORLD_SIZE", 1))
     limit = max(env.BUILTIN_TASKS[t].time_limit if t in env.BUILTIN_TASKS else env.load_task(d).time_limit
                 for t, d in {(s["task"], s["task_dir"]) for s in states})
@@ -596,12 +586,11 @@ def collective_timeout(cfg, states):
 
 
 def setup(cfg):
-    """This rank, the states (of the --tasks drawn), --out, the resume point, models, optimizers ->
-    the run. The critic is built with either advantage (one checkpoint layout); value_net: None if
-    --advantage group neither runs nor trains it; ref: None with LoRA (the actor, adapters off)."""
-    states = load_states(cfg.states)  # first: the process group's timeout is the rollout's
+    """Rank, states (--tasks' draw), --out, resume point, models, optimizers -> run. The critic exists under either
+    advantage (one checkpoint layout); value_net: None if --advantage group leaves it unused; ref: None with LoRA."""
+    states = load_states(cfg.states)  # first: the process group's timeout is a rollout's
     rank, world, device = model.setup_distributed(cfg, collective_timeout(cfg, states))
-    if device.type == "cuda":  # each rank's scripts on its own GPU, or on none
+    if device.type == "cuda":  # each rank's scripts on its own GPU or none
         env.set_script_gpu(device.index if cfg.script_gpu else None)
     say = (lambda *a: print(*a, flush=True)) if rank == 0 else (lambda *a: None)
     torch.manual_seed(cfg.seed)  # the adapters' init
@@ -627,7 +616,7 @@ def setup(cfg):
     progress = dict(st["progress"]) if st else {"iteration": 0, "init_model": cfg.model}
     lm, tokenizer = model.load(progress["init_model"], device, torch.float32, meta=True)
     cfg = resolve_defaults(cfg, n_params := sum(p.numel() for p in lm.parameters()))
-    if world == 1 and not cfg.lora_rank:  # actor and critic 16 B a parameter, the reference 2
+    if world == 1 and not cfg.lora_rank:  # actor, critic 16 B a parameter, reference 2
         model.check_fits(n_params, 34, device, "pass --lora-rank 16, or shard over GPUs (torchrun --nproc_per_node 8)")
     actor, critic, ref = build(cfg, progress["init_model"], resume, st, ranks := model.Ranks(rank, world, device))
     say(f"ppo.py: actor lr {cfg.actor_lr:g}, " + (f"group baseline over {cfg.samples_per_state} "
@@ -639,7 +628,7 @@ def setup(cfg):
                                       weight_decay=0.0) for net, lr in ((actor, cfg.actor_lr), (critic, cfg.critic_lr)))
     for net, opt, key in ((actor, opt_a, "opt_actor"), (critic, opt_c, "opt_critic")) if st else ():
         model.set_optim_state(net, opt, st[key])
-    if rank == 0:  # built-in tasks prepared once, not racing; the log trimmed to the checkpoint
+    if rank == 0:  # built-in tasks prepared once (no race); log cut to the checkpoint
         for s in {s["task"]: s for s in states}.values():
             make_env(s["task"], s["task_dir"], None)
         os.makedirs(os.path.dirname(cfg.log_file) or ".", exist_ok=True)
@@ -702,13 +691,13 @@ def rollout(run, batch, seeds, index, pool, timer):
 
 
 def score(run, prompts, tokens, gen_lp, outcomes):
-    """Step 4: the rollout as one batch with old and reference log-probs, values, token rewards -> ppo_update's data."""
+    """Step 4: the rollout as one batch with log-probs (old, reference), values, token rewards."""
     cfg, ranks, device = run.cfg, run.ranks, run.ranks.device
-    # a state's samples share a row, unless gradient checkpointing (the KV cache written twice) or FSDP
+    # a state's samples share a row unless gradient checkpointing (KV cache written twice) or FSDP
     group = 1 if cfg.episodic else cfg.samples_per_state
     ids, lengths, mask, starts = make_batch(prompts, tokens, run.tokenizer.pad_token_id, device,
                                             1 if cfg.grad_checkpointing or model.is_sharded(run.actor) else group)
-    # old log-probs: CPU: the generation's (fp32 actor); CUDA's bf16 rollout differs: recomputed (VeRL, OpenRLHF)
+    # old log-probs: departure 5 (CUDA's bf16 rollout differs: recomputed, as VeRL, OpenRLHF)
     generated = torch.zeros(mask.shape, device=device)
     generated[mask.bool()] = torch.tensor([x for lps in gen_lp for x in lps], device=device)
     kept = generated if device.type == "cpu" else None
@@ -722,7 +711,7 @@ def score(run, prompts, tokens, gen_lp, outcomes):
 
 
 def estimate_advantages(run, data, nxt):
-    """Step 5: GAE (--episodic: across steps) whitened over the batch, or the group baseline -> adv, returns, ev."""
+    """Step 5: GAE (--episodic: across steps) whitened over the batch, or the group baseline."""
     cfg, mask = run.cfg, data["mask"]
     if run.value_net is None:
         adv = episode_group_advantages(data["scores"], data["kl"], mask, nxt, cfg.samples_per_state, cfg.kl_coef) \
@@ -733,8 +722,7 @@ def estimate_advantages(run, data, nxt):
 
 
 def log_iteration(run, it, batch, outcomes, places, data, ev, upd, timer):
-    """The whole batch's log line (rank 0's times), printed and appended to --log-file; beside the reward, which
-    moves with the states drawn, the expert's on the same states and the difference (tests/RESULTS.md)."""
+    """Log line (rank 0's times); beside the reward (it moves with the states drawn) the expert's (tests/RESULTS.md)."""
     ranks, times = run.ranks, timer.times
     expert = [batch[k // run.cfg.samples_per_state]["expert"]["reward"] if run.expert_comparable else None
               for k in range(len(outcomes))]  # step-wise rows are state-major
@@ -766,7 +754,7 @@ def log_iteration(run, it, batch, outcomes, places, data, ev, upd, timer):
 
 
 def train(cfg):
-    """The whole run -> its progress: setup once, then per iteration the six steps, a log line, a checkpoint."""
+    """The whole run -> its progress."""
     cfg, pool = (run := setup(cfg)).cfg, ThreadPoolExecutor(run.cfg.workers)
     for it in range(run.progress["iteration"], run.total):
         timer = Timer()
@@ -820,7 +808,7 @@ def main(argv=None):
             model.resolve(cfg.model)
         agent.check_model(p, "--editor", None if cfg.editor == "recipes" else cfg.editor, None, "set OPENAI_BASE_URL")
     except (OSError, ValueError) as e:
-        hint = "; run sft.py first or pass --model" * (args.model == Config.model)  # the default, not made yet
+        hint = "; run sft.py first or pass --model" * (args.model == Config.model)  # default, not made yet
         p.error(f"--model: {e}{hint}" if isinstance(e, OSError) else str(e))
     model.run_main("ppo.py", train, cfg, (OSError, ValueError, env.TaskError))
 

@@ -1,28 +1,26 @@
 """Supervised fine-tuning with the loss on assistant tokens only: ML-Agent's exploration-enriched fine-tuning stage.
 
 ML-Agent (arXiv:2505.23723, §"Exploration-enriched fine-tuning"; §Experiments "Training") fine-tunes Qwen2.5-7B on the
-expert trajectories, 2 epochs at lr 2e-5 on 8 A100s. Here: runs/data/sft.jsonl (collect.py), each {"messages": [...]}
-rendered with ChatML (model.py), the cross-entropy on the assistant turns' content and their closing <|im_end|>.
-Where the paper is silent, the Hugging Face Trainer / TRL defaults: AdamW (0.9, 0.999, no weight decay), linear warmup
-over 3% of the steps then cosine to 0, gradient norm 1.0, the loss averaged over every trained token of an optimizer
-step (across micro-batches and ranks), fp32 master weights with bf16 autocast on CUDA. Departures:
+expert trajectories, 2 epochs at lr 2e-5 on 8 A100s. Here: runs/data/sft.jsonl (collect.py) in ChatML (model.py),
+cross-entropy on assistant content + closing <|im_end|>. Where the paper is silent, Hugging Face Trainer / TRL defaults:
+AdamW (0.9, 0.999, no weight decay), 3% linear warmup then cosine to 0, gradient norm 1.0, the loss averaged over an
+optimizer step's trained tokens (all micro-batches, ranks), fp32 master weights, bf16 autocast on CUDA. Departures:
 1. No --model: a tiny Qwen3 (width 128, 2 blocks, 4 heads) and a byte-level BPE trained on the training split, from
-   scratch, so `python collect.py && python sft.py` runs offline on a CPU; random weights need far more than the
-   paper's fine-tuning: lr 3e-3, 5 epochs, 2 conversations per step (our choice; tests/RESULTS.md). --decisions N shows
-   a training row that answers env.Env's verdict (keep or undo is next) N times an epoch (pilots: tests/RESULTS.md).
-2. The loss covers the assistant tokens only (--prompt-loss-weight 0, the paper's), from scratch too (tests/RESULTS.md,
-   "the miniature that teaches"; weights > 0: SFTModel).
+   scratch, so `python collect.py && python sft.py` runs offline on a CPU; random weights need far more than the paper's
+   fine-tuning: lr 3e-3, 5 epochs, 2 conversations per step (our choice; tests/RESULTS.md). --decisions N shows a row
+   answering env.Env's verdict (keep or undo is next) N times an epoch (pilots: tests/RESULTS.md).
+2. Assistant-only loss (--prompt-loss-weight 0, the paper's), from scratch too (tests/RESULTS.md, "the miniature that
+   teaches"; weights > 0: SFTModel).
 3. Sequences of similar length share a micro-batch, right-padded, no packing; the rows' shared prefix (the tools'
    descriptions) is computed once (SFTModel); logits only at trained positions.
-4. Several GPUs: a pre-trained model gets the paper's recipe, 64 conversations per step, --max-len 16384 (paper:
-   15,000 tokens); a longer conversation loses its oldest tokens, one whose last assistant turn alone is longer is
-   dropped, both reported. DDP replicates; FSDP2 (--fsdp, or on CUDA when fp32 training states do not fit half a GPU)
-   shards, each rank reading its own rows; checkpoints gather the weights on rank 0.
+4. Several GPUs: a pre-trained model gets the paper's recipe, 64 conversations per step, --max-len 16384 (paper: 15,000
+   tokens); a longer conversation loses its oldest tokens, one whose last assistant turn alone is longer is dropped,
+   both reported. DDP replicates; FSDP2 (--fsdp, or on CUDA when fp32 training states do not fit half a GPU) shards,
+   each rank reading its own rows; checkpoints gather weights on rank 0.
 
 Run:  python sft.py  (tiny model from scratch; run again, it resumes);  python sft.py --model Qwen/Qwen2.5-0.5B-Instruct
       torchrun --nproc_per_node 8 sft.py --model Qwen/Qwen2.5-7B --grad-checkpointing   (DDP; --fsdp shards)
-Outputs under --out (runs/ckpt/sft): the final Hugging Face folder, checkpoint-<step>/ per epoch (weights +
-trainer_state.pt), log.jsonl (a line per optimizer step).
+Outputs in --out (runs/ckpt/sft): the final Hugging Face folder, checkpoint-<step>/ per epoch, log.jsonl (per step).
 """
 import contextlib
 import dataclasses
@@ -44,7 +42,7 @@ from tqdm import tqdm
 import agent
 import model
 
-ROOT = agent.env.ROOT  # default paths: the project's runs/, wherever sft.py is started from
+ROOT = agent.env.ROOT  # default paths: the project's runs/, from any cwd
 
 
 @dataclasses.dataclass
@@ -85,21 +83,20 @@ VERDICT = re.compile(r" before the last edit\n```\s*Now respond for step \d+\.$"
 
 
 def encode_chat(tokenizer, messages, max_len=None, counts=None):
-    """-> (ids, labels): the ids on assistant content + <|im_end|> (the model learns to stop), else -100. Each
-    message is `<|im_start|>{role}\\n` + `{content}<|im_end|>` + `\\n` (model.Tokenizer's ChatML), encoded apart so
-    the label boundary falls exactly after `assistant\\n`. Past max_len the oldest tokens go; a last assistant turn
-    too long alone is not labelled (`train` drops it). counts["cut"] counts the conversations cut."""
+    """-> (ids, labels): labels = ids on assistant content + <|im_end|> (the model learns to stop), else -100. Each
+    ChatML piece (model.Tokenizer's) is encoded apart: the label boundary falls exactly after `assistant\\n`. Past
+    max_len the oldest tokens go (as in ppo.py's prompts); a last assistant turn too long alone gets no label."""
     ids, labels, target = [], [], 0
     for m in messages:
         train = m["role"] == "assistant"
-        target = len(ids) if train else target  # where the last assistant turn begins
+        target = len(ids) if train else target  # the last assistant turn's start
         for text, on in ((f"<|im_start|>{m['role']}\n", False), (f"{m['content']}<|im_end|>", train), ("\n", False)):
             piece = tokenizer.encode(text)
             ids += piece
             labels += piece if on else [IGNORE] * len(piece)
-    if max_len and len(ids) > max_len:  # the oldest tokens go, as in ppo.py's prompts
+    if max_len and len(ids) > max_len:
         cut = len(ids) - max_len
-        ids, labels = ids[cut:], labels[cut:] if cut <= target else [IGNORE] * max_len  # no room: no label
+        ids, labels = ids[cut:], labels[cut:] if cut <= target else [IGNORE] * max_len
         if counts is not None:
             counts["cut"] = counts.get("cut", 0) + 1
     return ids, labels
@@ -117,7 +114,7 @@ def read_jsonl(path):
 
 
 def split_heldout(n, share, seed):
-    """(train indices, held-out indices), seeded; at least one held out when share > 0 and n >= 2."""
+    """(train, held-out) indices, seeded; at least one held out if share > 0 and n >= 2."""
     order = list(range(n))
     random.Random(seed).shuffle(order)
     k = min(max(round(share * n), 1), n - 1) if share > 0 and n >= 2 else 0
@@ -125,8 +122,7 @@ def split_heldout(n, share, seed):
 
 
 def micro_batches(lengths, micro, seed, epoch, bucket=16):
-    """Length-bucketed micro-batches of indices: shuffle, sort each window of `bucket` micro-batches by length
-    (little padding), cut, shuffle them. Deterministic in (seed, epoch)."""
+    """Length-bucketed micro-batches: shuffle, sort windows of `bucket` micro-batches by length, cut, shuffle."""
     rng, order = random.Random(seed * 1000 + epoch), list(range(len(lengths)))
     rng.shuffle(order)
     out, w = [], micro * bucket
@@ -138,7 +134,7 @@ def micro_batches(lengths, micro, seed, epoch, bucket=16):
 
 
 def collate(examples, pad_id, device):
-    """Right-padded (B, T) input_ids and labels (padding -100), the (B,) lengths, and shared_prefix(examples)."""
+    """Right-padded (B, T) ids and labels (pad -100), (B,) lengths, shared prefix."""
     pad = nn.utils.rnn.pad_sequence
     ids = pad([torch.tensor(x) for x, _ in examples], batch_first=True, padding_value=pad_id)
     labels = pad([torch.tensor(y) for _, y in examples], batch_first=True, padding_value=IGNORE)
@@ -156,7 +152,7 @@ def shared_prefix(examples):
 
 
 def token_counts(examples):
-    """(assistant tokens, other tokens) predicted (every position but the first) in (ids, labels) pairs."""
+    """(assistant, other) tokens predicted (every position but the first) in (ids, labels) pairs."""
     ours = sum(sum(y != IGNORE for y in lab[1:]) for _, lab in examples)
     return ours, sum(len(ids) - 1 for ids, _ in examples) - ours
 
@@ -164,14 +160,13 @@ def token_counts(examples):
 
 
 class LinearCrossEntropy(torch.autograd.Function):
-    """-log softmax(h W^T)[target] of each row of h (N, C): lm_head and cross-entropy in one. The softmax stays in the
-    logits' buffer and the backward turns it in place into their gradient; autograd through F.cross_entropy would
-    also keep the log-softmax and a zero (N, V) gradient (tests/RESULTS.md). Same loss and gradients up to rounding
-    (tests/test_sft.py); under autocast the products are bf16, the softmax fp32."""
+    """-log softmax(h W^T)[target] per row: lm_head and cross-entropy in one. The softmax stays in the logits' buffer
+    and becomes their gradient in place; autograd through F.cross_entropy would also keep the log-softmax and a zero
+    (N, V) gradient (tests/RESULTS.md). Same loss, gradients up to rounding (tests/test_sft.py)."""
 
     @staticmethod
     def forward(ctx, h, weight, targets):  # (N, C), (V, C), (N,) -> (N,)
-        logits = (h @ weight.t()).float()  # (N, V)
+        logits = (h @ weight.t()).float()  # autocast: bf16 product, fp32 softmax
         picked, top = logits.gather(1, targets[:, None])[:, 0], logits.amax(-1, keepdim=True)
         probs = logits.sub_(top).exp_()  # in place: one exp for the loss and the softmax
         total = probs.sum(-1, keepdim=True)
@@ -193,11 +188,10 @@ class LinearCrossEntropy(torch.autograd.Function):
 
 
 class SFTModel(nn.Module):
-    """A model.Qwen as one forward for DDP / FSDP: (input_ids, labels, lengths, prefix) -> (weighted loss summed,
-    the assistant tokens' loss summed, their count). Other real tokens weigh `prompt_weight`: 0 is ML-Agent's SFT;
-    > 0 also models the prompt, as Instruction Modelling (Shi et al. 2024, arXiv 2405.14394; weighted: Chatterjee
-    et al. 2025, arXiv 2507.07817). prefix > 1: the rows' common prefix goes once into a KV cache, its losses counted
-    B times, the same result (tests/test_sft.py); share_prefix=False ignores it (FSDP; checkpointing rewrites it)."""
+    """model.Qwen as one DDP / FSDP forward. Other real tokens weigh `prompt_weight`: 0 is ML-Agent's SFT; > 0 also
+    models the prompt (Instruction Modelling, Shi et al. 2024, arXiv 2405.14394; weighted: Chatterjee et al. 2025, arXiv
+    2507.07817). prefix > 1: the common prefix goes once into a KV cache, its losses counted B times (same result:
+    tests/test_sft.py); off if share_prefix=False (FSDP; checkpointing rewrites it)."""
 
     def __init__(self, lm, prompt_weight=0.0, share_prefix=False):
         super().__init__()
@@ -208,22 +202,22 @@ class SFTModel(nn.Module):
         if not (self.share_prefix and B > 1 and P > 1):
             return self.loss(self.lm.hidden(input_ids), input_ids, labels, lengths)  # right padding: no mask
         cache = model.KVCache()
-        head = self.lm.hidden(input_ids[:1, :P], cache=cache)  # (1, P, C), once
-        tail = self.lm.hidden(input_ids[:, P:], cache=cache)  # (B, T-P, C): the rows' rest over the cache
+        head = self.lm.hidden(input_ids[:1, :P], cache=cache)  # once
+        tail = self.lm.hidden(input_ids[:, P:], cache=cache)  # the rest, over the cache
         shared = self.loss(head, input_ids[:1, :P], labels[:1, :P], lengths[:1])  # tokens 1 .. P-1
         own = self.loss(torch.cat((head[:, -1:].expand(B, 1, -1), tail), 1), input_ids[:, P - 1:],
                         labels[:, P - 1:], lengths - (P - 1))  # tokens P .. of each row
         return tuple(B * a + b for a, b in zip(shared, own))
 
     def loss(self, h, input_ids, labels, lengths):
-        """h (B, T, C): the outputs at input_ids' (B, T) positions; the one at t predicts token t + 1."""
+        """h (B, T, C): outputs at input_ids' positions; the one at t predicts token t + 1."""
         targets = labels[:, 1:]  # labels are not pre-shifted (as in HF)
-        rows = ours = targets != IGNORE  # (B, T-1)
+        rows = ours = targets != IGNORE
         if self.prompt_weight:  # every real position (padding predicts nothing)
             rows = torch.arange(targets.shape[1], device=lengths.device) < (lengths[:, None] - 1)
-            targets = input_ids[:, 1:]  # the labels wherever they are not -100
-        loss = LinearCrossEntropy.apply(h[:, :-1][rows], self.lm.lm_head.weight, targets[rows])  # (N,)
-        mine = ours[rows]  # (N,): which are assistant tokens
+            targets = input_ids[:, 1:]  # = labels where not -100
+        loss = LinearCrossEntropy.apply(h[:, :-1][rows], self.lm.lm_head.weight, targets[rows])
+        mine = ours[rows]  # (N,): assistant tokens
         weighted = torch.where(mine, loss, loss * self.prompt_weight).sum()
         return weighted, loss[mine].sum().detach(), mine.sum()
 
@@ -231,7 +225,6 @@ class SFTModel(nn.Module):
 
 
 def scratch_model(rows, args):
-    """The tiny Qwen3 and a BPE tokenizer trained on the training conversations; eos = <|im_end|>."""
     texts = [f"{m['role']}\n{m['content']}\n" for r in rows for m in r["messages"]]  # special tokens apart
     tokenizer = model.train_tokenizer(texts, args.scratch_vocab)
     heads = args.scratch_heads
@@ -245,8 +238,7 @@ def scratch_model(rows, args):
 
 
 def place(lm, source, master, prompt_weight, args, world, device):
-    """-> (net, sharded): the SFTModel around lm (meta if read from `source`) on this device, training: FSDP2-sharded
-    (--fsdp, or on CUDA when training states do not fit) or whole (DDP); master: a bf16 checkpoint's fp32 weights."""
+    """SFTModel(lm) training on device, FSDP2 (departure 4) or whole (DDP); master: a bf16 checkpoint's fp32 weights."""
     if args.grad_checkpointing:
         model.enable_grad_checkpointing(lm)
     n_params = sum(p.numel() for p in lm.parameters())
@@ -273,14 +265,14 @@ def save_checkpoint(net, lm, tokenizer, optim, sched, info, args, rank, device):
     tmp, master = model.save_checkpoint_folder(lm, tokenizer, path, model.save_dtype(args.save_dtype, device), state)
     torch.save({"optimizer": ostate, "scheduler": sched.state_dict(), "master": master, **info},
                os.path.join(tmp, "trainer_state.pt"))
-    agent.swap_folder(tmp, path)  # a kill leaves the old checkpoint-<step> or the new one (recover_out)
+    agent.swap_folder(tmp, path)  # a kill leaves the old or the new checkpoint-<step> (recover_out)
     publish(path, args.out)
 
 
 def publish(ckpt, out):
     """The checkpoint's model files to out/ (atomic renames), stale shards removed; recover_out repairs a kill's mix."""
     names = [n for n in os.listdir(ckpt) if n != "trainer_state.pt"]
-    marker = os.path.join(out, ".publishing")  # while out/ may hold a mix of two checkpoints
+    marker = os.path.join(out, ".publishing")  # while out/ may mix two checkpoints
     open(marker, "w").close()
     for name in os.listdir(out):
         if name.startswith("model") and ".safetensors" in name and name not in names:
@@ -304,8 +296,8 @@ def recover_out(out):
 
 
 def resume_point(args, say):
-    """The checkpoint to go on from (--resume's, or the latest under --out) and its trainer state, or None and {}.
-    One of another run (data, model, seed, prompt loss weight) is a one-line error, never trained over."""
+    """The checkpoint to resume (--resume's or the latest) + trainer state, or None, {}; another run's (data, model,
+    seed, prompt loss weight): a one-line error."""
     resume = latest_checkpoint(args.out) if args.resume in (None, "auto") else args.resume
     if args.resume == "auto" and resume is None:
         say(f"no checkpoint under {args.out}: starting fresh")
@@ -334,13 +326,13 @@ def latest_checkpoint(out):
 
 @torch.no_grad()
 def heldout_loss(net, data, args, rank, world, pad_id, device):
-    """Mean loss per assistant token of the held-out conversations, each rank its share."""
+    """Mean loss per assistant token of held-out conversations, each rank its share."""
     net.eval()
     total, per_round = torch.zeros(2, device=device), world * args.micro_batch
     with model.autocast(device):
         for i in range(rank * args.micro_batch, math.ceil(len(data) / per_round) * per_round, per_round):
             batch = data[i:i + args.micro_batch]  # as many forwards on every rank (FSDP gathers in each)
-            _, loss, n = net(*collate(batch or data[:1], pad_id, device))  # the assistant tokens only
+            _, loss, n = net(*collate(batch or data[:1], pad_id, device))
             total += torch.stack([loss.float(), n.float()]) * bool(batch)
     model.reshard(net)
     total = model.Ranks(world=world, device=device).sum(total)
@@ -350,7 +342,7 @@ def heldout_loss(net, data, args, rank, world, pad_id, device):
 
 @torch.no_grad()
 def parse_rate(lm, tokenizer, rows, max_new_tokens, batch=8):
-    """Shares of greedy held-out responses that agent.parse_response accepts, and that choose the expert's action."""
+    """Shares of greedy held-out responses agent.parse_response accepts, and that choose the expert's action."""
     prompts, expert = [], []
     for r in rows:
         last = max(i for i, m in enumerate(r["messages"]) if m["role"] == "assistant")
@@ -370,8 +362,7 @@ def parse_rate(lm, tokenizer, rows, max_new_tokens, batch=8):
 
 
 def heldout_parse_rate(args, rows, rank, world, device):
-    """The checkpoint just written, loaded as ppo.py and eval.py load it, answers the held-out prompts, each rank
-    its share -> parse_rate, same_action_as_expert, parse_states."""
+    """The checkpoint just written, loaded as ppo.py and eval.py do, answers held-out prompts, each rank its share."""
     lm, tokenizer = model.load(args.out, device)
     mine = rows[rank::world]
     ok = torch.tensor(parse_rate(lm, tokenizer, mine, args.max_new_tokens), device=device) * len(mine)
@@ -390,8 +381,8 @@ def lr_factor(step, warmup, total):
 
 
 def optimizer_step(net, optim, sched, batches, pad_id, device, args, world):
-    """One optimizer step over this rank's micro-batches: the weighted loss summed over every rank's trained tokens
-    over their summed weight -> (the assistant tokens' mean loss, their count, all tokens seen)."""
+    """One optimizer step on this rank's micro-batches: the weighted loss over all ranks' trained tokens / their summed
+    weight -> (assistant tokens' mean loss, count, all tokens seen)."""
     ranks, (ours, other) = model.Ranks(world=world, device=device), token_counts([x for b in batches for x in b])
     n = ranks.sum(torch.tensor([float(ours), ours + model.unwrap(net).prompt_weight * other], device=device))
     total, seen = 0.0, 0  # DDP / FSDP average gradients over ranks: hence * world
@@ -415,7 +406,7 @@ def optimizer_step(net, optim, sched, batches, pad_id, device, args, world):
 
 
 def train(args):
-    """The whole run -> (the summary, also printed; this rank's trained model.Qwen)."""
+    """The whole run -> (summary, also printed; this rank's trained model.Qwen)."""
     if args.threads:  # 1 on a busy machine: no OpenMP oversubscription (README)
         torch.set_num_threads(args.threads)
     rank, world, device = model.setup_distributed(args)
@@ -430,9 +421,9 @@ def train(args):
     if world > 1:
         dist.barrier()
     resume, st = resume_point(args, say)
-    if rank == 0:  # the steps after the checkpoint are redone: their lines go
+    if rank == 0:  # steps after the checkpoint are redone: drop their lines
         agent.trim_log(os.path.join(args.out, "log.jsonl"), "step", st.get("step", 0))
-    source = resume or args.model  # meta: the weights are read once sharding is decided
+    source = resume or args.model  # meta: weights are read once sharding is decided
     lm, tokenizer = model.load(source, "cpu", torch.float32, meta=True) if source else \
         scratch_model([rows[i] for i in train_idx], args)
     from_scratch = st.get("scratch", False) if resume else args.model is None
@@ -505,8 +496,8 @@ def train(args):
         if world > 1:
             dist.barrier()  # rank 0 has written the checkpoint
         optim = sched = net = None  # the optimizer's moments (twice the fp32 model) go before a second model
-        gc.collect()  # the scheduler and the optimizer refer to each other
-        torch.cuda.empty_cache()  # a no-op where CUDA was never used
+        gc.collect()  # scheduler and optimizer refer to each other
+        torch.cuda.empty_cache()  # a no-op if CUDA is unused
         summary.update(heldout_parse_rate(args, [rows[i] for i in held_idx[:args.eval_parse]], rank, world, device))
         say(f"held-out parse rate: {summary['parse_rate']:.1%} of {summary['parse_states']} greedy responses parse as "
             f"a valid action ({summary['same_action_as_expert']:.1%} choose the expert's action)")
@@ -530,7 +521,7 @@ TYPES = {**dict.fromkeys(("eval_parse", "threads"), agent.COUNT), "seed": int,
 
 
 def parser():
-    """A flag per Config field, checked by its type (one line, exit status 2); torchrun passes them on unchanged."""
+    """A flag per Config field, type-checked (one-line error, exit 2); torchrun passes them on unchanged."""
     p = agent.Parser(prog="sft.py", description="Supervised fine-tuning on chat JSONL, loss on assistant tokens.")
     agent.add_fields(p, Config, TYPES, {"save_dtype": ("auto", "float32")}, switch="store_true",
                      more={"resume": dict(nargs="?", const="auto")})  # --resume alone: "auto"
