@@ -45,12 +45,13 @@ def main(argv=None):
     p.add_argument("--length", type=int, default=256, help="tokens per sequence")
     p.add_argument("--steps", type=int, default=3000)
     p.add_argument("--every", type=int, default=20, help="print every N steps")
+    p.add_argument("--seed", type=int, default=0, help="the weights' and the sequences' seed")
     a = p.parse_args(argv)
-    torch.manual_seed(0)
+    torch.manual_seed(a.seed)
     cfg = model.tiny_config("qwen3", vocab_size=a.vocab, hidden_size=a.hidden, intermediate_size=3 * a.hidden,
                             num_hidden_layers=a.layers, num_attention_heads=4, num_key_value_heads=2,
                             head_dim=a.hidden // 4, max_position_embeddings=max(2048, a.length))
-    lm, g, start = model.Qwen(cfg), torch.Generator().manual_seed(0), time.time()
+    lm, g, start = model.Qwen(cfg), torch.Generator().manual_seed(a.seed), time.time()
     opt = torch.optim.AdamW(lm.parameters(), lr=a.lr, weight_decay=0.0)
     print(f"chance: copy loss {math.log(a.tokens):.3f}, accuracy {1 / a.tokens:.3f}")
     for step in range(1, a.steps + 1):
