@@ -72,6 +72,12 @@ def pct(x) -> str:
     return "-" if x is None else f"{100 * x:+.2f}%"
 
 
+def said(name: str, g: dict, unit: str) -> str:
+    """One pooled line: the mean, both intervals and the count."""
+    return (f"  {name}: {pct(g['mean'])} [{pct(g['tasks'][0])}, {pct(g['tasks'][1])}] tasks, "
+            f"[{pct(g['two_level'][0])}, {pct(g['two_level'][1])}] two-level; {g['runs']} {unit}")
+
+
 def main(argv=None):
     p = Parser(prog="pool_eval.py", description="Pool eval.py's reports over evaluation or training seeds: each "
                "policy's clipped gain, and B - A paired by (task, run), with their intervals.")
@@ -105,12 +111,9 @@ def main(argv=None):
         rates = {k: [sum(r[name][k][0] for r in reports), sum(r[name][k][1] for r in reports)]
                  for k in ("followed", "agreed")}
         g.update(rates)
-        said = ", ".join(f"{k} {right}/{n}" + (f" ({right / n:.0%})" if n else "") for k, (right, n) in rates.items())
-        print(f"  {name}: {pct(g['mean'])} [{pct(g['tasks'][0])}, {pct(g['tasks'][1])}] tasks, "
-              f"[{pct(g['two_level'][0])}, {pct(g['two_level'][1])}] two-level; {g['runs']} runs; {said}")
-    d = result["difference"] = pooled(diffs)
-    print(f"  {args.b} - {args.a}: {pct(d['mean'])} [{pct(d['tasks'][0])}, {pct(d['tasks'][1])}] tasks, "
-          f"[{pct(d['two_level'][0])}, {pct(d['two_level'][1])}] two-level; {d['runs']} pairs")
+        counts = ", ".join(f"{k} {right}/{n}" + (f" ({right / n:.0%})" if n else "") for k, (right, n) in rates.items())
+        print(said(name, g, "runs") + f"; {counts}")
+    print(said(f"{args.b} - {args.a}", result.setdefault("difference", pooled(diffs)), "pairs"))
     if args.json:
         try:
             write_atomic(args.json, json.dumps(result, indent=1))
